@@ -1,0 +1,47 @@
+# The two entry points README.md starts with:  `make demo`  and  `make test`.
+# Both create .venv on first use; everything is installed from the package index (torch from the pinned build).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+DALI_PIN := nvidia-dali-cuda130==2.4.0
+SAMPLE_IMAGES ?= 2000
+DATA := data
+
+.PHONY: setup build demo test test-sanitize clean
+
+setup: $(VENV)/.installed build
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip wheel setuptools pybind11
+	$(BIN)/pip install -q $(TORCH_PINS)
+	$(BIN)/pip install -q $(DALI_PIN)
+	$(BIN)/pip install -q --no-build-isolation -e '.[dev,bench]'
+	# pillow-simd replaces Pillow's PIL, so it goes in last (everything above pulls Pillow).
+	$(BIN)/pip uninstall -q -y pillow
+	CC="cc -mavx2" $(BIN)/pip install -q --no-deps --no-binary :all: pillow-simd \
+	  || { echo "pillow-simd did not build; falling back to Pillow"; $(BIN)/pip install -q --no-deps Pillow; }
+	touch $@
+
+# Rebuild the native core whenever csrc/ changes.
+build: $(VENV)/.installed
+	$(BIN)/python setup.py -q build_ext --inplace
+
+demo: setup
+	$(BIN)/fastfeed demo-data $(DATA)/sample --num-images $(SAMPLE_IMAGES) --seed 0
+	$(BIN)/fastfeed pack $(DATA)/sample $(DATA)/sample-wds --format wds --shard-size 64MB --overwrite
+	$(BIN)/fastfeed pack $(DATA)/sample $(DATA)/sample-lmdb --format lmdb --overwrite
+	$(BIN)/fastfeed verify $(DATA)/sample-wds
+	$(BIN)/fastfeed verify $(DATA)/sample-lmdb
+	$(BIN)/fastfeed bench $(DATA)/sample-wds --steps 30 --batch-size 64 --compare torch
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+# The ring tests against an AddressSanitizer/UBSan build of the native core (run after any csrc/ change).
+test-sanitize: $(VENV)/.installed
+	bash tools/sanitize.sh
+
+clean:
+	rm -rf build fastfeed/_native*.so $(DATA)

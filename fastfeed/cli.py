@@ -1,0 +1,45 @@
+"""The `fastfeed` command: a thin dispatcher.
+
+Each sub-command lives in `fastfeed/commands/<name>.py` and exposes `configure(parser)` and `run(args) -> int`.
+Modules are imported only when their command runs, so `fastfeed doctor` works where DALI or torch are broken.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "pack": "pack an image folder or a CSV/JSONL list into WebDataset shards or LMDB",
+    "merge": "join the manifests of a pack split with --num-parts into one dataset",
+    "inspect": "print a packed dataset's manifest summary",
+    "verify": "check shard checksums and decode every image; non-zero exit on corruption",
+    "demo-data": "write a synthetic ImageNet-like JPEG folder tree",
+    "bench": "measure loader throughput and data-wait, optionally against torch's DataLoader",
+    "doctor": "check this machine and a dataset for common input-pipeline problems",
+}
+
+
+def _module(name: str):
+    return importlib.import_module(f"fastfeed.commands.{name.replace('-', '_')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="fastfeed", description="Keep GPUs fed during PyTorch training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    wanted = argv[0] if argv and argv[0] in COMMANDS else None
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:  # configure only the command being run: the others may have heavy imports
+            _module(name).configure(p)
+    args = parser.parse_args(argv)
+    try:
+        return int(_module(args.command).run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per `fastfeed` sub-command; each exposes `configure(parser)` and `run(args) -> int`."""

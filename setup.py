@@ -1,0 +1,50 @@
+"""Builds the native core `fastfeed._native` from csrc/.
+
+No build-time dependency on CUDA or torch: pinning happens at run time through torch's cudart.
+libjpeg (turbo) is linked when its header is found, enabling the lossless progressive->baseline transcoder;
+without it the extension still builds and `fastfeed._native.HAVE_LIBJPEG` is False.
+
+Set FASTFEED_SANITIZE=address,undefined or FASTFEED_SANITIZE=thread to build an instrumented extension.
+"""
+import glob
+import os
+import sysconfig
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+
+def _have_header(name: str) -> bool:
+    dirs = ["/usr/include", "/usr/local/include", sysconfig.get_paths()["include"]]
+    dirs += glob.glob("/usr/include/*-linux-gnu")
+    return any(os.path.exists(os.path.join(d, name)) for d in dirs)
+
+
+sources = sorted(glob.glob("csrc/*.cpp"))
+macros = []
+libraries = ["pthread"]
+if _have_header("jpeglib.h") and os.environ.get("FASTFEED_NO_LIBJPEG") != "1":
+    macros.append(("FASTFEED_HAVE_LIBJPEG", "1"))
+    libraries.append("jpeg")
+
+compile_args = ["-O3", "-Wall", "-Wextra", "-fvisibility=hidden"]
+link_args = []
+sanitize = os.environ.get("FASTFEED_SANITIZE", "").strip()
+if sanitize:
+    compile_args = ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}"]
+    link_args = [f"-fsanitize={sanitize}"]
+
+setup(
+    ext_modules=[
+        Pybind11Extension(
+            "fastfeed._native",
+            sources,
+            cxx_std=17,
+            define_macros=macros,
+            libraries=libraries,
+            extra_compile_args=compile_args,
+            extra_link_args=link_args,
+        )
+    ],
+    cmdclass={"build_ext": build_ext},
+)
