@@ -23,7 +23,17 @@ def _have_header(name: str) -> bool:
 sources = sorted(glob.glob("csrc/*.cpp"))
 macros = []
 libraries = ["pthread"]
-if _have_header("jpeglib.h") and os.environ.get("FASTFEED_NO_LIBJPEG") != "1":
+include_dirs, library_dirs, runtime_dirs = [], [], []
+# A libjpeg unpacked outside the system (FASTFEED_LIBJPEG_DIR=<root of an unpacked libjpeg62-turbo(-dev) .deb>),
+# for hosts that have the library but not its headers and no package manager.
+jpeg_root = os.environ.get("FASTFEED_LIBJPEG_DIR")
+if jpeg_root:
+    include_dirs += [f"{jpeg_root}/usr/include", f"{jpeg_root}/usr/include/x86_64-linux-gnu"]
+    library_dirs += [f"{jpeg_root}/usr/lib/x86_64-linux-gnu"]
+    runtime_dirs += library_dirs
+    macros.append(("FASTFEED_HAVE_LIBJPEG", "1"))
+    libraries.append(":libjpeg.so.62")
+elif _have_header("jpeglib.h") and os.environ.get("FASTFEED_NO_LIBJPEG") != "1":
     macros.append(("FASTFEED_HAVE_LIBJPEG", "1"))
     libraries.append("jpeg")
 
@@ -42,6 +52,9 @@ setup(
             cxx_std=17,
             define_macros=macros,
             libraries=libraries,
+            include_dirs=include_dirs,
+            library_dirs=library_dirs,
+            runtime_library_dirs=runtime_dirs,
             extra_compile_args=compile_args,
             extra_link_args=link_args,
         )

@@ -1,0 +1,301 @@
+// The only pybind11 file of the native core. The C++ it binds (ring.h, jpeg_transcode.h) never includes
+// pybind11; the GIL policy lives here: every call that can block (waiting for a slot, reading files, transcoding)
+// runs under py::gil_scoped_release, and so do destructors that join threads, so shutdown cannot deadlock against
+// a worker that needs the GIL (none do: workers never touch Python objects).
+#include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+// ---- ring bindings (owner: ring) -------------------------------------------------------------------------
+// GIL: the constructor starts threads that never touch Python; start(), next() and the destructor's join run
+// with the GIL released; next() waits in short steps so Ctrl-C (PyErr_CheckSignals) reaches the caller.
+// Lifetime: every NativeBatch keeps its ring object alive, and numpy views made from a NativeBatch keep the
+// batch alive, so the slot memory outlives all views and a batch dropped without release() is released on GC.
+#include "ring.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace ring_bindings {
+
+struct PyRing {
+    std::unique_ptr<fastfeed::Ring> core;
+    py::object free_hook;  // called (GIL held) after the threads stop, just before the memory is freed
+
+    ~PyRing() {
+        if (!core) return;
+        if (!core->owned_by_this_process()) {
+            (void)core.release();  // forked child: see "Fork" in NOTE [ Prefetch ring protocol ]
+            return;
+        }
+        {
+            py::gil_scoped_release nogil;
+            core->stop();
+        }
+        if (free_hook && !free_hook.is_none()) {
+            py::error_scope keep_pending_error;
+            try {
+                free_hook();
+            } catch (py::error_already_set& e) {
+                e.discard_as_unraisable("fastfeed ring: free hook");
+            }
+        }
+        core.reset();
+    }
+};
+
+struct NativeBatch {
+    py::object owner;  // the PyRing
+    fastfeed::Ring* core = nullptr;
+    fastfeed::BatchView view;
+    bool released = false;
+
+    void release() {
+        if (released) return;
+        released = true;
+        if (core->owned_by_this_process()) core->release(view.slot, view.ticket);
+    }
+    ~NativeBatch() {
+        if (core) release();
+    }
+};
+
+template <typename T>
+std::vector<T> to_vector(py::array_t<T, py::array::c_style | py::array::forcecast> a, const char* name) {
+    if (a.ndim() != 1) throw py::value_error(std::string(name) + " must be one-dimensional");
+    return std::vector<T>(a.data(), a.data() + a.size());
+}
+
+template <typename T>
+py::array_t<T> copy_array(const T* p, size_t n) {
+    py::array_t<T> out(static_cast<py::ssize_t>(n));
+    if (n) std::memcpy(out.mutable_data(), p, n * sizeof(T));
+    return out;
+}
+
+}  // namespace ring_bindings
+
+static void bind_ring(py::module_& m) {
+    using namespace ring_bindings;
+    py::class_<NativeBatch>(m, "RingBatchHandle", py::buffer_protocol())
+        .def_buffer([](NativeBatch& b) {
+            if (b.released) throw py::value_error("the batch was released; its views are invalid");
+            return py::buffer_info(b.view.data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                                   {static_cast<py::ssize_t>(b.view.nbytes)}, {1}, false);
+        })
+        .def("release", &NativeBatch::release)
+        .def_property_readonly("released", [](const NativeBatch& b) { return b.released; })
+        .def_property_readonly("batch", [](const NativeBatch& b) { return b.view.batch; })
+        .def_property_readonly("nbytes", [](const NativeBatch& b) { return b.view.nbytes; })
+        .def_property_readonly("in_arena", [](const NativeBatch& b) { return b.view.in_arena; })
+        .def_property_readonly("indices", [](const NativeBatch& b) { return copy_array(b.view.indices, b.view.count); })
+        .def_property_readonly("offsets", [](const NativeBatch& b) { return copy_array(b.view.offsets, b.view.count); })
+        .def_property_readonly("sizes", [](const NativeBatch& b) { return copy_array(b.view.sizes, b.view.count); })
+        .def_property_readonly("error", [](const NativeBatch& b) -> py::object {
+            if (!b.view.failed) return py::none();
+            return py::make_tuple(b.view.error_errno, b.view.error, b.view.error_path, b.view.error_offset,
+                                  b.view.error_sample);
+        });
+
+    py::class_<PyRing>(m, "Ring")
+        .def(py::init([](std::vector<std::string> paths, py::array_t<int32_t, py::array::c_style | py::array::forcecast> file_index,
+                         py::array_t<int64_t, py::array::c_style | py::array::forcecast> offset,
+                         py::array_t<int64_t, py::array::c_style | py::array::forcecast> size, size_t batch_size,
+                         size_t num_threads, size_t num_slots, size_t slot_bytes) {
+                 fastfeed::RingConfig cfg;
+                 cfg.batch_size = batch_size;
+                 cfg.num_threads = num_threads;
+                 cfg.num_slots = num_slots;
+                 cfg.slot_bytes = slot_bytes;
+                 auto r = std::make_unique<PyRing>();
+                 r->core = std::make_unique<fastfeed::Ring>(std::move(paths), to_vector(file_index, "file_index"),
+                                                            to_vector(offset, "offset"), to_vector(size, "size"), cfg);
+                 return r;
+             }),
+             py::arg("paths"), py::arg("file_index"), py::arg("offset"), py::arg("size"), py::arg("batch_size"),
+             py::arg("num_threads"), py::arg("num_slots"), py::arg("slot_bytes"))
+        .def("start",
+             [](PyRing& r, py::array_t<int64_t, py::array::c_style | py::array::forcecast> order) {
+                 auto v = to_vector(order, "order");
+                 py::gil_scoped_release nogil;
+                 r.core->start(std::move(v));
+             })
+        // Returns (status, handle): status is "ok", "end", "timeout", "closed", "not_started" or "all_slots_held".
+        .def("next",
+             [](py::object self, double timeout) -> py::tuple {
+                 PyRing& r = self.cast<PyRing&>();
+                 using Clock = std::chrono::steady_clock;
+                 const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                          std::chrono::duration<double>(timeout < 0 ? 0 : timeout));
+                 auto b = std::make_unique<NativeBatch>();
+                 fastfeed::NextStatus st;
+                 while (true) {
+                     double step = 0.05;
+                     if (timeout >= 0) {
+                         step = std::min(step, std::chrono::duration<double>(deadline - Clock::now()).count());
+                         step = std::max(step, 0.0);
+                     }
+                     {
+                         py::gil_scoped_release nogil;
+                         st = r.core->next(b->view, step);
+                     }
+                     if (st != fastfeed::NextStatus::Timeout) break;
+                     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+                     if (timeout >= 0 && Clock::now() >= deadline) break;
+                 }
+                 switch (st) {
+                     case fastfeed::NextStatus::Ok:
+                         b->owner = self;
+                         b->core = r.core.get();
+                         return py::make_tuple("ok", py::cast(std::move(b)));
+                     case fastfeed::NextStatus::EndOfEpoch: return py::make_tuple("end", py::none());
+                     case fastfeed::NextStatus::Timeout: return py::make_tuple("timeout", py::none());
+                     case fastfeed::NextStatus::Closed: return py::make_tuple("closed", py::none());
+                     case fastfeed::NextStatus::NotStarted: return py::make_tuple("not_started", py::none());
+                     case fastfeed::NextStatus::AllSlotsHeld: return py::make_tuple("all_slots_held", py::none());
+                 }
+                 return py::make_tuple("closed", py::none());
+             },
+             py::arg("timeout"))
+        .def("stop",
+             [](PyRing& r) {
+                 py::gil_scoped_release nogil;
+                 r.core->stop();
+             })
+        .def("set_free_hook", [](PyRing& r, py::object hook) { r.free_hook = std::move(hook); })
+        .def_property_readonly("arena_address",
+                               [](const PyRing& r) { return reinterpret_cast<uintptr_t>(r.core->arena()); })
+        .def_property_readonly("arena_bytes", [](const PyRing& r) { return r.core->arena_bytes(); })
+        .def_property_readonly("slot_bytes", [](const PyRing& r) { return r.core->slot_bytes(); })
+        .def_property_readonly("num_slots", [](const PyRing& r) { return r.core->num_slots(); })
+        .def("stats", [](const PyRing& r) {
+            fastfeed::RingStats s = r.core->stats();
+            py::dict d;
+            d["bytes_read"] = s.bytes_read;
+            d["read_seconds"] = s.read_seconds;
+            d["batches"] = s.batches;
+            d["wait_seconds"] = s.wait_seconds;
+            d["overflow_batches"] = s.overflow_batches;
+            d["overflow_bytes"] = s.overflow_bytes;
+            return d;
+        });
+}
+
+// ---- jpeg bindings (owner: jpeg) -------------------------------------------------------------------------
+#include "jpeg_transcode.h"
+
+namespace {
+
+// A contiguous read-only view of any bytes-like object (bytes, bytearray, memoryview, uint8 numpy array).
+// Acquired and released with the GIL held; while held, the exporter cannot resize or free the memory, so the
+// view may be read with the GIL released.
+class ReadOnlyBuffer {
+  public:
+    explicit ReadOnlyBuffer(py::handle obj) {
+        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+        held_ = true;
+    }
+    ReadOnlyBuffer(ReadOnlyBuffer&& other) noexcept : view_(other.view_), held_(other.held_) { other.held_ = false; }
+    ReadOnlyBuffer(const ReadOnlyBuffer&) = delete;
+    ReadOnlyBuffer& operator=(const ReadOnlyBuffer&) = delete;
+    ReadOnlyBuffer& operator=(ReadOnlyBuffer&&) = delete;
+    ~ReadOnlyBuffer() {
+        if (held_) PyBuffer_Release(&view_);
+    }
+    fastfeed::ByteSpan span() const {
+        return {static_cast<const std::uint8_t*>(view_.buf), static_cast<std::size_t>(view_.len)};
+    }
+
+  private:
+    Py_buffer view_{};
+    bool held_ = false;
+};
+
+py::bytes to_bytes(const std::vector<std::uint8_t>& v) {
+    return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+}
+
+fastfeed::TranscodeOptions make_options(bool progressive, bool arithmetic, bool optimize_coding, bool copy_markers,
+                                        bool strict) {
+    fastfeed::TranscodeOptions o;
+    o.progressive = progressive;
+    o.arithmetic = arithmetic;
+    o.optimize_coding = optimize_coding;
+    o.copy_markers = copy_markers;
+    o.strict = strict;
+    return o;
+}
+
+}  // namespace
+
+static void bind_jpeg(py::module_& m) {
+    m.attr("HAVE_LIBJPEG") = fastfeed::have_libjpeg();
+    py::register_exception<fastfeed::JpegError>(m, "JpegError", PyExc_ValueError);
+    py::register_exception<fastfeed::JpegUnavailable>(m, "JpegUnavailable", PyExc_RuntimeError);
+
+    m.def(
+        "transcode",
+        [](py::handle data, bool progressive, bool arithmetic, bool optimize_coding, bool copy_markers, bool strict) {
+            ReadOnlyBuffer buf(data);
+            const auto options = make_options(progressive, arithmetic, optimize_coding, copy_markers, strict);
+            std::vector<std::uint8_t> out;
+            {
+                py::gil_scoped_release nogil;
+                out = fastfeed::transcode_jpeg(buf.span(), options);
+            }
+            return to_bytes(out);
+        },
+        py::arg("data"), py::kw_only(), py::arg("progressive") = false, py::arg("arithmetic") = false,
+        py::arg("optimize_coding") = true, py::arg("copy_markers") = true, py::arg("strict") = true,
+        "Losslessly re-code a JPEG's entropy coding (DCT coefficients copied). Raises JpegError on bad input.");
+
+    m.def(
+        "transcode_to_baseline",
+        [](py::handle data) {
+            ReadOnlyBuffer buf(data);
+            std::vector<std::uint8_t> out;
+            {
+                py::gil_scoped_release nogil;
+                out = fastfeed::transcode_jpeg(buf.span(), fastfeed::TranscodeOptions{});
+            }
+            return to_bytes(out);
+        },
+        py::arg("data"),
+        "Baseline Huffman, optimized tables, all markers kept, libjpeg warnings are errors (JpegError).");
+
+    m.def(
+        "transcode_many",
+        [](py::iterable items, int num_threads) {
+            std::vector<ReadOnlyBuffer> buffers;
+            for (py::handle item : items) buffers.emplace_back(item);
+            std::vector<fastfeed::ByteSpan> spans;
+            spans.reserve(buffers.size());
+            for (const auto& b : buffers) spans.push_back(b.span());
+            std::vector<fastfeed::TranscodeResult> results;
+            {
+                py::gil_scoped_release nogil;
+                results = fastfeed::transcode_jpeg_many(spans, num_threads, fastfeed::TranscodeOptions{});
+            }
+            py::list out(results.size());
+            for (std::size_t i = 0; i < results.size(); ++i) {
+                if (results[i].ok)
+                    out[i] = to_bytes(results[i].data);
+                else
+                    out[i] = py::str(results[i].error);
+                results[i].data = {};  // free as we go: peak memory stays near one copy of the outputs
+            }
+            return out;
+        },
+        py::arg("items"), py::arg("num_threads") = 0,
+        "transcode_to_baseline over many inputs on native threads (0: one per CPU), GIL released. Returns one "
+        "entry per input: bytes on success, str (the error message) on failure.");
+}
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "fastfeed native core: prefetch ring and JPEG transcoder";
+    bind_ring(m);
+    bind_jpeg(m);
+}

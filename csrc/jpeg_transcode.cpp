@@ -1,0 +1,270 @@
+// See jpeg_transcode.h. Error handling design:
+//
+// libjpeg reports fatal errors through error_exit, which must not return. Throwing a C++ exception through
+// libjpeg's C frames is undefined behaviour, so error_exit longjmps back to run_libjpeg(), the only function that
+// calls setjmp (once; the decompressor and compressor share its jmp_buf). run_libjpeg() and every libjpeg callback keep only trivially destructible locals, so the longjmp
+// skips no destructor. The libjpeg objects themselves live in RAII holders one frame up (transcode_jpeg), which
+// destroy them on every path.
+#include "jpeg_transcode.h"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <system_error>
+#include <thread>
+
+#ifdef FASTFEED_HAVE_LIBJPEG
+#include <csetjmp>
+#include <cstdio>  // jpeglib.h needs FILE
+#include <cstring>
+#include <jpeglib.h>
+#include <jerror.h>
+#endif
+
+namespace fastfeed {
+
+#ifdef FASTFEED_HAVE_LIBJPEG
+
+namespace {
+
+// Where a failure of either libjpeg object goes.
+struct Failure {
+    std::jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+};
+
+struct ErrorManager {
+    jpeg_error_mgr pub;  // first member: libjpeg sees a jpeg_error_mgr*
+    Failure* failure;
+    bool strict;
+};
+
+void on_error_exit(j_common_ptr cinfo) {
+    auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+    if (cinfo->err->msg_code == JERR_NO_BACKING_STORE) {
+        // libjpeg asks for a temp file once the coefficient buffers exceed max_memory_to_use.
+        std::snprintf(err->failure->message, sizeof(err->failure->message),
+                      "image too large: needs more than %ld bytes of coefficient memory",
+                      cinfo->mem->max_memory_to_use);
+    } else {
+        (*cinfo->err->format_message)(cinfo, err->failure->message);
+    }
+    std::longjmp(err->failure->jump, 1);
+}
+
+void on_emit_message(j_common_ptr cinfo, int level) {
+    // level < 0: a warning about corrupt data that libjpeg would otherwise silently fill with zeros.
+    if (level >= 0) return;
+    auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+    cinfo->err->num_warnings++;
+    if (err->strict) on_error_exit(cinfo);
+}
+
+void init_error_manager(ErrorManager& err, Failure* failure, const TranscodeOptions& options) {
+    jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error_exit;
+    err.pub.emit_message = on_emit_message;
+    err.failure = failure;
+    err.strict = options.strict;
+}
+
+struct ScanLimit {
+    jpeg_progress_mgr pub;
+    int max_scans;
+};
+
+void on_progress(j_common_ptr cinfo) {
+    auto* limit = reinterpret_cast<ScanLimit*>(cinfo->progress);
+    if (cinfo->is_decompressor &&
+        reinterpret_cast<j_decompress_ptr>(cinfo)->input_scan_number > limit->max_scans) {
+        Failure* failure = reinterpret_cast<ErrorManager*>(cinfo->err)->failure;
+        std::snprintf(failure->message, sizeof(failure->message), "more than %d scans (progressive scan bomb?)",
+                      limit->max_scans);
+        std::longjmp(failure->jump, 1);
+    }
+}
+
+// Destination manager appending to a std::vector. libjpeg's own jpeg_mem_dest leaves its output pointer dangling
+// when an error interrupts a buffer growth, hence this one.
+struct VectorDestination {
+    jpeg_destination_mgr pub;
+    std::vector<std::uint8_t>* out;
+    bool out_of_memory;
+};
+
+constexpr std::size_t kInitialOutput = 64 * 1024;
+
+void dest_init(j_compress_ptr cinfo) {
+    auto* dest = reinterpret_cast<VectorDestination*>(cinfo->dest);
+    dest->pub.next_output_byte = dest->out->data();
+    dest->pub.free_in_buffer = dest->out->size();
+}
+
+boolean dest_empty(j_compress_ptr cinfo) {
+    auto* dest = reinterpret_cast<VectorDestination*>(cinfo->dest);
+    // libjpeg's contract: the whole buffer is full when this is called.
+    const std::size_t used = dest->out->size();
+    try {
+        dest->out->resize(used * 2);
+    } catch (const std::bad_alloc&) {  // must not cross libjpeg's C frames as an exception
+        dest->out_of_memory = true;
+        ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 10);
+    }
+    dest->pub.next_output_byte = dest->out->data() + used;
+    dest->pub.free_in_buffer = dest->out->size() - used;
+    return TRUE;
+}
+
+void dest_term(j_compress_ptr cinfo) {
+    auto* dest = reinterpret_cast<VectorDestination*>(cinfo->dest);
+    dest->out->resize(dest->out->size() - dest->pub.free_in_buffer);
+}
+
+// Value-initialised so that destroying after a failed create is safe (libjpeg checks cinfo.mem for NULL).
+struct Decompressor {
+    jpeg_decompress_struct cinfo{};
+    ErrorManager err;
+    ScanLimit scans;
+    bool created = false;
+    ~Decompressor() {
+        if (created) jpeg_destroy_decompress(&cinfo);
+    }
+};
+
+struct Compressor {
+    jpeg_compress_struct cinfo{};
+    ErrorManager err;
+    VectorDestination dest;
+    bool created = false;
+    ~Compressor() {
+        if (created) jpeg_destroy_compress(&cinfo);
+    }
+};
+
+bool is_jfif_marker(const jpeg_saved_marker_ptr m) {
+    return m->marker == JPEG_APP0 && m->data_length >= 5 && std::memcmp(m->data, "JFIF\0", 5) == 0;
+}
+
+bool is_adobe_marker(const jpeg_saved_marker_ptr m) {
+    return m->marker == JPEG_APP0 + 14 && m->data_length >= 5 && std::memcmp(m->data, "Adobe", 5) == 0;
+}
+
+// All libjpeg calls happen here, under one setjmp. Returns false on error, with the message in failure and the
+// stage in *stage. Keep every local trivially destructible (see the top of this file).
+bool run_libjpeg(Decompressor& d, Compressor& c, Failure& failure, ByteSpan input, const TranscodeOptions& options,
+                 const char** stage) {
+    *stage = "reading";
+    if (setjmp(failure.jump)) return false;
+    d.created = true;
+    jpeg_create_decompress(&d.cinfo);
+    d.cinfo.mem->max_memory_to_use = static_cast<long>(options.max_memory);
+    d.scans.pub.progress_monitor = on_progress;
+    d.scans.max_scans = options.max_scans;
+    d.cinfo.progress = &d.scans.pub;
+    jpeg_mem_src(&d.cinfo, input.data, static_cast<unsigned long>(input.size));
+    if (options.copy_markers) {
+        jpeg_save_markers(&d.cinfo, JPEG_COM, 0xFFFF);
+        for (int i = 0; i < 16; ++i) jpeg_save_markers(&d.cinfo, JPEG_APP0 + i, 0xFFFF);
+    }
+    jpeg_read_header(&d.cinfo, TRUE);
+    jvirt_barray_ptr* coefficients = jpeg_read_coefficients(&d.cinfo);
+
+    *stage = "writing";
+    c.created = true;
+    jpeg_create_compress(&c.cinfo);
+    jpeg_copy_critical_parameters(&d.cinfo, &c.cinfo);
+    // Huffman table optimisation means nothing to arithmetic coding, and libjpeg rejects the combination.
+    c.cinfo.optimize_coding = options.optimize_coding && !options.arithmetic ? TRUE : FALSE;
+    c.cinfo.arith_code = options.arithmetic ? TRUE : FALSE;
+    if (options.progressive) jpeg_simple_progression(&c.cinfo);
+    c.dest.pub.init_destination = dest_init;
+    c.dest.pub.empty_output_buffer = dest_empty;
+    c.dest.pub.term_destination = dest_term;
+    c.cinfo.dest = &c.dest.pub;
+    jpeg_write_coefficients(&c.cinfo, coefficients);
+    if (options.copy_markers) {
+        // Like jpegtran's jcopy_markers_execute: libjpeg already wrote its own JFIF/Adobe marker.
+        for (jpeg_saved_marker_ptr m = d.cinfo.marker_list; m != nullptr; m = m->next) {
+            if (c.cinfo.write_JFIF_header && is_jfif_marker(m)) continue;
+            if (c.cinfo.write_Adobe_marker && is_adobe_marker(m)) continue;
+            jpeg_write_marker(&c.cinfo, m->marker, m->data, m->data_length);
+        }
+    }
+    jpeg_finish_compress(&c.cinfo);
+    jpeg_finish_decompress(&d.cinfo);
+    return true;
+}
+
+}  // namespace
+
+bool have_libjpeg() noexcept { return true; }
+
+std::vector<std::uint8_t> transcode_jpeg(ByteSpan input, const TranscodeOptions& options) {
+    if (input.size == 0) throw JpegError("empty input");
+    if (input.size > (std::size_t(1) << 31)) throw JpegError("input larger than 2 GiB");
+    std::vector<std::uint8_t> out(std::max(kInitialOutput, input.size + input.size / 8));
+    Failure failure;
+    failure.message[0] = '\0';
+    Decompressor d;
+    Compressor c;
+    init_error_manager(d.err, &failure, options);
+    init_error_manager(c.err, &failure, options);
+    d.cinfo.err = &d.err.pub;
+    c.cinfo.err = &c.err.pub;
+    c.dest.out = &out;
+    c.dest.out_of_memory = false;
+    const char* stage = "";
+    if (!run_libjpeg(d, c, failure, input, options, &stage)) {
+        if (c.dest.out_of_memory) throw std::bad_alloc();
+        throw JpegError(std::string("JPEG ") + stage + " failed: " + failure.message);
+    }
+    out.shrink_to_fit();
+    return out;
+}
+
+#else  // !FASTFEED_HAVE_LIBJPEG
+
+bool have_libjpeg() noexcept { return false; }
+
+std::vector<std::uint8_t> transcode_jpeg(ByteSpan, const TranscodeOptions&) {
+    throw JpegUnavailable("fastfeed._native was built without libjpeg: JPEG transcoding is unavailable");
+}
+
+#endif
+
+std::vector<TranscodeResult> transcode_jpeg_many(const std::vector<ByteSpan>& inputs, int num_threads,
+                                                 const TranscodeOptions& options) {
+    if (!have_libjpeg()) transcode_jpeg(ByteSpan{nullptr, 0}, options);  // throws JpegUnavailable
+    std::vector<TranscodeResult> results(inputs.size());
+    std::atomic<std::size_t> next{0};
+    auto worker = [&]() {
+        for (std::size_t i = next++; i < inputs.size(); i = next++) {
+            TranscodeResult& r = results[i];
+            try {
+                r.data = transcode_jpeg(inputs[i], options);
+                r.ok = true;
+            } catch (const std::exception& e) {
+                r.error = e.what();
+            }
+        }
+    };
+    std::size_t threads = num_threads > 0 ? static_cast<std::size_t>(num_threads)
+                                          : std::max(1u, std::thread::hardware_concurrency());
+    threads = std::min(threads, inputs.size());
+    if (threads <= 1) {
+        worker();
+        return results;
+    }
+    std::vector<std::thread> pool;
+    pool.reserve(threads - 1);
+    try {
+        for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+    } catch (const std::system_error&) {
+        // Could not start more threads: the ones running (and this one) still finish the work.
+    }
+    worker();
+    for (auto& t : pool) t.join();
+    return results;
+}
+
+}  // namespace fastfeed

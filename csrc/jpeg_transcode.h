@@ -1,0 +1,62 @@
+// Lossless JPEG re-coding through libjpeg's coefficient API (what `jpegtran -copy all` does): the quantized DCT
+// coefficients are read and written back unchanged, only the entropy coding changes, so decoded pixels are
+// bit-identical. The packer uses it to turn progressive and arithmetic-coded JPEGs into baseline Huffman JPEGs,
+// the only kind the GPU's hardware JPEG decoder accepts.
+//
+// No Python headers here; bindings.cpp owns the GIL policy. Every function is thread-safe (each call owns its
+// libjpeg objects). Corrupt input raises JpegError; libjpeg's error_exit never aborts the process.
+//
+// Built only when libjpeg's headers were found (setup.py defines FASTFEED_HAVE_LIBJPEG); otherwise every function
+// throws JpegUnavailable and have_libjpeg() is false.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace fastfeed {
+
+struct TranscodeOptions {
+    bool progressive = false;      // false: single-scan sequential (baseline when 8-bit Huffman)
+    bool arithmetic = false;       // false: Huffman (the hardware decoder rejects arithmetic coding)
+    bool optimize_coding = true;   // per-image Huffman tables: smaller output, about one extra pass in memory
+    bool copy_markers = true;      // keep APPn (ICC, Exif, Adobe, XMP) and COM markers
+    bool strict = true;            // libjpeg warnings (corrupt data it would paper over) are errors
+    int max_scans = 500;           // progressive files with more scans are rejected (decode-time DoS guard)
+    std::size_t max_memory = std::size_t(1) << 30;  // coefficient buffer limit per image, bytes
+};
+
+class JpegError : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+class JpegUnavailable : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+struct ByteSpan {
+    const std::uint8_t* data;
+    std::size_t size;
+};
+
+struct TranscodeResult {
+    bool ok = false;
+    std::vector<std::uint8_t> data;  // when ok
+    std::string error;               // when !ok
+};
+
+bool have_libjpeg() noexcept;
+
+// Throws JpegError on corrupt input or input libjpeg cannot re-code (lossless/hierarchical/12-bit JPEGs).
+std::vector<std::uint8_t> transcode_jpeg(ByteSpan input, const TranscodeOptions& options = {});
+
+// Transcodes every input on up to `num_threads` threads (0: hardware concurrency). Never throws for a bad
+// input: its result carries the error. The spans must stay valid until the call returns.
+std::vector<TranscodeResult> transcode_jpeg_many(const std::vector<ByteSpan>& inputs, int num_threads,
+                                                 const TranscodeOptions& options = {});
+
+}  // namespace fastfeed

@@ -1,0 +1,167 @@
+"""One `fastfeed bench` run: build each loader, measure it with the same consumer, assemble the report.
+
+Loaders run one after the other (never concurrently: they would fight for the same cores and disk), each closed
+before the next starts. `run_bench` takes optional loader factories so other loaders (or tests) plug in.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["BenchConfig", "run_bench", "resolve_images_dir", "DTYPES"]
+
+DTYPES = ("float16", "bfloat16", "float32", "uint8")
+
+
+@dataclass
+class BenchConfig:
+    """Options of one bench run; the loader-shaped ones map one to one onto `fastfeed.Loader` arguments."""
+
+    dataset: str | None
+    images: str | None = None
+    batch_size: int = 256
+    image_size: int = 224
+    decoder: str = "auto"
+    device: str | None = None
+    dtype: str = "float16"
+    channels_last: bool = False
+    num_threads: int | str | None = None
+    prefetch: int | None = None
+    train: bool = True
+    steps: int = 50
+    warmup: int = 10
+    consumer: str = "none"
+    compare: str | None = None
+    torch_workers: int | None = None
+    seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("batch_size", "image_size", "steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.compare not in (None, "torch"):
+            raise ValueError(f"--compare supports only 'torch', got {self.compare!r}")
+
+
+def resolve_images_dir(dataset: str | None, images: str | None) -> Path:
+    """The unpacked image folder for the torch baseline: `images` if given, else the manifest's `source`."""
+    if images:
+        p = Path(images)
+        if not p.is_dir():
+            raise FileNotFoundError(f"--images {images}: not a directory")
+        return p
+    if not dataset:
+        raise ValueError("the torch baseline needs the unpacked images: pass --images DIR")
+    manifest = Path(dataset) / "fastfeed.json"
+    try:
+        raw = json.loads(manifest.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {manifest} ({e}); pass --images DIR for the torch baseline") from None
+    source = raw.get("source") if isinstance(raw, dict) else None
+    if not isinstance(source, str) or not Path(source).is_dir():
+        raise ValueError(f"{manifest}: source {source!r} is not an image folder on this machine (packed from a "
+                         "list file, or moved); pass --images DIR for the torch baseline")
+    return Path(source)
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _default_device(device: str | None) -> str:
+    import torch
+
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _fastfeed_factory(cfg: BenchConfig, device: str) -> Callable[[], Iterable]:
+    def make():
+        import fastfeed
+
+        return fastfeed.Loader(cfg.dataset, batch_size=cfg.batch_size, train=cfg.train, image_size=cfg.image_size,
+                               device=device, decoder=cfg.decoder, dtype=_torch_dtype(cfg.dtype),
+                               channels_last=cfg.channels_last, seed=cfg.seed, num_threads=cfg.num_threads,
+                               prefetch=cfg.prefetch)
+
+    return make
+
+
+def _torch_factory(cfg: BenchConfig, device: str, images: Path) -> Callable[[], Iterable]:
+    def make():
+        from fastfeed.bench.torch_baseline import make_torch_loader
+
+        return make_torch_loader(images, batch_size=cfg.batch_size, image_size=cfg.image_size, train=cfg.train,
+                                 device=device, dtype=_torch_dtype(cfg.dtype), channels_last=cfg.channels_last,
+                                 num_workers=cfg.torch_workers, seed=cfg.seed)
+
+    return make
+
+
+def _num_classes(cfg: BenchConfig, images: Path | None) -> int:
+    if cfg.dataset:
+        try:
+            raw = json.loads((Path(cfg.dataset) / "fastfeed.json").read_text())
+            return max(1, len(raw.get("classes") or ())) if isinstance(raw, dict) else 1000
+        except (OSError, ValueError):
+            pass
+    if images is not None:
+        return max(1, sum(1 for p in images.iterdir() if p.is_dir()))
+    return 1000
+
+
+def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | None = None,
+              progress: bool = True) -> dict:
+    """Measure every loader (default: fastfeed, plus torch with compare='torch') and return the report dict."""
+    from fastfeed.bench.consumers import make_consumer, synthetic_batch
+    from fastfeed.bench.report import build_report
+    from fastfeed.bench.runner import percentiles, run_compute_only, run_loader
+
+    cfg.validate()
+    device = _default_device(cfg.device)
+    images = None
+    if loaders is None:
+        if not cfg.dataset:
+            raise ValueError("a packed DATASET is required")
+        loaders = {"fastfeed": _fastfeed_factory(cfg, device)}
+        if cfg.compare == "torch":
+            images = resolve_images_dir(cfg.dataset, cfg.images)
+            loaders["torch"] = _torch_factory(cfg, device, images)
+    num_classes = _num_classes(cfg, images)
+    consumer = make_consumer(cfg.consumer, device, num_classes=num_classes)
+    gpu_index = None
+    if device.startswith("cuda"):
+        import torch
+
+        gpu_index = torch.device(device).index
+        gpu_index = torch.cuda.current_device() if gpu_index is None else gpu_index
+
+    results = {}
+    for name, factory in loaders.items():
+        loader = factory()
+        try:
+            res = run_loader(loader, consumer, name=name, steps=cfg.steps, warmup=cfg.warmup, gpu_index=gpu_index,
+                             progress=progress)
+        finally:
+            if hasattr(loader, "close"):
+                loader.close()
+        results[name] = res.to_dict()
+
+    compute = None
+    if cfg.consumer != "none":
+        batch = synthetic_batch(cfg.batch_size, cfg.image_size, device, _torch_dtype(cfg.dtype), num_classes)
+        compute = percentiles(run_compute_only(consumer, batch, steps=cfg.steps, warmup=min(cfg.warmup, 5) or 1))
+    config = {**asdict(cfg), "device": device}
+    if images is not None:
+        config["images"] = os.fspath(images)
+    return build_report(config, results, cfg.consumer, compute, cfg.batch_size)

@@ -1,0 +1,75 @@
+"""`fastfeed bench DATASET`: throughput, step-time percentiles and data wait, optionally against torch."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fastfeed.bench.session import DTYPES, BenchConfig
+
+CONSUMERS = ("none", "resnet18", "resnet50")
+
+
+def _threads(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", metavar="DATASET", help="packed dataset folder (holds fastfeed.json)")
+    p.add_argument("--steps", type=int, default=50, help="timed steps (default 50)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps before measuring (default 10)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--decoder", default="auto", help="Loader decoder: auto|dali|cpu (default auto)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
+    p.add_argument("--dtype", choices=DTYPES, default="float16")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--num-threads", type=_threads, default=None, help="Loader num_threads: N or auto")
+    p.add_argument("--prefetch", type=int, default=None, help="Loader prefetch depth (batches)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--train", dest="train", action="store_true", default=True,
+                      help="random-resized-crop + flip (default)")
+    mode.add_argument("--eval", dest="train", action="store_false", help="resize + centre crop")
+    p.add_argument("--consumer", choices=CONSUMERS, default="none",
+                   help="simulated training step on the device (default none: pure loader throughput)")
+    p.add_argument("--compare", choices=("torch",), default=None,
+                   help="also run torch DataLoader + ImageFolder + PIL on the unpacked images")
+    p.add_argument("--images", default=None, help="unpacked image folder for --compare (default: manifest source)")
+    p.add_argument("--torch-workers", type=int, default=None, help="baseline num_workers (default: usable cores)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="FILE", default=None, help="write the report as JSON (schema in bench/report.py)")
+    p.add_argument("--plot", metavar="FILE.png", default=None, help="write throughput and wait plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastfeed.bench.report import format_table, write_json
+    from fastfeed.bench.session import run_bench
+
+    cfg = BenchConfig(dataset=args.dataset, images=args.images, batch_size=args.batch_size,
+                      image_size=args.image_size, decoder=args.decoder, device=args.device, dtype=args.dtype,
+                      channels_last=args.channels_last, num_threads=args.num_threads, prefetch=args.prefetch,
+                      train=args.train, steps=args.steps, warmup=args.warmup, consumer=args.consumer,
+                      compare=args.compare, torch_workers=args.torch_workers, seed=args.seed)
+    try:
+        report = run_bench(cfg, progress=not args.no_progress and sys.stderr.isatty())
+    except (ValueError, FileNotFoundError) as e:
+        print(f"fastfeed bench: {e}", file=sys.stderr)
+        return 2
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        from fastfeed.bench.plot import plot_report
+
+        plot_report(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,54 @@
+"""`fastfeed inspect OUT`: print a packed dataset's manifest summary."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["configure", "run", "summarize"]
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a packed dataset folder")
+    p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
+
+
+def summarize(m) -> str:
+    st = m.image_stats
+    lines = [
+        f"kind:        {m.kind} (format version {m.version}, {m.created_by})",
+        f"samples:     {m.num_samples} in {len(m.shards)} file(s), {st['bytes']['total'] / 1e6:.1f} MB"
+        f" (mean {st['bytes']['mean'] / 1e3:.1f} KB)",
+        f"classes:     {len(m.classes)}" + (f" ({', '.join(m.classes[:5])}{', ...' if len(m.classes) > 5 else ''})"
+                                            if m.classes else ""),
+        f"image size:  width {st['width']['min']}-{st['width']['max']} (mean {st['width']['mean']:.0f}), "
+        f"height {st['height']['min']}-{st['height']['max']} (mean {st['height']['mean']:.0f})",
+        "jpeg mix:    " + ", ".join(f"{k} {v}" for k, v in m.jpeg_mix.items() if v) + f"; transcoded {m.transcoded}",
+        f"rejected:    {m.rejected}",
+        f"source:      {m.source} ({m.source_kind})",
+    ]
+    try:
+        from fastfeed.jpeg import hw_decoder_advice
+
+        advice = hw_decoder_advice(m.jpeg_mix)
+    except (ImportError, ValueError, KeyError):
+        advice = None
+    if advice:
+        lines.append(f"advice:      {advice}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastfeed.formats.base import load_manifest
+    from fastfeed.types import DatasetError
+
+    try:
+        m = load_manifest(args.path)
+    except DatasetError as e:
+        print(f"fastfeed inspect: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(json.loads(m.to_json()), indent=2))
+    else:
+        print(summarize(m))
+    return 0

@@ -1,0 +1,71 @@
+"""`fastfeed pack SRC OUT`: see fastfeed/pack/run.py."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["configure", "run"]
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from fastfeed.pack.sources import SOURCE_KINDS
+    from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
+
+    p.add_argument("src", help="ImageFolder tree, flat folder of images, or a .csv/.jsonl list (path,label[,metadata])")
+    p.add_argument("out", help="output folder")
+    p.add_argument("--format", choices=("wds", "lmdb"), default="wds", help="WebDataset tar shards or LMDB")
+    p.add_argument("--source", choices=SOURCE_KINDS, default="auto", help="how to read SRC (default: guess)")
+    p.add_argument("--shard-size", default="1GiB", help="target shard size for wds, e.g. 64MB, 1GiB (default 1GiB)")
+    p.add_argument("--shuffle-seed", type=int, default=0, help="pack-time shuffle seed (default 0)")
+    p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
+    p.add_argument("--workers", type=int, default=None, help="reader threads (default: all cores)")
+    p.add_argument("--jpeg", choices=("keep", "baseline", "reencode"), default="keep",
+                   help="keep bytes; losslessly transcode progressive/arithmetic JPEGs to baseline; or also "
+                        "re-encode what the GPU hardware decoder cannot take (see fastfeed/jpeg.py)")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality for re-encoded images (default 90)")
+    p.add_argument("--max-side", type=int, default=None,
+                   help="re-encode images whose longer side exceeds N pixels to JPEG at --quality")
+    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help="reject images with more pixels than this (decompression bombs)")
+    p.add_argument("--num-parts", type=int, default=1, help="split the pack into K parts (then `fastfeed merge`)")
+    p.add_argument("--part", type=int, default=0, help="which part (0..K-1) this process packs")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted pack in OUT")
+    p.add_argument("--overwrite", action="store_true", help="replace fastfeed's files in OUT")
+    p.add_argument("--strict", action="store_true", help="exit with status 1 if any file was rejected")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastfeed.pack import PackError, PackOptions, pack, parse_size
+
+    try:
+        opts = PackOptions(
+            format=args.format,
+            shard_size=parse_size(args.shard_size),
+            shuffle_seed=None if args.no_shuffle else args.shuffle_seed,
+            workers=args.workers,
+            jpeg_mode=args.jpeg,
+            quality=args.quality,
+            max_side=args.max_side,
+            max_pixels=args.max_pixels,
+            source_kind=args.source,
+            num_parts=args.num_parts,
+            part=args.part,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            progress=not args.quiet and sys.stderr.isatty(),
+        )
+        result = pack(args.src, args.out, opts)
+    except (PackError, ValueError, OSError) as e:
+        print(f"fastfeed pack: error: {e}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(result.summary())
+        if result.rejected:
+            print(f"rejected files are listed with reasons in {result.folder}/rejected.jsonl", file=sys.stderr)
+        if result.hidden_skipped:
+            print(f"skipped {result.hidden_skipped} hidden entries (names starting with '.')", file=sys.stderr)
+    if args.strict and result.rejected:
+        print(f"fastfeed pack: --strict: {len(result.rejected)} file(s) rejected", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,82 @@
+"""Decoders: encoded records + crop windows -> a normalized image batch (torch [B, 3, S, S]) on the device.
+
+    crop_windows(widths, heights, sample_ids, *, seed, epoch, train, image_size) -> Windows
+    make_decoder(kind, ...) -> decoder;  decoder(samples, windows) -> DecodeResult(images, replaced);  .close()
+
+Kinds (the registry below): "dali" (GPU, `mixed` hardware decode), "cpu-dali" (DALI's CPU backend), "cpu-pil"
+(pillow-simd + numba), "cpu" (the faster CPU one on a 2-core machine: benchmarks/bench_decode.py), "auto" ("dali"
+when DALI and CUDA are there and device is cuda, else "cpu"). DALI is imported only when a DALI kind is built.
+"""
+from __future__ import annotations
+
+from fastfeed.decode.base import CorruptSampleError, DecodeResult
+from fastfeed.decode.params import Windows, crop_windows
+
+__all__ = ["crop_windows", "Windows", "make_decoder", "DecodeResult", "CorruptSampleError", "KINDS", "CPU_DEFAULT"]
+
+KINDS = ("auto", "dali", "cpu", "cpu-dali", "cpu-pil")
+# Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
+CPU_DEFAULT = "cpu-pil"
+
+
+def _resolve(kind: str, device: str) -> str:
+    import torch
+
+    from fastfeed.decode.dali import dali_available
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown decoder kind {kind!r}; expected one of {KINDS}")
+    if kind == "auto":
+        cuda = str(device).startswith("cuda") and torch.cuda.is_available()
+        kind = "dali" if cuda and dali_available() else "cpu"
+        if kind == "cpu" and not dali_available():
+            return "cpu-pil"
+    if kind == "cpu":
+        kind = CPU_DEFAULT if dali_available() else "cpu-pil"
+    return kind
+
+
+def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0, image_size: int = 224,
+                 dtype=None, channels_last: bool = False, mean=None, std=None, batch_size: int = 256,
+                 num_threads: int = 4, hw_decoder_load: float = 0.9, on_error: str = "skip", draft: bool = False,
+                 zero_copy: bool = False):
+    """Build a decoder. `device` is where the images go ("cuda" | "cuda:N" | "cpu"); device_id is the GPU DALI
+    decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy and
+    hw_decoder_load to dali only. Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
+    import torch
+
+    resolved = _resolve(kind, device)
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", int(device_id))
+    common = dict(image_size=image_size, dtype=dtype, channels_last=channels_last, mean=mean, std=std,
+                  batch_size=batch_size, num_threads=num_threads, on_error=on_error)
+    if resolved == "dali":
+        if dev.type != "cuda":
+            raise ValueError("kind='dali' decodes on the GPU: pass device='cuda' (or use kind='cpu-dali')")
+        from fastfeed.decode.dali import DaliDecoder
+
+        return DaliDecoder(device_id=dev.index, hw_decoder_load=hw_decoder_load, zero_copy=zero_copy, **common)
+    if resolved == "cpu-dali":
+        from fastfeed.decode.dali import DaliDecoder
+
+        inner = DaliDecoder(device_id=None, **common)
+        return inner if dev.type == "cpu" else _ToDevice(inner, dev)
+    from fastfeed.decode.cpu import PilDecoder
+
+    return PilDecoder(device=dev, draft=draft, **common)
+
+
+class _ToDevice:
+    """Moves a CPU decoder's batches to a CUDA device on torch's current stream (pinned staging, async copy)."""
+
+    def __init__(self, inner, device):
+        self._inner = inner
+        self.device = device
+
+    def __call__(self, samples, windows):
+        res = self._inner(samples, windows)
+        return DecodeResult(res.images.pin_memory().to(self.device, non_blocking=True), res.replaced)
+
+    def close(self):
+        self._inner.close()

@@ -1,0 +1,119 @@
+"""What every decoder shares: the result type, the corrupt-sample error, replacement policy and output buffers.
+
+Replacement policy (on_error="skip"): a corrupt position takes a copy of the next good position of the same batch
+(cyclically), so the batch keeps its shape and the choice is deterministic. A batch with no good sample cannot be
+filled and raises CorruptSampleError whatever the policy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["DecodeResult", "CorruptSampleError", "ON_ERROR", "DTYPES", "replacement_map", "check_common", "is_image"]
+
+ON_ERROR = ("skip", "raise")
+
+
+@dataclass
+class DecodeResult:
+    """images: torch.Tensor [B, 3, S, S] on the decoder's device (NHWC memory when channels_last);
+    replaced: (position, reason) for each corrupt record whose slot holds a copy of another sample."""
+
+    images: object
+    replaced: list = field(default_factory=list)
+
+
+class CorruptSampleError(ValueError):
+    """A record of the batch could not be decoded. `position` is the first bad batch position; `positions` and
+    `reasons` list all of them (the loader maps positions to sample keys)."""
+
+    def __init__(self, positions: Sequence[int], reasons: Sequence[str]):
+        self.positions = [int(p) for p in positions]
+        self.reasons = list(reasons)
+        self.position = self.positions[0] if self.positions else -1
+        detail = "; ".join(f"position {p}: {r}" for p, r in zip(self.positions, self.reasons))
+        super().__init__(f"corrupt sample(s) in batch: {detail}")
+
+
+def replacement_map(bad: Sequence[int], batch_size: int) -> dict[int, int]:
+    """bad position -> the good position whose output it copies (next good one, cyclically)."""
+    bad_set = set(int(b) for b in bad)
+    good = [i for i in range(batch_size) if i not in bad_set]
+    if not good:
+        return {}
+    good_arr = np.asarray(good)
+    out = {}
+    for b in sorted(bad_set):
+        k = int(np.searchsorted(good_arr, b))
+        out[b] = int(good_arr[k % len(good_arr)])
+    return out
+
+
+def resolve_errors(bad: dict[int, str], batch_size: int, on_error: str) -> dict[int, int]:
+    """Apply the on_error policy: raise, or return the replacement map."""
+    if not bad:
+        return {}
+    positions = sorted(bad)
+    if on_error == "raise":
+        raise CorruptSampleError(positions, [bad[p] for p in positions])
+    repl = replacement_map(positions, batch_size)
+    if not repl:
+        raise CorruptSampleError(positions, [bad[p] + " (no good sample left in the batch)" for p in positions])
+    return repl
+
+
+def _torch_dtypes():
+    import torch
+
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.uint8: "uint8"}
+
+
+DTYPES = ("float16", "bfloat16", "float32", "uint8")
+
+
+def check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads) -> str:
+    """Validate the constructor arguments every decoder takes; returns the dtype's name."""
+    names = _torch_dtypes()
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of torch.float16/bfloat16/float32/uint8, got {dtype!r}")
+    if int(image_size) < 1:
+        raise ValueError(f"image_size must be >= 1, got {image_size}")
+    if len(mean) != 3 or len(std) != 3 or any(float(s) <= 0 for s in std):
+        raise ValueError("mean and std need 3 values each, std > 0")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if int(batch_size) < 1 or int(num_threads) < 1:
+        raise ValueError("batch_size and num_threads must be >= 1")
+    return names[dtype]
+
+
+_MAGIC = (
+    b"\xff\xd8\xff",  # JPEG
+    b"\x89PNG\r\n\x1a\n",
+    b"GIF87a",
+    b"GIF89a",
+    b"BM",
+    b"II*\x00",  # TIFF little-endian
+    b"MM\x00*",
+)
+
+
+def is_image(sample: np.ndarray) -> bool:
+    """Cheap signature check (no decode): catches empty and non-image records before they fail a whole batch."""
+    head = bytes(sample[:12])
+    if head.startswith(_MAGIC):
+        return True
+    return len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"WEBP"
+
+
+def apply_replacements(images, repl: dict[int, int]) -> None:
+    """Copy each replacement's output into the corrupt slot (on torch's current stream for CUDA tensors)."""
+    if not repl:
+        return
+    import torch
+
+    dst = torch.as_tensor(list(repl.keys()), device=images.device)
+    src = torch.as_tensor(list(repl.values()), device=images.device)
+    images[dst] = images[src]

@@ -1,0 +1,479 @@
+"""`fastfeed.Loader`: a drop-in for a torch `DataLoader` loop over a packed dataset.
+
+    loader = fastfeed.Loader("out/", batch_size=256, train=True, image_size=224)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)            # optional: iterating again advances the epoch by itself
+        for images, labels in loader:      # images [B,3,S,S] on the device, labels int64 [B] on the same device
+            ...
+
+It composes four pieces, each usable on its own: `sampling` (which sample ids this rank reads, in which order),
+`formats` (where each sample's bytes sit), the native `ring` (reads them ahead into pinned slots, off the GIL)
+and `decode` (DALI on the GPU, or the CPU decoders).
+
+NOTE [Loader pipeline and shutdown]
+One pipeline thread per iteration turns ring slots into decoded batches:
+    ring.next_batch() -> crop windows -> decoder(slot views) -> slot released -> queue.put(batch)
+The ring's own threads read ahead `prefetch` batches of encoded bytes; the queue holds at most `prefetch` decoded
+batches, so memory is bounded on both sides of the decoder. A slot is released only after the decoder returns,
+because the decoder reads the slot's bytes in place (DALI's external_source with no_copy, or PIL from a view).
+On CUDA the pipeline thread decodes on its own stream and records an event after each batch; the consumer's
+current stream waits on that event before the batch is handed out, and `record_stream` tells torch's allocator
+that the consumer's stream uses the memory, so a batch is never overwritten while the training step reads it.
+Shutdown: every blocking call in the pipeline thread has a timeout and checks a stop flag; the consumer leaving
+the loop early (break, exception, Ctrl-C, garbage collection of the generator) sets the flag, drains the queue
+and joins the thread (bounded), then the next iteration starts from a clean ring. Errors in the pipeline thread
+travel to the consumer wrapped with where they happened and are raised at the batch that hit them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fastfeed import IMAGENET_MEAN, IMAGENET_STD
+from fastfeed import sampling
+from fastfeed.decode import crop_windows, make_decoder
+from fastfeed.decode.base import CorruptSampleError, replacement_map
+from fastfeed.formats import open_dataset
+from fastfeed.ring import PrefetchRing, RingReadError
+from fastfeed.stats import StageStats
+from fastfeed.world import World
+
+__all__ = ["Loader", "LoaderError"]
+
+log = logging.getLogger("fastfeed")
+
+STATE_VERSION = 1
+_POLL_S = 0.1  # how often blocked pipeline calls re-check the stop flag
+_JOIN_S = 5.0
+
+
+class LoaderError(RuntimeError):
+    """An error raised in the loader's pipeline thread, re-raised in the training loop with where it happened."""
+
+
+@dataclass
+class _Failure:
+    where: str
+    exc: BaseException
+
+
+_END = object()
+
+
+class Loader:
+    """Iterate a packed dataset as decoded, augmented, normalised batches on the device.
+
+    Args:
+        path: a folder written by `fastfeed pack` (WebDataset shards or LMDB).
+        batch_size: samples per batch on this rank.
+        train: RandomResizedCrop(0.08-1, 3/4-4/3) + horizontal flip if True; resize to S/0.875 + centre crop if
+            False. Either way normalised with `mean`/`std` (given in 0-1 units).
+        image_size: output side S.
+        device: "cuda", "cuda:N" or "cpu"; default: this rank's local GPU when CUDA is available, else "cpu".
+        decoder: "dali", "cpu" (the fastest CPU decoder), "cpu-pil", "cpu-dali" or "auto" (DALI when importable).
+        dtype: torch.float16 | bfloat16 | float32 | uint8 (uint8 skips normalisation).
+        channels_last: return NCHW tensors with NHWC memory (what channels_last models want), written directly.
+        shuffle, seed, drop_last, order: the epoch order, see `fastfeed.sampling`; every rank gets the same
+            number of batches.
+        rank, world_size, local_rank: default from torch.distributed, else torchrun's environment, else 0/1/0.
+        num_threads: decoder threads; None = the machine's cores available to this rank (at most 8).
+        reader_threads: native ring reader threads (default 4; more helps cold or network storage).
+        prefetch: decoded batches queued ahead of the consumer (default 2); the ring reads `prefetch + 2` ahead.
+        hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 0.9, measured best).
+        on_error: "skip" replaces a corrupt record by another sample of the same batch (counted in `stats()`);
+            "raise" raises naming the sample.
+        log_every: log a one-line stats summary every N batches (and at the end of each epoch).
+    """
+
+    def __init__(self, path, batch_size: int = 256, *, train: bool = True, image_size: int = 224,
+                 device: str | torch.device | None = None, decoder: str = "auto",
+                 dtype: torch.dtype = torch.float16, channels_last: bool = False,
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = True, order: str = "global", rank: int | None = None,
+                 world_size: int | None = None, local_rank: int | None = None,
+                 num_threads: int | None = None, reader_threads: int | None = None,
+                 prefetch: int | None = None, hw_decoder_load: float | None = None, on_error: str = "skip",
+                 log_every: int | None = None):
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if on_error not in ("skip", "raise"):
+            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+        self.dataset = open_dataset(path)
+        if len(self.dataset) == 0:
+            raise ValueError(f"{path}: the dataset has no samples")
+        self.batch_size = int(batch_size)
+        self.train = bool(train)
+        self.image_size = int(image_size)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.order = order
+        self.on_error = on_error
+        self.log_every = log_every
+        self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
+        self.device = _resolve_device(device, self.world)
+        self.prefetch = max(1, int(prefetch if prefetch is not None else 2))
+        self.num_threads = int(num_threads) if num_threads else _default_threads(self.world)
+        self._stats = StageStats()
+        self._labels = torch.from_numpy(np.ascontiguousarray(self.dataset.labels, dtype=np.int64))
+        self._widths = np.asarray(self.dataset.widths)
+        self._heights = np.asarray(self.dataset.heights)
+        self._shard_of = _shard_of(self.dataset) if order == "shard" else None
+
+        self._decoder_kind = _resolve_decoder(decoder, self.device)
+        self._decoder = make_decoder(
+            self._decoder_kind, device=self.device.type, device_id=self.device.index or 0,
+            image_size=self.image_size, dtype=dtype, channels_last=channels_last, mean=mean, std=std,
+            batch_size=self.batch_size, num_threads=self.num_threads,
+            hw_decoder_load=0.9 if hw_decoder_load is None else hw_decoder_load, on_error=on_error)
+        self._ring = PrefetchRing(self.dataset.extents(), self.batch_size,
+                                  num_threads=int(reader_threads or 4), num_slots=self.prefetch + 2)
+        self._stats.set_info("decoder", self._decoder_kind)
+        self._stats.set_info("device", str(self.device))
+        self._stats.set_info("num_threads", self.num_threads)
+        self._stats.set_info("reader_threads", int(reader_threads or 4))
+        self._stats.set_info("prefetch", self.prefetch)
+        self._stats.set_info("pinned", bool(self._ring.stats().get("pinned", False)))
+
+        self._epoch = 0
+        self._pending_resume: dict | None = None  # sampling state for the next iteration of self._epoch
+        self._plan = None  # the EpochPlan of the iteration in progress (or the last one)
+        self._batches_done = 0  # batches of self._plan handed to the consumer
+        self._iterated = False  # an iteration of self._epoch began: a plain `for` again runs the next epoch
+        self._active: _Epoch | None = None
+        self._full_len: int | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ DataLoader-like surface
+    def __len__(self) -> int:
+        """Batches per epoch for this rank (equal on every rank; fewer for the rest of a resumed epoch)."""
+        if self._active is not None:
+            return self._plan.num_batches
+        if self._pending_resume is not None:
+            return self._make_plan(self._epoch, self._pending_resume).num_batches
+        if self._full_len is None:  # every full epoch has the same count; planning 10M samples takes ~0.3 s
+            self._full_len = self._make_plan(self._epoch, None).num_batches
+        return self._full_len
+
+    def set_epoch(self, epoch: int) -> None:
+        """Like `DistributedSampler.set_epoch`: the next iteration runs epoch `epoch`. A state loaded with
+        `load_state_dict` for this same epoch is kept (the rest of that epoch runs); for another epoch it is
+        dropped."""
+        epoch = int(epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self._epoch:
+            self._pending_resume = None
+        self._epoch = epoch
+        self._iterated = False
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def __iter__(self):
+        if self._closed:
+            raise RuntimeError("this Loader is closed")
+        if self._active is not None:
+            self._active.stop()
+        if self._iterated:
+            self._epoch += 1
+            self._pending_resume = None
+        self._iterated = True
+        self._plan = self._make_plan(self._epoch, self._pending_resume)
+        self._pending_resume = None
+        self._batches_done = 0
+        epoch = _Epoch(self, self._plan)
+        self._active = epoch
+        return self._consume(epoch)
+
+    def _consume(self, epoch: "_Epoch"):
+        plan = epoch.plan
+        try:
+            epoch.begin()
+            for k in range(plan.num_batches):
+                images, labels = epoch.next()
+                self._batches_done = k + 1
+                if self.log_every and (k + 1) % self.log_every == 0:
+                    log.info("fastfeed epoch %d batch %d/%d: %s", self._epoch, k + 1, plan.num_batches,
+                             self._stats.summary_line())
+                yield images, labels
+            if self.log_every:
+                log.info("fastfeed epoch %d done: %s", self._epoch, self._stats.summary_line())
+        finally:
+            epoch.stop()
+            if self._active is epoch:
+                self._active = None
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict:
+        """Where this rank is: small JSON-serialisable data to save next to the model and optimizer state.
+
+        `load_state_dict` in a fresh process, with any world size, continues with exactly the batches not yet
+        handed out (same samples, same order, same augmentation). A state taken after a finished epoch points at
+        the start of the next one."""
+        state = {"version": STATE_VERSION, "seed": self.seed, "epoch": self._epoch, "sampling": None}
+        if self._pending_resume is not None:
+            state["sampling"] = self._pending_resume
+        elif self._iterated and self._plan is not None:
+            if self._batches_done >= self._plan.num_batches:
+                state["epoch"] = self._epoch + 1
+            else:
+                state["sampling"] = self._plan.state(self._batches_done)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"not a fastfeed.Loader state (version {STATE_VERSION}): {state!r:.200}")
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"state was saved with seed {state['seed']}, this Loader has seed {self.seed}")
+        if self._active is not None:
+            self._active.stop()
+        epoch = int(state["epoch"])
+        if state["sampling"] is not None:
+            self._make_plan(epoch, state["sampling"])  # validate now, not at the first batch
+        self._epoch = epoch
+        self._pending_resume = state["sampling"]
+        self._iterated = False
+        self._plan = None
+        self._batches_done = 0
+
+    # ------------------------------------------------------------------ stats and lifetime
+    def stats(self) -> dict:
+        """Per-stage counters and timers (read, decode, wait, ...), samples skipped with reasons, the settings."""
+        snap = self._stats.snapshot()
+        ring = self._ring.stats()
+        snap["ring"] = ring
+        return snap
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._active is not None:
+            self._active.stop()
+        self._ring.close()
+        self._decoder.close()
+        self.dataset.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ internals
+    def _make_plan(self, epoch: int, resume: dict | None):
+        return sampling.plan_epoch(
+            len(self.dataset), seed=self.seed, epoch=epoch, world=self.world, batch_size=self.batch_size,
+            drop_last=self.drop_last, shuffle=self.shuffle, order=self.order, shard_of=self._shard_of,
+            resume=resume)
+
+
+class _Epoch:
+    """One iteration's pipeline thread and hand-off queue (see NOTE [Loader pipeline and shutdown])."""
+
+    def __init__(self, loader: Loader, plan):
+        self.loader = loader
+        self.plan = plan
+        self.queue: queue.Queue = queue.Queue(maxsize=loader.prefetch)
+        self.stop_flag = threading.Event()
+        self.thread: threading.Thread | None = None
+        cuda = loader.device.type == "cuda"
+        self.stream = torch.cuda.Stream(device=loader.device) if cuda else None
+
+    def begin(self) -> None:
+        L = self.loader
+        L._ring.start(np.ascontiguousarray(self.plan.indices, dtype=np.int64))
+        self.thread = threading.Thread(target=self._run, name="fastfeed-pipeline", daemon=True)
+        self.thread.start()
+
+    # -- pipeline thread
+    def _run(self) -> None:
+        L = self.loader
+        try:
+            if self.stream is not None:
+                torch.cuda.set_device(L.device)
+            for k in range(self.plan.num_batches):
+                if self.stop_flag.is_set():
+                    return
+                item = self._produce(k)
+                if item is None:
+                    return
+                self._put(item)
+            self._put(_END)
+        except BaseException as exc:  # noqa: BLE001 - everything crosses to the consumer, who decides
+            self._put(_Failure(f"fastfeed pipeline thread, epoch {L._epoch}", exc))
+
+    def _produce(self, k: int):
+        L = self.loader
+        expected = self.plan.batch(k)
+        try:
+            rb = self._next_slot()
+            if rb is None:
+                return None
+            indices = np.asarray(rb.indices, dtype=np.int64)
+            samples = rb.samples()
+        except RingReadError as exc:
+            if L.on_error == "raise":
+                raise
+            # The ring failed this batch; read it sample by sample so one bad extent costs one sample, not a batch.
+            rb, indices = None, np.asarray(expected, dtype=np.int64)
+            samples = [_read_or_empty(L.dataset, int(i)) for i in indices]
+            L._stats.skip("read_error", key=str(exc), n=sum(1 for s in samples if len(s) == 0))
+        try:
+            windows = crop_windows(L._widths[indices], L._heights[indices], indices, seed=L.seed,
+                                   epoch=L._epoch, train=L.train, image_size=L.image_size)
+            with L._stats.timed("decode", n=len(indices)):
+                if self.stream is not None:
+                    with torch.cuda.stream(self.stream):
+                        result = L._decoder(samples, windows)
+                        labels = self._labels(indices, result.replaced)
+                        event = torch.cuda.Event()
+                        event.record(self.stream)
+                else:
+                    result = L._decoder(samples, windows)
+                    labels = self._labels(indices, result.replaced)
+                    event = None
+        except CorruptSampleError as exc:  # on_error="raise": name the samples, not batch positions
+            names = ", ".join(str(L.dataset.keys[indices[p]]) for p in exc.positions[:8])
+            raise LoaderError(f"corrupt sample(s) {names} in batch {k} of epoch {L._epoch}: {exc}") from exc
+        finally:
+            if rb is not None:
+                rb.release()
+        for pos, reason in result.replaced:
+            L._stats.skip(str(reason).split(":")[0], key=str(L.dataset.keys[indices[pos]]))
+        L._stats.add("samples", len(indices))
+        L._stats.add("batches", 1)
+        return result.images, labels, event
+
+    def _labels(self, indices: np.ndarray, replaced) -> torch.Tensor:
+        L = self.loader
+        labels = L._labels[torch.from_numpy(indices)]
+        if replaced:
+            for dst, src in replacement_map([p for p, _ in replaced], len(indices)).items():
+                labels[dst] = labels[src]
+        if L.device.type == "cuda":
+            labels = labels.pin_memory().to(L.device, non_blocking=True)
+        return labels
+
+    def _next_slot(self):
+        ring = self.loader._ring
+        with self.loader._stats.timed("read_wait"):
+            while not self.stop_flag.is_set():
+                try:
+                    return ring.next_batch(timeout=_POLL_S)
+                except TimeoutError:
+                    continue
+        return None
+
+    def _put(self, item) -> None:
+        while not self.stop_flag.is_set():
+            try:
+                self.queue.put(item, timeout=_POLL_S)
+                return
+            except queue.Full:
+                continue
+
+    # -- consumer side
+    def next(self):
+        L = self.loader
+        with L._stats.timed("wait"):
+            while True:
+                try:
+                    item = self.queue.get(timeout=_POLL_S)
+                    break
+                except queue.Empty:
+                    if self.thread is not None and not self.thread.is_alive() and self.queue.empty():
+                        raise LoaderError("fastfeed pipeline thread ended without a result") from None
+        if item is _END:
+            raise LoaderError("fastfeed pipeline ended before the planned number of batches")
+        if isinstance(item, _Failure):
+            raise LoaderError(f"{type(item.exc).__name__} in {item.where}: {item.exc}") from item.exc
+        images, labels, event = item
+        if event is not None:
+            current = torch.cuda.current_stream(L.device)
+            current.wait_event(event)
+            images.record_stream(current)
+            labels.record_stream(current)
+        return images, labels
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        while True:  # unblock a producer waiting on a full queue
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=_JOIN_S)
+            if self.thread.is_alive():
+                log.warning("fastfeed pipeline thread did not stop within %.0f s", _JOIN_S)
+        self.thread = None
+
+
+def _read_or_empty(dataset, i: int) -> np.ndarray:
+    try:
+        return np.frombuffer(dataset.read(i), dtype=np.uint8)
+    except (OSError, ValueError):
+        return np.empty(0, dtype=np.uint8)
+
+
+def _resolve_device(device, world: World) -> torch.device:
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", world.local_rank % max(1, torch.cuda.device_count()))
+        return torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
+        if dev.index is None:
+            dev = torch.device("cuda", world.local_rank % torch.cuda.device_count())
+    elif dev.type != "cpu":
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    return dev
+
+
+def _resolve_decoder(decoder: str, device: torch.device) -> str:
+    if decoder not in ("auto", "dali", "cpu", "cpu-pil", "cpu-dali"):
+        raise ValueError(f"decoder must be 'auto', 'dali', 'cpu', 'cpu-pil' or 'cpu-dali', got {decoder!r}")
+    if decoder != "auto":
+        return decoder
+    if device.type == "cuda" and _dali_available():
+        return "dali"
+    return "cpu"
+
+
+def _dali_available() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _default_threads(world: World) -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, min(8, cores // local))
+
+
+def _shard_of(dataset) -> np.ndarray:
+    extents = dataset.extents()
+    return np.asarray(extents.file_index, dtype=np.int64)

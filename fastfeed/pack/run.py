@@ -1,0 +1,323 @@
+"""`pack()`: source -> validated samples -> shards/LMDB -> samples.npz, rejected.jsonl, and the manifest last.
+
+The plan is a pure function of the source listing and the options: entries sorted, keyed by their position in
+that sorted list (`key` = zero-padded index, so keys stay unique whatever the basenames), shuffled with
+`default_rng(shuffle_seed)`, then cut into `num_parts` contiguous slices. The same plan is rebuilt by every part
+and by `--resume`, which is what makes parts mergeable and resumes byte-identical to an uninterrupted pack.
+
+Files are read and checked on a thread pool (file reads, hashing and PIL release the GIL) and written by this
+thread strictly in plan order.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from fastfeed import __version__
+from fastfeed.pack import table as tbl
+from fastfeed.pack.journal import JOURNAL_DIR, Journal
+from fastfeed.pack.sources import Source, scan_source
+from fastfeed.pack.validate import DEFAULT_MAX_PIXELS, LoadOptions, Loaded, load_image
+from fastfeed.pack.writers import LmdbWriter, TarShardWriter, meta_bytes
+from fastfeed.types import MANIFEST_NAME, Manifest, ShardInfo
+
+__all__ = ["PackOptions", "PackResult", "PackError", "pack", "part_folder", "OWNED_NAMES"]
+
+# Everything `--overwrite` may delete; anything else in OUT makes the pack refuse to touch the folder.
+OWNED_NAMES = ("fastfeed.json", "samples.npz", "rejected.jsonl", "data.lmdb", JOURNAL_DIR)
+_LMDB_COMMIT_BYTES = 64 << 20
+
+
+class PackError(RuntimeError):
+    """The pack cannot start (output folder state, options); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """Args: format 'wds'|'lmdb'; shard_size in bytes (wds); shuffle_seed None keeps source order; workers
+    threads (None = all cores); jpeg_mode/quality see fastfeed.jpeg.prepare; max_side re-encodes larger images
+    as JPEG at `quality`; num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN."""
+
+    format: str = "wds"
+    shard_size: int = 1 << 30
+    shuffle_seed: int | None = 0
+    workers: int | None = None
+    jpeg_mode: str = "keep"
+    quality: int = 90
+    max_side: int | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    source_kind: str = "auto"
+    num_parts: int = 1
+    part: int = 0
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = False
+
+
+@dataclass(frozen=True)
+class PackResult:
+    folder: str
+    manifest: Manifest
+    rejected: list[dict]
+    seconds: float
+    hidden_skipped: int
+
+    def summary(self) -> str:
+        m = self.manifest
+        total = m.image_stats["bytes"]["total"]
+        s = max(self.seconds, 1e-9)
+        return (f"packed {m.num_samples} files, {total / 1e6:.1f} MB into {len(m.shards)} {m.kind} file(s); "
+                f"rejected {m.rejected}; {m.num_samples / s:.0f} files/s, {total / 1e6 / s:.1f} MB/s "
+                f"({self.seconds:.2f} s) -> {self.folder}")
+
+
+def part_folder(out: str, part: int) -> str:
+    return os.path.join(out, f"part-{part:05d}")
+
+
+def _check_options(o: PackOptions) -> None:
+    if o.format not in ("wds", "lmdb"):
+        raise PackError(f"--format must be 'wds' or 'lmdb', got {o.format!r}")
+    if o.shard_size < 4096:
+        raise PackError(f"--shard-size {o.shard_size} is too small")
+    if o.num_parts < 1 or not 0 <= o.part < o.num_parts:
+        raise PackError(f"--part must be in 0..{o.num_parts - 1}, got {o.part}")
+    if not 1 <= o.quality <= 100:
+        raise PackError(f"--quality must be in 1..100, got {o.quality}")
+    if o.max_side is not None and o.max_side < 16:
+        raise PackError(f"--max-side must be >= 16, got {o.max_side}")
+    if o.resume and o.overwrite:
+        raise PackError("--resume and --overwrite contradict each other")
+
+
+def _prepare_folder(folder: str, o: PackOptions, journal: Journal) -> None:
+    if o.overwrite and os.path.isdir(folder):
+        strangers = [n for n in os.listdir(folder) if not _owned(n)]
+        if strangers:
+            raise PackError(f"{folder} holds files fastfeed did not write ({', '.join(sorted(strangers)[:3])}...); "
+                            f"refusing to overwrite it")
+        for n in os.listdir(folder):
+            p = os.path.join(folder, n)
+            shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+    os.makedirs(folder, exist_ok=True)
+    if os.path.exists(os.path.join(folder, MANIFEST_NAME)):
+        raise PackError(f"{folder} already holds a packed dataset; pass --overwrite to replace it")
+    if journal.exists():
+        if not o.resume:
+            raise PackError(f"{folder} holds an interrupted pack; pass --resume to finish it or --overwrite")
+    elif o.resume:
+        raise PackError(f"--resume: {folder} holds no interrupted pack to resume")
+    elif os.listdir(folder):
+        raise PackError(f"{folder} is not empty; pass --overwrite (only fastfeed's own files are deleted)")
+
+
+def _owned(name: str) -> bool:
+    return (name in OWNED_NAMES or name.startswith(("shard-", "part-")) or name.endswith(".tmp"))
+
+
+def _plan(src: Source, o: PackOptions) -> tuple[np.ndarray, int]:
+    n = len(src.entries)
+    order = np.arange(n, dtype=np.int64)
+    if o.shuffle_seed is not None:
+        order = np.random.default_rng(o.shuffle_seed).permutation(n)
+    lo, hi = n * o.part // o.num_parts, n * (o.part + 1) // o.num_parts
+    return order[lo:hi], max(8, len(str(max(n - 1, 0))))
+
+
+def _fingerprint(src: Source, o: PackOptions) -> dict:
+    h = hashlib.sha256()
+    for e in src.entries:
+        h.update(f"{e.rel}\0{e.label}\0".encode("utf-8", "surrogateescape"))
+    opts = {k: v for k, v in asdict(o).items() if k not in ("workers", "resume", "overwrite", "progress")}
+    return {"source": src.root, "entries": len(src.entries), "entries_sha256": h.hexdigest(), "options": opts}
+
+
+def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
+    """Pack `src_path` into `out` (or `out/part-NNNNN` with num_parts > 1). Raises PackError on refusal."""
+    _check_options(o)
+    t0 = time.perf_counter()
+    src = scan_source(src_path, o.source_kind)
+    folder = part_folder(out, o.part) if o.num_parts > 1 else os.path.abspath(out)
+    journal = Journal(folder)
+    _prepare_folder(folder, o, journal)
+    plan, key_width = _plan(src, o)
+    fp = _fingerprint(src, o)
+    commits: list[dict] = []
+    if o.resume:
+        old_fp, commits = journal.load()
+        if old_fp != fp:
+            raise PackError(f"--resume: the source listing or options differ from the interrupted pack's; "
+                            f"re-run with the same arguments or use --overwrite")
+        journal.rewrite(fp, commits)
+    else:
+        journal.start(fp)
+    start = commits[-1]["pos"] if commits else 0
+    shards = [ShardInfo(**c["shard"]) for c in commits if c.get("shard")]
+    _drop_stale(folder, o.format, len(shards))
+
+    writer = _Writer(folder, o, journal, len(shards))
+    load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels)
+    bar = _progress(len(plan), start, o.progress)
+    try:
+        with ThreadPoolExecutor(max_workers=o.workers or os.cpu_count() or 1) as pool:
+            window = 8 * (pool._max_workers)
+            pending: collections.deque = collections.deque()
+            pos = start
+            while pos < len(plan) or pending:
+                while pos < len(plan) and len(pending) < window:
+                    entry = src.entries[int(plan[pos])]
+                    pending.append((int(plan[pos]), pool.submit(load_image, entry.path, load_opts)))
+                    pos += 1
+                idx, fut = pending.popleft()
+                writer.put(src.entries[idx], f"{idx:0{key_width}d}", fut.result(), pos - len(pending))
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"{writer.bytes_in / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.0f} MB/s",
+                                        refresh=False)
+        writer.close(len(plan))
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+
+    _, commits = journal.load()
+    result = _finish(folder, src, o, commits, t0)
+    journal.remove()
+    return result
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="file", dynamic_ncols=True, file=sys.stderr)
+
+
+def _drop_stale(folder: str, fmt: str, keep_shards: int) -> None:
+    """Remove shard files past the last committed one (written after it, before the kill)."""
+    if fmt != "wds":
+        return
+    for n in os.listdir(folder):
+        if n.startswith("shard-"):
+            stem = n.split(".")[0]
+            if n.endswith(".tmp") or int(stem[len("shard-"):]) >= keep_shards:
+                os.unlink(os.path.join(folder, n))
+
+
+class _Writer:
+    """Feeds loaded samples into the format writer and journals each durable commit."""
+
+    def __init__(self, folder: str, o: PackOptions, journal: Journal, next_shard: int):
+        self.folder, self.o, self.journal = folder, o, journal
+        self.rows = tbl.new_rows(o.format)
+        self.rejected: list[dict] = []
+        self.bytes_in = 0
+        self.next_shard = next_shard
+        self.tar: TarShardWriter | None = None
+        self.lmdb = LmdbWriter(folder) if o.format == "lmdb" else None
+
+    def put(self, entry, key: str, res, done_pos: int) -> None:
+        if not isinstance(res, Loaded):
+            self.rejected.append({"path": entry.path, "reason": res.reason})
+            return
+        self.bytes_in += len(res.data)
+        if self.tar is not None and self.tar.num_samples and self.tar.bytes_written + len(res.data) > self.o.shard_size:
+            self._finish_shard(done_pos - 1)  # this sample opens the next shard
+        meta = meta_bytes(entry.metadata)
+        r = self.rows
+        for col, v in (("key", key), ("label", entry.label), ("width", res.width), ("height", res.height),
+                       ("jpeg", res.jpeg_kind), ("transcoded", res.transcoded), ("size", len(res.data)),
+                       ("source", entry.rel)):
+            r[col].append(v)
+        if self.lmdb is not None:
+            self.lmdb.add(key, res.data, entry.label, meta)
+            if self.lmdb.pending_bytes >= _LMDB_COMMIT_BYTES:
+                self.lmdb.flush()
+                self._commit(done_pos, None)
+            return
+        if self.tar is None:
+            self.tar = TarShardWriter(self.folder, self.next_shard)
+        img, js = self.tar.add(key, res.ext, res.data, entry.label, meta)
+        r["shard"].append(self.next_shard)
+        r["offset"].append(img.offset)
+        r["meta_offset"].append(js.offset if js else -1)
+        r["meta_size"].append(js.size if js else 0)
+
+    def _finish_shard(self, pos: int) -> None:
+        info = self.tar.finish()
+        self.tar = None
+        self.next_shard += 1
+        self._commit(pos, asdict(info))
+
+    def _commit(self, pos: int, shard: dict | None) -> None:
+        self.journal.append({"pos": pos, "shard": shard, "rows": self.rows, "rejected": self.rejected})
+        self.rows = tbl.new_rows(self.o.format)
+        self.rejected = []
+
+    def close(self, end: int) -> None:
+        if self.lmdb is not None:
+            self.lmdb.close()
+            self._commit(end, None)
+        elif self.tar is not None:
+            self._finish_shard(end)
+        else:
+            self._commit(end, None)
+
+    def abort(self) -> None:
+        if self.tar is not None:
+            self.tar.abort()
+
+
+def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: float) -> PackResult:
+    rows = tbl.new_rows(o.format)
+    rejected = list(src.rejected) if o.part == 0 else []  # scan-time problems are reported once, by part 0
+    shards = []
+    for c in commits:
+        for col, vals in c["rows"].items():
+            rows[col].extend(vals)
+        rejected.extend(c["rejected"])
+        if c.get("shard"):
+            shards.append(ShardInfo(**c["shard"]))
+    table = tbl.rows_to_table(rows, o.format)
+    if o.format == "lmdb":
+        shards = [_file_info(folder, os.path.join("data.lmdb", "data.mdb"), len(table["key"]))]
+    tbl.write_table(folder, table)
+    tbl.write_rejected(folder, rejected)
+    manifest = Manifest(
+        kind=o.format,
+        num_samples=int(len(table["key"])),
+        classes=list(src.classes),
+        class_to_idx=dict(src.class_to_idx),
+        shards=shards,
+        image_stats=tbl.image_stats(table, table["size"]),
+        jpeg_mix=tbl.jpeg_mix(table["jpeg"]),
+        transcoded=int(table["transcoded"].sum()),
+        rejected=len(rejected),
+        source=src.root,
+        source_kind=src.kind,
+        options={k: v for k, v in asdict(o).items() if k not in ("resume", "overwrite", "progress", "workers")},
+        part={"index": o.part, "count": o.num_parts} if o.num_parts > 1 else None,
+        created_by=f"fastfeed {__version__}",
+    )
+    tbl.write_manifest(folder, manifest)
+    return PackResult(folder, manifest, rejected, time.perf_counter() - t0, src.hidden_skipped)
+
+
+def _file_info(folder: str, rel: str, n: int) -> ShardInfo:
+    path = os.path.join(folder, rel)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return ShardInfo(rel, os.path.getsize(path), h.hexdigest(), n)

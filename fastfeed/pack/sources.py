@@ -1,0 +1,226 @@
+"""Find the files to pack: an ImageFolder tree, a flat folder, or a CSV/JSONL list.
+
+The result is deterministic (sorted), so every part of a `--num-parts` pack and every `--resume` sees the same
+list. Problems found while scanning (symlink loops, unreadable folders, bad list rows) are returned as
+rejections, never raised: the packer reports them and carries on.
+
+ImageFolder class indices are exactly torchvision's `ImageFolder.class_to_idx`: the sorted names of the
+first-level folders. Files directly under an ImageFolder root are rejected ("not inside a class folder"), as
+torchvision ignores them. Hidden entries (name starting with '.') are skipped and counted, like torchvision.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["SourceEntry", "Source", "scan_source", "SOURCE_KINDS"]
+
+SOURCE_KINDS = ("auto", "imagefolder", "flat", "list")
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    path: str  # absolute path to read
+    rel: str  # path relative to the source root, for reports
+    label: int
+    metadata: dict | None = None
+
+
+@dataclass
+class Source:
+    root: str  # absolute path of the folder or list file
+    kind: str  # 'imagefolder' | 'flat' | 'list'
+    entries: list[SourceEntry]
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    rejected: list[dict] = field(default_factory=list)  # {"path", "reason"}
+    hidden_skipped: int = 0
+
+
+def scan_source(src: str, kind: str = "auto") -> Source:
+    if kind not in SOURCE_KINDS:
+        raise ValueError(f"source kind must be one of {SOURCE_KINDS}, got {kind!r}")
+    root = os.path.abspath(src)
+    if not os.path.exists(root):
+        raise FileNotFoundError(f"source {src!r} does not exist")
+    if kind == "auto":
+        if os.path.isfile(root):
+            kind = "list"
+        else:
+            kind = "imagefolder" if _has_subdirs(root) else "flat"
+    if kind == "list":
+        return _scan_list(root)
+    if not os.path.isdir(root):
+        raise NotADirectoryError(f"source {src!r} is not a folder")
+    return _scan_imagefolder(root) if kind == "imagefolder" else _scan_flat(root)
+
+
+def _has_subdirs(root: str) -> bool:
+    with os.scandir(root) as it:
+        return any(e.is_dir() and not e.name.startswith(".") for e in it)
+
+
+def _scan_flat(root: str) -> Source:
+    src = Source(root, "flat", [], [], {})
+    for name, is_dir in _listdir(root, src):
+        if is_dir:
+            src.rejected.append({"path": os.path.join(root, name), "reason": "folder inside a flat source"})
+        else:
+            src.entries.append(SourceEntry(os.path.join(root, name), name, -1))
+    return src
+
+
+def _scan_imagefolder(root: str) -> Source:
+    src = Source(root, "imagefolder", [], [], {})
+    dirs = []
+    for name, is_dir in _listdir(root, src):
+        if is_dir:
+            dirs.append(name)
+        else:
+            src.rejected.append({"path": os.path.join(root, name), "reason": "not inside a class folder"})
+    src.classes = sorted(dirs)
+    src.class_to_idx = {c: i for i, c in enumerate(src.classes)}
+    for cls in src.classes:
+        label = src.class_to_idx[cls]
+        top = os.path.join(root, cls)
+        for path in _walk_files(top, src):
+            src.entries.append(SourceEntry(path, os.path.relpath(path, root), label))
+    return src
+
+
+def _listdir(folder: str, src: Source) -> list[tuple[str, bool]]:
+    """Sorted (name, is_dir) of a folder; is_dir follows symlinks (broken links count as files)."""
+    out = []
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.name.startswith("."):
+                    src.hidden_skipped += 1
+                    continue
+                try:
+                    is_dir = e.is_dir()
+                except OSError:  # a symlink loop: is_dir() follows it
+                    is_dir = False
+                out.append((e.name, is_dir))
+    except OSError as e:
+        src.rejected.append({"path": folder, "reason": f"unreadable folder: {e.strerror or e}"})
+    out.sort()
+    return out
+
+
+def _walk_files(top: str, src: Source) -> list[str]:
+    """All files below `top`, following symlinked folders (as torchvision does) but never into a loop."""
+    files: list[str] = []
+
+    def visit(folder: str, ancestors: frozenset) -> None:
+        try:
+            st = os.stat(folder)
+        except OSError as e:
+            src.rejected.append({"path": folder, "reason": f"unreadable folder: {e.strerror or e}"})
+            return
+        ident = (st.st_dev, st.st_ino)
+        if ident in ancestors:
+            src.rejected.append({"path": folder, "reason": "symlink loop (folder links to its own ancestor)"})
+            return
+        inner = ancestors | {ident}
+        for name, is_dir in _listdir(folder, src):
+            path = os.path.join(folder, name)
+            if is_dir:
+                visit(path, inner)
+            else:
+                files.append(path)
+
+    visit(top, frozenset())
+    return files
+
+
+def _scan_list(path: str) -> Source:
+    """CSV with a header (`path,label[,metadata]`, metadata a JSON object) or JSONL (`{"path", "label",
+    "metadata"}` per line). Relative paths are relative to the list file's folder. Labels are integers or class
+    names; names are indexed in sorted order like ImageFolder. A missing/empty label is -1."""
+    base = os.path.dirname(path)
+    src = Source(path, "list", [], [], {})
+    rows: list[tuple[str, object, dict | None]] = []
+    lower = path.lower()
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            if lower.endswith((".jsonl", ".ndjson")):
+                _read_jsonl(f, path, rows, src)
+            elif lower.endswith(".csv"):
+                _read_csv(f, path, rows, src)
+            else:
+                raise ValueError(f"list file {path!r}: expected a .csv or .jsonl file")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"list file {path!r} is not UTF-8: {e}") from None
+
+    raw_labels = [lab for _, lab, _ in rows]
+    names = sorted({lab for lab in raw_labels if isinstance(lab, str)})
+    if names and any(isinstance(lab, int) and lab >= 0 for lab in raw_labels):
+        raise ValueError(f"list file {path!r} mixes integer labels and class names")
+    if names:
+        src.classes = names
+    else:
+        top = max((lab for lab in raw_labels if isinstance(lab, int)), default=-1)
+        src.classes = [str(i) for i in range(top + 1)]
+    src.class_to_idx = {c: i for i, c in enumerate(src.classes)}
+    for p, lab, meta in rows:
+        label = src.class_to_idx[lab] if isinstance(lab, str) else int(lab)
+        full = p if os.path.isabs(p) else os.path.join(base, p)
+        src.entries.append(SourceEntry(os.path.abspath(full), p, label, meta))
+    return src
+
+
+def _parse_label(value: object) -> object:
+    if value is None or value == "":
+        return -1
+    if isinstance(value, bool):
+        raise ValueError("label must be an integer or a class name")
+    if isinstance(value, int):
+        if value < -1:
+            raise ValueError(f"label {value} is negative")
+        return value
+    if isinstance(value, str):
+        s = value.strip()
+        if s.lstrip("-").isdigit():
+            return _parse_label(int(s))
+        return s
+    raise ValueError(f"label must be an integer or a class name, got {type(value).__name__}")
+
+
+def _read_csv(f, path: str, rows: list, src: Source) -> None:
+    reader = csv.DictReader(f)
+    if not reader.fieldnames or "path" not in reader.fieldnames:
+        raise ValueError(f"list file {path!r}: the CSV header must name a 'path' column (and optionally "
+                         f"'label', 'metadata')")
+    for row in reader:
+        where = f"{path}:{reader.line_num}"
+        try:
+            p = (row.get("path") or "").strip()
+            if not p:
+                raise ValueError("empty path")
+            meta_text = (row.get("metadata") or "").strip()
+            meta = json.loads(meta_text) if meta_text else None
+            if meta is not None and not isinstance(meta, dict):
+                raise ValueError("metadata must be a JSON object")
+            rows.append((p, _parse_label(row.get("label")), meta))
+        except ValueError as e:
+            src.rejected.append({"path": where, "reason": f"bad list row: {e}"})
+
+
+def _read_jsonl(f, path: str, rows: list, src: Source) -> None:
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+            if not isinstance(obj, dict) or not isinstance(obj.get("path"), str) or not obj["path"]:
+                raise ValueError("each line must be a JSON object with a non-empty 'path'")
+            meta = obj.get("metadata")
+            if meta is not None and not isinstance(meta, dict):
+                raise ValueError("metadata must be a JSON object")
+            rows.append((obj["path"], _parse_label(obj.get("label")), meta))
+        except ValueError as e:
+            src.rejected.append({"path": where, "reason": f"bad list row: {e}"})

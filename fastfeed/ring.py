@@ -1,0 +1,265 @@
+"""Python face of the native prefetch ring (csrc/ring.h has NOTE [ Prefetch ring protocol ]).
+
+    ring = PrefetchRing(ds.extents(), batch_size=256)
+    ring.start(order)                       # one epoch: int64 sample indices, batches are consecutive chunks
+    while (b := ring.next_batch()) is not None:
+        with b:                             # release() on exit: the slot goes back to the producers
+            decode(b.samples())             # zero-copy uint8 views into the slot, invalid after release
+
+Memory is fixed at construction: `num_slots` slots of `slot_bytes` in one page-aligned allocation. When CUDA is
+available it is page-locked with `cudaHostRegister` (through torch's cudart) so host-to-device copies and DALI read it
+directly; a failure to pin warns (`RingPinWarning`) and `stats()["pinned"]` is False. A batch bigger than a slot still
+works: that slot grows a private, unpinned overflow buffer (kept for the ring's lifetime; `stats()` counts it).
+
+Errors: a failed or short read raises `RingReadError` (an OSError naming file and offset) from the `next_batch()` call
+of the batch that hit it; the failed batch is released and the next call returns the following batch.
+
+Shutdown: `close()` (idempotent; also via `with`, garbage collection and interpreter exit) stops and joins the
+producer threads, wakes a consumer blocked in `next_batch()` in another thread (it raises `RingClosedError`), and
+frees the memory once no batch or view of it is left. `next_batch()` waits in short steps, so Ctrl-C interrupts it.
+
+Fork: a ring belongs to the process that created it. In a forked child every method raises `RingClosedError`
+(and its threads, which do not exist there, are never joined); create a new ring in the child instead.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+
+import numpy as np
+
+from fastfeed import _native
+
+__all__ = ["PrefetchRing", "RingBatch", "RingReadError", "RingClosedError", "RingPinWarning", "auto_slot_bytes"]
+
+_PAGE = 4096
+
+
+class RingReadError(OSError):
+    """A sample of the batch could not be read (missing file, truncated shard, I/O error)."""
+
+    def __init__(self, errno_: int, message: str, filename: str, offset: int, sample_index: int, batch_index: int):
+        super().__init__(errno_, message, filename)
+        self.offset = offset
+        self.sample_index = sample_index
+        self.batch_index = batch_index
+
+
+class RingClosedError(RuntimeError):
+    """The ring was closed (or belongs to the parent of this forked process)."""
+
+
+class RingPinWarning(RuntimeWarning):
+    """The ring's memory could not be page-locked; host-to-device copies will be slower."""
+
+
+def auto_slot_bytes(sizes: np.ndarray, batch_size: int, headroom: float = 1.25) -> int:
+    """batch_size x mean sample size x headroom, plus one largest sample, rounded up to a page."""
+    sizes = np.asarray(sizes)
+    mean = float(sizes.mean()) if sizes.size else 0.0
+    largest = int(sizes.max()) if sizes.size else 0
+    n = int(batch_size * mean * headroom) + largest
+    return max(_PAGE, -(-n // _PAGE) * _PAGE)
+
+
+class RingBatch:
+    """One batch in a slot. `indices`, `offsets` and `sizes` are int64 arrays (offsets into `data`)."""
+
+    __slots__ = ("_handle", "_data", "indices", "offsets", "sizes", "position", "pinned")
+
+    def __init__(self, handle, pinned: bool):
+        self._handle = handle
+        # The views' base chain is view -> memoryview -> handle -> native ring: memory outlives every view, and a
+        # handle dropped without release() gives its slot back when its last view dies.
+        self._data = np.frombuffer(handle, dtype=np.uint8)
+        self.indices = handle.indices
+        self.offsets = handle.offsets
+        self.sizes = handle.sizes
+        self.position = handle.batch
+        self.pinned = pinned and handle.in_arena
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def data(self) -> np.ndarray:
+        """The slot's bytes as one uint8 view (the samples back to back)."""
+        if self._data is None:
+            raise ValueError("the batch was released; its views are invalid")
+        return self._data
+
+    def samples(self) -> list[np.ndarray]:
+        data = self.data
+        return [data[o : o + s] for o, s in zip(self.offsets.tolist(), self.sizes.tolist())]
+
+    def release(self) -> None:
+        """Give the slot back to the producers; views of this batch must not be used afterwards."""
+        self._data = None
+        self._handle.release()
+
+    def __enter__(self) -> "RingBatch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _stop(native, pid: int) -> None:
+    if os.getpid() == pid:
+        native.stop()
+
+
+class PrefetchRing:
+    """Ordered, bounded prefetch of sample bytes by native threads.
+
+    Args:
+        extents: object with `.paths` (list of str), `.file_index` (int32[N]), `.offset` / `.size` (int64[N]):
+            sample i is `size[i]` bytes at `offset[i]` of `paths[file_index[i]]`.
+        batch_size: samples per batch (the last batch of an epoch may be short).
+        num_threads: producer threads; each has one pread in flight (use many for cold/network storage).
+        num_slots: batches held at once (being filled, ready, or in use by the consumer).
+        slot_bytes: bytes per slot; None sizes it with `auto_slot_bytes(extents.size, batch_size)`.
+        pin_memory: None pins when CUDA is available; True pins or warns; False never pins.
+    """
+
+    def __init__(self, extents, batch_size: int, num_threads: int = 4, num_slots: int = 4,
+                 slot_bytes: int | None = None, pin_memory: bool | None = None):
+        for name, value in (("batch_size", batch_size), ("num_threads", num_threads), ("num_slots", num_slots)):
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        paths = [os.fspath(p) for p in extents.paths]
+        file_index = _int_array(extents.file_index, "file_index", np.int32)
+        offset = _int_array(extents.offset, "offset", np.int64)
+        size = _int_array(extents.size, "size", np.int64)
+        if slot_bytes is None:
+            slot_bytes = auto_slot_bytes(size, batch_size)
+        elif not isinstance(slot_bytes, (int, np.integer)) or slot_bytes < 1:
+            raise ValueError(f"slot_bytes must be a positive integer, got {slot_bytes!r}")
+        self._pid = os.getpid()
+        self._closed = False
+        self._native = _native.Ring(paths, file_index, offset, size, int(batch_size), int(num_threads),
+                                    int(num_slots), int(slot_bytes))
+        self._finalizer = weakref.finalize(self, _stop, self._native, self._pid)
+        self._last_stats: dict = {}
+        self.batch_size = int(batch_size)
+        self.num_threads = int(num_threads)
+        self.pinned = _pin(self._native, pin_memory)
+
+    def start(self, order) -> None:
+        """Queue one epoch; abandons whatever is left of the previous one."""
+        native = self._live()
+        order = np.asarray(order)
+        if order.ndim != 1 or (order.size and not np.issubdtype(order.dtype, np.integer)):
+            raise ValueError(f"order must be a 1-D integer array, got dtype {order.dtype} shape {order.shape}")
+        native.start(order.astype(np.int64, copy=False))
+
+    def next_batch(self, timeout: float | None = None) -> RingBatch | None:
+        """The next batch of the epoch, strictly in order; None at the end of the epoch."""
+        native = self._live()
+        status, handle = native.next(-1.0 if timeout is None else max(0.0, float(timeout)))
+        if status == "ok":
+            error = handle.error
+            if error is not None:
+                handle.release()
+                errno_, message, path, offset, sample = error
+                raise RingReadError(errno_, message, path, offset, sample, handle.batch)
+            return RingBatch(handle, self.pinned)
+        if status == "end":
+            return None
+        if status == "timeout":
+            raise TimeoutError(f"no batch ready within {timeout} s")
+        if status == "closed":
+            raise RingClosedError("the ring was closed")
+        if status == "not_started":
+            raise RuntimeError("call start(order) before next_batch()")
+        if status == "all_slots_held":
+            raise RuntimeError(
+                f"all {native.num_slots} slots hold batches that were not released; release() the batches you "
+                "are done with (or use more slots)")
+        raise RuntimeError(f"unexpected ring status {status!r}")
+
+    def stats(self) -> dict:
+        native = self._native
+        out = dict(native.stats()) if native is not None and not self._closed else dict(self._last_stats)
+        out.update(slots=self.num_slots, slot_bytes=self.slot_bytes, pinned=self.pinned)
+        return out
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots if self._native is None else self._native.num_slots
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._slot_bytes if self._native is None else self._native.slot_bytes
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        native = self._native
+        if os.getpid() == self._pid:
+            self._last_stats = dict(native.stats())
+        self._num_slots, self._slot_bytes = native.num_slots, native.slot_bytes
+        self._closed = True
+        self._finalizer()
+        # Batches still alive keep the native object (and the memory) until they are gone.
+        self._native = None
+
+    def __enter__(self) -> "PrefetchRing":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _live(self):
+        if os.getpid() != self._pid:
+            raise RingClosedError(
+                f"this PrefetchRing was created in process {self._pid}; it cannot be used in forked child "
+                f"{os.getpid()} (create a new ring there)")
+        native = self._native
+        if native is None:
+            raise RingClosedError("the ring was closed")
+        return native
+
+
+def _int_array(values, name: str, dtype) -> np.ndarray:
+    a = np.asarray(values)
+    if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"extents.{name} must be a 1-D integer array, got dtype {a.dtype} shape {a.shape}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _pin(native, pin_memory: bool | None) -> bool:
+    """Page-lock the ring's memory through torch's cudart; returns whether it is pinned."""
+    if pin_memory is False:
+        return False
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        if pin_memory:
+            warnings.warn("pin_memory=True but CUDA is not available: the ring's memory is not pinned",
+                          RingPinWarning, stacklevel=3)
+        return False
+    cudart = torch.cuda.cudart()
+    ptr, nbytes = native.arena_address, native.arena_bytes
+    try:
+        err = int(cudart.cudaHostRegister(ptr, nbytes, 0))
+    except Exception as e:  # noqa: BLE001 - any failure must become the warning below, not pass silently
+        err, detail = -1, repr(e)
+    else:
+        detail = f"cudaError {err}"
+    if err != 0:
+        warnings.warn(f"cudaHostRegister of the ring's {nbytes} bytes failed ({detail}): memory is not pinned",
+                      RingPinWarning, stacklevel=3)
+        return False
+
+    def unregister() -> None:
+        # Runs when the last batch/view and the ring are gone, after the producers stopped, before free().
+        err = int(cudart.cudaHostUnregister(ptr))
+        if err != 0:
+            warnings.warn(f"cudaHostUnregister failed (cudaError {err})", RingPinWarning, stacklevel=1)
+
+    native.set_free_hook(unregister)
+    return True

@@ -1,0 +1,112 @@
+"""Where this process sits in a distributed job: a value object, resolved once and passed in.
+
+Resolution order, field by field: an explicit argument wins; else `torch.distributed` when it is initialised
+(rank and world size); else torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK); else 0 / 1 / 0.
+`torch.distributed` has no notion of the local rank, so that one comes from LOCAL_RANK or defaults to 0.
+torch is never imported here: if the program has not imported `torch.distributed`, no process group can exist.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping
+
+__all__ = ["World"]
+
+
+def _check_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's rank among `world_size` processes, and its `local_rank` on its node (its GPU index).
+
+    Args:
+        rank: global index of this process, 0 <= rank < world_size.
+        world_size: number of processes that together read one epoch.
+        local_rank: index of this process on its machine (selects the GPU), >= 0.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("rank", self.rank)
+        _check_int("world_size", self.world_size)
+        _check_int("local_rank", self.local_rank)
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
+        if self.local_rank < 0:
+            raise ValueError(f"local_rank must be >= 0, got {self.local_rank}")
+
+    @property
+    def is_leader(self) -> bool:
+        """Rank 0: the process that writes logs, reports and checkpoints."""
+        return self.rank == 0
+
+    @classmethod
+    def resolve(
+        cls,
+        rank: int | None = None,
+        world_size: int | None = None,
+        local_rank: int | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+    ) -> "World":
+        """Build the World from explicit arguments, torch.distributed, torchrun's environment or defaults.
+
+        `environ` defaults to `os.environ` (pass a dict to resolve for another process's environment).
+        Raises ValueError for malformed environment values or an inconsistent result (e.g. RANK >= WORLD_SIZE).
+        """
+        env = os.environ if environ is None else environ
+        dist_rank, dist_size = _from_torch_distributed()
+        env_rank = _env_int(env, "RANK")
+        env_size = _env_int(env, "WORLD_SIZE")
+        env_local = _env_int(env, "LOCAL_RANK")
+        if dist_size is None and (env_rank is None) != (env_size is None):
+            present, missing = ("RANK", "WORLD_SIZE") if env_size is None else ("WORLD_SIZE", "RANK")
+            if (rank if missing == "RANK" else world_size) is None:
+                raise ValueError(f"the environment sets {present} but not {missing}; set both (torchrun does) "
+                                 "or pass rank= and world_size= explicitly")
+
+        def pick(explicit, from_dist, from_env, default):
+            for value in (explicit, from_dist, from_env):
+                if value is not None:
+                    return value
+            return default
+
+        try:
+            return cls(
+                rank=pick(rank, dist_rank, env_rank, 0),
+                world_size=pick(world_size, dist_size, env_size, 1),
+                local_rank=pick(local_rank, None, env_local, 0),
+            )
+        except ValueError as exc:
+            raise ValueError(f"inconsistent distributed setup: {exc} (explicit args: rank={rank}, "
+                             f"world_size={world_size}, local_rank={local_rank}; torch.distributed: "
+                             f"{dist_rank}/{dist_size}; env RANK/WORLD_SIZE/LOCAL_RANK: "
+                             f"{env_rank}/{env_size}/{env_local})") from None
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _from_torch_distributed() -> tuple[int | None, int | None]:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None, None
+    return int(dist.get_rank()), int(dist.get_world_size())

@@ -1,0 +1,154 @@
+"""Both CPU decoders (cpu-pil, cpu-dali) on real JPEG/PNG records made from scikit-image photos."""
+import io
+
+import numpy as np
+import pytest
+import skimage.data
+import torch
+from PIL import Image
+
+from fastfeed import IMAGENET_MEAN, IMAGENET_STD
+from fastfeed.decode import CorruptSampleError, crop_windows, make_decoder
+from fastfeed.decode.samples import colour_variants, corrupt_variants, torchvision_eval_reference
+
+S = 64  # small output keeps the suite fast; the transform is size-independent
+KINDS = ["cpu-pil", "cpu-dali"]
+STD = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+
+
+def _photos():
+    out = {}
+    for name in ("astronaut", "coffee", "chelsea", "rocket"):
+        rgb = getattr(skimage.data, name)()
+        out[name] = rgb
+    # A large, non-square one, so eval windows are far from whole pixels and resizing is strongly downscaling.
+    big = Image.fromarray(skimage.data.coffee()).resize((1333, 889), Image.BICUBIC)
+    out["coffee_big"] = np.asarray(big)
+    return out
+
+
+PHOTOS = _photos()
+VARIANTS = {name: colour_variants(rgb) for name, rgb in PHOTOS.items()}
+
+
+def _arr(b: bytes) -> np.ndarray:
+    return np.frombuffer(b, dtype=np.uint8)
+
+
+def _size(b: bytes):
+    return Image.open(io.BytesIO(b)).size
+
+
+def _windows(records, train, seed=0):
+    sizes = [_size(r) for r in records]
+    return crop_windows([s[0] for s in sizes], [s[1] for s in sizes], np.arange(len(records)), seed=seed,
+                        epoch=0, train=train, image_size=S)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def dec32(request):
+    d = make_decoder(request.param, device="cpu", image_size=S, dtype=torch.float32, batch_size=16, num_threads=2)
+    yield d
+    d.close()
+
+
+@pytest.mark.parametrize("photo", list(PHOTOS))
+def test_eval_matches_torchvision_reference(dec32, photo):
+    records = [VARIANTS[photo]["jpeg_baseline"], VARIANTS[photo]["jpeg_progressive"]]
+    res = dec32([_arr(r) for r in records], _windows(records, train=False))
+    assert res.images.shape == (2, 3, S, S) and res.images.dtype == torch.float32 and not res.replaced
+    for i, r in enumerate(records):
+        ref = torchvision_eval_reference(r, S, IMAGENET_MEAN, IMAGENET_STD)
+        diff = float(((res.images[i] - ref).abs() * STD).mean())  # in [0, 1] pixel units
+        assert diff < 2 / 255, (photo, i, diff * 255)
+
+
+def test_all_colour_modes_come_out_rgb(dec32):
+    variants = VARIANTS["chelsea"]
+    names = list(variants)
+    records = [variants[n] for n in names]
+    res = dec32([_arr(r) for r in records], _windows(records, train=False))
+    assert res.images.shape == (len(names), 3, S, S) and not res.replaced
+    pix = res.images * STD + torch.tensor(IMAGENET_MEAN).view(3, 1, 1)  # back to [0, 1]
+    colour = pix[names.index("jpeg_baseline")]
+    gray = pix[names.index("png_gray")]
+    for i, n in enumerate(names):
+        expect = gray if "gray" in n else colour
+        diff = float((pix[i] - expect).abs().mean())
+        tol = 6 / 255 if n in ("png_palette", "jpeg_cmyk") else 3 / 255  # 256-colour palette; CMYK round-trip
+        assert diff < tol, (n, diff * 255)
+        if "gray" in n:
+            assert float((pix[i][0] - pix[i][1]).abs().max()) < 1e-6  # replicated to 3 equal channels
+
+
+def test_train_flip_mirrors_the_same_crop(dec32):
+    rec = VARIANTS["astronaut"]["png_rgb"]
+    w = _windows([rec, rec], train=True)
+    w = type(w)(w.x[[0, 0]], w.y[[0, 0]], w.w[[0, 0]], w.h[[0, 0]], np.array([False, True]))
+    res = dec32([_arr(rec), _arr(rec)], w)
+    torch.testing.assert_close(res.images[1], res.images[0].flip(-1), atol=1e-6, rtol=0)
+
+
+def test_train_output_is_deterministic(dec32):
+    recs = [VARIANTS[p]["jpeg_baseline"] for p in ("coffee", "rocket", "chelsea")]
+    a = dec32([_arr(r) for r in recs], _windows(recs, train=True, seed=5)).images
+    b = dec32([_arr(r) for r in recs], _windows(recs, train=True, seed=5)).images
+    c = dec32([_arr(r) for r in recs], _windows(recs, train=True, seed=6)).images
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_corrupt_records_skip_and_raise(kind):
+    good = VARIANTS["coffee"]["jpeg_baseline"]
+    bad = corrupt_variants(good)
+    records = [good, bad["text"], VARIANTS["rocket"]["png_rgb"], bad["truncated_jpeg"], bad["empty"]]
+    sizes = [(600, 400), (600, 400), _size(records[2]), (600, 400), (600, 400)]
+    w = crop_windows([s[0] for s in sizes], [s[1] for s in sizes], np.arange(5), seed=0, epoch=0, train=False,
+                     image_size=S)
+    arrs = [_arr(r) for r in records]
+    with make_decoder(kind, device="cpu", image_size=S, dtype=torch.float32, batch_size=8, num_threads=2) as d:
+        res = d(arrs, w)
+        assert res.images.shape == (5, 3, S, S)
+        assert [p for p, _ in res.replaced] == [1, 3, 4] and all(r for _, r in res.replaced)
+        # Replacement = a copy of the next good sample; good samples are untouched.
+        assert torch.equal(res.images[1], res.images[2]) and torch.equal(res.images[4], res.images[0])
+        ok = d([arrs[0], arrs[2]], w.take([0, 2])).images
+        assert torch.equal(ok[0], res.images[0]) and torch.equal(ok[1], res.images[2])
+    with make_decoder(kind, device="cpu", image_size=S, dtype=torch.float32, batch_size=8, num_threads=2,
+                      on_error="raise") as d:
+        with pytest.raises(CorruptSampleError) as ei:
+            d(arrs, w)
+        assert ei.value.position == 1 and ei.value.positions == [1, 3, 4]
+        with pytest.raises(CorruptSampleError):  # nothing good to copy from, whatever the policy
+            d([arrs[1]], w.take([1]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.uint8])
+def test_dtypes_and_channels_last(kind, dtype):
+    recs = [VARIANTS["coffee"]["jpeg_baseline"], VARIANTS["rocket"]["jpeg_baseline"]]
+    w = _windows(recs, train=True)
+    with make_decoder(kind, device="cpu", image_size=S, dtype=torch.float32, batch_size=4, num_threads=1) as d:
+        ref = d([_arr(r) for r in recs], w).images
+    for cl in (False, True):
+        with make_decoder(kind, device="cpu", image_size=S, dtype=dtype, channels_last=cl, batch_size=4,
+                          num_threads=1) as d:
+            out = d([_arr(r) for r in recs], w).images
+        assert out.dtype == dtype and out.shape == (2, 3, S, S)
+        assert out.is_contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
+        if dtype == torch.uint8:
+            expect = ((ref * STD + torch.tensor(IMAGENET_MEAN).view(3, 1, 1)) * 255).round()
+            assert float((out.float() - expect).abs().max()) <= 1.0
+        else:
+            assert float((out.float() - ref).abs().max()) < 0.02
+
+
+def test_make_decoder_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        make_decoder("nope", device="cpu")
+    with pytest.raises(ValueError):
+        make_decoder("cpu-pil", device="cpu", dtype=torch.int32)
+    with pytest.raises(ValueError):
+        make_decoder("cpu-pil", device="cpu", on_error="ignore")
+    with pytest.raises(ValueError):
+        make_decoder("dali", device="cpu")

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs the ring tests against sanitizer builds of the native core (`make test-sanitize`).
+#
+#   tools/sanitize.sh [address|thread|all]     (default: all)
+#
+# Each variant copies the package into a temporary folder, builds `fastfeed._native` there with
+# FASTFEED_SANITIZE=address,undefined or =thread (see setup.py), and runs tests/test_ring*.py (except the test that
+# calls this script) with that copy first on PYTHONPATH and the sanitizer runtime LD_PRELOADed (CPython itself is not
+# instrumented). Leak detection is off because CPython leaks at exit by design. Any sanitizer report fails the run,
+# even if pytest passed.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+py=${PYTHON:-$root/.venv/bin/python}
+[ -x "$py" ] || py=python3
+which=${1:-all}
+tests=("$root/tests/test_ring.py" "$root/tests/test_ring_shutdown.py")
+
+run_variant() {
+    local name=$1 flags=$2 runtime tmp log status
+    runtime=$(gcc -print-file-name="lib${name}.so")
+    if [ ! -e "$runtime" ]; then
+        echo "sanitize: lib${name}.so not found (gcc -print-file-name); install gcc's sanitizer runtime" >&2
+        return 1
+    fi
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/fastfeed-sanitize-${name}.XXXXXX")
+    log="$tmp/pytest.log"
+    [ -n "${SANITIZE_KEEP:-}" ] || trap 'rm -rf "$tmp"' RETURN
+    cp "$root/setup.py" "$root/pyproject.toml" "$tmp/"
+    cp -r "$root/csrc" "$tmp/"
+    (cd "$root" && tar cf - --exclude='*.so' --exclude=__pycache__ fastfeed) | (cd "$tmp" && tar xf -)
+    echo "== sanitize [$flags]: building in $tmp"
+    (cd "$tmp" && FASTFEED_SANITIZE="$flags" "$py" setup.py -q build_ext --inplace >"$tmp/build.log" 2>&1) || {
+        cat "$tmp/build.log" >&2
+        return 1
+    }
+    local -a env=(
+        # libstdc++ is preloaded too: python does not link it, and without it the runtime's __cxa_throw
+        # interceptor finds no real __cxa_throw and aborts on the first C++ exception.
+        "PYTHONPATH=$tmp" "LD_PRELOAD=$runtime $(gcc -print-file-name=libstdc++.so)" "FASTFEED_RING_SANITIZE=1"
+        "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1"
+        "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
+        "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1"
+    )
+    # Run from $tmp: `python -c` and `python -m` put the working directory first on sys.path.
+    (cd "$tmp" && env "${env[@]}" "$py" -c "import fastfeed._native as n, sys; sys.exit(0 if n.__file__.startswith('$tmp') else \
+        f'sanitize: imported {n.__file__}, not the instrumented build in $tmp')")
+    echo "== sanitize [$flags]: tests/test_ring.py tests/test_ring_shutdown.py"
+    status=0
+    (cd "$tmp" && env "${env[@]}" "$py" -m pytest -q -p no:cacheprovider "${tests[@]}") >"$log" 2>&1 || status=$?
+    cat "$log"
+    if grep -qE "(Address|Thread|UndefinedBehavior|Leak)Sanitizer|runtime error:" "$log"; then
+        echo "== sanitize [$flags]: sanitizer reported problems (see above)" >&2
+        return 1
+    fi
+    [ "$status" -eq 0 ] || { echo "== sanitize [$flags]: tests failed (exit $status)" >&2; return "$status"; }
+    echo "== sanitize [$flags]: clean"
+}
+
+case "$which" in
+    address) run_variant asan address,undefined ;;
+    thread) run_variant tsan thread ;;
+    all) run_variant asan address,undefined && run_variant tsan thread ;;
+    *) echo "usage: $0 [address|thread|all]" >&2; exit 2 ;;
+esac
