@@ -2,6 +2,7 @@
 #include "ring.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -45,7 +46,9 @@ struct FdGuard {
 void Ring::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 Ring::Buffer Ring::allocate(size_t bytes) {
-    void* p = std::aligned_alloc(kAlign, round_up(std::max<size_t>(bytes, 1), kAlign));
+    // 2 MiB alignment lets large buffers use transparent huge pages (fewer faults and TLB misses).
+    const size_t align = bytes >= (size_t{8} << 20) ? (size_t{2} << 20) : kAlign;
+    void* p = std::aligned_alloc(align, round_up(std::max<size_t>(bytes, 1), align));
     if (!p) throw std::bad_alloc();
     return Buffer(static_cast<uint8_t*>(p));
 }
@@ -74,6 +77,12 @@ Ring::Ring(std::vector<std::string> paths, std::vector<int32_t> file_index, std:
     config_.slot_bytes = round_up(config_.slot_bytes, kAlign);
     arena_bytes_ = config_.slot_bytes * config_.num_slots;
     arena_ = allocate(arena_bytes_);
+    // Fault the arena in now, once: otherwise every epoch's first pass pays a page fault per 4 KiB inside the
+    // producers (a third of the warm-cache throughput), and pinning would fault it anyway.
+#ifdef MADV_HUGEPAGE
+    ::madvise(arena_.get(), arena_bytes_, MADV_HUGEPAGE);
+#endif
+    std::memset(arena_.get(), 0, arena_bytes_);
     slots_.resize(config_.num_slots);
 
     fds_.reset(new std::atomic<int>[paths_.size()]);

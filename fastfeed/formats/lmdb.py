@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Iterator
 
 import numpy as np
@@ -28,6 +29,37 @@ from fastfeed.formats.base import TableDataset
 from fastfeed.types import DatasetError, Extents, Sample
 
 __all__ = ["LmdbDataset", "img_key", "cls_key", "json_key"]
+
+
+# py-lmdb refuses to open one environment twice in a process, yet a training script commonly holds two readers of
+# the same dataset (a train and a val Loader, or a Loader next to `fastfeed.open_dataset`): share one handle.
+_ENVS: dict[str, list] = {}  # realpath -> [Environment, users]
+_ENVS_LOCK = threading.Lock()
+
+
+def _acquire_env(path: str):
+    import lmdb
+
+    key = os.path.realpath(path)
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is None:
+            env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True, max_readers=512)
+            entry = _ENVS[key] = [env, 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _release_env(path: str) -> None:
+    key = os.path.realpath(path)
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            entry[0].close()
+            del _ENVS[key]
 
 
 def img_key(key: str) -> bytes:
@@ -50,9 +82,9 @@ class LmdbDataset(TableDataset):
 
         super().__init__(root, "lmdb")
         self._data_path = os.path.join(self.root, "data.lmdb", "data.mdb")
+        self._env_path = os.path.join(self.root, "data.lmdb")
         try:
-            self._env = lmdb.open(os.path.join(self.root, "data.lmdb"), readonly=True, lock=False,
-                                  readahead=False, subdir=True, max_readers=512)
+            self._env = _acquire_env(self._env_path)
         except lmdb.Error as e:
             raise DatasetError(f"{root}: cannot open data.lmdb ({e})") from None
         self._txn = self._env.begin(buffers=True)
@@ -126,5 +158,5 @@ class LmdbDataset(TableDataset):
     def close(self) -> None:
         if getattr(self, "_env", None) is not None:
             self._txn.abort()
-            self._env.close()
             self._env = None
+            _release_env(self._env_path)

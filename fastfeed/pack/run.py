@@ -168,7 +168,7 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     bar = _progress(len(plan), start, o.progress)
     try:
         with ThreadPoolExecutor(max_workers=o.workers or os.cpu_count() or 1) as pool:
-            window = 8 * (pool._max_workers)
+            window = 64 * pool._max_workers
             pending: collections.deque = collections.deque()
             pos = start
             while pos < len(plan) or pending:
@@ -226,6 +226,8 @@ class _Writer:
         self.next_shard = next_shard
         self.tar: TarShardWriter | None = None
         self.lmdb = LmdbWriter(folder) if o.format == "lmdb" else None
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastfeed-shard-finish")
+        self._finishing = None
 
     def put(self, entry, key: str, res, done_pos: int) -> None:
         if not isinstance(res, Loaded):
@@ -255,10 +257,20 @@ class _Writer:
         r["meta_size"].append(js.size if js else 0)
 
     def _finish_shard(self, pos: int) -> None:
-        info = self.tar.finish()
-        self.tar = None
+        """fsync + rename + journal on a helper thread, so writing the next shard overlaps the flush to disk.
+        One helper keeps the journal's commits in shard order."""
+        tar, rows, rejected = self.tar, self.rows, self.rejected
+        self.tar, self.rows, self.rejected = None, tbl.new_rows(self.o.format), []
         self.next_shard += 1
-        self._commit(pos, asdict(info))
+        self._wait_finisher()
+        self._finishing = self._finisher.submit(
+            lambda: self.journal.append({"pos": pos, "shard": asdict(tar.finish()), "rows": rows,
+                                         "rejected": rejected}))
+
+    def _wait_finisher(self) -> None:
+        if self._finishing is not None:
+            f, self._finishing = self._finishing, None
+            f.result()  # re-raises a failed fsync/rename here, on the packing thread
 
     def _commit(self, pos: int, shard: dict | None) -> None:
         self.journal.append({"pos": pos, "shard": shard, "rows": self.rows, "rejected": self.rejected})
@@ -271,12 +283,18 @@ class _Writer:
             self._commit(end, None)
         elif self.tar is not None:
             self._finish_shard(end)
-        else:
+        self._wait_finisher()
+        if self.lmdb is None and self.rejected:  # rejections after the last shard
             self._commit(end, None)
+        self._finisher.shutdown()
 
     def abort(self) -> None:
-        if self.tar is not None:
-            self.tar.abort()
+        try:
+            self._wait_finisher()
+        finally:
+            self._finisher.shutdown()
+            if self.tar is not None:
+                self.tar.abort()
 
 
 def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: float) -> PackResult:

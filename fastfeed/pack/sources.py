@@ -86,7 +86,7 @@ def _scan_imagefolder(root: str) -> Source:
         label = src.class_to_idx[cls]
         top = os.path.join(root, cls)
         for path in _walk_files(top, src):
-            src.entries.append(SourceEntry(path, os.path.relpath(path, root), label))
+            src.entries.append(SourceEntry(path, path[len(root) + 1 :], label))
     return src
 
 

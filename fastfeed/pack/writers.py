@@ -89,7 +89,7 @@ class TarShardWriter:
         # sha256 (~2 GB/s) would be the writer thread's largest cost; hashlib releases the GIL, so a helper
         # thread hashes the same chunks, in order, while this one writes.
         self._sha = hashlib.sha256()
-        self._hash_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._hash_q: queue.Queue = queue.Queue(maxsize=256)  # bounded: at most ~30 MB waiting
         self._hasher = threading.Thread(target=self._hash_loop, name="fastfeed-shard-sha256", daemon=True)
         self._hasher.start()
         self._pos = 0

@@ -1,0 +1,76 @@
+"""Shared session fixtures: one small demo image tree, packed once as WebDataset and once as LMDB by the real CLI.
+
+Everything is built in pytest's tmp_path_factory and reused by every test of the session, so the cost (~3 s) is
+paid once. Tests that modify a dataset (missing shard, edited manifest) must work on a copy: `copy_dataset`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEMO_IMAGES = 160
+DEMO_CLASSES = 4
+# Small shards so the WebDataset tree has several files (a missing-shard test needs more than one).
+DEMO_SHARD_SIZE = "4MB"
+
+
+def run_pack(src: Path | str, out: Path | str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m fastfeed.cli pack SRC OUT ARGS...` in a subprocess, exactly as a user runs it."""
+    cmd = [sys.executable, "-m", "fastfeed.cli", "pack", str(src), str(out), "--quiet", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def pack_cli():
+    """The `fastfeed pack` CLI as a function: pack_cli(src, out, *extra_args)."""
+    return run_pack
+
+
+@pytest.fixture(scope="session")
+def demo_tree(tmp_path_factory) -> Path:
+    """An ImageFolder tree of DEMO_IMAGES real JPEGs (300-600 px, ~110 KB each) in DEMO_CLASSES classes."""
+    from fastfeed.demo_data import make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("demo") / "src", num_images=DEMO_IMAGES,
+                        num_classes=DEMO_CLASSES, seed=0, workers=1)
+
+
+@pytest.fixture(scope="session")
+def packed(demo_tree, tmp_path_factory) -> dict[str, Path]:
+    """{"wds": folder, "lmdb": folder}: `demo_tree` packed by the CLI with the same shuffle seed."""
+    root = tmp_path_factory.mktemp("packed")
+    out = {"wds": root / "wds", "lmdb": root / "lmdb"}
+    run_pack(demo_tree, out["wds"], "--format", "wds", "--shard-size", DEMO_SHARD_SIZE)
+    run_pack(demo_tree, out["lmdb"], "--format", "lmdb")
+    return out
+
+
+@pytest.fixture(scope="session")
+def wds_path(packed) -> Path:
+    return packed["wds"]
+
+
+@pytest.fixture(scope="session")
+def lmdb_path(packed) -> Path:
+    return packed["lmdb"]
+
+
+@pytest.fixture
+def copy_dataset(tmp_path):
+    """copy_dataset(folder) -> a private copy a test may damage. Data files are hard links (no bytes copied), so
+    a test must replace files (unlink, write new) and never modify one in place."""
+
+    def copy(src: Path) -> Path:
+        dst = tmp_path / f"copy-{Path(src).name}"
+        shutil.copytree(src, dst, copy_function=os.link)
+        return dst
+
+    return copy
