@@ -11,18 +11,21 @@ It composes four pieces, each usable on its own: `sampling` (which sample ids th
 and `decode` (DALI on the GPU, or the CPU decoders).
 
 NOTE [Loader pipeline and shutdown]
-One pipeline thread per iteration turns ring slots into decoded batches:
-    ring.next_batch() -> crop windows -> decoder(slot views) -> slot released -> queue.put(batch)
-The ring's own threads read ahead `prefetch` batches of encoded bytes; the queue holds at most `prefetch` decoded
-batches, so memory is bounded on both sides of the decoder. A slot is released only after the decoder returns,
-because the decoder reads the slot's bytes in place (DALI's external_source with no_copy, or PIL from a view).
-On CUDA the pipeline thread decodes on its own stream and records an event after each batch; the consumer's
-current stream waits on that event before the batch is handed out, and `record_stream` tells torch's allocator
-that the consumer's stream uses the memory, so a batch is never overwritten while the training step reads it.
-Shutdown: every blocking call in the pipeline thread has a timeout and checks a stop flag; the consumer leaving
-the loop early (break, exception, Ctrl-C, garbage collection of the generator) sets the flag, drains the queue
-and joins the thread (bounded), then the next iteration starts from a clean ring. Errors in the pipeline thread
-travel to the consumer wrapped with where they happened and are raised at the batch that hit them.
+Each iteration runs `pipelines` decode workers (threads), each with its own decoder (DALI pipeline) and CUDA stream:
+    take the next ring slot (under a lock, so batch positions are handed out in order) -> crop windows ->
+    decoder(slot views) -> release the slot -> results[position]
+The consumer takes results strictly by position, so the order never depends on thread timing. The ring's reader
+threads read `prefetch + 2*pipelines` batches of encoded bytes ahead; a worker may decode batch k only while
+k < consumed + prefetch + pipelines, so decoded batches (device memory) are bounded too. A slot is released only
+after the decoder returns, because the decoder reads the slot's bytes in place (DALI's external_source with
+no_copy, or PIL from a view). On CUDA each worker decodes on its own stream and records an event after each batch;
+the consumer's current stream waits on that event before the batch is handed out, and `record_stream` tells
+torch's allocator that the consumer's stream uses the memory, so a batch is never overwritten or reused while
+the training step reads it.
+Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
+consumer leaving the loop early (break, exception, Ctrl-C, garbage collection of the generator) sets the flag,
+joins the workers (bounded) and drops undelivered results; the next iteration restarts the ring cleanly. An error
+in a worker travels to the consumer wrapped with where it happened and is raised at the batch that hit it.
 """
 from __future__ import annotations
 
@@ -63,9 +66,6 @@ class _Failure:
     exc: BaseException
 
 
-_END = object()
-
-
 class Loader:
     """Iterate a packed dataset as decoded, augmented, normalised batches on the device.
 
@@ -86,6 +86,7 @@ class Loader:
         reader_threads: native ring reader threads (default 4; more helps cold or network storage).
         prefetch: decoded batches queued ahead of the consumer (default 2); the ring reads `prefetch + 2` ahead.
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 0.9, measured best).
+        pipelines: decoders working side by side on consecutive batches (default 2 for DALI, else 1).
         on_error: "skip" replaces a corrupt record by another sample of the same batch (counted in `stats()`);
             "raise" raises naming the sample.
         log_every: log a one-line stats summary every N batches (and at the end of each epoch).
@@ -98,7 +99,8 @@ class Loader:
                  drop_last: bool = True, order: str = "global", rank: int | None = None,
                  world_size: int | None = None, local_rank: int | None = None,
                  num_threads: int | None = None, reader_threads: int | None = None,
-                 prefetch: int | None = None, hw_decoder_load: float | None = None, on_error: str = "skip",
+                 prefetch: int | None = None, hw_decoder_load: float | None = None, pipelines: int | None = None,
+                 on_error: str = "skip",
                  log_every: int | None = None):
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -127,13 +129,21 @@ class Loader:
         self._shard_of = _shard_of(self.dataset) if order == "shard" else None
 
         self._decoder_kind = _resolve_decoder(decoder, self.device)
-        self._decoder = make_decoder(
+        # Two DALI pipelines run side by side: while one waits for its GPU work, the other parses and submits
+        # the next batch, which keeps the hardware decoder busy (one synchronous pipeline left it idle half the
+        # time). CPU decoders already spread a batch over a thread pool.
+        n_pipelines = int(pipelines) if pipelines else (2 if self._decoder_kind == "dali" else 1)
+        if n_pipelines < 1:
+            raise ValueError(f"pipelines must be >= 1, got {pipelines}")
+        self._decoders = [make_decoder(
             self._decoder_kind, device=self.device.type, device_id=self.device.index or 0,
             image_size=self.image_size, dtype=dtype, channels_last=channels_last, mean=mean, std=std,
             batch_size=self.batch_size, num_threads=self.num_threads,
             hw_decoder_load=0.9 if hw_decoder_load is None else hw_decoder_load, on_error=on_error)
+            for _ in range(n_pipelines)]
         self._ring = PrefetchRing(self.dataset.extents(), self.batch_size,
-                                  num_threads=int(reader_threads or 4), num_slots=self.prefetch + 2)
+                                  num_threads=int(reader_threads or 4), num_slots=self.prefetch + 2 * n_pipelines)
+        self._stats.set_info("pipelines", n_pipelines)
         self._stats.set_info("decoder", self._decoder_kind)
         self._stats.set_info("device", str(self.device))
         self._stats.set_info("num_threads", self.num_threads)
@@ -259,7 +269,8 @@ class Loader:
         if self._active is not None:
             self._active.stop()
         self._ring.close()
-        self._decoder.close()
+        for d in self._decoders:
+            d.close()
         self.dataset.close()
 
     def __enter__(self):
@@ -283,80 +294,126 @@ class Loader:
 
 
 class _Epoch:
-    """One iteration's pipeline thread and hand-off queue (see NOTE [Loader pipeline and shutdown])."""
+    """One iteration's decode workers and in-order hand-off (see NOTE [Loader pipeline and shutdown])."""
 
     def __init__(self, loader: Loader, plan):
         self.loader = loader
         self.plan = plan
-        self.queue: queue.Queue = queue.Queue(maxsize=loader.prefetch)
         self.stop_flag = threading.Event()
-        self.thread: threading.Thread | None = None
-        cuda = loader.device.type == "cuda"
-        self.stream = torch.cuda.Stream(device=loader.device) if cuda else None
+        self.cond = threading.Condition()
+        self.results: dict[int, object] = {}  # batch position -> (images, labels, event) or _Failure
+        self.next_out = 0  # the position the consumer takes next
+        self.window = loader.prefetch + len(loader._decoders)  # decoded batches allowed ahead of the consumer
+        self.ring_lock = threading.Lock()  # workers take ring batches one at a time, so positions are in order
+        self.dispatched = 0
+        self.threads: list[threading.Thread] = []
 
     def begin(self) -> None:
         L = self.loader
         L._ring.start(np.ascontiguousarray(self.plan.indices, dtype=np.int64))
-        self.thread = threading.Thread(target=self._run, name="fastfeed-pipeline", daemon=True)
-        self.thread.start()
+        for w, decoder in enumerate(L._decoders):
+            t = threading.Thread(target=self._work, args=(decoder,), name=f"fastfeed-decode-{w}", daemon=True)
+            t.start()
+            self.threads.append(t)
 
-    # -- pipeline thread
-    def _run(self) -> None:
+    # -- decode workers
+    def _work(self, decoder) -> None:
         L = self.loader
-        try:
-            if self.stream is not None:
-                torch.cuda.set_device(L.device)
-            for k in range(self.plan.num_batches):
+        stream = None
+        if L.device.type == "cuda":
+            torch.cuda.set_device(L.device)
+            stream = torch.cuda.Stream(device=L.device)
+        while not self.stop_flag.is_set():
+            k, slot = self._take()
+            if k is None:
+                return
+            if not self._wait_for_room(k):
+                if not isinstance(slot, BaseException) and slot is not None:
+                    slot.release()
+                return
+            try:
+                item = self._produce(k, slot, decoder, stream)
+            except BaseException as exc:  # noqa: BLE001 - everything crosses to the consumer, who decides
+                item = _Failure(f"fastfeed decode worker, epoch {L._epoch}, batch {k}", exc)
+            with self.cond:
+                self.results[k] = item
+                self.cond.notify_all()
+            if isinstance(item, _Failure):
+                return
+
+    def _take(self):
+        """(position, ring batch or the RingReadError it raised); (None, None) when the epoch is dispatched."""
+        ring = self.loader._ring
+        with self.ring_lock:
+            if self.dispatched >= self.plan.num_batches:
+                return None, None
+            k = self.dispatched
+            with self.loader._stats.timed("read_wait"):
+                while not self.stop_flag.is_set():
+                    try:
+                        slot = ring.next_batch(timeout=_POLL_S)
+                        break
+                    except TimeoutError:
+                        continue
+                    except RingReadError as exc:
+                        slot = exc
+                        break
+                else:
+                    return None, None
+            if slot is None:
+                raise LoaderError(f"the ring ended after {k} of {self.plan.num_batches} batches")
+            self.dispatched += 1
+            return k, slot
+
+    def _wait_for_room(self, k: int) -> bool:
+        """Bound decoded-but-unconsumed batches (device memory) to `window`."""
+        with self.cond:
+            while k >= self.next_out + self.window:
                 if self.stop_flag.is_set():
-                    return
-                item = self._produce(k)
-                if item is None:
-                    return
-                self._put(item)
-            self._put(_END)
-        except BaseException as exc:  # noqa: BLE001 - everything crosses to the consumer, who decides
-            self._put(_Failure(f"fastfeed pipeline thread, epoch {L._epoch}", exc))
+                    return False
+                self.cond.wait(_POLL_S)
+        return not self.stop_flag.is_set()
 
-    def _produce(self, k: int):
+    def _produce(self, k: int, slot, decoder, stream):
         L = self.loader
-        expected = self.plan.batch(k)
-        try:
-            rb = self._next_slot()
-            if rb is None:
-                return None
+        if isinstance(slot, RingReadError):
+            if L.on_error == "raise":
+                raise slot
+            # The ring failed this batch; read it sample by sample so one bad extent costs one sample, not a batch.
+            rb, indices = None, np.asarray(self.plan.batch(k), dtype=np.int64)
+            samples = [_read_or_empty(L.dataset, int(i)) for i in indices]
+            L._stats.skip("read_error", key=str(slot), n=sum(1 for s in samples if len(s) == 0))
+        else:
+            rb = slot
             indices = np.asarray(rb.indices, dtype=np.int64)
             samples = rb.samples()
-        except RingReadError as exc:
-            if L.on_error == "raise":
-                raise
-            # The ring failed this batch; read it sample by sample so one bad extent costs one sample, not a batch.
-            rb, indices = None, np.asarray(expected, dtype=np.int64)
-            samples = [_read_or_empty(L.dataset, int(i)) for i in indices]
-            L._stats.skip("read_error", key=str(exc), n=sum(1 for s in samples if len(s) == 0))
         try:
             windows = crop_windows(L._widths[indices], L._heights[indices], indices, seed=L.seed,
                                    epoch=L._epoch, train=L.train, image_size=L.image_size)
             with L._stats.timed("decode", n=len(indices)):
-                if self.stream is not None:
-                    with torch.cuda.stream(self.stream):
-                        result = L._decoder(samples, windows)
+                if stream is not None:
+                    with torch.cuda.stream(stream):
+                        result = decoder(samples, windows)
                         labels = self._labels(indices, result.replaced)
                         event = torch.cuda.Event()
-                        event.record(self.stream)
+                        event.record(stream)
                 else:
-                    result = L._decoder(samples, windows)
+                    result = decoder(samples, windows)
                     labels = self._labels(indices, result.replaced)
                     event = None
         except CorruptSampleError as exc:  # on_error="raise": name the samples, not batch positions
             names = ", ".join(str(L.dataset.keys[indices[p]]) for p in exc.positions[:8])
             raise LoaderError(f"corrupt sample(s) {names} in batch {k} of epoch {L._epoch}: {exc}") from exc
         finally:
+            del samples
             if rb is not None:
-                rb.release()
+                rb.release()  # the decoder has returned: nothing reads the slot any more
         for pos, reason in result.replaced:
             L._stats.skip(str(reason).split(":")[0], key=str(L.dataset.keys[indices[pos]]))
         L._stats.add("samples", len(indices))
         L._stats.add("batches", 1)
+        if rb is not None:
+            L._stats.add("bytes_read", int(np.sum(rb.sizes)))
         return result.images, labels, event
 
     def _labels(self, indices: np.ndarray, replaced) -> torch.Tensor:
@@ -369,37 +426,19 @@ class _Epoch:
             labels = labels.pin_memory().to(L.device, non_blocking=True)
         return labels
 
-    def _next_slot(self):
-        ring = self.loader._ring
-        with self.loader._stats.timed("read_wait"):
-            while not self.stop_flag.is_set():
-                try:
-                    return ring.next_batch(timeout=_POLL_S)
-                except TimeoutError:
-                    continue
-        return None
-
-    def _put(self, item) -> None:
-        while not self.stop_flag.is_set():
-            try:
-                self.queue.put(item, timeout=_POLL_S)
-                return
-            except queue.Full:
-                continue
-
     # -- consumer side
     def next(self):
         L = self.loader
+        k = self.next_out
         with L._stats.timed("wait"):
-            while True:
-                try:
-                    item = self.queue.get(timeout=_POLL_S)
-                    break
-                except queue.Empty:
-                    if self.thread is not None and not self.thread.is_alive() and self.queue.empty():
-                        raise LoaderError("fastfeed pipeline thread ended without a result") from None
-        if item is _END:
-            raise LoaderError("fastfeed pipeline ended before the planned number of batches")
+            with self.cond:
+                while k not in self.results:
+                    if not any(t.is_alive() for t in self.threads):
+                        raise LoaderError(f"fastfeed decode workers ended before batch {k}")
+                    self.cond.wait(_POLL_S)
+                item = self.results.pop(k)
+                self.next_out = k + 1
+                self.cond.notify_all()
         if isinstance(item, _Failure):
             raise LoaderError(f"{type(item.exc).__name__} in {item.where}: {item.exc}") from item.exc
         images, labels, event = item
@@ -412,16 +451,16 @@ class _Epoch:
 
     def stop(self) -> None:
         self.stop_flag.set()
-        while True:  # unblock a producer waiting on a full queue
-            try:
-                self.queue.get_nowait()
-            except queue.Empty:
-                break
-        if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join(timeout=_JOIN_S)
-            if self.thread.is_alive():
-                log.warning("fastfeed pipeline thread did not stop within %.0f s", _JOIN_S)
-        self.thread = None
+        with self.cond:
+            self.cond.notify_all()
+        for t in self.threads:
+            if t is not threading.current_thread():
+                t.join(timeout=_JOIN_S)
+                if t.is_alive():
+                    log.warning("fastfeed decode worker did not stop within %.0f s", _JOIN_S)
+        self.threads = []
+        with self.cond:
+            self.results.clear()  # drop decoded batches nobody will take (frees their device memory)
 
 
 def _read_or_empty(dataset, i: int) -> np.ndarray:

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from fastfeed.ring import PrefetchRing, RingBatch, RingReadError, auto_slot_bytes
 from fastfeed.types import Extents
 
-# The sanitizer run (tools/sanitize.sh) is ~10x slower per example.
-settings.register_profile("ring-sanitize", max_examples=8, deadline=None)
+# Fewer examples under the sanitizer run (tools/sanitize.sh), which is ~10x slower per example.
 EXAMPLES = 8 if os.environ.get("FASTFEED_RING_SANITIZE") else 30
 
 

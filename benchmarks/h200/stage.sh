@@ -24,7 +24,7 @@ case $K in
   ;;
 5)
   bash .carry/p5/install_dali.sh || exit 1
-  python3 tools/gpu_selftest.py $W/base-images --num 512 --batch 256 2>&1 | tee $OUT/selftest.log
+  python3 tools/gpu_selftest.py $W/base-images --num 256 --batch 128 2>&1 | tee $OUT/selftest.log
   python3 benchmarks/bench_gpu.py --workdir $W --json $OUT/gpu.json "$@" 2>&1 | tee $OUT/bench_gpu.log
   ;;
 esac
