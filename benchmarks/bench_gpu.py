@@ -97,6 +97,13 @@ def fastfeed_factory(path, hw, threads, args, **kw):
                                    dtype=torch.float16, num_threads=threads, hw_decoder_load=hw, **kw)
 
 
+def fastfeed_auto(path, args, **kw):
+    import fastfeed
+
+    return lambda: fastfeed.Loader(path, batch_size=args.batch_size, train=True, image_size=224,
+                                   device=args.device, dtype=torch.float16, **kw)
+
+
 def dali_factory(source, root, hw, threads, args):
     from dali_reference import DaliReference
 
@@ -167,6 +174,11 @@ def main(argv=None) -> int:
                              fastfeed_factory(base["keep"], b["hw_decoder_load"], b["num_threads"], args,
                                               pipelines=n), none, args, extra)
                 rows += [r1] if r1 else []
+        auto = measure("fastfeed defaults (num_threads='auto')", fastfeed_auto(base["keep"], args), none, args,
+                       {"loader": "fastfeed-auto"})
+        if auto:
+            rows.append(auto)
+            best["fastfeed-auto"] = auto
         t = measure("torch DataLoader (16 workers)",
                     lambda: make_torch_loader(base["images"], batch_size=args.batch_size, device=args.device,
                                               dtype=torch.float16, num_workers=args.torch_workers), none, args,
@@ -194,10 +206,14 @@ def main(argv=None) -> int:
                 f"= {entry['ceiling_img_s']:,.0f} img/s")
             cfg = {k: (v["hw_decoder_load"], v["num_threads"]) for k, v in best.items()
                    if v and "hw_decoder_load" in v}
+            ff = cfg.get("fastfeed", (0.9, 4))
             facs = {
                 # channels_last: fastfeed writes the layout the model wants; the others leave that copy to the step
-                "fastfeed": fastfeed_factory(base["keep"], *cfg.get("fastfeed", (0.9, 4)), args,
-                                             channels_last=True),
+                "fastfeed": fastfeed_factory(base["keep"], *ff, args, channels_last=True),
+                "fastfeed-auto": fastfeed_auto(base["keep"], args, channels_last=True),
+                "fastfeed-chw": fastfeed_factory(base["keep"], *ff, args),
+                "fastfeed-1pipe": fastfeed_factory(base["keep"], *ff, args, channels_last=True, pipelines=1),
+                "fastfeed-3pipe": fastfeed_factory(base["keep"], *ff, args, channels_last=True, pipelines=3),
                 "torch": lambda: make_torch_loader(base["images"], batch_size=args.batch_size, device=args.device,
                                                    dtype=torch.float16, num_workers=args.torch_workers),
                 "dali-wds": dali_factory("webdataset", base["keep"], *cfg.get("dali-wds", (0.9, 4)), args),

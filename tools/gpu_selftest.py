@@ -94,16 +94,21 @@ def main(argv=None) -> int:
             for zc in ((False, True) if dev_id is not None else (False,)):
                 o = mk(dtype=dt, channels_last=cl, zero_copy=zc)(arrs[:nb], wt).images
                 fmt = torch.channels_last if cl else torch.contiguous_format
+                # With hw_decoder_load < 1 DALI balances images between the hardware and the CUDA JPEG decoders
+                # run by run, and the two differ by a few levels (measured: max 3/255 on an H200), so two decodes
+                # of one batch agree on average, not pixel for pixel.
                 if dt == torch.uint8:
                     expect = ((ref * std.to(ref.device) + torch.tensor(IMAGENET_MEAN, device=ref.device)
                                .view(3, 1, 1)) * 255).round()
-                    err = float((o.float() - expect).abs().max())
-                    ok = err <= 1.0
+                    diff = (o.float() - expect).abs()
+                    err, mean_err = float(diff.max()), float(diff.mean())
+                    ok = err <= 4.0 and mean_err <= 0.5
                 else:
-                    err = float((o.float() - ref).abs().max())
-                    ok = err < 0.02
+                    diff = (o.float() - ref).abs() * std.to(ref.device) * 255
+                    err, mean_err = float(diff.max()), float(diff.mean())
+                    ok = err <= 4.5 and mean_err <= 0.5
                 ok &= o.dtype == dt and o.is_contiguous(memory_format=fmt) and tuple(o.shape) == (nb, 3, S, S)
-                check(f"{str(dt)[6:]} cl={int(cl)} zc={int(zc)}", ok, f"max err {err:.4f}")
+                check(f"{str(dt)[6:]} cl={int(cl)} zc={int(zc)}", ok, f"max {err:.2f}/255, mean {mean_err:.3f}/255")
 
     # 4. stream safety: keep batch 0's result, decode more batches, compare with a host copy taken at once
     for zc in ((False, True) if dev_id is not None else (False,)):
