@@ -31,19 +31,16 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fastfeed import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed import sampling
-from fastfeed.decode import crop_windows, make_decoder
-from fastfeed.decode.base import CorruptSampleError, replacement_map
+from fastfeed.decode import make_decoder
+from fastfeed.epoch import EpochRun, LoaderError
 from fastfeed.formats import open_dataset
-from fastfeed.ring import PrefetchRing, RingReadError
+from fastfeed.ring import PrefetchRing
 from fastfeed.stats import StageStats
 from fastfeed.world import World
 
@@ -52,18 +49,6 @@ __all__ = ["Loader", "LoaderError"]
 log = logging.getLogger("fastfeed")
 
 STATE_VERSION = 1
-_POLL_S = 0.1  # how often blocked pipeline calls re-check the stop flag
-_JOIN_S = 5.0
-
-
-class LoaderError(RuntimeError):
-    """An error raised in the loader's pipeline thread, re-raised in the training loop with where it happened."""
-
-
-@dataclass
-class _Failure:
-    where: str
-    exc: BaseException
 
 
 class Loader:
@@ -86,7 +71,7 @@ class Loader:
             threads, hw_decoder_load and pipelines for this machine (see fastfeed/tuning.py; the choice and the
             table measured are in `stats()["info"]`); with a CPU decoder, the cores this rank may use (at most 8).
         reader_threads: native ring reader threads (default 4; more helps cold or network storage).
-        prefetch: decoded batches queued ahead of the consumer (default 2); the ring reads `prefetch + 2` ahead.
+        prefetch: decoded batches queued ahead of the consumer (default 2); the ring reads `prefetch + 2 * pipelines` ahead.
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 0.9, measured best).
         pipelines: decoders working side by side on consecutive batches (default 2 for DALI, else 1).
         on_error: "skip" replaces a corrupt record by another sample of the same batch (counted in `stats()`);
@@ -123,7 +108,7 @@ class Loader:
         self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
         self.device = _resolve_device(device, self.world)
         self.prefetch = max(1, int(prefetch if prefetch is not None else 2))
-        self._stats = StageStats()
+        self._stats = StageStats(stages=("read", "read_wait", "decode", "wait"))
         self._labels = torch.from_numpy(np.ascontiguousarray(self.dataset.labels, dtype=np.int64))
         self._widths = np.asarray(self.dataset.widths)
         self._heights = np.asarray(self.dataset.heights)
@@ -152,7 +137,7 @@ class Loader:
         self._plan = None  # the EpochPlan of the iteration in progress (or the last one)
         self._batches_done = 0  # batches of self._plan handed to the consumer
         self._iterated = False  # an iteration of self._epoch began: a plain `for` again runs the next epoch
-        self._active: _Epoch | None = None
+        self._active: EpochRun | None = None
         self._full_len: int | None = None
         self._closed = False
 
@@ -195,11 +180,11 @@ class Loader:
         self._plan = self._make_plan(self._epoch, self._pending_resume)
         self._pending_resume = None
         self._batches_done = 0
-        epoch = _Epoch(self, self._plan)
+        epoch = EpochRun(self, self._plan)
         self._active = epoch
         return self._consume(epoch)
 
-    def _consume(self, epoch: "_Epoch"):
+    def _consume(self, epoch: EpochRun):
         plan = epoch.plan
         try:
             epoch.begin()
@@ -252,9 +237,19 @@ class Loader:
 
     # ------------------------------------------------------------------ stats and lifetime
     def stats(self) -> dict:
-        """Per-stage counters and timers (read, decode, wait, ...), samples skipped with reasons, the settings."""
+        """Per-stage counters and timers, samples skipped with reasons, and the settings in use.
+
+        Stages: `read` (native ring threads' pread time, summed over threads), `read_wait` (decode workers
+        waiting for the ring: reading is the bottleneck if this grows), `decode` (summed over pipelines),
+        `wait` (the training loop waiting for a batch: the number that matters). `ring` has the raw ring counters.
+        """
         snap = self._stats.snapshot()
         ring = self._ring.stats()
+        batches = int(ring.get("batches", 0))
+        seconds = float(ring.get("read_seconds", 0.0))
+        snap["stages"]["read"] = {"count": batches, "seconds": seconds, "max_s": 0.0,
+                                  "mean_ms": 1e3 * seconds / batches if batches else 0.0}
+        snap["counters"]["bytes_read"] = int(ring.get("bytes_read", 0))
         snap["ring"] = ring
         return snap
 
@@ -322,183 +317,6 @@ class Loader:
             len(self.dataset), seed=self.seed, epoch=epoch, world=self.world, batch_size=self.batch_size,
             drop_last=self.drop_last, shuffle=self.shuffle, order=self.order, shard_of=self._shard_of,
             resume=resume)
-
-
-class _Epoch:
-    """One iteration's decode workers and in-order hand-off (see NOTE [Loader pipeline and shutdown])."""
-
-    def __init__(self, loader: Loader, plan):
-        self.loader = loader
-        self.plan = plan
-        self.stop_flag = threading.Event()
-        self.cond = threading.Condition()
-        self.results: dict[int, object] = {}  # batch position -> (images, labels, event) or _Failure
-        self.next_out = 0  # the position the consumer takes next
-        self.window = loader.prefetch + len(loader._decoders)  # decoded batches allowed ahead of the consumer
-        self.ring_lock = threading.Lock()  # workers take ring batches one at a time, so positions are in order
-        self.dispatched = 0
-        self.threads: list[threading.Thread] = []
-
-    def begin(self) -> None:
-        L = self.loader
-        L._ring.start(np.ascontiguousarray(self.plan.indices, dtype=np.int64))
-        for w, decoder in enumerate(L._decoders):
-            t = threading.Thread(target=self._work, args=(decoder,), name=f"fastfeed-decode-{w}", daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    # -- decode workers
-    def _work(self, decoder) -> None:
-        L = self.loader
-        stream = None
-        if L.device.type == "cuda":
-            torch.cuda.set_device(L.device)
-            stream = torch.cuda.Stream(device=L.device)
-        while not self.stop_flag.is_set():
-            k, slot = self._take()
-            if k is None:
-                return
-            if not self._wait_for_room(k):
-                if not isinstance(slot, BaseException) and slot is not None:
-                    slot.release()
-                return
-            try:
-                item = self._produce(k, slot, decoder, stream)
-            except BaseException as exc:  # noqa: BLE001 - everything crosses to the consumer, who decides
-                item = _Failure(f"fastfeed decode worker, epoch {L._epoch}, batch {k}", exc)
-            with self.cond:
-                self.results[k] = item
-                self.cond.notify_all()
-            if isinstance(item, _Failure):
-                return
-
-    def _take(self):
-        """(position, ring batch or the RingReadError it raised); (None, None) when the epoch is dispatched."""
-        ring = self.loader._ring
-        with self.ring_lock:
-            if self.dispatched >= self.plan.num_batches:
-                return None, None
-            k = self.dispatched
-            with self.loader._stats.timed("read_wait"):
-                while not self.stop_flag.is_set():
-                    try:
-                        slot = ring.next_batch(timeout=_POLL_S)
-                        break
-                    except TimeoutError:
-                        continue
-                    except RingReadError as exc:
-                        slot = exc
-                        break
-                else:
-                    return None, None
-            if slot is None:
-                raise LoaderError(f"the ring ended after {k} of {self.plan.num_batches} batches")
-            self.dispatched += 1
-            return k, slot
-
-    def _wait_for_room(self, k: int) -> bool:
-        """Bound decoded-but-unconsumed batches (device memory) to `window`."""
-        with self.cond:
-            while k >= self.next_out + self.window:
-                if self.stop_flag.is_set():
-                    return False
-                self.cond.wait(_POLL_S)
-        return not self.stop_flag.is_set()
-
-    def _produce(self, k: int, slot, decoder, stream):
-        L = self.loader
-        if isinstance(slot, RingReadError):
-            if L.on_error == "raise":
-                raise slot
-            # The ring failed this batch; read it sample by sample so one bad extent costs one sample, not a batch.
-            rb, indices = None, np.asarray(self.plan.batch(k), dtype=np.int64)
-            samples = [_read_or_empty(L.dataset, int(i)) for i in indices]
-            L._stats.skip("read_error", key=str(slot), n=sum(1 for s in samples if len(s) == 0))
-        else:
-            rb = slot
-            indices = np.asarray(rb.indices, dtype=np.int64)
-            samples = rb.samples()
-        try:
-            windows = crop_windows(L._widths[indices], L._heights[indices], indices, seed=L.seed,
-                                   epoch=L._epoch, train=L.train, image_size=L.image_size)
-            with L._stats.timed("decode", n=len(indices)):
-                if stream is not None:
-                    with torch.cuda.stream(stream):
-                        result = decoder(samples, windows)
-                        labels = self._labels(indices, result.replaced)
-                        event = torch.cuda.Event()
-                        event.record(stream)
-                else:
-                    result = decoder(samples, windows)
-                    labels = self._labels(indices, result.replaced)
-                    event = None
-        except CorruptSampleError as exc:  # on_error="raise": name the samples, not batch positions
-            names = ", ".join(str(L.dataset.keys[indices[p]]) for p in exc.positions[:8])
-            raise LoaderError(f"corrupt sample(s) {names} in batch {k} of epoch {L._epoch}: {exc}") from exc
-        finally:
-            del samples
-            if rb is not None:
-                rb.release()  # the decoder has returned: nothing reads the slot any more
-        for pos, reason in result.replaced:
-            L._stats.skip(str(reason).split(":")[0], key=str(L.dataset.keys[indices[pos]]))
-        L._stats.add("samples", len(indices))
-        L._stats.add("batches", 1)
-        if rb is not None:
-            L._stats.add("bytes_read", int(np.sum(rb.sizes)))
-        return result.images, labels, event
-
-    def _labels(self, indices: np.ndarray, replaced) -> torch.Tensor:
-        L = self.loader
-        labels = L._labels[torch.from_numpy(indices)]
-        if replaced:
-            for dst, src in replacement_map([p for p, _ in replaced], len(indices)).items():
-                labels[dst] = labels[src]
-        if L.device.type == "cuda":
-            labels = labels.pin_memory().to(L.device, non_blocking=True)
-        return labels
-
-    # -- consumer side
-    def next(self):
-        L = self.loader
-        k = self.next_out
-        with L._stats.timed("wait"):
-            with self.cond:
-                while k not in self.results:
-                    if not any(t.is_alive() for t in self.threads):
-                        raise LoaderError(f"fastfeed decode workers ended before batch {k}")
-                    self.cond.wait(_POLL_S)
-                item = self.results.pop(k)
-                self.next_out = k + 1
-                self.cond.notify_all()
-        if isinstance(item, _Failure):
-            raise LoaderError(f"{type(item.exc).__name__} in {item.where}: {item.exc}") from item.exc
-        images, labels, event = item
-        if event is not None:
-            current = torch.cuda.current_stream(L.device)
-            current.wait_event(event)
-            images.record_stream(current)
-            labels.record_stream(current)
-        return images, labels
-
-    def stop(self) -> None:
-        self.stop_flag.set()
-        with self.cond:
-            self.cond.notify_all()
-        for t in self.threads:
-            if t is not threading.current_thread():
-                t.join(timeout=_JOIN_S)
-                if t.is_alive():
-                    log.warning("fastfeed decode worker did not stop within %.0f s", _JOIN_S)
-        self.threads = []
-        with self.cond:
-            self.results.clear()  # drop decoded batches nobody will take (frees their device memory)
-
-
-def _read_or_empty(dataset, i: int) -> np.ndarray:
-    try:
-        return np.frombuffer(dataset.read(i), dtype=np.uint8)
-    except (OSError, ValueError):
-        return np.empty(0, dtype=np.uint8)
 
 
 def _resolve_device(device, world: World) -> torch.device:

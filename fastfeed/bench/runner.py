@@ -108,12 +108,19 @@ class _Epochs:
 
 
 def run_loader(loader: Iterable, consumer: Callable, *, name: str, steps: int = 50, warmup: int = 10,
-               gpu_index: int | None = None, progress: bool = True, monitor_interval: float = 0.1) -> LoaderResult:
-    """Run `warmup` untimed steps then `steps` timed ones; returns per-step timings and resource use."""
+               gpu_index: int | None = None, progress: bool = True, monitor_interval: float = 0.1,
+               max_seconds: float | None = None) -> LoaderResult:
+    """Run `warmup` untimed steps then `steps` timed ones; returns per-step timings and resource use.
+
+    max_seconds: stop the timed steps early once this much wall time has passed (at least one step always runs),
+    so a benchmark can ask for "as many steps as fit in 40 s" on machines of any speed; `steps` is then the cap.
+    """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if max_seconds is not None and not max_seconds > 0:
+        raise ValueError(f"max_seconds must be > 0, got {max_seconds}")
     from tqdm import tqdm
 
     res = LoaderResult(name=name)
@@ -129,6 +136,7 @@ def run_loader(loader: Iterable, consumer: Callable, *, name: str, steps: int = 
         mon = SysMonitor(interval=monitor_interval, gpu_index=gpu_index).start()
         try:
             perf = time.perf_counter
+            deadline = perf() + max_seconds if max_seconds is not None else math.inf
             for _ in range(steps):
                 t0 = perf()
                 images, labels = epochs.next()
@@ -140,6 +148,8 @@ def run_loader(loader: Iterable, consumer: Callable, *, name: str, steps: int = 
                 res.samples.append(_batch_len(labels))
                 bar.update(1)
                 bar.set_postfix_str(f"{res.samples[-1] / max(t2 - t0, 1e-9):,.0f} samples/s", refresh=False)
+                if t2 >= deadline:
+                    break
         finally:
             mon.stop()
         res.monitor = mon.result()
