@@ -102,16 +102,22 @@ ACCEPTED = {"a_class/good.jpg", "a_class/same_name.jpg", "b_class/same_name.jpg"
             os.fsdecode(b"b_class/latin1_\xe9t\xe9.jpg")}
 
 
+def _pixels(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im)
+
+
 def _gif(img: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(img).save(buf, format="GIF")
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
-def test_bad_inputs_are_reported_and_good_ones_packed(tree, tmp_path, fmt):
+@pytest.mark.parametrize("fmt,jpeg_mode", [("wds", "keep"), ("lmdb", "keep"), ("wds", None), ("lmdb", None)])
+def test_bad_inputs_are_reported_and_good_ones_packed(tree, tmp_path, fmt, jpeg_mode):
     out = tmp_path / "out"
-    res = pack(str(tree), str(out), PackOptions(format=fmt, workers=2))
+    res = pack(str(tree), str(out), PackOptions(format=fmt, workers=2, jpeg_mode=jpeg_mode))
+    transcoding = res.manifest.options["jpeg_mode"] == "baseline"  # the default when built with libjpeg
     with open(out / "rejected.jsonl", encoding="ascii") as f:
         rejected = {os.path.relpath(r["path"], tree): r["reason"] for r in map(json.loads, f)}
     root_can_read = os.geteuid() == 0  # root ignores file permissions: then the file is simply packed
@@ -128,9 +134,16 @@ def test_bad_inputs_are_reported_and_good_ones_packed(tree, tmp_path, fmt):
         assert len(set(ds.keys.tolist())) == len(ds) == len(accepted)
         for i in range(len(ds)):
             with open(os.path.join(os.fsencode(tree), os.fsencode(str(ds.sources[i]))), "rb") as f:
-                assert ds.read(i) == f.read()
+                original = f.read()
+            if str(ds.sources[i]) == "a_class/progressive.jpg" and transcoding:
+                assert ds.transcoded[i] and ds.read(i) != original
+                assert np.array_equal(_pixels(ds.read(i)), _pixels(original))  # lossless
+            else:
+                assert not ds.transcoded[i] and ds.read(i) == original
         mix = ds.manifest.jpeg_mix
-        assert mix["not_jpeg"] == 3 and mix["progressive"] == 1
+        assert mix["not_jpeg"] == 3 and mix["progressive"] == (0 if transcoding else 1)
+        assert mix["baseline_not_hw"] == 1  # the CMYK JPEG: baseline, but the hardware decoder rejects it
+        assert ds.manifest.transcoded == int(transcoding)
     assert cli(["verify", str(out)]) == 0  # everything accepted really decodes
 
 

@@ -18,7 +18,8 @@ import json
 import os
 import time
 
-__all__ = ["BENCH_SCHEMA_VERSION", "REPORT_KEYS", "build_report", "format_table", "verdicts", "write_json"]
+__all__ = ["BENCH_SCHEMA_VERSION", "REPORT_KEYS", "build_report", "format_table", "settings_lines", "verdicts",
+           "write_json"]
 
 BENCH_SCHEMA_VERSION = 1
 REPORT_KEYS = ("schema_version", "fastfeed_version", "created_unix", "config", "machine", "consumer", "loaders",
@@ -35,18 +36,96 @@ def _machine(device: str | None) -> dict:
     return {"cpu_count": cpus, "torch_version": torch.__version__, "cuda_device": cuda}
 
 
-def verdicts(loaders: dict[str, dict], compute_step_p50: float | None) -> list[str]:
+_INPUT_BOUND = 0.10  # data-wait share above which the step is called input-bound
+_SATURATED = 0.85  # share of the usable cores above which a loader is called CPU-bound
+
+
+def _info(r: dict) -> dict:
+    return (r.get("loader_stats") or {}).get("info") or {}
+
+
+def _bottleneck(r: dict) -> str:
+    """Where a loader's time goes, from its resource use and stage timers, with the one change to try next."""
+    host = r.get("host") or {}
+    info = _info(r)
+    stages = (r.get("loader_stats") or {}).get("stages") or {}
+    busy, cpus = host.get("cpu_cores_busy") or 0.0, host.get("cpu_count") or 1
+    iowait, machine = host.get("iowait_frac"), host.get("system_cpu_busy_frac")
+    wall = r.get("wall_s") or 0.0
+    read_wait = (stages.get("read_wait") or {}).get("seconds", 0.0)
+    fastfeed = bool(info)
+    if iowait is not None and iowait > 0.20:
+        more = f" or raise reader_threads (now {info['reader_threads']})" if "reader_threads" in info else ""
+        return (f"storage-bound (iowait {iowait:.0%}): put the dataset on local SSD or let the page cache warm"
+                f"{more}")
+    if fastfeed and wall > 0 and read_wait > 0.25 * wall:
+        return (f"reads lag decoding ({read_wait:.1f} s of {wall:.1f} s waiting for the ring): raise reader_threads "
+                f"(now {info.get('reader_threads')}) or move the data to faster storage")
+    if busy >= _SATURATED * cpus:
+        if not fastfeed:
+            return (f"CPU-bound ({busy:.1f} of {cpus} cores busy in PIL decode + transforms): pack the folder "
+                    "(`fastfeed pack`) and use fastfeed.Loader")
+        if info.get("decoder") == "dali":
+            return (f"CPU-bound ({busy:.1f} of {cpus} cores busy): raise hw_decoder_load (now "
+                    f"{info.get('hw_decoder_load')}) to move more JPEGs onto the GPU's hardware decoder")
+        return (f"CPU-bound ({busy:.1f} of {cpus} cores busy decoding on the CPU): decode on the GPU "
+                "(device='cuda', decoder='dali'), give the job more cores, or pack smaller images "
+                "(`fastfeed pack --max-side 512`)")
+    if machine is not None and machine > 0.90:
+        return (f"other processes hold the CPU (machine {machine:.0%} busy, this loader {busy:.1f} of {cpus} "
+                "cores): numbers are low; measure again on an idle machine")
+    if not fastfeed:
+        return f"only {busy:.1f} of {cpus} cores busy: raise --torch-workers"
+    return (f"only {busy:.1f} of {cpus} cores busy: raise num_threads (now {info.get('num_threads')}), "
+            f"pipelines (now {info.get('pipelines')}) or prefetch (now {info.get('prefetch')})")
+
+
+def verdicts(loaders: dict[str, dict], compute_step_p50: float | None, consumer: str | None = None) -> list[str]:
+    """One sentence per loader: is the step waiting for data, what it could gain, and what to change next."""
     out = []
     for name, r in loaders.items():
         wf = r["wait_fraction"]
-        s = f"{name}: the step waits for data {100 * wf:.0f}% of the time"
-        if compute_step_p50 and compute_step_p50 > 0:
-            gain = r["step_s"]["p50"] / compute_step_p50
-            s += f"; with resident data the step would be {gain:.2f}x faster (p50 {r['step_s']['p50'] * 1e3:.1f} ms"
-            s += f" vs {compute_step_p50 * 1e3:.1f} ms)"
-        s += " -> input-bound." if wf > 0.10 else " -> compute-bound (the loader keeps up)."
+        if consumer == "none" or (consumer is None and not compute_step_p50):
+            out.append(f"{name}: {r['samples_per_s']:,.0f} samples/s with no training step (pure loader "
+                       f"throughput: the most a step can get from it); {_bottleneck(r)}.")
+            continue
+        s = f"{name}: data-wait {100 * wf:.0f}%"
+        if wf > _INPUT_BOUND:
+            s += ": the loader can't keep up"
+            if compute_step_p50 and compute_step_p50 > 0:
+                gain = r["step_s"]["p50"] / compute_step_p50
+                s += (f"; with resident data the step would be {gain:.2f}x faster (p50 {r['step_s']['p50'] * 1e3:.1f}"
+                      f" ms vs {compute_step_p50 * 1e3:.1f} ms)")
+            s += f"; {_bottleneck(r)}."
+        else:
+            s += ": compute-bound, the loader keeps up; a faster loader will not speed this step up."
         out.append(s)
     return out
+
+
+def settings_lines(loaders: dict[str, dict]) -> list[str]:
+    """The settings each fastfeed loader ran with (from `loader.stats()["info"]`), and its autotune table."""
+    lines = []
+    for name, r in loaders.items():
+        info = _info(r)
+        if not info:
+            continue
+        keys = ["decoder", "device", "num_threads", "pipelines", "reader_threads", "prefetch", "pinned"]
+        if info.get("decoder") == "dali":
+            keys.insert(4, "hw_decoder_load")  # meaningful for the GPU decoder only
+        parts = [f"{k}={info[k]}" for k in keys if k in info]
+        lines.append(f"{name} settings: {' '.join(parts)}")
+        table = info.get("autotune")
+        if table:
+            chosen = (info.get("hw_decoder_load"), info.get("num_threads"), info.get("pipelines"))
+            for row in table:
+                rate = row.get("images_per_s")
+                what = f"{rate:,.0f} img/s" if rate is not None else f"failed: {row.get('error')}"
+                mark = "  <- chosen" if (row.get("hw_decoder_load"), row.get("num_threads"),
+                                          row.get("pipelines")) == chosen else ""
+                lines.append(f"  autotune hw_decoder_load={row.get('hw_decoder_load')} "
+                             f"num_threads={row.get('num_threads')} pipelines={row.get('pipelines')}: {what}{mark}")
+    return lines
 
 
 def build_report(config: dict, loaders: dict[str, dict], consumer: str,
@@ -75,7 +154,7 @@ def build_report(config: dict, loaders: dict[str, dict], consumer: str,
         },
         "loaders": loaders,
         "comparison": comparison,
-        "verdict": verdicts(loaders, p50),
+        "verdict": verdicts(loaders, p50, consumer),
     }
     return report
 
@@ -125,6 +204,7 @@ def format_table(report: dict) -> str:
     if cons["compute_only_step_s"]:
         lines.append(f"consumer {cons['name']} on resident data: {cons['compute_only_step_s']['p50']:.4f} s/step p50"
                      f" ({cons['compute_only_samples_per_s']:,.1f} samples/s ceiling)")
+    lines.extend(settings_lines(loaders))
     cmp = report["comparison"]
     if cmp and cmp["samples_per_s_ratio"] is not None:
         lines.append(f"fastfeed / torch throughput: {cmp['samples_per_s_ratio']:.2f}x")

@@ -30,6 +30,9 @@ class BenchConfig:
     channels_last: bool = False
     num_threads: int | str | None = None
     prefetch: int | None = None
+    pipelines: int | None = None
+    reader_threads: int | None = None
+    hw_decoder_load: float | None = None
     train: bool = True
     steps: int = 50
     warmup: int = 10
@@ -46,6 +49,11 @@ class BenchConfig:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("prefetch", "pipelines", "reader_threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.hw_decoder_load is not None and not 0.0 <= self.hw_decoder_load <= 1.0:
+            raise ValueError(f"hw_decoder_load must be in [0, 1], got {self.hw_decoder_load}")
         if self.compare not in (None, "torch"):
             raise ValueError(f"--compare supports only 'torch', got {self.compare!r}")
 
@@ -91,8 +99,10 @@ def _fastfeed_factory(cfg: BenchConfig, device: str) -> Callable[[], Iterable]:
 
         return fastfeed.Loader(cfg.dataset, batch_size=cfg.batch_size, train=cfg.train, image_size=cfg.image_size,
                                device=device, decoder=cfg.decoder, dtype=_torch_dtype(cfg.dtype),
-                               channels_last=cfg.channels_last, seed=cfg.seed, num_threads=cfg.num_threads,
-                               prefetch=cfg.prefetch)
+                               channels_last=cfg.channels_last, seed=cfg.seed,
+                               num_threads="auto" if cfg.num_threads is None else cfg.num_threads,
+                               prefetch=cfg.prefetch, pipelines=cfg.pipelines, reader_threads=cfg.reader_threads,
+                               hw_decoder_load=cfg.hw_decoder_load)
 
     return make
 

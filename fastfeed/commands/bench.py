@@ -27,12 +27,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before measuring (default 10)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--decoder", default="auto", help="Loader decoder: auto|dali|cpu (default auto)")
+    p.add_argument("--decoder", choices=("auto", "dali", "cpu", "cpu-pil", "cpu-dali"), default="auto",
+                   help="Loader decoder (default auto: dali on a GPU, else the fastest CPU decoder)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=DTYPES, default="float16")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--num-threads", type=_threads, default=None, help="Loader num_threads: N or auto")
     p.add_argument("--prefetch", type=int, default=None, help="Loader prefetch depth (batches)")
+    p.add_argument("--pipelines", type=int, default=None, help="Loader decode pipelines side by side")
+    p.add_argument("--reader-threads", type=int, default=None, help="Loader ring reader threads (default 4)")
+    p.add_argument("--hw-decoder-load", type=float, default=None,
+                   help="Loader share of JPEGs for the GPU hardware decoder (DALI)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--train", dest="train", action="store_true", default=True,
                       help="random-resized-crop + flip (default)")
@@ -56,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = BenchConfig(dataset=args.dataset, images=args.images, batch_size=args.batch_size,
                       image_size=args.image_size, decoder=args.decoder, device=args.device, dtype=args.dtype,
                       channels_last=args.channels_last, num_threads=args.num_threads, prefetch=args.prefetch,
+                      pipelines=args.pipelines, reader_threads=args.reader_threads,
+                      hw_decoder_load=args.hw_decoder_load,
                       train=args.train, steps=args.steps, warmup=args.warmup, consumer=args.consumer,
                       compare=args.compare, torch_workers=args.torch_workers, seed=args.seed)
     try:

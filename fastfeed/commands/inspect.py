@@ -15,6 +15,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def summarize(m) -> str:
     st = m.image_stats
+    failed = m.extra.get("jpeg_actions", {}).get("transcode_failed", 0)
     lines = [
         f"kind:        {m.kind} (format version {m.version}, {m.created_by})",
         f"samples:     {m.num_samples} in {len(m.shards)} file(s), {st['bytes']['total'] / 1e6:.1f} MB"
@@ -23,7 +24,10 @@ def summarize(m) -> str:
                                             if m.classes else ""),
         f"image size:  width {st['width']['min']}-{st['width']['max']} (mean {st['width']['mean']:.0f}), "
         f"height {st['height']['min']}-{st['height']['max']} (mean {st['height']['mean']:.0f})",
-        "jpeg mix:    " + ", ".join(f"{k} {v}" for k, v in m.jpeg_mix.items() if v) + f"; transcoded {m.transcoded}",
+        "jpeg mix:    " + (", ".join(f"{k} {v}" for k, v in m.jpeg_mix.items() if v) or "none"),
+        f"jpeg mode:   {m.options.get('jpeg_mode', '?')}; transcoded {m.transcoded}"
+        + (f"; stored untouched after a failed transcode {failed}" if failed else "")
+        + (f" ({m.options['jpeg_note']})" if m.options.get("jpeg_note") else ""),
         f"rejected:    {m.rejected}",
         f"source:      {m.source} ({m.source_kind})",
     ]

@@ -19,9 +19,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shuffle-seed", type=int, default=0, help="pack-time shuffle seed (default 0)")
     p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
     p.add_argument("--workers", type=int, default=None, help="reader threads (default: all cores)")
-    p.add_argument("--jpeg", choices=("keep", "baseline", "reencode"), default="keep",
-                   help="keep bytes; losslessly transcode progressive/arithmetic JPEGs to baseline; or also "
-                        "re-encode what the GPU hardware decoder cannot take (see fastfeed/jpeg.py)")
+    p.add_argument("--jpeg", choices=("keep", "baseline", "reencode"), default=None,
+                   help="baseline (default when built with libjpeg, else keep): losslessly transcode progressive/"
+                        "arithmetic JPEGs to baseline for the GPU hardware decoder (identical pixels); keep: store "
+                        "bytes untouched; reencode: also re-encode, lossily, what that decoder cannot take "
+                        "(see fastfeed/jpeg.py)")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality for re-encoded images (default 90)")
     p.add_argument("--max-side", type=int, default=None,
                    help="re-encode images whose longer side exceeds N pixels to JPEG at --quality")

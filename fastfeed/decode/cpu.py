@@ -13,7 +13,11 @@ Per sample, on a thread pool (PIL and the numba kernel both release the GIL):
   4. a numba kernel flips, normalizes through a [3, 256] lookup table of the output dtype's bit patterns (exact, and
      float16/bfloat16 need no float16 support in numba) and writes CHW or HWC straight into the batch tensor.
 
-Output buffers: with device="cpu" each call returns a freshly allocated tensor (nothing is overwritten later).
+Output buffers: with device="cpu" a batch is written into memory of an earlier batch only once nothing references
+that memory any more (no tensor, view or numpy array: torch's storage use count, the check torch's own CUDA graph
+trees make), else into a new tensor; so nothing handed out is ever overwritten. Recycling matters: a fresh
+multi-MB tensor is fresh mmap'd memory, and the page faults on first write made the numba kernel 4x slower
+(0.28 vs 0.07 ms per 224 px float32 image on the 2-core box).
 With a CUDA device the batch is built in one of two pinned staging buffers and copied on torch's current stream;
 a staging buffer is reused only after the CUDA event recorded behind its copy has completed.
 """
@@ -32,6 +36,18 @@ from fastfeed.decode.params import Windows
 __all__ = ["PilDecoder", "decode_rgb"]
 
 _STAGING_BUFFERS = 2
+_MAX_RECYCLED = 8  # CPU output buffers kept for reuse: consumer + prefetch + pipelines in flight, with room
+
+
+def _storage_users(t) -> int | None:
+    """How many tensors/arrays hold t's memory (with the temporary reference this call makes); None when this torch
+    has no such count, and then nothing is recycled."""
+    import torch
+
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return None
+    return int(use_count(t.untyped_storage()._cdata))
 
 
 @numba.njit(nogil=True, cache=True)
@@ -153,6 +169,7 @@ class PilDecoder:
         self._lut = _make_lut(self._dtype_name, mean, std)
         self._pool = ThreadPoolExecutor(max_workers=int(num_threads), thread_name_prefix="fastfeed-decode")
         self._staging: list = []  # (pinned tensor, event or None) when the output goes to a CUDA device
+        self._recycle: list = []  # (CPU output tensor, its use count when only this list holds it)
         self._next_staging = 0
         self._batch_size = int(batch_size)
         self._draft = float(draft_min_scale) if draft else None
@@ -167,9 +184,19 @@ class PilDecoder:
         shape = (n, S, S, 3) if self.channels_last else (n, 3, S, S)
         return torch.empty(shape, dtype=self.dtype, pin_memory=pinned)
 
+    def _cpu_output(self, n: int):
+        for t, idle in self._recycle:
+            if t.shape[0] >= n and _storage_users(t) == idle:
+                return t[:n]
+        t = self._alloc(max(n, self._batch_size), pinned=False)
+        idle = _storage_users(t)
+        if idle is not None and len(self._recycle) < _MAX_RECYCLED:
+            self._recycle.append((t, idle))
+        return t[:n]
+
     def _host_buffer(self, n: int):
         if self.device.type == "cpu":
-            return self._alloc(n, pinned=False), None
+            return self._cpu_output(n), None
         if not self._staging:
             self._staging = [[None, None] for _ in range(_STAGING_BUFFERS)]
         slot = self._staging[self._next_staging]
@@ -229,6 +256,7 @@ class PilDecoder:
             self._closed = True
             self._pool.shutdown(wait=True)
             self._staging = []
+            self._recycle = []
 
     def __enter__(self):
         return self

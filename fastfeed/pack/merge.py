@@ -85,7 +85,7 @@ def merge(out: str) -> Manifest:
         class_to_idx=dict(first.class_to_idx),
         shards=shards,
         image_stats=tbl.image_stats(table, table["size"]),
-        jpeg_mix=tbl.jpeg_mix(table["jpeg"]),
+        jpeg_mix=tbl.jpeg_mix(table["jpeg"], table.get("hw_decodable")),
         transcoded=int(table["transcoded"].sum()),
         rejected=len(rejected_lines),
         source=first.source,
@@ -93,11 +93,21 @@ def merge(out: str) -> Manifest:
         options=options,
         part=None,
         created_by=first.created_by,
-        extra={"merged_from": [n for n, _ in parts],
+        extra={**_merged_notes(parts), "merged_from": [n for n, _ in parts],
                "parts_sha256": hashlib.sha256("".join(s.sha256 for s in shards).encode()).hexdigest()},
     )
     tbl.write_manifest(out, manifest)
     return manifest
+
+
+def _merged_notes(parts) -> dict:
+    """The parts' transcode_failed reports, joined (see fastfeed/pack/run.py `_finish`)."""
+    failed = [f for _, m in parts for f in m.extra.get("transcode_failed", [])]
+    counts: dict[str, int] = {}
+    for _, m in parts:
+        for k, v in m.extra.get("jpeg_actions", {}).items():
+            counts[k] = counts.get(k, 0) + int(v)
+    return {"jpeg_actions": counts, "transcode_failed": failed} if counts else {}
 
 
 def _merge_lmdb(out: str, sources: list[str]) -> None:

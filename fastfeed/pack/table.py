@@ -2,6 +2,7 @@
 
 `samples.npz` columns (all plain dtypes, read with `allow_pickle=False`):
     key U (fixed width), label int64, width/height int32, jpeg uint8 (fastfeed.jpeg kind code), transcoded bool,
+    hw_decodable bool (the GPU hardware JPEG decoder takes the stored bytes: fastfeed.jpeg.ImageInfo),
     size int64 (stored image bytes), source U (path relative to the source root, for reports);
     WebDataset only: shard int32, offset int64 (image member data inside the tar, `size` bytes long),
     meta_offset/meta_size int64 (the `.json` member, -1/0 when absent).
@@ -23,7 +24,7 @@ __all__ = ["COLUMNS", "new_rows", "rows_to_table", "write_table", "write_rejecte
 
 COLUMNS = {
     "key": None, "label": np.int64, "width": np.int32, "height": np.int32, "jpeg": np.uint8,
-    "transcoded": np.bool_, "size": np.int64, "source": None,
+    "transcoded": np.bool_, "hw_decodable": np.bool_, "size": np.int64, "source": None,
 }
 WDS_COLUMNS = {"shard": np.int32, "offset": np.int64, "meta_offset": np.int64,
                "meta_size": np.int64}
@@ -76,6 +77,11 @@ def image_stats(table: dict[str, np.ndarray], sizes: np.ndarray) -> dict:
     }
 
 
-def jpeg_mix(kinds: np.ndarray) -> dict[str, int]:
+def jpeg_mix(kinds: np.ndarray, hw_decodable: np.ndarray | None = None) -> dict[str, int]:
+    """Counts by fastfeed.jpeg kind name, plus `baseline_not_hw` (baseline JPEGs the hardware decoder still
+    rejects: CMYK/YCCK/RGB, odd subsampling) when the per-sample `hw_decodable` column is known."""
     counts = np.bincount(kinds.astype(np.int64), minlength=len(jpeg.KIND_NAMES))
-    return {jpeg.KIND_NAMES[code]: int(counts[code]) for code in sorted(jpeg.KIND_NAMES)}
+    mix = {jpeg.KIND_NAMES[code]: int(counts[code]) for code in sorted(jpeg.KIND_NAMES)}
+    if hw_decodable is not None:
+        mix["baseline_not_hw"] = int(np.count_nonzero((kinds == jpeg.KIND_BASELINE) & ~hw_decodable.astype(bool)))
+    return mix

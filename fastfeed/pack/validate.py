@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from fastfeed import jpeg
 
-__all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS"]
+__all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS"]
 
 SUPPORTED_FORMATS = ("jpeg", "png")
 EXTENSIONS = {"jpeg": "jpg", "png": "png"}
@@ -44,12 +44,18 @@ class LoadOptions:
 
 @dataclass(frozen=True)
 class Loaded:
+    """An accepted image. `data` is bytes-like (a memoryview into the batch reader's buffer, or bytes);
+    `note` says why the bytes were stored untouched although the mode asked for a change (e.g. libjpeg found
+    corrupt data while transcoding: DALI and PIL may still decode what libjpeg's strict mode refuses)."""
+
     data: bytes
     ext: str
     width: int
     height: int
     jpeg_kind: int
     transcoded: bool
+    hw_decodable: bool = False
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,28 +63,60 @@ class Rejected:
     reason: str
 
 
+# Header probes copy only this much: JPEG headers are a few KB unless they carry a large EXIF thumbnail or ICC
+# profile, and then the probe simply retries on the whole file.
+_PROBE_BYTES = 16 << 10
+_TAIL_BYTES = 512
+
+
 def load_image(path: str, opts: LoadOptions) -> Loaded | Rejected:
     data = _read(path)
     if isinstance(data, Rejected):
         return data
-    fmt = _sniff(data)
+    return check_image(data, opts)
+
+
+def check_image(data, opts: LoadOptions) -> Loaded | Rejected:
+    """Validate (and, per `opts`, convert) one image held in `data` (bytes or a memoryview). Never raises on
+    bad image bytes: every problem becomes a Rejected reason."""
+    if not len(data):
+        return Rejected("empty file (0 bytes)")
+    fmt = _sniff(bytes(data[:16]))
     if fmt not in SUPPORTED_FORMATS:
         return Rejected(f"unsupported format: {fmt}" if fmt else "not an image (unknown file signature)")
     try:
-        info = jpeg.probe(data)
+        info = _probe(data)
     except jpeg.ImageProbeError as e:
         return Rejected(f"bad image header: {e}")
     if info.width * info.height > opts.max_pixels:
         return Rejected(f"decompression bomb: {info.width}x{info.height} pixels exceeds the limit of "
                         f"{opts.max_pixels} (--max-pixels)")
-    if fmt == "jpeg" and not data.rstrip(b"\x00\r\n ").endswith(b"\xff\xd9"):
+    if fmt == "jpeg" and not _tail(data).endswith(b"\xff\xd9"):
         return Rejected("truncated JPEG (no end-of-image marker)")
-    if fmt == "png" and not data.endswith(_PNG_END):
+    if fmt == "png" and not bytes(data[-len(_PNG_END):]) == _PNG_END:
         return Rejected("truncated PNG (no IEND chunk at the end)")
     return _maybe_convert(data, fmt, info, opts)
 
 
-def _read(path: str) -> bytes | Rejected:
+def _probe(data) -> jpeg.ImageInfo:
+    try:
+        return jpeg.probe(bytes(data[:_PROBE_BYTES]))
+    except jpeg.ImageProbeError:
+        if len(data) <= _PROBE_BYTES:
+            raise
+    return jpeg.probe(bytes(data))
+
+
+def _tail(data) -> bytes:
+    """The file's last bytes without trailing zero/whitespace padding (some writers pad after EOI)."""
+    tail = bytes(data[-_TAIL_BYTES:]).rstrip(b"\x00\r\n ")
+    if not tail and len(data) > _TAIL_BYTES:
+        tail = bytes(data).rstrip(b"\x00\r\n ")
+    return tail
+
+
+def stat_size(path: str) -> int | Rejected:
+    """The size of a readable regular image file, or why it is rejected before reading."""
     try:
         st = os.stat(path)
     except OSError as e:
@@ -90,6 +128,13 @@ def _read(path: str) -> bytes | Rejected:
         return Rejected("empty file (0 bytes)")
     if st.st_size > MAX_FILE_BYTES:
         return Rejected(f"file too large ({st.st_size} bytes)")
+    return st.st_size
+
+
+def _read(path: str) -> bytes | Rejected:
+    size = stat_size(path)
+    if isinstance(size, Rejected):
+        return size
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -127,24 +172,31 @@ def _sniff(data: bytes) -> str | None:
     return None
 
 
-def _maybe_convert(data: bytes, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions) -> Loaded | Rejected:
+def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions) -> Loaded | Rejected:
     if opts.max_side and max(info.width, info.height) > opts.max_side:
         try:
-            out, w, h = _downscale(data, opts.max_side, opts.quality)
+            out, w, h = _downscale(bytes(data), opts.max_side, opts.quality)
             new = jpeg.probe(out)
         except (OSError, ValueError, SyntaxError, EOFError) as e:
             return Rejected(f"cannot decode image for --max-side re-encoding: {type(e).__name__}: {e}")
-        return Loaded(out, "jpg", w, h, new.jpeg_kind, True)
-    if opts.jpeg_mode == "keep":
-        return Loaded(data, EXTENSIONS[fmt], info.width, info.height, info.jpeg_kind, False)
+        return Loaded(out, "jpg", w, h, new.jpeg_kind, True, new.hw_decodable)
+    kept = Loaded(data, EXTENSIONS[fmt], info.width, info.height, info.jpeg_kind, False, info.hw_decodable)
+    if opts.jpeg_mode == "keep" or (info.hw_decodable and opts.jpeg_mode in jpeg.PREPARE_MODES):
+        return kept
     try:
-        out, action = jpeg.prepare(data, opts.jpeg_mode, opts.quality, info=info)
-    except (jpeg.ImageProbeError, jpeg.JpegTranscodeError) as e:
-        return Rejected(f"cannot transcode: {e}")
+        out, action = jpeg.prepare(bytes(data), opts.jpeg_mode, opts.quality, info=info)
+    except jpeg.JpegTranscodeError as e:
+        # libjpeg's strict mode turns "Corrupt JPEG data" warnings into errors; the file still decodes in PIL
+        # and DALI (the probe and end marker passed), so store it untouched rather than lose a sample.
+        return Loaded(data, kept.ext, kept.width, kept.height, kept.jpeg_kind, False, kept.hw_decodable,
+                      note=f"transcode_failed: {e}")
+    except jpeg.ImageProbeError as e:
+        return Rejected(f"cannot re-encode: {e}")
     if action == "kept":
-        return Loaded(data, EXTENSIONS[fmt], info.width, info.height, info.jpeg_kind, False)
+        return kept
     new = jpeg.probe(out)
-    return Loaded(out, EXTENSIONS.get(new.format, new.format), new.width, new.height, new.jpeg_kind, True)
+    return Loaded(out, EXTENSIONS.get(new.format, new.format), new.width, new.height, new.jpeg_kind, True,
+                  new.hw_decodable)
 
 
 def _downscale(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:
