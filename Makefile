@@ -34,7 +34,7 @@ demo: setup
 	$(BIN)/fastfeed pack $(DATA)/sample $(DATA)/sample-lmdb --format lmdb --overwrite
 	$(BIN)/fastfeed verify $(DATA)/sample-wds
 	$(BIN)/fastfeed verify $(DATA)/sample-lmdb
-	$(BIN)/fastfeed bench $(DATA)/sample-wds --steps 30 --batch-size 64 --compare torch
+	$(BIN)/fastfeed bench $(DATA)/sample-wds --steps 100 --batch-size 64 --compare torch
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -287,7 +287,9 @@ class Loader:
         kind = self._decoder_kind
 
         def build(hw, threads):
-            return make_decoder(kind, num_threads=threads, hw_decoder_load=hw, **common)
+            # JPEG draft mode (DCT-domain downscaling) only pays in train mode on large images (16-30% faster
+            # on ~1,500 px photos, no change on ImageNet-sized ones); eval keeps exact torchvision parity.
+            return make_decoder(kind, num_threads=threads, hw_decoder_load=hw, draft=self.train, **common)
 
         if kind == "dali" and auto:
             from fastfeed import tuning
@@ -336,13 +338,16 @@ def _resolve_device(device, world: World) -> torch.device:
 
 
 def _resolve_decoder(decoder: str, device: torch.device) -> str:
+    """The concrete decoder kind, so stats() says which one actually runs."""
     if decoder not in ("auto", "dali", "cpu", "cpu-pil", "cpu-dali"):
         raise ValueError(f"decoder must be 'auto', 'dali', 'cpu', 'cpu-pil' or 'cpu-dali', got {decoder!r}")
-    if decoder != "auto":
-        return decoder
-    if device.type == "cuda" and _dali_available():
-        return "dali"
-    return "cpu"
+    if decoder == "auto":
+        decoder = "dali" if device.type == "cuda" and _dali_available() else "cpu"
+    if decoder == "cpu":
+        from fastfeed.decode import CPU_DEFAULT
+
+        decoder = CPU_DEFAULT
+    return decoder
 
 
 def _dali_available() -> bool:

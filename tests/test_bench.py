@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fastfeed.decode import CPU_DEFAULT
 from fastfeed.bench.plot import plot_report
 from fastfeed.bench.report import REPORT_KEYS, format_table, write_json
 from fastfeed.bench.runner import PERCENTILE_KEYS, RESULT_KEYS, run_loader
@@ -192,7 +193,7 @@ def test_run_bench_real_loader_against_torch(wds_path, demo_tree):
     _finite_numbers(report)
     ff = report["loaders"]["fastfeed"]["loader_stats"]
     info = ff["info"]
-    assert info["decoder"] == "cpu" and info["num_threads"] == 2 and info["pipelines"] == 1
+    assert info["decoder"] == CPU_DEFAULT and info["num_threads"] == 2 and info["pipelines"] == 1
     # The delta covers the timed steps only: at least those samples were decoded, at most the prefetched ones more.
     assert steps * batch <= ff["counters"]["samples"] <= (steps + 2 + info["prefetch"] + 2) * batch
     assert report["loaders"]["torch"]["loader_stats"] is None
@@ -202,7 +203,7 @@ def test_run_bench_real_loader_against_torch(wds_path, demo_tree):
     assert len(report["verdict"]) == 2
     assert report["verdict"][0].startswith("fastfeed: ") and "samples/s" in report["verdict"][0]
     table = format_table(report)
-    assert "fastfeed settings: decoder=cpu device=cpu num_threads=2 pipelines=1" in table
+    assert f"fastfeed settings: decoder={CPU_DEFAULT} device=cpu num_threads=2 pipelines=1" in table
     assert "hw_decoder_load" not in table  # a DALI-only setting is not shown for a CPU decoder
     assert "fastfeed / torch throughput:" in table
 
@@ -214,7 +215,7 @@ def test_cli_bench_compare_writes_json_and_png(wds_path, tmp_path, capsys):
                "--json", str(out_json), "--plot", str(out_png), "--no-progress"])
     printed = capsys.readouterr().out
     assert rc == 0
-    assert "fastfeed settings: decoder=cpu" in printed and "fastfeed / torch throughput" in printed
+    assert f"fastfeed settings: decoder={CPU_DEFAULT}" in printed and "fastfeed / torch throughput" in printed
     report = json.loads(out_json.read_text())  # written with allow_nan=False
     assert tuple(report) == REPORT_KEYS and tuple(report["config"]) == CONFIG_KEYS
     for r in report["loaders"].values():

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from fastfeed import IMAGENET_MEAN, IMAGENET_STD, open_dataset, sampling
+from fastfeed.decode import CPU_DEFAULT
 from fastfeed.decode.samples import torchvision_eval_reference
 from fastfeed.demo_data import make_dataset
 from fastfeed.loader import Loader, LoaderError
@@ -462,7 +463,7 @@ def test_stats_count_samples_exactly(wds_path):
         assert s["stages"]["decode"]["count"] == 160 and s["stages"]["decode"]["seconds"] > 0
         assert s["stages"]["wait"]["count"] == 7
         assert s["skipped"]["total"] == 0
-        assert s["info"]["decoder"] == "cpu" and s["info"]["num_threads"] == 1
+        assert s["info"]["decoder"] == CPU_DEFAULT and s["info"]["num_threads"] == 1
         json.dumps(s)
         collect(L)
         assert L.stats()["counters"]["samples"] == 320
