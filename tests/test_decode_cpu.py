@@ -152,3 +152,39 @@ def test_make_decoder_rejects_bad_arguments():
         make_decoder("cpu-pil", device="cpu", on_error="ignore")
     with pytest.raises(ValueError):
         make_decoder("dali", device="cpu")
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cpu_decoder_recycles_output_memory_only_after_release(demo_tree, channels_last):
+    """The CPU decoder reuses output memory (fresh pages cost 4x in the kernel); a batch anyone still holds, or
+    holds a view of, must never be overwritten."""
+    files = sorted(demo_tree.rglob("*.jpg"))[:16]
+    data = [np.fromfile(p, dtype=np.uint8) for p in files]
+    sizes = []
+    for p in files:
+        with Image.open(p) as im:
+            sizes.append(im.size)
+    W, H = np.array([s[0] for s in sizes]), np.array([s[1] for s in sizes])
+
+    def batch(k):
+        ids = np.arange(4 * k, 4 * k + 4) % len(data)
+        win = crop_windows(W[ids], H[ids], ids, seed=0, epoch=k, train=True, image_size=32)
+        return [data[i] for i in ids], win
+
+    dec = make_decoder("cpu-pil", device="cpu", image_size=32, batch_size=4, dtype=torch.float32,
+                       channels_last=channels_last, num_threads=2)
+    try:
+        held = dec(*batch(0)).images
+        view = dec(*batch(1)).images[1:3]  # only a view of batch 1 survives
+        held_copy, view_copy = held.clone(), view.clone()
+        ptrs = set()
+        for k in range(2, 12):
+            out = dec(*batch(k)).images
+            ptrs.add(out.untyped_storage().data_ptr())
+            del out
+        assert torch.equal(held, held_copy) and torch.equal(view, view_copy)
+        assert held.untyped_storage().data_ptr() not in ptrs
+        assert view.untyped_storage().data_ptr() not in ptrs
+        assert len(ptrs) == 1  # released batches are written into the same memory again
+    finally:
+        dec.close()
