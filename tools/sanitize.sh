@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the ring tests against sanitizer builds of the native core (`make test-sanitize`).
+# Runs the native core's tests (ring, JPEG transcoder) against sanitizer builds of the native core (`make test-sanitize`).
 #
 #   tools/sanitize.sh [address|thread|all]     (default: all)
 #
@@ -14,7 +14,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$root/.venv/bin/python}
 [ -x "$py" ] || py=python3
 which=${1:-all}
-tests=("$root/tests/test_ring.py" "$root/tests/test_ring_shutdown.py")
+# the native core: the ring, and the JPEG transcoder (transcode_many runs its own threads)
+tests=("$root/tests/test_ring.py" "$root/tests/test_ring_shutdown.py" "$root/tests/test_jpeg_transcode.py")
 
 run_variant() {
     local name=$1 flags=$2 runtime tmp log status
@@ -47,7 +48,7 @@ run_variant() {
     # Run from $tmp: `python -c` and `python -m` put the working directory first on sys.path.
     (cd "$tmp" && env "${env[@]}" "$py" -c "import fastfeed._native as n, sys; sys.exit(0 if n.__file__.startswith('$tmp') else \
         f'sanitize: imported {n.__file__}, not the instrumented build in $tmp')")
-    echo "== sanitize [$flags]: tests/test_ring.py tests/test_ring_shutdown.py"
+    echo "== sanitize [$flags]: ${tests[*]#$root/}"
     status=0
     (cd "$tmp" && env "${env[@]}" "$py" -m pytest -q -p no:cacheprovider "${tests[@]}") >"$log" 2>&1 || status=$?
     cat "$log"
