@@ -69,7 +69,7 @@ class EpochRun:
             if k is None:
                 return
             if not self._wait_for_room(k):
-                if not isinstance(slot, BaseException) and slot is not None:
+                if not isinstance(slot, BaseException):
                     slot.release()
                 return
             try:
@@ -83,7 +83,8 @@ class EpochRun:
                 return
 
     def _take(self):
-        """(position, ring batch or the RingReadError it raised); (None, None) when the epoch is dispatched."""
+        """(position, ring batch or the exception the ring raised for it); (None, None) when the epoch is
+        dispatched or stopping. Errors are returned, not raised, so they reach the consumer at their position."""
         ring = self.loader._ring
         with self.ring_lock:
             if self.dispatched >= self.plan.num_batches:
@@ -96,13 +97,13 @@ class EpochRun:
                         break
                     except TimeoutError:
                         continue
-                    except RingReadError as exc:
+                    except Exception as exc:  # noqa: BLE001 - RingReadError (maybe skipped) or fatal
                         slot = exc
                         break
                 else:
                     return None, None
             if slot is None:
-                raise LoaderError(f"the ring ended after {k} of {self.plan.num_batches} batches")
+                slot = LoaderError(f"the ring ended after {k} of {self.plan.num_batches} batches")
             self.dispatched += 1
             return k, slot
 
@@ -117,6 +118,8 @@ class EpochRun:
 
     def _produce(self, k: int, slot, decoder, stream):
         L = self.loader
+        if isinstance(slot, BaseException) and not isinstance(slot, RingReadError):
+            raise slot
         if isinstance(slot, RingReadError):
             if L.on_error == "raise":
                 raise slot

@@ -484,3 +484,15 @@ def test_shard_order_reads_whole_shards_and_each_sample_once(wds_path):
     # Locality: consecutive reads come from few distinct shards (a global shuffle would hop across all of them).
     window = shard_of[plan.indices[:32]]
     assert len(set(window.tolist())) <= 4 < len(set(shard_of.tolist()))
+
+
+def test_a_fatal_ring_error_reaches_the_training_loop_at_its_batch(wds_path):
+    """If the ring itself fails mid-epoch (here: closed under the iteration), the consumer gets an error naming
+    the cause at the next batch instead of waiting forever."""
+    with make_loader(wds_path, drop_last=False) as L:
+        it = iter(L)
+        next(it)
+        L._ring.close()  # white-box: the ring dies while workers still want batches
+        with pytest.raises(LoaderError, match="RingClosedError"):
+            for _ in range(len(L)):
+                next(it)
