@@ -89,19 +89,16 @@ def measure(name, factory, consumer, args, extra=None) -> dict | None:
     return r
 
 
-def fastfeed_factory(path, hw, threads, args, **kw):
-    import fastfeed
-
-    return lambda: fastfeed.Loader(path, batch_size=args.batch_size, train=True, image_size=224,
-                                   device=args.device, decoder="dali" if args.device == "cuda" else "cpu-dali",
-                                   dtype=torch.float16, num_threads=threads, hw_decoder_load=hw, **kw)
-
-
 def fastfeed_auto(path, args, **kw):
     import fastfeed
 
     return lambda: fastfeed.Loader(path, batch_size=args.batch_size, train=True, image_size=224,
                                    device=args.device, dtype=torch.float16, **kw)
+
+
+def fastfeed_factory(path, hw, threads, args, **kw):
+    decoder = "dali" if args.device == "cuda" else "cpu-dali"
+    return fastfeed_auto(path, args, decoder=decoder, num_threads=threads, hw_decoder_load=hw, **kw)
 
 
 def dali_factory(source, root, hw, threads, args):

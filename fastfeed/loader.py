@@ -37,7 +37,7 @@ import torch
 
 from fastfeed import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed import sampling
-from fastfeed.decode import make_decoder
+from fastfeed.decode import make_decoder, resolve_kind
 from fastfeed.epoch import EpochRun, LoaderError
 from fastfeed.formats import open_dataset
 from fastfeed.ring import PrefetchRing
@@ -112,9 +112,10 @@ class Loader:
         self._labels = torch.from_numpy(np.ascontiguousarray(self.dataset.labels, dtype=np.int64))
         self._widths = np.asarray(self.dataset.widths)
         self._heights = np.asarray(self.dataset.heights)
-        self._shard_of = _shard_of(self.dataset) if order == "shard" else None
+        extents = self.dataset.extents()
+        self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if order == "shard" else None
 
-        self._decoder_kind = _resolve_decoder(decoder, self.device)
+        self._decoder_kind = resolve_kind(decoder, str(self.device))  # the concrete kind, for stats()
         self._decoders, settings = self._build_decoders(
             num_threads, hw_decoder_load, pipelines,
             dict(device=self.device.type, device_id=self.device.index or 0, image_size=self.image_size,
@@ -122,7 +123,7 @@ class Loader:
                  on_error=on_error))
         self.num_threads = settings["num_threads"]
         n_pipelines = len(self._decoders)
-        self._ring = PrefetchRing(self.dataset.extents(), self.batch_size,
+        self._ring = PrefetchRing(extents, self.batch_size,
                                   num_threads=int(reader_threads or 4), num_slots=self.prefetch + 2 * n_pipelines)
         for key, value in settings.items():
             self._stats.set_info(key, value)
@@ -337,27 +338,6 @@ def _resolve_device(device, world: World) -> torch.device:
     return dev
 
 
-def _resolve_decoder(decoder: str, device: torch.device) -> str:
-    """The concrete decoder kind, so stats() says which one actually runs."""
-    if decoder not in ("auto", "dali", "cpu", "cpu-pil", "cpu-dali"):
-        raise ValueError(f"decoder must be 'auto', 'dali', 'cpu', 'cpu-pil' or 'cpu-dali', got {decoder!r}")
-    if decoder == "auto":
-        decoder = "dali" if device.type == "cuda" and _dali_available() else "cpu"
-    if decoder == "cpu":
-        from fastfeed.decode import CPU_DEFAULT
-
-        decoder = CPU_DEFAULT
-    return decoder
-
-
-def _dali_available() -> bool:
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -369,8 +349,3 @@ def _default_threads(world: World) -> int:
     cores = _cpu_count()
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return max(1, min(8, cores // local))
-
-
-def _shard_of(dataset) -> np.ndarray:
-    extents = dataset.extents()
-    return np.asarray(extents.file_index, dtype=np.int64)

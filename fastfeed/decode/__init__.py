@@ -12,14 +12,15 @@ from __future__ import annotations
 from fastfeed.decode.base import CorruptSampleError, DecodeResult
 from fastfeed.decode.params import Windows, crop_windows
 
-__all__ = ["crop_windows", "Windows", "make_decoder", "DecodeResult", "CorruptSampleError", "KINDS", "CPU_DEFAULT"]
+__all__ = ["crop_windows", "Windows", "make_decoder", "DecodeResult", "CorruptSampleError", "KINDS", "CPU_DEFAULT", "resolve_kind"]
 
 KINDS = ("auto", "dali", "cpu", "cpu-dali", "cpu-pil")
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
 CPU_DEFAULT = "cpu-pil"
 
 
-def _resolve(kind: str, device: str) -> str:
+def resolve_kind(kind: str, device: str) -> str:
+    """The concrete decoder `make_decoder(kind, device=device)` builds ("auto"/"cpu" resolved)."""
     import torch
 
     from fastfeed.decode.dali import dali_available
@@ -45,7 +46,7 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
     hw_decoder_load to dali only. Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
     import torch
 
-    resolved = _resolve(kind, device)
+    resolved = resolve_kind(kind, device)
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", int(device_id))
