@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(BIN)/pip install -q --no-build-isolation -e '.[dev,bench]'
 	# pillow-simd replaces Pillow's PIL, so it goes in last (everything above pulls Pillow).
 	$(BIN)/pip uninstall -q -y pillow
-	CC="cc -mavx2" $(BIN)/pip install -q --no-deps --no-binary :all: pillow-simd \
+	CC="cc -mavx2" $(BIN)/pip install -q --no-deps --no-binary pillow-simd pillow-simd \
 	  || { echo "pillow-simd did not build; falling back to Pillow"; $(BIN)/pip install -q --no-deps Pillow; }
 	touch $@
 

@@ -3,15 +3,15 @@
     fastfeed.open_dataset(path)      -> a packed dataset reader (WebDataset shards or LMDB)
     fastfeed.Loader(path, ...)       -> a drop-in for a torch DataLoader loop (GPU decode with DALI)
 
-Heavy imports (torch, DALI) happen only when the object that needs them is first used.
+Heavy imports (torch, DALI) happen only when the object that needs them is first used. Nothing inside the package
+imports this module for its constants: they live in `fastfeed.constants`.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-__all__ = ["open_dataset", "Loader", "IMAGENET_MEAN", "IMAGENET_STD", "__version__"]
+from fastfeed.constants import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+__version__ = "0.1.0"
+__all__ = ["open_dataset", "Loader", "LoaderError", "IMAGENET_MEAN", "IMAGENET_STD", "IGNORE_INDEX", "__version__"]
 
 
 def __getattr__(name: str):
@@ -19,8 +19,8 @@ def __getattr__(name: str):
         from fastfeed.formats import open_dataset
 
         return open_dataset
-    if name == "Loader":
-        from fastfeed.loader import Loader
+    if name in ("Loader", "LoaderError"):
+        from fastfeed import loader
 
-        return Loader
+        return getattr(loader, name)
     raise AttributeError(f"module 'fastfeed' has no attribute {name!r}")

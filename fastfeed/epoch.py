@@ -1,28 +1,56 @@
 """One epoch's worth of decode workers for `fastfeed.Loader` (see NOTE [Loader pipeline and shutdown] in
-fastfeed/loader.py, which every waiting and hand-off rule here implements)."""
+fastfeed/loader.py, which every waiting and hand-off rule here implements).
+
+`EpochRun` takes its parts explicitly — the epoch's plan, the ring, the decoders, the settings, the sample table and
+the stats — and nothing else: it never reaches back into the Loader.
+"""
 from __future__ import annotations
 
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
+from fastfeed.constants import IGNORE_INDEX
 from fastfeed.decode import crop_windows
 from fastfeed.decode.base import CorruptSampleError, replacement_map
 from fastfeed.ring import RingReadError
 
-__all__ = ["EpochRun", "LoaderError"]
+__all__ = ["EpochRun", "LoaderError", "SampleTable", "SKIP_CODES"]
 
 log = logging.getLogger("fastfeed")
 
 _POLL_S = 0.1  # how often blocked waits re-check the stop flag
 _JOIN_S = 5.0
+_FILL_CANDIDATES = 64  # other samples of the epoch tried for a batch whose every sample is bad
+
+# Why a batch position holds a copy of another sample (stats()["skipped"] keys; the same on every decoder).
+SKIP_CODES = ("read_error", "checksum", "not_image", "decode_error")
 
 
 class LoaderError(RuntimeError):
     """An error raised in a decode worker, re-raised in the training loop with where it happened."""
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """What the epoch needs to know about every sample, by sample id.
+
+    labels: int64 [N] (CPU). widths/heights: the size crop windows are computed on. keys: each sample's source
+    name (for messages and logs). read(i): one sample's bytes, for the per-sample fallback after a ring read error
+    and for refilling a batch. bad_checksums(indices, samples): the positions whose bytes do not match the sample
+    table's checksum, or None when the dataset has none or checks are off.
+    """
+
+    labels: torch.Tensor
+    widths: np.ndarray
+    heights: np.ndarray
+    keys: Sequence
+    read: Callable[[int], bytes]
+    bad_checksums: Callable[[np.ndarray, list], list] | None = None
 
 
 @dataclass
@@ -34,36 +62,43 @@ class _Failure:
 class EpochRun:
     """One iteration of a Loader: its decode workers and the in-order hand-off to the consumer.
 
-    The concurrency protocol is NOTE [Loader pipeline and shutdown] in fastfeed/loader.py.
+    The concurrency protocol is NOTE [Loader pipeline and shutdown] in fastfeed/loader.py. `joined` is False after
+    `stop()` if a worker did not end in time: its decoder may still be in use, so the owner must not hand those
+    decoders to another run.
     """
 
-    def __init__(self, loader, plan):
-        self.loader = loader
+    def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats):
         self.plan = plan
+        self.ring = ring
+        self.decoders = decoders
+        self.settings = settings
+        self.table = table
+        self.stats = stats
         self.stop_flag = threading.Event()
         self.cond = threading.Condition()
         self.results: dict[int, object] = {}  # batch position -> (images, labels, event) or _Failure
         self.next_out = 0  # the position the consumer takes next
-        self.window = loader.prefetch + len(loader._decoders)  # decoded batches allowed ahead of the consumer
+        self.window = settings.prefetch + len(decoders)  # decoded batches allowed ahead of the consumer
         self.ring_lock = threading.Lock()  # workers take ring batches one at a time, so positions are in order
         self.dispatched = 0
         self.threads: list[threading.Thread] = []
+        self.joined = True
+        self._logged: set[str] = set()
 
     def begin(self) -> None:
-        L = self.loader
-        L._ring.start(np.ascontiguousarray(self.plan.indices, dtype=np.int64))
-        for w, decoder in enumerate(L._decoders):
+        self.ring.start(np.ascontiguousarray(self.plan.indices, dtype=np.int64))
+        for w, decoder in enumerate(self.decoders):
             t = threading.Thread(target=self._work, args=(decoder,), name=f"fastfeed-decode-{w}", daemon=True)
             t.start()
             self.threads.append(t)
 
     # -- decode workers
     def _work(self, decoder) -> None:
-        L = self.loader
         stream = None
-        if L.device.type == "cuda":
-            torch.cuda.set_device(L.device)
-            stream = torch.cuda.Stream(device=L.device)
+        device = self.settings.device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            stream = torch.cuda.Stream(device=device)
         while not self.stop_flag.is_set():
             k, slot = self._take()
             if k is None:
@@ -75,7 +110,7 @@ class EpochRun:
             try:
                 item = self._produce(k, slot, decoder, stream)
             except BaseException as exc:  # noqa: BLE001 - everything crosses to the consumer, who decides
-                item = _Failure(f"fastfeed decode worker, epoch {L._epoch}, batch {k}", exc)
+                item = _Failure(f"fastfeed decode worker, epoch {self.plan.epoch}, batch {k}", exc)
             with self.cond:
                 self.results[k] = item
                 self.cond.notify_all()
@@ -85,15 +120,14 @@ class EpochRun:
     def _take(self):
         """(position, ring batch or the exception the ring raised for it); (None, None) when the epoch is
         dispatched or stopping. Errors are returned, not raised, so they reach the consumer at their position."""
-        ring = self.loader._ring
         with self.ring_lock:
             if self.dispatched >= self.plan.num_batches:
                 return None, None
             k = self.dispatched
-            with self.loader._stats.timed("read_wait"):
+            with self.stats.timed("read_wait"):
                 while not self.stop_flag.is_set():
                     try:
-                        slot = ring.next_batch(timeout=_POLL_S)
+                        slot = self.ring.next_batch(timeout=_POLL_S)
                         break
                     except TimeoutError:
                         continue
@@ -117,62 +151,138 @@ class EpochRun:
         return not self.stop_flag.is_set()
 
     def _produce(self, k: int, slot, decoder, stream):
-        L = self.loader
+        s = self.settings
         if isinstance(slot, BaseException) and not isinstance(slot, RingReadError):
             raise slot
+        bad: dict[int, tuple[str, str]] = {}  # position -> (code, detail), found before decoding
+        rb = None
         if isinstance(slot, RingReadError):
-            if L.on_error == "raise":
+            if s.on_error == "raise":
                 raise slot
             # The ring failed this batch; read it sample by sample so one bad extent costs one sample, not a batch.
-            rb, indices = None, np.asarray(self.plan.batch(k), dtype=np.int64)
-            samples = [_read_or_empty(L.dataset, int(i)) for i in indices]
-            L._stats.skip("read_error", key=str(slot), n=sum(1 for s in samples if len(s) == 0))
+            indices = np.asarray(self.plan.batch(k), dtype=np.int64)
+            samples = []
+            for p, i in enumerate(indices.tolist()):
+                data, err = self._read_one(i)
+                samples.append(data)
+                if err:
+                    bad[p] = ("read_error", err)
         else:
             rb = slot
             indices = np.asarray(rb.indices, dtype=np.int64)
             samples = rb.samples()
         try:
-            windows = crop_windows(L._widths[indices], L._heights[indices], indices, seed=L.seed,
-                                   epoch=L._epoch, train=L.train, image_size=L.image_size)
-            with L._stats.timed("decode", n=len(indices)):
+            if self.table.bad_checksums is not None:
+                for p in self.table.bad_checksums(indices, samples):
+                    bad.setdefault(p, ("checksum", "its bytes do not match the checksum in the sample table"))
+            if bad and s.on_error == "raise":
+                raise LoaderError(f"sample(s) {self._names(indices, sorted(bad))} in batch {k} of epoch "
+                                  f"{self.plan.epoch}: " + "; ".join(f"{c}: {d}" for c, d in bad.values()))
+            for p in bad:
+                samples[p] = _EMPTY  # the decoder reports it as not an image; its code stays the one found here
+            with self.stats.timed("decode", n=len(indices)):
                 if stream is not None:
                     with torch.cuda.stream(stream):
-                        result = decoder(samples, windows)
-                        labels = self._labels(indices, result.replaced)
+                        images, labels, replaced = self._decode(k, decoder, indices, samples, bad)
                         event = torch.cuda.Event()
                         event.record(stream)
                 else:
-                    result = decoder(samples, windows)
-                    labels = self._labels(indices, result.replaced)
+                    images, labels, replaced = self._decode(k, decoder, indices, samples, bad)
                     event = None
-        except CorruptSampleError as exc:  # on_error="raise": name the samples, not batch positions
-            names = ", ".join(str(L.dataset.keys[indices[p]]) for p in exc.positions[:8])
-            raise LoaderError(f"corrupt sample(s) {names} in batch {k} of epoch {L._epoch}: {exc}") from exc
         finally:
             del samples
             if rb is not None:
                 rb.release()  # the decoder has returned: nothing reads the slot any more
-        for pos, reason in result.replaced:
-            L._stats.skip(str(reason).split(":")[0], key=str(L.dataset.keys[indices[pos]]))
-        L._stats.add("samples", len(indices))
-        L._stats.add("batches", 1)
-        return result.images, labels, event
+        for p, code, detail in replaced:
+            self._count_skip(code, self.table.keys[indices[p]], detail)
+        self.stats.add("samples", len(indices))
+        self.stats.add("batches", 1)
+        return images, labels, event
 
-    def _labels(self, indices: np.ndarray, replaced) -> torch.Tensor:
-        L = self.loader
-        labels = L._labels[torch.from_numpy(indices)]
-        if replaced:
-            for dst, src in replacement_map([p for p, _ in replaced], len(indices)).items():
-                labels[dst] = labels[src]
-        if L.device.type == "cuda":
-            labels = labels.pin_memory().to(L.device, non_blocking=True)
+    def _decode(self, k, decoder, indices, samples, bad):
+        """images, labels (on the device) and [(position, code, detail)] of positions holding another sample."""
+        s = self.settings
+        windows = crop_windows(self.table.widths[indices], self.table.heights[indices], indices, seed=s.seed,
+                               epoch=self.plan.epoch, train=s.train, image_size=s.image_size)
+        try:
+            result = decoder(samples, windows)
+        except CorruptSampleError as exc:
+            if s.on_error == "raise":
+                raise LoaderError(f"corrupt sample(s) {self._names(indices, exc.positions)} in batch {k} of epoch "
+                                  f"{self.plan.epoch}: {exc}") from exc
+            if len(exc.positions) < len(indices):
+                raise
+            return self._fill_from_epoch(k, decoder, indices, exc, bad)
+        replaced = [(p, *bad[p]) if p in bad else (p, code, detail) for p, code, detail in _entries(result.replaced)]
+        labels = self.table.labels[torch.from_numpy(indices)]
+        sources = replacement_map([p for p, _, _ in replaced], len(indices))
+        for dst, src in sources.items():
+            labels[dst] = labels[src]
+        return result.images, self._finish_labels(k, labels, sources), replaced
+
+    def _fill_from_epoch(self, k, decoder, indices, exc: CorruptSampleError, bad):
+        """Every sample of batch k is bad (skip mode): fill the batch with one good sample taken from the rest of
+        the epoch (the next ones in the plan, cyclically), so the run goes on and the batch keeps its shape."""
+        s = self.settings
+        n = len(indices)
+        codes = _codes(exc)
+        replaced = [(p, *bad[p]) if p in bad else (p, codes[j][0], codes[j][1])
+                    for j, p in enumerate(exc.positions)]
+        order = self.plan.indices
+        start = min((k + 1) * self.plan.batch_size, len(order))
+        candidates = np.concatenate((order[start:], order[:start]))[:_FILL_CANDIDATES]
+        for c in candidates.tolist():
+            data, err = self._read_one(c)
+            if err or (self.table.bad_checksums is not None
+                       and self.table.bad_checksums(np.asarray([c]), [data])):
+                continue
+            windows = crop_windows(self.table.widths[[c]], self.table.heights[[c]], np.asarray([c]), seed=s.seed,
+                                   epoch=self.plan.epoch, train=s.train, image_size=s.image_size)
+            try:
+                one = decoder([data], windows)
+            except CorruptSampleError:
+                continue
+            images = one.images.expand(n, *one.images.shape[1:]).contiguous(
+                memory_format=torch.channels_last if s.channels_last else torch.contiguous_format)
+            labels = self.table.labels[torch.full((n,), c, dtype=torch.int64)]
+            return images, self._finish_labels(k, labels, {p: -1 for p in range(n)}), replaced
+        raise LoaderError(f"batch {k} of epoch {self.plan.epoch}: every sample is bad "
+                          f"({self._names(indices, range(n))}) and none of {len(candidates)} other samples of the "
+                          "epoch decodes either; check the dataset with `fastfeed verify`")
+
+    def _finish_labels(self, k: int, labels: torch.Tensor, replaced: dict) -> torch.Tensor:
+        """In evaluation a position that holds no sample of its own (padding, a replaced sample) is labelled
+        IGNORE_INDEX, so every sample is scored exactly once. Then to the device."""
+        if not self.settings.train:
+            padded = self.plan.padded[k * self.plan.batch_size:(k + 1) * self.plan.batch_size]
+            ignore = torch.from_numpy(np.asarray(padded, dtype=bool).copy())
+            if replaced:
+                ignore[list(replaced)] = True
+            labels[ignore] = IGNORE_INDEX
+        if self.settings.device.type == "cuda":
+            labels = labels.pin_memory().to(self.settings.device, non_blocking=True)
         return labels
+
+    def _read_one(self, i: int):
+        try:
+            return np.frombuffer(self.table.read(i), dtype=np.uint8), None
+        except (OSError, ValueError) as e:
+            return _EMPTY, f"{type(e).__name__}: {e}"
+
+    def _names(self, indices, positions) -> str:
+        names = [str(self.table.keys[indices[p]]) for p in list(positions)[:8]]
+        return ", ".join(names) + (" ..." if len(list(positions)) > 8 else "")
+
+    def _count_skip(self, code: str, key, detail: str) -> None:
+        self.stats.skip(code, key=str(key))
+        if str(key) not in self._logged and len(self._logged) < 1000:
+            self._logged.add(str(key))
+            log.warning("fastfeed: sample %s replaced by another sample of its batch (%s: %s)", key, code, detail)
 
     # -- consumer side
     def next(self):
-        L = self.loader
         k = self.next_out
-        with L._stats.timed("wait"):
+        with self.stats.timed("wait"):
             with self.cond:
                 while k not in self.results:
                     if self.stop_flag.is_set():
@@ -188,13 +298,14 @@ class EpochRun:
             raise LoaderError(f"{type(item.exc).__name__} in {item.where}: {item.exc}") from item.exc
         images, labels, event = item
         if event is not None:
-            current = torch.cuda.current_stream(L.device)
+            current = torch.cuda.current_stream(self.settings.device)
             current.wait_event(event)
             images.record_stream(current)
             labels.record_stream(current)
         return images, labels
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Stop the workers; True when all of them ended (their decoders are free to be used again)."""
         self.stop_flag.set()
         with self.cond:
             self.cond.notify_all()
@@ -202,14 +313,36 @@ class EpochRun:
             if t is not threading.current_thread():
                 t.join(timeout=_JOIN_S)
                 if t.is_alive():
-                    log.warning("fastfeed decode worker did not stop within %.0f s", _JOIN_S)
+                    self.joined = False
+                    log.warning("fastfeed decode worker did not stop within %.0f s; its decoder will not be reused",
+                                _JOIN_S)
         self.threads = []
         with self.cond:
             self.results.clear()  # drop decoded batches nobody will take (frees their device memory)
+        return self.joined
 
 
-def _read_or_empty(dataset, i: int) -> np.ndarray:
-    try:
-        return np.frombuffer(dataset.read(i), dtype=np.uint8)
-    except (OSError, ValueError):
-        return np.empty(0, dtype=np.uint8)
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+
+def _entries(replaced) -> list[tuple[int, str, str]]:
+    """(position, code, detail) for each replaced position, whatever tuple form the decoder reports."""
+    out = []
+    for r in replaced:
+        if len(r) == 3:
+            out.append((int(r[0]), str(r[1]), str(r[2])))
+        else:
+            out.append((int(r[0]), *_code_of(str(r[1]))))
+    return out
+
+
+def _codes(exc: CorruptSampleError) -> list[tuple[str, str]]:
+    codes = getattr(exc, "codes", None)
+    details = getattr(exc, "details", None)
+    if codes is not None and details is not None:
+        return list(zip(codes, details))
+    return [_code_of(r) for r in exc.reasons]
+
+
+def _code_of(reason: str) -> tuple[str, str]:
+    return ("not_image" if "not an image" in reason else "decode_error"), reason

@@ -8,7 +8,8 @@
 
 It composes four pieces, each usable on its own: `sampling` (which sample ids this rank reads, in which order),
 `formats` (where each sample's bytes sit), the native `ring` (reads them ahead into pinned slots, off the GIL)
-and `decode` (DALI on the GPU, or the CPU decoders).
+and `decode` (DALI on the GPU, or the CPU decoders). `settings` resolves and validates every argument once;
+`epoch.EpochRun` runs one iteration from explicit parts; `compat` holds what frameworks read from a DataLoader.
 
 NOTE [Loader pipeline and shutdown]
 Each iteration runs `pipelines` decode workers (threads), each with its own decoder (DALI pipeline) and CUDA stream:
@@ -22,25 +23,37 @@ no_copy, or PIL from a view). On CUDA each worker decodes on its own stream and 
 the consumer's current stream waits on that event before the batch is handed out, and `record_stream` tells
 torch's allocator that the consumer's stream uses the memory, so a batch is never overwritten or reused while
 the training step reads it.
+Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
+first `next()`, so frameworks that call `iter()` to probe the object change nothing.
 Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
 consumer leaving the loop early (break, exception, Ctrl-C, garbage collection of the generator) sets the flag,
-joins the workers (bounded) and drops undelivered results; the next iteration restarts the ring cleanly. An error
+joins the workers (bounded) and drops undelivered results; the next iteration restarts the ring cleanly. A worker
+that did not end within the bound may still hold its decoder: the Loader then builds new decoders for the next
+iteration instead of sharing one between two threads (the abandoned ones are left to that thread).
+Fork: a child process must not run the parent's DALI pipelines or CUDA state, not even their destructors (DALI's
+segfault in a forked child). After a fork the child's copies of every live Loader are marked forked: they refuse to
+iterate (build a new Loader in the child), and their decoders are deliberately kept alive forever so that no
+destructor of the parent's pipelines runs in the child; the native ring already sees itself closed there. An error
 in a worker travels to the consumer wrapped with where it happened and is raised at the batch that hit it.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import weakref
 
 import numpy as np
 import torch
 
-from fastfeed import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed import sampling
-from fastfeed.decode import make_decoder, resolve_kind
-from fastfeed.epoch import EpochRun, LoaderError
+from fastfeed.compat import AccelerateState, EpochSampler, seeded_call
+from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
+from fastfeed.decode import build_decoder
+from fastfeed.epoch import EpochRun, LoaderError, SampleTable
 from fastfeed.formats import open_dataset
 from fastfeed.ring import PrefetchRing
+from fastfeed.settings import LoaderSettings, resolve_settings
 from fastfeed.stats import StageStats
 from fastfeed.world import World
 
@@ -57,81 +70,80 @@ class Loader:
     Args:
         path: a folder written by `fastfeed pack` (WebDataset shards or LMDB).
         batch_size: samples per batch on this rank.
-        train: RandomResizedCrop(0.08-1, 3/4-4/3) + horizontal flip if True; resize to S/0.875 + centre crop if
-            False. Either way normalised with `mean`/`std` (given in 0-1 units).
+        train: RandomResizedCrop(0.08-1, 3/4-4/3) + horizontal flip, shuffled, full batches if True; resize to
+            S/0.875 + centre crop, in dataset order, every sample once (last batch short) if False. Either way
+            normalised with `mean`/`std` (given in 0-1 units).
         image_size: output side S.
         device: "cuda", "cuda:N" or "cpu"; default: this rank's local GPU when CUDA is available, else "cpu".
         decoder: "dali", "cpu" (the fastest CPU decoder), "cpu-pil", "cpu-dali" or "auto" (DALI when importable).
-        dtype: torch.float16 | bfloat16 | float32 | uint8 (uint8 skips normalisation).
+        dtype: torch.float32 (default: what ToTensor + Normalize give), float16 or bfloat16 (half the bytes: use
+            with autocast / half models), or uint8 (0-255, no normalisation).
         channels_last: return NCHW tensors with NHWC memory (what channels_last models want), written directly.
-        shuffle, seed, drop_last, order: the epoch order, see `fastfeed.sampling`; every rank gets the same
-            number of batches.
+        shuffle, drop_last: default to `train`. seed, order: the epoch order, see `fastfeed.sampling`; every rank
+            gets the same number of batches.
         rank, world_size, local_rank: default from torch.distributed, else torchrun's environment, else 0/1/0.
         num_threads: decoder threads per pipeline, or "auto": with DALI, a short measurement at start-up picks
             threads, hw_decoder_load and pipelines for this machine (see fastfeed/tuning.py; the choice and the
-            table measured are in `stats()["info"]`); with a CPU decoder, the cores this rank may use (at most 8).
+            table measured are in `stats()["info"]`); with a CPU decoder, this rank's share of the cores (at most 8).
         reader_threads: native ring reader threads (default 4; more helps cold or network storage).
-        prefetch: decoded batches queued ahead of the consumer (default 2); the ring reads `prefetch + 2 * pipelines` ahead.
+        prefetch: decoded batches queued ahead of the consumer (default 2).
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 0.9, measured best).
         pipelines: decoders working side by side on consecutive batches (default 2 for DALI, else 1).
-        on_error: "skip" replaces a corrupt record by another sample of the same batch (counted in `stats()`);
+        on_error: "skip" replaces a bad record by another sample (counted in `stats()`, logged once per sample);
             "raise" raises naming the sample.
+        orientation: "ignore" (torchvision's ImageFolder) or "exif"; see README, "Decode contract".
+        verify_checksums: check each sample's bytes against the checksum `pack` stored (datasets that have one).
+        batch_transform: fn(images, labels) -> (images, labels), applied to every batch on the device (MixUp,
+            CutMix, ...), with torch's, numpy's and `random`'s generators seeded from (seed, epoch, batch) so it is
+            deterministic and resume-exact.
         log_every: log a one-line stats summary every N batches (and at the end of each epoch).
+        **dataloader_kwargs: DataLoader arguments given out of habit: num_workers (-> decode threads),
+            prefetch_factor (-> prefetch), pin_memory and persistent_workers (always on here); the others are
+            ignored with one warning.
+
+    In evaluation (train=False) a batch position that holds no sample of its own — the padding that evens out
+    ranks, or a bad sample replaced by another — has the label `fastfeed.IGNORE_INDEX` (-100): CrossEntropyLoss
+    skips it and `labels != IGNORE_INDEX` is the mask of samples to score, so every sample counts exactly once.
     """
 
     def __init__(self, path, batch_size: int = 256, *, train: bool = True, image_size: int = 224,
                  device: str | torch.device | None = None, decoder: str = "auto",
-                 dtype: torch.dtype = torch.float16, channels_last: bool = False,
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = True, order: str = "global", rank: int | None = None,
+                 dtype: torch.dtype = torch.float32, channels_last: bool = False,
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, shuffle: bool | None = None, seed: int = 0,
+                 drop_last: bool | None = None, order: str = "global", rank: int | None = None,
                  world_size: int | None = None, local_rank: int | None = None,
                  num_threads: int | str | None = "auto", reader_threads: int | None = None,
                  prefetch: int | None = None, hw_decoder_load: float | None = None, pipelines: int | None = None,
-                 on_error: str = "skip",
-                 log_every: int | None = None):
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if on_error not in ("skip", "raise"):
-            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+                 on_error: str = "skip", orientation: str = "ignore", verify_checksums: bool = True,
+                 batch_transform=None, log_every: int | None = None, **dataloader_kwargs):
+        self._closed = True  # until fully built: close() and __del__ then have nothing to undo
+        self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
+        self.settings: LoaderSettings = resolve_settings(
+            world=self.world, batch_size=batch_size, train=train, image_size=image_size, device=device,
+            decoder=decoder, dtype=dtype, channels_last=channels_last, mean=mean, std=std, shuffle=shuffle,
+            seed=seed, drop_last=drop_last, order=order, num_threads=num_threads, reader_threads=reader_threads,
+            prefetch=prefetch, hw_decoder_load=hw_decoder_load, pipelines=pipelines, on_error=on_error,
+            orientation=orientation, verify_checksums=verify_checksums, log_every=log_every,
+            dataloader_kwargs=dataloader_kwargs)
+        if batch_transform is not None and not callable(batch_transform):
+            raise ValueError(f"batch_transform must be callable(images, labels), got {batch_transform!r}")
+        self._batch_transform = batch_transform
         self.dataset = open_dataset(path)
         if len(self.dataset) == 0:
             raise ValueError(f"{path}: the dataset has no samples")
-        self.batch_size = int(batch_size)
-        self.train = bool(train)
-        self.image_size = int(image_size)
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
-        self.order = order
-        self.on_error = on_error
-        self.log_every = log_every
-        self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
-        self.device = _resolve_device(device, self.world)
-        self.prefetch = max(1, int(prefetch if prefetch is not None else 2))
+        s = self.settings
+        if s.drop_last and len(self.dataset) < self.world.world_size * s.batch_size:
+            raise ValueError(f"{path}: drop_last=True with {len(self.dataset)} samples, world size "
+                             f"{self.world.world_size} and batch size {s.batch_size}: not one full batch per rank; "
+                             "use drop_last=False or a smaller batch_size")
         self._stats = StageStats(stages=("read", "read_wait", "decode", "wait"))
-        self._labels = torch.from_numpy(np.ascontiguousarray(self.dataset.labels, dtype=np.int64))
-        self._widths = np.asarray(self.dataset.widths)
-        self._heights = np.asarray(self.dataset.heights)
+        self._table = self._sample_table()
         extents = self.dataset.extents()
-        self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if order == "shard" else None
-
-        self._decoder_kind = resolve_kind(decoder, str(self.device))  # the concrete kind, for stats()
-        self._decoders, settings = self._build_decoders(
-            num_threads, hw_decoder_load, pipelines,
-            dict(device=self.device.type, device_id=self.device.index or 0, image_size=self.image_size,
-                 dtype=dtype, channels_last=channels_last, mean=mean, std=std, batch_size=self.batch_size,
-                 on_error=on_error))
-        self.num_threads = settings["num_threads"]
-        n_pipelines = len(self._decoders)
-        self._ring = PrefetchRing(extents, self.batch_size,
-                                  num_threads=int(reader_threads or 4), num_slots=self.prefetch + 2 * n_pipelines)
-        for key, value in settings.items():
-            self._stats.set_info(key, value)
-        self._stats.set_info("decoder", self._decoder_kind)
-        self._stats.set_info("device", str(self.device))
-        self._stats.set_info("reader_threads", int(reader_threads or 4))
-        self._stats.set_info("prefetch", self.prefetch)
-        self._stats.set_info("pinned", bool(self._ring.stats().get("pinned", False)))
+        self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
+        self._decoders, self.settings = self._build_decoders(self.settings)
+        self._ring = PrefetchRing(extents, s.batch_size, num_threads=self.settings.reader_threads,
+                                  num_slots=self.settings.ring_slots)
+        self._publish_settings()
 
         self._epoch = 0
         self._pending_resume: dict | None = None  # sampling state for the next iteration of self._epoch
@@ -140,26 +152,57 @@ class Loader:
         self._iterated = False  # an iteration of self._epoch began: a plain `for` again runs the next epoch
         self._active: EpochRun | None = None
         self._full_len: int | None = None
+        self._forked = False
+        self.end_of_dataloader = False  # Accelerate's dataloader-state protocol (fastfeed/compat.py)
+        self.remainder = -1
+        self.sampler = EpochSampler(self)
         self._closed = False
+        _LIVE.add(self)
 
     # ------------------------------------------------------------------ DataLoader-like surface
+    @property
+    def batch_size(self) -> int:
+        return self.settings.batch_size
+
+    @property
+    def train(self) -> bool:
+        return self.settings.train
+
+    @property
+    def device(self) -> torch.device:
+        return self.settings.device
+
+    @property
+    def drop_last(self) -> bool:
+        return self.settings.drop_last
+
+    @property
+    def num_threads(self) -> int:
+        return self.settings.decode_threads
+
     def __len__(self) -> int:
-        """Batches per epoch for this rank (equal on every rank; fewer for the rest of a resumed epoch)."""
+        """Batches in a full epoch for this rank (the same on every rank, and for every epoch)."""
+        if self._full_len is None:  # planning 10M samples takes ~0.3 s: once
+            self._full_len = self._make_plan(0, None).num_batches
+        return self._full_len
+
+    @property
+    def batches_left(self) -> int:
+        """Batches still to come in the epoch in progress, or in the one the next iteration runs (fewer than
+        `len(loader)` after `load_state_dict` of a mid-epoch state)."""
         if self._active is not None:
-            return self._plan.num_batches
+            return self._plan.num_batches - self._batches_done
         if self._pending_resume is not None:
             return self._make_plan(self._epoch, self._pending_resume).num_batches
-        if self._full_len is None:  # every full epoch has the same count; planning 10M samples takes ~0.3 s
-            self._full_len = self._make_plan(self._epoch, None).num_batches
-        return self._full_len
+        return len(self)
 
     def set_epoch(self, epoch: int) -> None:
         """Like `DistributedSampler.set_epoch`: the next iteration runs epoch `epoch`. A state loaded with
         `load_state_dict` for this same epoch is kept (the rest of that epoch runs); for another epoch it is
         dropped."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         epoch = int(epoch)
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
         if epoch != self._epoch:
             self._pending_resume = None
         self._epoch = epoch
@@ -169,11 +212,48 @@ class Loader:
     def epoch(self) -> int:
         return self._epoch
 
+    def epoch_plan(self):
+        """This rank's full plan (a `sampling.EpochPlan`) for the epoch the current or next iteration runs."""
+        epoch = self._epoch + (1 if self._iterated and self._active is None else 0)
+        return self._make_plan(epoch, None)
+
     def __iter__(self):
         if self._closed:
             raise RuntimeError("this Loader is closed")
+        if self._forked:
+            raise RuntimeError("this Loader was created in the parent process; build a new Loader in this child")
+        return self._iterate()
+
+    def _iterate(self):
+        run = self._begin_epoch()  # at the first next(), not at iter(): see the NOTE
+        plan = run.plan
+        s = self.settings
+        try:
+            with AccelerateState(self, plan) as accelerate:
+                run.begin()
+                for k in range(plan.num_batches):
+                    images, labels = run.next()
+                    if self._batch_transform is not None:
+                        images, labels = seeded_call(self._batch_transform, images, labels, seed=s.seed,
+                                                     epoch=plan.epoch, batch=plan.first_batch + k)
+                    self._batches_done = k + 1
+                    if k + 1 == plan.num_batches:
+                        accelerate.last_batch()
+                    if s.log_every and (k + 1) % s.log_every == 0:
+                        log.info("fastfeed epoch %d batch %d/%d: %s", plan.epoch, k + 1, plan.num_batches,
+                                 self._stats.summary_line())
+                    yield images, labels
+            if s.log_every:
+                log.info("fastfeed epoch %d done: %s", plan.epoch, self._stats.summary_line())
+        finally:
+            if self._active is run:
+                self._stop_active()
+
+    def _begin_epoch(self) -> EpochRun:
+        if self._closed:
+            raise RuntimeError("this Loader is closed")
         if self._active is not None:
-            self._active.stop()
+            self._stop_active()
         if self._iterated:
             self._epoch += 1
             self._pending_resume = None
@@ -181,27 +261,16 @@ class Loader:
         self._plan = self._make_plan(self._epoch, self._pending_resume)
         self._pending_resume = None
         self._batches_done = 0
-        epoch = EpochRun(self, self._plan)
-        self._active = epoch
-        return self._consume(epoch)
+        if self._decoders is None:  # the last run could not free them: see the NOTE
+            self._decoders, self.settings = self._build_decoders(self.settings, tune=False)
+        self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
+                                table=self._table, stats=self._stats)
+        return self._active
 
-    def _consume(self, epoch: EpochRun):
-        plan = epoch.plan
-        try:
-            epoch.begin()
-            for k in range(plan.num_batches):
-                images, labels = epoch.next()
-                self._batches_done = k + 1
-                if self.log_every and (k + 1) % self.log_every == 0:
-                    log.info("fastfeed epoch %d batch %d/%d: %s", self._epoch, k + 1, plan.num_batches,
-                             self._stats.summary_line())
-                yield images, labels
-            if self.log_every:
-                log.info("fastfeed epoch %d done: %s", self._epoch, self._stats.summary_line())
-        finally:
-            epoch.stop()
-            if self._active is epoch:
-                self._active = None
+    def _stop_active(self) -> None:
+        run, self._active = self._active, None
+        if not run.stop():
+            self._decoders = None  # a worker may still hold one; never share a decoder between two threads
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict:
@@ -210,7 +279,7 @@ class Loader:
         `load_state_dict` in a fresh process, with any world size, continues with exactly the batches not yet
         handed out (same samples, same order, same augmentation). A state taken after a finished epoch points at
         the start of the next one."""
-        state = {"version": STATE_VERSION, "seed": self.seed, "epoch": self._epoch, "sampling": None}
+        state = {"version": STATE_VERSION, "seed": self.settings.seed, "epoch": self._epoch, "sampling": None}
         if self._pending_resume is not None:
             state["sampling"] = self._pending_resume
         elif self._iterated and self._plan is not None:
@@ -223,10 +292,10 @@ class Loader:
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a fastfeed.Loader state (version {STATE_VERSION}): {state!r:.200}")
-        if int(state["seed"]) != self.seed:
-            raise ValueError(f"state was saved with seed {state['seed']}, this Loader has seed {self.seed}")
+        if int(state["seed"]) != self.settings.seed:
+            raise ValueError(f"state was saved with seed {state['seed']}, this Loader has seed {self.settings.seed}")
         if self._active is not None:
-            self._active.stop()
+            self._stop_active()
         epoch = int(state["epoch"])
         if state["sampling"] is not None:
             self._make_plan(epoch, state["sampling"])  # validate now, not at the first batch
@@ -243,6 +312,7 @@ class Loader:
         Stages: `read` (native ring threads' pread time, summed over threads), `read_wait` (decode workers
         waiting for the ring: reading is the bottleneck if this grows), `decode` (summed over pipelines),
         `wait` (the training loop waiting for a batch: the number that matters). `ring` has the raw ring counters.
+        `skipped` counts replaced samples by code: read_error, checksum, not_image, decode_error.
         """
         snap = self._stats.snapshot()
         ring = self._ring.stats()
@@ -258,10 +328,13 @@ class Loader:
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
+        if self._forked:
+            return  # the parent's objects: see the NOTE on fork
         if self._active is not None:
-            self._active.stop()
+            self._stop_active()
         self._ring.close()
-        for d in self._decoders:
+        for d in self._decoders or ():
             d.close()
         self.dataset.close()
 
@@ -278,74 +351,59 @@ class Loader:
             pass
 
     # ------------------------------------------------------------------ internals
-    def _build_decoders(self, num_threads, hw_decoder_load, pipelines, common: dict):
-        """The decoders and the settings chosen: measured on this machine for DALI with num_threads="auto"."""
-        auto = num_threads is None or num_threads == "auto"
-        if not auto and (isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1):
-            raise ValueError(f"num_threads must be 'auto' or an integer >= 1, got {num_threads!r}")
-        if pipelines is not None and int(pipelines) < 1:
-            raise ValueError(f"pipelines must be >= 1, got {pipelines}")
-        kind = self._decoder_kind
+    def _sample_table(self) -> SampleTable:
+        ds = self.dataset
+        return SampleTable(labels=torch.from_numpy(np.ascontiguousarray(ds.labels, dtype=np.int64)),
+                           widths=np.asarray(ds.widths), heights=np.asarray(ds.heights), keys=ds.keys, read=ds.read)
 
-        def build(hw, threads):
-            # JPEG draft mode (DCT-domain downscaling) only pays in train mode on large images (16-30% faster
-            # on ~1,500 px photos, no change on ImageNet-sized ones); eval keeps exact torchvision parity.
-            return make_decoder(kind, num_threads=threads, hw_decoder_load=hw, draft=self.train, **common)
-
-        if kind == "dali" and auto:
+    def _build_decoders(self, settings: LoaderSettings, tune: bool = True):
+        """The decoders and the settings they run with: measured on this machine for DALI when auto_tune."""
+        if settings.auto_tune and tune:
             from fastfeed import tuning
 
-            wanted = [c for c in tuning.CANDIDATES
-                      if (hw_decoder_load is None or c.hw_decoder_load == hw_decoder_load)
-                      and (pipelines is None or c.pipelines == int(pipelines))]
-            if not wanted:
-                wanted = [tuning.DecodeSettings(0.9 if hw_decoder_load is None else float(hw_decoder_load), 4,
-                                                int(pipelines or 2))]
-            batches = tuning.sample_batches(self.dataset, self._widths, self._heights, self.batch_size, 8,
-                                            self.seed, self.train, self.image_size)
-            best, decoders, table = tuning.tune_decoders(build, batches, wanted, _cpu_count())
-            return decoders, {"num_threads": best.num_threads, "hw_decoder_load": best.hw_decoder_load,
-                              "pipelines": best.pipelines, "autotune": table}
-        threads = _default_threads(self.world) if auto else int(num_threads)
-        hw = 0.9 if hw_decoder_load is None else float(hw_decoder_load)
-        # Two DALI pipelines side by side: while one waits for its GPU work the other parses and submits the next
-        # batch, keeping the hardware decoder busy (one synchronous pipeline measured 9.0k img/s, two 13.6k, on
-        # an H200). CPU decoders already spread a batch over a thread pool.
-        n = int(pipelines) if pipelines else (2 if kind == "dali" else 1)
-        return [build(hw, threads) for _ in range(n)], {"num_threads": threads, "hw_decoder_load": hw,
-                                                         "pipelines": n}
+            batches = tuning.sample_batches(self.dataset, self._table.widths, self._table.heights,
+                                            settings.batch_size, 8, settings.seed, settings.train,
+                                            settings.image_size)
+            best, decoders, table = tuning.tune_decoders(
+                lambda hw, threads: build_decoder(settings, num_threads=threads, hw_decoder_load=hw), batches,
+                tuning.candidates(settings), self.world.cpus)
+            self._stats.set_info("autotune", table)
+            return decoders, settings.replace(decode_threads=best.num_threads, hw_decoder_load=best.hw_decoder_load,
+                                              pipelines=best.pipelines)
+        return [build_decoder(settings) for _ in range(settings.pipelines)], settings
+
+    def _publish_settings(self) -> None:
+        info = self.settings.describe()
+        info["num_threads"] = info.pop("decode_threads")  # the Loader argument's name
+        for key, value in info.items():
+            self._stats.set_info(key, value)
+        self._stats.set_info("pinned", bool(self._ring.stats().get("pinned", False)))
 
     def _make_plan(self, epoch: int, resume: dict | None):
+        s = self.settings
         return sampling.plan_epoch(
-            len(self.dataset), seed=self.seed, epoch=epoch, world=self.world, batch_size=self.batch_size,
-            drop_last=self.drop_last, shuffle=self.shuffle, order=self.order, shard_of=self._shard_of,
-            resume=resume)
+            len(self.dataset), seed=s.seed, epoch=epoch, world=self.world, batch_size=s.batch_size,
+            drop_last=s.drop_last, shuffle=s.shuffle, order=s.order, shard_of=self._shard_of, resume=resume)
 
 
-def _resolve_device(device, world: World) -> torch.device:
-    if device is None:
-        if torch.cuda.is_available():
-            return torch.device("cuda", world.local_rank % max(1, torch.cuda.device_count()))
-        return torch.device("cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
-        if dev.index is None:
-            dev = torch.device("cuda", world.local_rank % torch.cuda.device_count())
-    elif dev.type != "cpu":
-        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
-    return dev
+# Every Loader alive in this process, for the fork rule (see the NOTE).
+_LIVE: "weakref.WeakSet[Loader]" = weakref.WeakSet()
 
 
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+def _after_fork_in_child() -> None:
+    import sys
+
+    dali = sys.modules.get("nvidia.dali.pipeline")
+    if dali is not None:
+        # DALI's atexit hook shuts down every pipeline it knows; in the child those are the parent's, whose threads
+        # do not exist here, and the hook would wait for them forever. Pipelines the child builds register anew.
+        dali.Pipeline._pipes.clear()
+    for loader in list(_LIVE):
+        loader._forked = True
+        loader._active = None
+        for d in loader._decoders or ():
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(d))  # never destroyed in the child: see the NOTE
 
 
-def _default_threads(world: World) -> int:
-    cores = _cpu_count()
-    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return max(1, min(8, cores // local))
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

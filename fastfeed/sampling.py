@@ -180,6 +180,10 @@ class EpochPlan:
             evaluation loop can use it to skip the duplicates.
         num_batches: batches on every rank; `batch(i)` is `indices[i*B : (i+1)*B]`, the last one may be short.
         batch_size, world, epoch: what the plan was made for.
+        total_padding: padded positions over all ranks (all of them sit at the end of the epoch: the last rank's
+            last batch), so the last step's real samples are `world_size * last_batch_size - total_padding`.
+        first_batch: batches of this epoch already read before this plan (a resumed plan's offset; 0 otherwise),
+            so `first_batch + i` names batch i of the plan within the epoch.
     """
 
     indices: np.ndarray
@@ -188,6 +192,8 @@ class EpochPlan:
     batch_size: int
     world: World
     epoch: int
+    total_padding: int
+    first_batch: int
     _header: dict = field(repr=False)
     _segments: tuple = field(repr=False)
 
@@ -278,5 +284,6 @@ def plan_epoch(
     share = slice(world.rank * m, (world.rank + 1) * m)
     return EpochPlan(
         indices=seq[share], padded=is_pad[share], num_batches=math.ceil(m / batch_size), batch_size=batch_size,
-        world=world, epoch=epoch, _header=header, _segments=tuple(segments),
+        world=world, epoch=epoch, total_padding=int(is_pad.sum()),
+        first_batch=sum(s["batches_done"] for s in segments), _header=header, _segments=tuple(segments),
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DecodeSettings", "CANDIDATES", "tune_decoders"]
+__all__ = ["DecodeSettings", "CANDIDATES", "candidates", "tune_decoders"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,14 @@ CANDIDATES = (
     DecodeSettings(0.9, 4, 2),
     DecodeSettings(0.9, 4, 3),
 )
+
+
+def candidates(settings) -> list[DecodeSettings]:
+    """The candidates worth measuring for a Loader's settings: those that keep what the user fixed."""
+    keep = [c for c in CANDIDATES
+            if ("hw_decoder_load" not in settings.fixed or c.hw_decoder_load == settings.hw_decoder_load)
+            and ("pipelines" not in settings.fixed or c.pipelines == settings.pipelines)]
+    return keep or [DecodeSettings(settings.hw_decoder_load, settings.decode_threads, settings.pipelines)]
 
 
 def _throughput(decoders, batches) -> float:

@@ -1,7 +1,9 @@
 """Where this process sits in a distributed job: a value object, resolved once and passed in.
 
 Resolution order, field by field: an explicit argument wins; else `torch.distributed` when it is initialised
-(rank and world size); else torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK); else 0 / 1 / 0.
+(rank and world size); else torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); else
+0 / 1 / 0 / 1. `cpus` is the cores this process may run on (its affinity mask), shared by the `local_world_size`
+processes of its machine: `cpus_per_rank` is what a rank may budget for its own threads.
 `torch.distributed` has no notion of the local rank, so that one comes from LOCAL_RANK or defaults to 0.
 torch is never imported here: if the program has not imported `torch.distributed`, no process group can exist.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 __all__ = ["World"]
@@ -29,22 +31,36 @@ class World:
         rank: global index of this process, 0 <= rank < world_size.
         world_size: number of processes that together read one epoch.
         local_rank: index of this process on its machine (selects the GPU), >= 0.
+        local_world_size: processes on this machine (torchrun's LOCAL_WORLD_SIZE), >= 1.
+        cpus: cores this process may run on (its CPU affinity), >= 1.
     """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    # Topology of the machine, not the position in the job: two Worlds at the same rank compare equal.
+    local_world_size: int = field(default=1, compare=False)
+    cpus: int = field(default=1, compare=False)
 
     def __post_init__(self) -> None:
         _check_int("rank", self.rank)
         _check_int("world_size", self.world_size)
         _check_int("local_rank", self.local_rank)
+        _check_int("local_world_size", self.local_world_size)
+        _check_int("cpus", self.cpus)
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
         if self.local_rank < 0:
             raise ValueError(f"local_rank must be >= 0, got {self.local_rank}")
+        if self.local_world_size < 1 or self.cpus < 1:
+            raise ValueError(f"local_world_size and cpus must be >= 1, got {self.local_world_size}, {self.cpus}")
+
+    @property
+    def cpus_per_rank(self) -> int:
+        """The share of this machine's usable cores one rank may fill with its own threads."""
+        return max(1, self.cpus // self.local_world_size)
 
     @property
     def is_leader(self) -> bool:
@@ -70,6 +86,7 @@ class World:
         env_rank = _env_int(env, "RANK")
         env_size = _env_int(env, "WORLD_SIZE")
         env_local = _env_int(env, "LOCAL_RANK")
+        env_local_size = _env_int(env, "LOCAL_WORLD_SIZE")
         if dist_size is None and (env_rank is None) != (env_size is None):
             present, missing = ("RANK", "WORLD_SIZE") if env_size is None else ("WORLD_SIZE", "RANK")
             if (rank if missing == "RANK" else world_size) is None:
@@ -87,12 +104,21 @@ class World:
                 rank=pick(rank, dist_rank, env_rank, 0),
                 world_size=pick(world_size, dist_size, env_size, 1),
                 local_rank=pick(local_rank, None, env_local, 0),
+                local_world_size=pick(None, None, env_local_size, 1),
+                cpus=_usable_cpus(),
             )
         except ValueError as exc:
             raise ValueError(f"inconsistent distributed setup: {exc} (explicit args: rank={rank}, "
                              f"world_size={world_size}, local_rank={local_rank}; torch.distributed: "
                              f"{dist_rank}/{dist_size}; env RANK/WORLD_SIZE/LOCAL_RANK: "
                              f"{env_rank}/{env_size}/{env_local})") from None
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:

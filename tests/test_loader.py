@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 import torch
 
+import fastfeed
+
 from fastfeed import IMAGENET_MEAN, IMAGENET_STD, open_dataset, sampling
 from fastfeed.decode import CPU_DEFAULT
 from fastfeed.decode.samples import torchvision_eval_reference
@@ -194,7 +196,8 @@ def test_resume_after_k_batches_gives_exactly_the_rest(wds_path, reference_run, 
         state = json.loads(json.dumps(first.state_dict()))
     with make_loader(wds_path, **RESUME_KW) as resumed:
         resumed.load_state_dict(state)
-        assert len(resumed) == (10 - k if k < 10 else 10)
+        assert resumed.batches_left == (10 - k if k < 10 else 10)
+        assert len(resumed) == 10  # len() is always a full epoch (Lightning and schedulers read it as one)
         rest = collect(resumed)
         assert_same_batches(rest, epoch0[k:] if k < 10 else epoch1)
         if k < 10:
@@ -252,7 +255,7 @@ def test_elastic_resume_covers_the_rest_exactly_once(wds_path, fingerprints, new
         with make_loader(wds_path, rank=r, world_size=new_world, **kw) as L:
             L.load_state_dict(states[r % W])  # any rank's state: they are rank-local but equal
             expected = plan(160, kw, rank=r, world_size=new_world, resume=states[r % W]["sampling"])
-            assert len(L) == expected.num_batches  # the rest of the epoch, not a full one
+            assert L.batches_left == expected.num_batches  # the rest of the epoch, not a full one
             ids = np.concatenate([identify(fingerprints, x) for x, _ in collect(L)])
             assert np.array_equal(ids, expected.indices)  # the Loader reads what the sampling plan says
             real.extend(ids[~expected.padded])
@@ -424,9 +427,10 @@ def corrupt_packed(tmp_path_factory, pack_cli):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("decoder", DECODERS)
-def test_corrupt_record_skip_keeps_shape_and_counts(corrupt_packed, fmt, decoder):
+@pytest.mark.parametrize("train", [False, True])
+def test_corrupt_record_skip_keeps_shape_and_counts(corrupt_packed, fmt, decoder, train):
     folders, bad_key = corrupt_packed
-    with make_loader(folders[fmt], decoder=decoder, batch_size=8, image_size=32, train=False, shuffle=False,
+    with make_loader(folders[fmt], decoder=decoder, batch_size=8, image_size=32, train=train, shuffle=False,
                      drop_last=False, on_error="skip") as L:
         batches = collect(L)
         keys, labels = [str(k) for k in L.dataset.keys], L.dataset.labels
@@ -438,9 +442,11 @@ def test_corrupt_record_skip_keeps_shape_and_counts(corrupt_packed, fmt, decoder
     i = keys.index(bad_key)
     k, j = divmod(i, 8)
     images, got_labels = batches[k]
-    # The bad position holds a copy of the next good sample of the batch (cyclically), label included.
+    # The bad position holds a copy of the next good sample of the batch (cyclically), with its label in training;
+    # in evaluation it is labelled IGNORE_INDEX, so no sample is scored twice.
     src = (j + 1) % len(got_labels)
-    assert torch.equal(images[j], images[src]) and got_labels[j] == labels[k * 8 + src]
+    assert torch.equal(images[j], images[src])
+    assert got_labels[j] == (labels[k * 8 + src] if train else fastfeed.IGNORE_INDEX)
     others = [p for p in range(len(got_labels)) if p != j]
     assert np.array_equal(got_labels[others].numpy(), labels[[k * 8 + p for p in others]])
 

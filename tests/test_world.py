@@ -59,3 +59,15 @@ def test_initialised_torch_distributed_beats_the_environment(tmp_path):
         assert World.resolve(rank=0, world_size=1, local_rank=0, environ=env) == World(0, 1, 0)
     finally:
         dist.destroy_process_group()
+
+
+def test_machine_topology_comes_from_torchrun_and_the_affinity_mask():
+    import os
+
+    w = World.resolve(environ={"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert (w.local_world_size, w.cpus) == (2, len(os.sched_getaffinity(0)))
+    assert w.cpus_per_rank == max(1, w.cpus // 2)
+    assert World(cpus=16, local_world_size=8).cpus_per_rank == 2
+    assert World(cpus=2, local_world_size=8).cpus_per_rank == 1
+    with pytest.raises(ValueError, match="local_world_size"):
+        World(local_world_size=0)

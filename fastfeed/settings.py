@@ -1,0 +1,246 @@
+"""`LoaderSettings`: every choice a Loader makes, resolved and validated once, then passed down as one frozen value.
+
+`resolve_settings(...)` is the only place that validates a Loader argument, maps the DataLoader keywords users pass
+out of habit, and derives a default that depends on the machine (decode threads, pipelines, hardware-decoder
+share, read-ahead). The user-facing defaults are the ones in `Loader.__init__`'s signature; the machine-dependent
+ones are the DEFAULT_* constants below. Components (the epoch runner, decoders, the start-up tuner) take the
+settings they need from this value and never re-derive them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from fastfeed.world import World
+
+__all__ = ["LoaderSettings", "resolve_settings", "DTYPES", "ORIENTATIONS", "ON_ERROR", "DEFAULT_HW_DECODER_LOAD",
+           "DEFAULT_READER_THREADS", "DEFAULT_PREFETCH", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE"]
+
+DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.uint8: "uint8"}
+ORIENTATIONS = ("ignore", "exif")
+ON_ERROR = ("skip", "raise")
+DECODERS = ("auto", "dali", "cpu", "cpu-dali", "cpu-pil")
+
+# Share of JPEGs DALI sends to the GPU's hardware decoder: 0.75-1.0 measured 1.5-2x faster than DALI's own 0.65 on
+# an H200 (benchmarks/RESULTS.md); 0.9 keeps a few CPU threads busy on what the hardware decoder would queue.
+DEFAULT_HW_DECODER_LOAD = 0.9
+# Native ring reader threads: enough in-flight preads for local NVMe; cold or network storage wants more.
+DEFAULT_READER_THREADS = 4
+# Decoded batches queued ahead of the training step.
+DEFAULT_PREFETCH = 2
+# Two DALI pipelines side by side: while one waits for its GPU work the other parses and submits the next batch,
+# keeping the hardware decoder busy (one synchronous pipeline measured 9.0k img/s, two 13.6k, on an H200). CPU
+# decoders already spread a batch over a thread pool.
+DEFAULT_DALI_PIPELINES = 2
+DEFAULT_DALI_THREADS = 4
+# More CPU decode threads than this stop paying on the machines measured (the pool's hand-off dominates).
+MAX_DEFAULT_DECODE_THREADS = 8
+
+# Bounds that catch typos before they become a 100 GB allocation or an hour-long first batch.
+MAX_BATCH_SIZE = 1 << 16
+MAX_IMAGE_SIZE = 8192
+MAX_THREADS = 256
+
+# DataLoader keywords with a meaning here (mapped) and the ones that have none (warned about once, ignored).
+_DATALOADER_MAPPED = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+_DATALOADER_IGNORED = ("collate_fn", "worker_init_fn", "timeout", "generator", "multiprocessing_context", "sampler",
+                       "batch_sampler", "pin_memory_device", "in_order", "snapshot_every_n_steps")
+_warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """What one Loader does, fully resolved. Build it with `resolve_settings`, never by hand in library code."""
+
+    batch_size: int
+    train: bool
+    image_size: int
+    device: torch.device
+    decoder: str  # the concrete kind: "dali", "cpu-dali" or "cpu-pil"
+    dtype: torch.dtype
+    channels_last: bool
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    shuffle: bool
+    drop_last: bool
+    seed: int
+    order: str
+    on_error: str
+    orientation: str
+    verify_checksums: bool
+    decode_threads: int  # threads per decoder (DALI's num_threads, or the CPU decoder's pool)
+    pipelines: int  # decoders working side by side on consecutive batches
+    hw_decoder_load: float
+    auto_tune: bool  # decode_threads/pipelines/hw_decoder_load are a starting point the tuner may change
+    fixed: frozenset  # of those three, the ones the user set: the tuner keeps them
+    prefetch: int  # decoded batches allowed ahead of the consumer
+    reader_threads: int
+    log_every: int | None
+
+    @property
+    def dtype_name(self) -> str:
+        return DTYPES[self.dtype]
+
+    @property
+    def ring_slots(self) -> int:
+        """Encoded batches the ring reads ahead: the decoded window plus one batch in every pipeline's hands."""
+        return self.prefetch + 2 * self.pipelines
+
+    def replace(self, **changes) -> "LoaderSettings":
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> dict:
+        """JSON-friendly view for stats() and logs."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = str(v) if isinstance(v, (torch.device, torch.dtype)) else (
+                sorted(v) if isinstance(v, frozenset) else v)
+        out["dtype"] = self.dtype_name
+        return out
+
+
+def resolve_settings(*, world: World, batch_size, train, image_size, device, decoder, dtype, channels_last, mean,
+                     std, shuffle, seed, drop_last, order, num_threads, reader_threads, prefetch, hw_decoder_load,
+                     pipelines, on_error, orientation, verify_checksums, log_every,
+                     dataloader_kwargs: dict | None = None) -> LoaderSettings:
+    """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults."""
+    from fastfeed import sampling
+    from fastfeed.decode import resolve_kind
+
+    batch_size = _int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
+    train = _bool("train", train)
+    image_size = _int("image_size", image_size, 1, MAX_IMAGE_SIZE)
+    seed = _int("seed", seed, 0, 2**63 - 1)
+    shuffle = train if shuffle is None else _bool("shuffle", shuffle)
+    drop_last = train if drop_last is None else _bool("drop_last", drop_last)
+    if order not in sampling.ORDERS:
+        raise ValueError(f"order must be one of {sorted(sampling.ORDERS)}, got {order!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of torch.float32/float16/bfloat16/uint8, got {dtype!r}")
+    mean, std = _triple("mean", mean), _triple("std", std)
+    if any(s <= 0 for s in std):
+        raise ValueError(f"std must be > 0, got {std}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if orientation not in ORIENTATIONS:
+        raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    if log_every is not None:
+        log_every = _int("log_every", log_every, 1, None)
+
+    num_threads, prefetch = _map_dataloader_kwargs(dataloader_kwargs or {}, num_threads, prefetch)
+    dev = _resolve_device(device, world)
+    kind = resolve_kind(decoder, str(dev))
+    auto = num_threads is None or num_threads == "auto"
+    if not auto:
+        num_threads = _int("num_threads", num_threads, 1, MAX_THREADS)
+    if pipelines is not None:
+        pipelines = _int("pipelines", pipelines, 1, 16)
+    if hw_decoder_load is not None:
+        if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, numbers.Real) \
+                or not 0.0 <= float(hw_decoder_load) <= 1.0:
+            raise ValueError(f"hw_decoder_load must be a number in [0, 1], got {hw_decoder_load!r}")
+    return LoaderSettings(
+        batch_size=batch_size, train=train, image_size=image_size, device=dev, decoder=kind, dtype=dtype,
+        channels_last=_bool("channels_last", channels_last), mean=mean, std=std, shuffle=shuffle,
+        drop_last=drop_last, seed=seed, order=order, on_error=on_error, orientation=orientation,
+        verify_checksums=_bool("verify_checksums", verify_checksums),
+        decode_threads=_default_decode_threads(kind, world) if auto else num_threads,
+        pipelines=pipelines or (DEFAULT_DALI_PIPELINES if kind == "dali" else 1),
+        hw_decoder_load=DEFAULT_HW_DECODER_LOAD if hw_decoder_load is None else float(hw_decoder_load),
+        # Only DALI's settings are worth measuring at start-up; a CPU decoder simply takes this rank's cores.
+        auto_tune=auto and kind == "dali",
+        fixed=frozenset(name for name, v in (("pipelines", pipelines), ("hw_decoder_load", hw_decoder_load))
+                        if v is not None),
+        prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),
+        reader_threads=DEFAULT_READER_THREADS if reader_threads is None else _int(
+            "reader_threads", reader_threads, 1, MAX_THREADS),
+        log_every=log_every,
+    )
+
+
+def _default_decode_threads(kind: str, world: World) -> int:
+    """DALI: the tuner's starting point (few threads: the hardware decoder does the work). A CPU decoder: this
+    rank's share of the machine's cores, capped."""
+    if kind == "dali":
+        return DEFAULT_DALI_THREADS
+    return min(MAX_DEFAULT_DECODE_THREADS, world.cpus_per_rank)
+
+
+def _map_dataloader_kwargs(kwargs: dict, num_threads, prefetch):
+    """DataLoader keywords: num_workers -> decode threads, prefetch_factor -> prefetch; pin_memory and
+    persistent_workers are what fastfeed always does; the rest have no meaning here and are ignored with one warning
+    each. A keyword DataLoader does not have either is a TypeError, as Python would raise."""
+    unknown = [k for k in kwargs if k not in _DATALOADER_MAPPED and k not in _DATALOADER_IGNORED]
+    if unknown:
+        raise TypeError(f"Loader() got unexpected keyword argument(s) {', '.join(map(repr, sorted(unknown)))}")
+    workers = kwargs.get("num_workers")
+    if workers is not None:
+        workers = _int("num_workers", workers, 0, MAX_THREADS)
+        if workers > 0 and (num_threads is None or num_threads == "auto"):
+            num_threads = workers  # DataLoader processes decode; here threads do, one per worker asked for
+    factor = kwargs.get("prefetch_factor")
+    if factor is not None and prefetch is None:
+        prefetch = _int("prefetch_factor", factor, 1, 64)
+    ignored = sorted(k for k in kwargs if k in _DATALOADER_IGNORED and kwargs[k] is not None)
+    fresh = [k for k in ignored if k not in _warned]
+    if fresh:
+        _warned.update(fresh)
+        warnings.warn(f"fastfeed.Loader ignores the DataLoader argument(s) {', '.join(fresh)}: sampling, batching "
+                      "and collation happen inside the Loader (see README, 'Coming from DataLoader'; per-batch "
+                      "transforms go to batch_transform=)", UserWarning, stacklevel=4)
+    return num_threads, prefetch
+
+
+def _resolve_device(device, world: World) -> torch.device:
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", world.local_rank % max(1, torch.cuda.device_count()))
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but CUDA is not available; use device='cpu'")
+        if dev.index is None:
+            dev = torch.device("cuda", world.local_rank % torch.cuda.device_count())
+        elif dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {dev} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    elif dev.type != "cpu":
+        raise ValueError(f"device must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
+    return dev
+
+
+def _int(name: str, value, lo: int, hi: int | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, numbers.Integral)) or value not in (0, 1):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _triple(name: str, value) -> tuple[float, float, float]:
+    try:
+        out = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be 3 numbers (one per RGB channel, in [0, 1] units), got {value!r}") from None
+    if len(out) != 3 or not all(math.isfinite(v) for v in out):
+        raise ValueError(f"{name} must be 3 finite numbers (one per RGB channel, in [0, 1] units), got {value!r}")
+    return out
