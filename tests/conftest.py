@@ -74,3 +74,20 @@ def copy_dataset(tmp_path):
         return dst
 
     return copy
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA and DALI's GPU backend: they run on the GPU machine (benchmarks/h200/), and are skipped
+    with the reason here on machines without a GPU, such as CI."""
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine: pytest -m gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
