@@ -2,7 +2,8 @@
 
 Each sample is the tar members `KEY.jpg` (or `.png`), `KEY.cls` (decimal label) and optionally `KEY.json`, so
 the `webdataset` library reads the shards unchanged, and `shard-NNNNNN.idx` is DALI's `wds2idx` index. Random
-access never parses tar headers: `samples.npz` already holds each image's (shard, offset, size).
+access never parses tar headers: `samples.npz` already holds each image's (shard, offset, size); `fastfeed
+verify` cross-checks those against the tar headers, the `.idx` files and the `.cls` members.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Iterator
 
 import numpy as np
 
-from fastfeed.formats.base import TableDataset
-from fastfeed.types import DatasetError, Extents, Sample
+from fastfeed.formats.base import TableDataset, data_path
+from fastfeed.types import DatasetError, Sample
 
 __all__ = ["WdsDataset"]
 
@@ -24,61 +25,74 @@ class WdsDataset(TableDataset):
 
     def __init__(self, root: str):
         super().__init__(root, "wds", ("shard", "offset", "meta_offset", "meta_size"))
-        self._paths = [os.path.join(self.root, s.path) for s in self.manifest.shards]
-        self._fds: dict[int, int] = {}
         t = self._table
-        if len(self) and (t["shard"].min() < 0 or t["shard"].max() >= len(self._paths)):
-            raise DatasetError(f"{root}: samples.npz refers to shards the manifest does not list")
+        has = t["meta_offset"] >= 0
+        if has.any():
+            end = t["meta_offset"][has] + t["meta_size"][has]
+            sizes = np.array([s.bytes for s in self.manifest.shards], dtype=np.int64)
+            bad = (t["meta_size"][has] < 0) | (end > sizes[t["shard"][has]])
+            if bad.any():
+                key = str(t["key"][has][np.flatnonzero(bad)[0]])
+                raise DatasetError(f"{self.table_path}: sample {key}: metadata extent lies outside its shard",
+                                   path=self.table_path, key=key)
 
-    def _fd(self, shard: int) -> int:
-        fd = self._fds.get(shard)
-        if fd is None:
-            fd = self._fds[shard] = os.open(self._paths[shard], os.O_RDONLY)
-        return fd
-
-    def _pread(self, shard: int, offset: int, size: int) -> bytes:
-        data = os.pread(self._fd(shard), size, offset)
-        if len(data) != size:
-            raise DatasetError(f"{self._paths[shard]}: short read at {offset} (file truncated?)")
-        return data
-
-    def read(self, i: int) -> bytes:
-        i = self._index(i)
-        t = self._table
-        return self._pread(int(t["shard"][i]), int(t["offset"][i]), int(t["size"][i]))
+    def _locate(self):
+        paths = [data_path(self.root, s.path) for s in self.manifest.shards]
+        return paths, self._table["shard"].astype(np.int32), self._table["offset"].astype(np.int64)
 
     def metadata(self, i: int) -> dict | None:
         i = self._index(i)
         t = self._table
         if t["meta_offset"][i] < 0:
             return None
-        raw = self._pread(int(t["shard"][i]), int(t["meta_offset"][i]), int(t["meta_size"][i]))
-        return json.loads(raw)
+        f, off, size = int(t["shard"][i]), int(t["meta_offset"][i]), int(t["meta_size"][i])
+        try:
+            data = os.pread(self._fd(f, i), size, off)
+        except OSError as e:
+            raise self._error(i, f"metadata unreadable ({e.strerror or e})") from None
+        return self._json(i, data)
 
-    def extents(self) -> Extents:
-        t = self._table
-        return Extents(list(self._paths), t["shard"].astype(np.int32), t["offset"].astype(np.int64),
-                       t["size"].astype(np.int64))
+    def _fd(self, f: int, i: int) -> int:
+        fd = self._fds.get(f)
+        if fd is None:
+            try:
+                fd = self._fds[f] = os.open(self._paths[f], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as e:
+                raise self._error(i, f"unreadable ({e.strerror or e})") from None
+        return fd
+
+    def _error(self, i: int, what: str) -> DatasetError:
+        path, key = self.file_of(i), str(self.keys[i])
+        return DatasetError(f"{path}: sample {key}: {what}", path=path, key=key)
+
+    def _json(self, i: int, raw) -> dict:
+        try:
+            return json.loads(bytes(raw))
+        except ValueError as e:
+            raise self._error(i, f"metadata is not valid JSON ({e})") from None
 
     def __iter__(self) -> Iterator[Sample]:
-        """Sequential, in storage order: one mmap per shard, so the kernel reads ahead."""
+        """Sequential, in storage order: one mmap per shard, so the kernel reads ahead. Checksums are checked."""
         t = self._table
         labels, keys = t["label"], t["key"]
         i, n = 0, len(self)
         while i < n:
             shard = int(t["shard"][i])
-            with open(self._paths[shard], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            try:
+                f = open(self._paths[shard], "rb")
+            except OSError as e:
+                raise self._error(i, f"unreadable ({e.strerror or e})") from None
+            with f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
                 m.madvise(mmap.MADV_SEQUENTIAL)
                 while i < n and t["shard"][i] == shard:
                     off, size = int(t["offset"][i]), int(t["size"][i])
                     meta = None
                     if t["meta_offset"][i] >= 0:
                         mo = int(t["meta_offset"][i])
-                        meta = json.loads(m[mo : mo + int(t["meta_size"][i])])
-                    yield Sample(str(keys[i]), m[off : off + size], int(labels[i]), meta)
+                        meta = self._json(i, m[mo : mo + int(t["meta_size"][i])])
+                    data = m[off : off + size]
+                    if len(data) != size:
+                        raise self._error(i, "short read (file truncated?)")
+                    self.check(i, data)
+                    yield Sample(str(keys[i]), data, int(labels[i]), meta)
                     i += 1
-
-    def close(self) -> None:
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
