@@ -174,8 +174,9 @@ class LmdbDataset(TableDataset):
 
         i = self._index(i)
         key = str(self.keys[i])
+        txn = self._txn()
         try:
-            raw = self._txn().get(json_key(key))
+            raw = txn.get(json_key(key))
             if raw is None:
                 return None
             return json.loads(bytes(raw))
