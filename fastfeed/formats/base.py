@@ -261,7 +261,7 @@ class TableDataset:
         try:
             fd = self._fds.get(f)
             if fd is None:
-                fd = self._fds[f] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                fd = self._open_fd(f)
             data = os.pread(fd, size, off)
         except OSError as e:
             raise DatasetError(f"{path}: sample {key}: unreadable ({e.strerror or e})", path=path, key=key) from None
@@ -269,6 +269,15 @@ class TableDataset:
             raise DatasetError(f"{path}: sample {key}: short read at offset {off} (file truncated?)",
                                path=path, key=key)
         return data
+
+    def _open_fd(self, f: int) -> int:
+        """The shared read-only descriptor of data file f (readers may call read() from several threads: the
+        loser of a race closes its own descriptor)."""
+        fd = os.open(self._paths[f], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        kept = self._fds.setdefault(f, fd)
+        if kept != fd:
+            os.close(fd)
+        return kept
 
     def _check_extents(self) -> None:
         """Every image must lie inside its data file (sizes from the manifest, already checked against disk)."""

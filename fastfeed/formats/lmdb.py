@@ -151,6 +151,11 @@ class LmdbDataset(TableDataset):
     def _locate(self):
         self._env_path = os.path.join(self.root, "data.lmdb")
         self._data_path = os.path.join(self.root, DATA_FILE)
+        listed = [s.path for s in self.manifest.shards]
+        if listed != [DATA_FILE]:
+            where = os.path.join(self.root, "fastfeed.json")
+            raise DatasetError(f"{where}: an LMDB dataset lists data files {listed}, expected [{DATA_FILE!r}]",
+                               path=where)
         if "offset" in self._table:
             offsets = self._table["offset"].astype(np.int64)
         else:  # format version 1: no stored offsets

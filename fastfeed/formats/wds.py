@@ -56,7 +56,7 @@ class WdsDataset(TableDataset):
         fd = self._fds.get(f)
         if fd is None:
             try:
-                fd = self._fds[f] = os.open(self._paths[f], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                fd = self._open_fd(f)
             except OSError as e:
                 raise self._error(i, f"unreadable ({e.strerror or e})") from None
         return fd
