@@ -235,6 +235,16 @@ class TableDataset:
         return Extents(list(self._paths), self._file_index.copy(), self._offset.copy(),
                        self.sizes.astype(np.int64))
 
+    def describe(self, i: int) -> str:
+        """How reports name sample i: its key, position and source path."""
+        src = self.sources
+        return f"key {self.keys[i]} (sample {i}" + (f", source {src[i]})" if src is not None else ")")
+
+    def check_layout(self, damaged: set[str]) -> tuple[list[str], list[str], list[str]]:
+        """`fastfeed verify`'s cross-check of the format's own records against samples.npz: (errors, notes,
+        names of what was checked). `damaged`: manifest paths of data files whose sha256 is wrong."""
+        return [], [], []
+
     def file_of(self, i: int) -> str:
         """The data file holding sample i's image."""
         return self._paths[int(self._file_index[i])]

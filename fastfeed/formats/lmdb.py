@@ -195,6 +195,32 @@ class LmdbDataset(TableDataset):
         for i, k in enumerate(self.keys):
             yield Sample(str(k), self.read(i), int(labels[i]), self.metadata(i))
 
+    def check_layout(self, damaged: set[str]) -> tuple[list[str], list[str], list[str]]:
+        """Each `cls/KEY` record against the label and each `img/KEY` size, walked only when data.mdb matches its
+        sha256: liblmdb trusts its pages, and a damaged file can make it crash, so it is not handed one."""
+        import lmdb
+
+        if damaged:
+            return [], ["LMDB records not cross-checked: data.mdb does not match its sha256, and liblmdb is not safe "
+                        "to walk on damaged pages (the per-sample checksums name the damaged images)"], []
+        errors: list[str] = []
+        t = self._table
+        try:
+            txn = self._txn()
+            for i, k in enumerate(t["key"].tolist()):
+                img, cls = txn.get(img_key(k)), txn.get(cls_key(k))
+                if img is None or len(img) != int(t["size"][i]):
+                    errors.append(f"{DATA_FILE}: {self.describe(i)}: img/{k} is "
+                                  f"{'missing' if img is None else f'{len(img)} bytes'}, samples.npz says "
+                                  f"{int(t['size'][i])} bytes")
+                if cls is None or bytes(cls).strip() != b"%d" % int(t["label"][i]):
+                    errors.append(f"{DATA_FILE}: {self.describe(i)}: cls/{k} holds "
+                                  f"{None if cls is None else bytes(cls)[:20]!r}, samples.npz says label "
+                                  f"{int(t['label'][i])}")
+        except (lmdb.Error, MemoryError, DatasetError) as e:
+            errors.append(f"{DATA_FILE}: damaged LMDB environment ({e})")
+        return errors, [], ["LMDB labels and sizes"]
+
     def close(self) -> None:
         super().close()
         if getattr(self, "_env", None) is not None:

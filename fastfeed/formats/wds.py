@@ -96,3 +96,81 @@ class WdsDataset(TableDataset):
                     self.check(i, data)
                     yield Sample(str(keys[i]), data, int(labels[i]), meta)
                     i += 1
+
+    def check_layout(self, damaged: set[str]) -> tuple[list[str], list[str], list[str]]:
+        """Each shard's `.idx` (DALI reads it: a wrong offset there means wrong bytes on the DALI path) and each
+        image's tar header against samples.npz (name, offset, size), each `.cls` member against the label."""
+        errors: list[str] = []
+        t = self._table
+        for s_idx, shard in enumerate(self.manifest.shards):
+            idx_rel = shard.path[: -len(".tar")] + ".idx"
+            rows = np.flatnonzero(t["shard"] == s_idx)
+            rows = rows[np.argsort(t["offset"][rows], kind="stable")]
+            try:
+                with open(data_path(self.root, idx_rel), encoding="utf-8") as f:
+                    lines = f.read().splitlines()
+            except (OSError, UnicodeDecodeError) as e:
+                errors.append(f"{idx_rel}: unreadable DALI index ({e})")
+                lines = None
+            if lines is not None:
+                head = lines[0].split() if lines else []
+                if len(head) != 2 or head[1] != str(len(rows)) or len(lines) - 1 != len(rows):
+                    errors.append(f"{idx_rel}: header {lines[0] if lines else ''!r} and {len(lines) - 1} entries, "
+                                  f"samples.npz has {len(rows)} samples in {shard.path}")
+            with open(self._paths[s_idx], "rb") as f:
+                for n, i in enumerate(rows.tolist()):
+                    if lines is not None and n + 1 < len(lines):
+                        problem = self._idx_problem(lines[n + 1], i)
+                        if problem:
+                            errors.append(f"{idx_rel}: {self.describe(i)}: {problem}")
+                    problem = self._tar_problem(f.fileno(), i)
+                    if problem:
+                        errors.append(f"{shard.path}: {self.describe(i)}: {problem}")
+        return errors, [], ["DALI indexes, tar headers and .cls labels"]
+
+    def _idx_problem(self, line: str, i: int) -> str | None:
+        t = self._table
+        key = str(t["key"][i])
+        f = line.split()
+        members = {f[j]: (f[j + 1], f[j + 2], f[j + 3]) for j in range(0, len(f) - 3, 4)}
+        want = {"cls"} | ({"json"} if int(t["meta_offset"][i]) >= 0 else set())
+        img = [e for e in members if e not in ("cls", "json")]
+        if len(f) % 4 or not want <= set(members) or len(img) != 1:
+            return f"entry {line!r} lacks members"
+        off, size, name = members[img[0]]
+        if (off, size, name) != (str(t["offset"][i]), str(t["size"][i]), f"{key}.{img[0]}"):
+            return (f"says {name} at offset {off}, {size} bytes; samples.npz says offset {t['offset'][i]}, "
+                    f"{t['size'][i]} bytes")
+        if "json" in want and members["json"][:2] != (str(t["meta_offset"][i]), str(t["meta_size"][i])):
+            return "metadata member offset/size differ from samples.npz"
+        return None
+
+    def _tar_problem(self, fd: int, i: int) -> str | None:
+        t = self._table
+        key, off, size, label = str(t["key"][i]), int(t["offset"][i]), int(t["size"][i]), int(t["label"][i])
+        hdr = _tar_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
+        if hdr is None or hdr[1] != size or not hdr[0].startswith(key + "."):
+            return (f"tar header before offset {off} is {'damaged' if hdr is None else repr(hdr)}, samples.npz "
+                    f"says {key}.* of {size} bytes")
+        cls_at = off + size + (-size % 512)
+        chdr = _tar_header(os.pread(fd, 512, cls_at))
+        if chdr is None or chdr[0] != f"{key}.cls":
+            return f"no intact {key}.cls member after the image"
+        raw = os.pread(fd, min(chdr[1], 32), cls_at + 512)
+        if raw.strip() != b"%d" % label:
+            return f"{key}.cls holds {raw[:20]!r}, samples.npz says label {label}"
+        return None
+
+
+def _tar_header(block: bytes) -> tuple[str, int] | None:
+    """(member name, size) of a ustar header block, None when its checksum is wrong or a field is garbage."""
+    if len(block) != 512:
+        return None
+    try:
+        want = int(block[148:156].split(b"\0")[0].strip(), 8)
+        size = int(block[124:136].split(b"\0")[0].strip() or b"0", 8)
+    except ValueError:
+        return None
+    if sum(block[:148]) + 8 * 32 + sum(block[156:]) != want:
+        return None
+    return block[:100].split(b"\0")[0].decode("utf-8", "replace"), size

@@ -23,11 +23,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from fastfeed.formats import open_dataset
 from fastfeed.formats.integrity import checksum, sha256_file
-from fastfeed.formats.lmdb import cls_key, img_key
 from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
 from fastfeed.types import DatasetError
 
@@ -61,10 +58,10 @@ def verify(path: str, workers: int | None = None, decode: bool = True, quick: bo
         report.num_files = len(ds.manifest.shards)
         report.checked.append("manifest and sample table")
         damaged = _check_files(ds, report)
-        if ds.manifest.kind == "wds":
-            _check_wds_layout(ds, report)
-        else:
-            _check_lmdb_records(ds, report, damaged)
+        errors, notes, checked = ds.check_layout(damaged)  # the format's own records (formats/wds.py, lmdb.py)
+        report.errors += errors
+        report.notes += notes
+        report.checked += checked
         good = _check_samples(ds, report)
         if not quick:
             _decode_all(ds, report, good, workers)
@@ -72,8 +69,7 @@ def verify(path: str, workers: int | None = None, decode: bool = True, quick: bo
 
 
 def _name(ds, i: int) -> str:
-    src = ds.sources
-    return f"key {ds.keys[i]} (sample {i}" + (f", source {src[i]})" if src is not None else ")")
+    return ds.describe(i)
 
 
 def _check_files(ds, report: VerifyReport) -> set[str]:
@@ -86,126 +82,6 @@ def _check_files(ds, report: VerifyReport) -> set[str]:
                                  f"{shard.sha256[:16]}... (file modified or corrupted)")
     report.checked.append("file sha256")
     return damaged
-
-
-# ---- WebDataset: .idx, tar headers, .cls ----------------------------------------------------------------------
-
-
-def _tar_header(block: bytes) -> tuple[str, int] | None:
-    """(member name, size) of a ustar header block, None when its checksum is wrong or a field is garbage."""
-    if len(block) != 512:
-        return None
-    stored = block[148:156].split(b"\0")[0].strip()
-    try:
-        want = int(stored, 8)
-        size = int(block[124:136].split(b"\0")[0].strip() or b"0", 8)
-    except ValueError:
-        return None
-    if sum(block[:148]) + 8 * 32 + sum(block[156:]) != want:
-        return None
-    return block[:100].split(b"\0")[0].decode("utf-8", "replace"), size
-
-
-def _check_wds_layout(ds, report: VerifyReport) -> None:
-    t = ds._table
-    for s_idx, shard in enumerate(ds.manifest.shards):
-        tar_path = os.path.join(ds.root, shard.path)
-        idx_rel = shard.path[: -len(".tar")] + ".idx"
-        rows = np.flatnonzero(t["shard"] == s_idx)
-        rows = rows[np.argsort(t["offset"][rows], kind="stable")]
-        try:
-            with open(os.path.join(ds.root, idx_rel), encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            report.errors.append(f"{idx_rel}: unreadable DALI index ({e})")
-            lines = None
-        if lines is not None:
-            head = lines[0].split() if lines else []
-            if len(head) != 2 or head[1] != str(len(rows)) or len(lines) - 1 != len(rows):
-                report.errors.append(f"{idx_rel}: header {lines[0] if lines else ''!r} and {len(lines) - 1} "
-                                     f"entries, samples.npz has {len(rows)} samples in {shard.path}")
-        with open(tar_path, "rb") as f:
-            fd = f.fileno()
-            for n, i in enumerate(rows.tolist()):
-                key, off, size = str(t["key"][i]), int(t["offset"][i]), int(t["size"][i])
-                if lines is not None and n + 1 < len(lines):
-                    _check_idx_line(ds, report, idx_rel, lines[n + 1], i)
-                hdr = _tar_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
-                if hdr is None or hdr[1] != size or not hdr[0].startswith(key + "."):
-                    report.errors.append(f"{shard.path}: {_name(ds, i)}: tar header before offset {off} is "
-                                         f"{'damaged' if hdr is None else repr(hdr)}, samples.npz says "
-                                         f"{key}.* of {size} bytes")
-                    continue
-                cls_at = off + size + (-size % 512)
-                chdr = _tar_header(os.pread(fd, 512, cls_at))
-                if chdr is None or chdr[0] != f"{key}.cls":
-                    report.errors.append(f"{shard.path}: {_name(ds, i)}: no intact {key}.cls member after the image")
-                    continue
-                raw = os.pread(fd, chdr[1], cls_at + 512)
-                if raw.strip() != b"%d" % int(t["label"][i]):
-                    report.errors.append(f"{shard.path}: {_name(ds, i)}: {key}.cls holds {raw[:20]!r}, samples.npz "
-                                         f"says label {int(t['label'][i])}")
-    report.checked.append("DALI indexes, tar headers and .cls labels")
-
-
-def _check_idx_line(ds, report: VerifyReport, idx_rel: str, line: str, i: int) -> None:
-    t = ds._table
-    key = str(t["key"][i])
-    f = line.split()
-    members = {f[j]: (f[j + 1], f[j + 2], f[j + 3]) for j in range(0, len(f) - 3, 4)}
-    want = {"cls"}
-    if int(t["meta_offset"][i]) >= 0:
-        want.add("json")
-    img = [e for e in members if e not in ("cls", "json")]
-    problem = None
-    if len(f) % 4 or not want <= set(members) or len(img) != 1:
-        problem = f"entry {line!r} lacks members"
-    else:
-        off, size, name = members[img[0]]
-        if (off, size, name) != (str(t["offset"][i]), str(t["size"][i]), f"{key}.{img[0]}"):
-            problem = (f"says {name} at offset {off}, {size} bytes; samples.npz says offset {t['offset'][i]}, "
-                       f"{t['size'][i]} bytes")
-        elif "json" in want and members["json"][:2] != (str(t["meta_offset"][i]), str(t["meta_size"][i])):
-            problem = "metadata member offset/size differ from samples.npz"
-    if problem:
-        report.errors.append(f"{idx_rel}: {_name(ds, i)}: {problem}")
-
-
-# ---- LMDB: cls/ and img/ records --------------------------------------------------------------------------------
-
-
-def _check_lmdb_records(ds, report: VerifyReport, damaged: set[str]) -> None:
-    if damaged:
-        report.notes.append("LMDB records not cross-checked: data.mdb does not match its sha256, and liblmdb is not "
-                            "safe to walk on damaged pages (the per-sample checksums name the damaged images)")
-        return
-    import lmdb
-
-    t = ds._table
-    env_path = os.path.join(ds.root, "data.lmdb")
-    try:
-        env = lmdb.open(env_path, readonly=True, lock=False, subdir=True, readahead=False)
-    except lmdb.Error as e:
-        report.errors.append(f"data.lmdb: cannot open ({e})")
-        return
-    try:
-        with env.begin(buffers=True) as txn:
-            for i, k in enumerate(t["key"].tolist()):
-                img = txn.get(img_key(k))
-                cls = txn.get(cls_key(k))
-                if img is None or len(img) != int(t["size"][i]):
-                    report.errors.append(f"data.lmdb/data.mdb: {_name(ds, i)}: img/{k} is "
-                                         f"{'missing' if img is None else f'{len(img)} bytes'}, samples.npz says "
-                                         f"{int(t['size'][i])} bytes")
-                if cls is None or bytes(cls).strip() != b"%d" % int(t["label"][i]):
-                    report.errors.append(f"data.lmdb/data.mdb: {_name(ds, i)}: cls/{k} holds "
-                                         f"{None if cls is None else bytes(cls)[:20]!r}, samples.npz says label "
-                                         f"{int(t['label'][i])}")
-    except lmdb.Error as e:
-        report.errors.append(f"data.lmdb/data.mdb: damaged LMDB environment ({e})")
-    finally:
-        env.close()
-    report.checked.append("LMDB labels and sizes")
 
 
 # ---- per-sample checksums and decode ----------------------------------------------------------------------------
