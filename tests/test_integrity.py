@@ -119,3 +119,35 @@ def test_dataset_error_is_a_value_error_with_path_and_key(packed, copy_dataset):
     with pytest.raises(ValueError) as ei:
         fastfeed.open_dataset(root)
     assert isinstance(ei.value, DatasetError) and ei.value.path.endswith("samples.npz") and ei.value.key is None
+
+
+def test_full_verify_accepts_what_pil_only_warns_about(demo_tree, tmp_path):
+    """A JPEG whose EXIF block lies about a tag's length: PIL warns ("Truncated File Read") and decodes it, the
+    packer accepts it, so verify must too, even with warnings turned into errors (pytest's config here)."""
+    import io
+    import shutil
+    import struct
+    import warnings
+
+    from PIL import Image
+
+    from fastfeed.pack import PackOptions, pack
+    from fastfeed.pack.verify import verify
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for p in sorted((demo_tree / "class_000").iterdir())[:3]:
+        shutil.copy(p, src / p.name)
+    tiff = b"II*\x00" + struct.pack("<IH", 8, 1) + struct.pack("<HHII", 0x010E, 2, 100, 26) + struct.pack("<I", 0)
+    buf = io.BytesIO()
+    Image.new("RGB", (48, 64), (200, 30, 30)).save(buf, "JPEG", exif=b"Exif\x00\x00" + tiff)
+    (src / "zz_bad_exif.jpg").write_bytes(buf.getvalue())
+    with pytest.raises(UserWarning):  # the premise: PIL does warn on it
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            Image.open(io.BytesIO(buf.getvalue())).load()
+    res = pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(format="wds", jpeg_mode="keep"))
+    assert res.manifest.num_samples == 4
+    report = verify(str(tmp_path / "out"), workers=2)
+    assert report.ok, report.errors
+    assert "full decode" in report.checked

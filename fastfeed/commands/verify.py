@@ -18,14 +18,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
     from fastfeed.pack import verify
     from fastfeed.types import DatasetError
 
-    # PIL warns about odd but decodable files (corrupt EXIF, palette transparency); the Loader decodes them, so
-    # verify accepts them. Set once, here, in the CLI process before any thread starts (filters are global).
-    warnings.filterwarnings("ignore", module=r"PIL\.")
     quick = bool(args.quick or args.no_decode)
     try:
         report = verify(args.path, workers=args.workers, quick=quick)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -136,7 +137,13 @@ def _decode_all(ds, report: VerifyReport, indices: list[int], workers: int | Non
     # releases the GIL. At most `window` samples are held in memory.
     nworkers = workers or os.cpu_count() or 1
     window = 4 * nworkers
-    with ThreadPoolExecutor(max_workers=nworkers, thread_name_prefix="fastfeed-verify") as pool:
+    # PIL warns about odd but decodable files (corrupt EXIF, truncated metadata); the Loader decodes them, so they
+    # are not errors here, even under `-W error`. The filter is set once, on this (the calling) thread, around the
+    # pool's whole life: catch_warnings() saves and restores the process-wide filter list, so calling it per
+    # decode on the pool threads would race (the reason jpeg.py avoids it).
+    with warnings.catch_warnings(), ThreadPoolExecutor(max_workers=nworkers,
+                                                       thread_name_prefix="fastfeed-verify") as pool:
+        warnings.filterwarnings("ignore", module=r"PIL(\..*)?$")
         pending: list = []
         for i in indices:
             try:
