@@ -61,6 +61,8 @@ def test_bad_checksums_finds_exactly_the_damaged_positions(packed, fmt):
         views[4] = np.empty(0, dtype=np.uint8)  # a failed read
         views[2] = memoryview(ds.read(int(idx[2])))
         assert bad_checksums(ds, idx, views) == [1, 4]
+        digests = np.array([xxhash.xxh3_64_intdigest(v) for v in views], dtype=np.uint64)
+        assert bad_checksums(ds, idx, views, digests=digests) == [1, 4]
         # the same batch, samples swapped: the checksums belong to the indices, not to the batch
         assert bad_checksums(ds, idx[[1, 0]], [ds.read(7), ds.read(3)]) == [0, 1]
 
