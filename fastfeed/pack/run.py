@@ -91,6 +91,9 @@ class PackResult:
         if failed:
             line += (f"\n{failed} JPEG(s) libjpeg found corrupt were stored untouched "
                      f"(listed under extra.transcode_failed in {MANIFEST_NAME})")
+        if m.changes:
+            changed = ", ".join(f"{k} {v}" for k, v in sorted(m.changes.items()))
+            line += f"\nstored differently from the source: {changed}"
         if m.options.get("jpeg_note"):
             line += f"\nnote: {m.options['jpeg_note']}"
         return line
