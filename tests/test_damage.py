@@ -245,7 +245,8 @@ def lmdb_tree_page_flipped(root, fmt):
 
 COMMON = [manifest_bad_json, manifest_missing_keys, manifest_wrong_types, manifest_shard_outside_relative,
           manifest_shard_outside_absolute, manifest_missing, data_file_missing, data_file_truncated,
-          table_labels_changed, table_truncated, table_missing, v1_table_truncated, v1_table_offsets_outside, v1_table_labels_changed,
+          table_labels_changed, table_truncated, table_missing, v1_table_truncated, v1_table_offsets_outside,
+          v1_table_labels_changed,
           image_bytes_flipped]
 WDS_ONLY = [tar_header_damaged, idx_offsets_edited, idx_missing]
 LMDB_ONLY = [lmdb_meta_pages_flipped, lmdb_v1_meta_pages_flipped, lmdb_tree_page_flipped, lmdb_v1_tree_page_flipped]
