@@ -150,6 +150,18 @@ def data_file_truncated(root, fmt):
     return Damage("open", rel)
 
 
+def table_replaced_by_fifo(root, fmt):
+    os.unlink(root / "samples.npz")
+    os.mkfifo(root / "samples.npz")  # opening it for reading would block forever
+    return Damage("open", "samples.npz")
+
+
+def idx_replaced_by_fifo(root, fmt):
+    os.unlink(root / "shard-000000.idx")
+    os.mkfifo(root / "shard-000000.idx")
+    return Damage("verify", "shard-000000.idx")
+
+
 def table_labels_changed(root, fmt):
     t = _table(root)
     t["label"][SAMPLE] = (t["label"][SAMPLE] + 1) % 4
@@ -246,9 +258,8 @@ def lmdb_tree_page_flipped(root, fmt):
 COMMON = [manifest_bad_json, manifest_missing_keys, manifest_wrong_types, manifest_shard_outside_relative,
           manifest_shard_outside_absolute, manifest_missing, data_file_missing, data_file_truncated,
           table_labels_changed, table_truncated, table_missing, v1_table_truncated, v1_table_offsets_outside,
-          v1_table_labels_changed,
-          image_bytes_flipped]
-WDS_ONLY = [tar_header_damaged, idx_offsets_edited, idx_missing]
+          v1_table_labels_changed, table_replaced_by_fifo, image_bytes_flipped]
+WDS_ONLY = [tar_header_damaged, idx_offsets_edited, idx_missing, idx_replaced_by_fifo]
 LMDB_ONLY = [lmdb_meta_pages_flipped, lmdb_v1_meta_pages_flipped, lmdb_tree_page_flipped, lmdb_v1_tree_page_flipped]
 CASES = ([("wds", d) for d in COMMON + WDS_ONLY] + [("lmdb", d) for d in COMMON + LMDB_ONLY])
 

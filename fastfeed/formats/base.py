@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from typing import Iterator, Protocol, runtime_checkable
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 from fastfeed.formats.integrity import checksum, xxh3_hex
 from fastfeed.types import MANIFEST_NAME, SAMPLES_NAME, DatasetError, Extents, Manifest, Sample
 
-__all__ = ["Dataset", "TableDataset", "load_manifest", "load_table", "data_path"]
+__all__ = ["Dataset", "TableDataset", "load_manifest", "load_table", "data_path", "read_regular"]
 
 
 @runtime_checkable
@@ -64,21 +65,34 @@ def load_manifest(root: str) -> Manifest:
             hint = " (packed in parts: join them with `fastfeed merge`)"
         raise DatasetError(f"{root}: no {MANIFEST_NAME}, so this is not a complete fastfeed dataset{hint}", path=path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_regular(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise DatasetError(f"{path}: unreadable ({e})", path=path) from None
     manifest = Manifest.from_json(text, where=path)
     for shard in manifest.shards:
         p = data_path(root, shard.path, where=path)
         try:
-            size = os.path.getsize(p)
+            st = os.stat(p)
+            size = st.st_size if stat.S_ISREG(st.st_mode) else -1
         except OSError:
             raise DatasetError(f"{root}: data file {shard.path} listed in the manifest is missing", path=p) from None
         if size != shard.bytes:
             raise DatasetError(f"{root}: data file {shard.path} is {size} bytes, the manifest says {shard.bytes} "
                                f"(truncated or modified; run `fastfeed verify`)", path=p)
     return manifest
+
+
+def read_regular(path: str) -> bytes:
+    """The whole file, refusing anything but a regular file (opening a FIFO put in a dataset's place would block
+    forever)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"not a regular file: {path}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 def data_path(root: str, rel: str, where: str = MANIFEST_NAME) -> str:
@@ -95,8 +109,7 @@ def load_table(root: str, manifest: Manifest, required: tuple[str, ...]) -> dict
     """Read `samples.npz`, check it against the manifest's checksum (version 2) and its columns' lengths."""
     path = os.path.join(root, SAMPLES_NAME)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_regular(path)
     except OSError as e:
         raise DatasetError(f"{path}: unreadable sample table ({e})", path=path) from None
     if manifest.samples_xxh3 and xxh3_hex(raw) != manifest.samples_xxh3:

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
-from fastfeed.formats.base import TableDataset, data_path
+from fastfeed.formats.base import TableDataset, data_path, read_regular
 from fastfeed.types import DatasetError, Sample
 
 __all__ = ["WdsDataset"]
@@ -107,8 +107,7 @@ class WdsDataset(TableDataset):
             rows = np.flatnonzero(t["shard"] == s_idx)
             rows = rows[np.argsort(t["offset"][rows], kind="stable")]
             try:
-                with open(data_path(self.root, idx_rel), encoding="utf-8") as f:
-                    lines = f.read().splitlines()
+                lines = read_regular(data_path(self.root, idx_rel)).decode("utf-8").splitlines()
             except (OSError, UnicodeDecodeError) as e:
                 errors.append(f"{idx_rel}: unreadable DALI index ({e})")
                 lines = None
