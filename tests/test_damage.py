@@ -2,7 +2,8 @@
 
 Every damage must end in a `DatasetError` (exactly that type) whose message names the damaged file, and the
 sample key when the damage is per sample, at the first place that can notice it:
-  open   - `open_dataset` refuses the folder (and `fastfeed verify` exits 2 with the same message);
+  open   - `open_dataset` refuses the folder (and `fastfeed verify` exits 2, and `Loader` raises, with the same
+           message);
   read   - the folder opens, reading the damaged sample raises (its checksum), other samples still read;
   verify - the bytes the readers use are intact (a tar header, a DALI index, an unchecked v1 label), so only
            `fastfeed verify --quick` can see it, and it names the file and the sample.
@@ -282,6 +283,9 @@ def test_damage(packed, copy_dataset, capsys, fmt, damage):
         capsys.readouterr()
         assert cli(["verify", "--quick", str(root)]) == 2
         _names(capsys.readouterr().err, d)
+        with pytest.raises(DatasetError) as ei:  # the Loader opens through open_dataset: the same error
+            fastfeed.Loader(root, batch_size=8, device="cpu", decoder="cpu", num_threads=1)
+        _names(str(ei.value), d)
         return
     with fastfeed.open_dataset(root) as ds:
         for i in range(len(ds)):
