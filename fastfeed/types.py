@@ -1,7 +1,13 @@
 """Value types shared by the packer, the readers and the loader.
 
-The on-disk manifest (`OUT/fastfeed.json`) is versioned: a reader refuses any other `FORMAT_VERSION`, so a change
-to the layout of shards, `samples.npz` or the LMDB key scheme must bump it.
+The on-disk manifest (`OUT/fastfeed.json`) is versioned: a reader refuses versions it does not know
+(`READABLE_VERSIONS`), so a change to the layout of shards, `samples.npz` or the LMDB key scheme must bump it.
+
+Version history:
+    1  shards/LMDB + samples.npz.
+    2  samples.npz gains `checksum` (xxh3_64 of each stored image) and `orientation` (EXIF tag 1..8), LMDB tables
+       gain `offset`; the manifest gains `samples_xxh3` (checksum of samples.npz itself) and `changes`.
+       Version 1 datasets still open: per-sample checks are then skipped.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import numpy as np
 
 __all__ = [
     "FORMAT_VERSION",
+    "READABLE_VERSIONS",
     "MANIFEST_NAME",
     "SAMPLES_NAME",
     "REJECTED_NAME",
@@ -23,7 +30,8 @@ __all__ = [
     "Sample",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "fastfeed.json"
 SAMPLES_NAME = "samples.npz"
 REJECTED_NAME = "rejected.jsonl"
@@ -31,7 +39,14 @@ KINDS = ("wds", "lmdb")
 
 
 class DatasetError(ValueError):
-    """A folder is not a usable packed dataset (no manifest, wrong version, missing or damaged files)."""
+    """A folder is not a usable packed dataset (no manifest, wrong version, missing or damaged files), or one
+    sample of it is damaged. The message names the file and, when known, the sample key; both are also
+    attributes (`path`, `key`: None when not known) for callers that report them structurally."""
+
+    def __init__(self, message: str, *, path: str | None = None, key: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,9 @@ class Manifest:
 
     `source` is the absolute path of the packed image folder (or list file), so benchmarks can compare a packed
     dataset against reading the original files. `jpeg_mix` counts samples by `fastfeed.jpeg` kind name.
+    `samples_xxh3` is the xxh3_64 (16 hex digits) of `samples.npz`, checked on every open ("" in version 1).
+    `changes` counts accepted files whose stored bytes differ from the source, by the validator's change code
+    (e.g. "trimmed_trailing_data", "converted_to_png").
     `image_stats` holds min/mean/max of width, height and stored bytes. `part` is `{"index": i, "count": K}`
     for one part of a `--num-parts` pack, None otherwise.
     """
@@ -70,6 +88,8 @@ class Manifest:
     version: int = FORMAT_VERSION
     created_by: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    samples_xxh3: str = ""
+    changes: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -83,17 +103,39 @@ class Manifest:
         if not isinstance(raw, dict):
             raise DatasetError(f"{where}: expected a JSON object")
         version = raw.get("version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise DatasetError(
-                f"{where}: format version {version!r}, this fastfeed reads version {FORMAT_VERSION}; re-pack the dataset"
-            )
+                f"{where}: format version {version!r}, this fastfeed reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}; re-pack the dataset", path=where)
         if raw.get("kind") not in KINDS:
-            raise DatasetError(f"{where}: unknown dataset kind {raw.get('kind')!r}")
+            raise DatasetError(f"{where}: unknown dataset kind {raw.get('kind')!r}", path=where)
         try:
             raw["shards"] = [ShardInfo(**s) for s in raw["shards"]]
-            return cls(**raw)
+            m = cls(**raw)
         except (TypeError, KeyError) as e:
-            raise DatasetError(f"{where}: malformed manifest ({e})") from None
+            raise DatasetError(f"{where}: malformed manifest ({type(e).__name__}: {e})", path=where) from None
+        m._check_types(where)
+        return m
+
+    def _check_types(self, where: str) -> None:
+        """Readers index arrays with these values: a string or negative count must fail here, by name."""
+        def bad(what: str, v) -> DatasetError:
+            return DatasetError(f"{where}: malformed manifest ({what} is {v!r})", path=where)
+
+        if not _is_count(self.num_samples):
+            raise bad("num_samples", self.num_samples)
+        if not isinstance(self.classes, list) or not all(isinstance(c, str) for c in self.classes):
+            raise bad("classes", self.classes)
+        if not isinstance(self.samples_xxh3, str) or not isinstance(self.changes, dict):
+            raise bad("samples_xxh3/changes", (self.samples_xxh3, self.changes))
+        for s in self.shards:
+            if not (isinstance(s.path, str) and s.path and _is_count(s.bytes) and isinstance(s.sha256, str)
+                    and _is_count(s.num_samples)):
+                raise bad("a shard entry", asdict(s))
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,11 @@ def summarize(m) -> str:
         f"jpeg mode:   {m.options.get('jpeg_mode', '?')}; transcoded {m.transcoded}"
         + (f"; stored untouched after a failed transcode {failed}" if failed else "")
         + (f" ({m.options['jpeg_note']})" if m.options.get("jpeg_note") else ""),
+        "changes:     " + (", ".join(f"{k} {v}" for k, v in sorted(m.changes.items())) or "none")
+        + "  (files stored differently from their source, by reason)",
         f"rejected:    {m.rejected}",
+        "integrity:   " + ("per-sample xxh3 checksums; samples.npz checksum in the manifest" if m.samples_xxh3
+                           else f"format version {m.version}: no per-sample checksums (re-pack to add them)"),
         f"source:      {m.source} ({m.source_kind})",
     ]
     try:

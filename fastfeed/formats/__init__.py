@@ -1,25 +1,25 @@
 """Packed-dataset readers: `open_dataset(path)` picks the reader from the folder's manifest.
 
-Both readers share one interface (see `base.Dataset`): len(), labels, classes, keys, widths/heights, read(i),
-metadata(i), extents(), iteration yielding `Sample`s, manifest, close(), and use as a context manager.
+Both readers share one interface (see `base.Dataset`): len(), labels, classes, keys, widths/heights, checksums,
+orientations, read(i), metadata(i), extents(), iteration yielding `Sample`s, manifest, close(), and use as a
+context manager. Every problem with a dataset is a `DatasetError` (a ValueError) naming the file and, when known,
+the sample key. `fastfeed.formats.integrity.bad_checksums` checks a batch of read samples.
 """
 from __future__ import annotations
 
 import os
 
 from fastfeed.formats.base import Dataset, load_manifest
+from fastfeed.formats.lmdb import LmdbDataset
+from fastfeed.formats.wds import WdsDataset
 from fastfeed.types import DatasetError
 
 __all__ = ["open_dataset", "Dataset", "DatasetError", "READERS"]
 
-READERS = {"wds": "fastfeed.formats.wds:WdsDataset", "lmdb": "fastfeed.formats.lmdb:LmdbDataset"}
+READERS: dict[str, type] = {"wds": WdsDataset, "lmdb": LmdbDataset}
 
 
 def open_dataset(path: str | os.PathLike) -> Dataset:
-    """Open a folder written by `fastfeed pack`; raises DatasetError when it is not a complete dataset."""
-    import importlib
-
+    """Open a folder written by `fastfeed pack`; raises DatasetError when it is not a complete, intact dataset."""
     root = os.fspath(path)
-    kind = load_manifest(root).kind
-    module, cls = READERS[kind].split(":")
-    return getattr(importlib.import_module(module), cls)(root)
+    return READERS[load_manifest(root).kind](root)

@@ -2,7 +2,8 @@
 
 Each sample is the tar members `KEY.jpg` (or `.png`), `KEY.cls` (decimal label) and optionally `KEY.json`, so
 the `webdataset` library reads the shards unchanged, and `shard-NNNNNN.idx` is DALI's `wds2idx` index. Random
-access never parses tar headers: `samples.npz` already holds each image's (shard, offset, size).
+access never parses tar headers: `samples.npz` already holds each image's (shard, offset, size); `fastfeed
+verify` cross-checks those against the tar headers, the `.idx` files and the `.cls` members.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Iterator
 
 import numpy as np
 
-from fastfeed.formats.base import TableDataset
-from fastfeed.types import DatasetError, Extents, Sample
+from fastfeed.formats.base import TableDataset, data_path, read_regular
+from fastfeed.types import DatasetError, Sample
 
 __all__ = ["WdsDataset"]
 
@@ -24,61 +25,151 @@ class WdsDataset(TableDataset):
 
     def __init__(self, root: str):
         super().__init__(root, "wds", ("shard", "offset", "meta_offset", "meta_size"))
-        self._paths = [os.path.join(self.root, s.path) for s in self.manifest.shards]
-        self._fds: dict[int, int] = {}
         t = self._table
-        if len(self) and (t["shard"].min() < 0 or t["shard"].max() >= len(self._paths)):
-            raise DatasetError(f"{root}: samples.npz refers to shards the manifest does not list")
+        has = t["meta_offset"] >= 0
+        if has.any():
+            end = t["meta_offset"][has] + t["meta_size"][has]
+            sizes = np.array([s.bytes for s in self.manifest.shards], dtype=np.int64)
+            bad = (t["meta_size"][has] < 0) | (end > sizes[t["shard"][has]])
+            if bad.any():
+                key = str(t["key"][has][np.flatnonzero(bad)[0]])
+                raise DatasetError(f"{self.table_path}: sample {key}: metadata extent lies outside its shard",
+                                   path=self.table_path, key=key)
 
-    def _fd(self, shard: int) -> int:
-        fd = self._fds.get(shard)
-        if fd is None:
-            fd = self._fds[shard] = os.open(self._paths[shard], os.O_RDONLY)
-        return fd
-
-    def _pread(self, shard: int, offset: int, size: int) -> bytes:
-        data = os.pread(self._fd(shard), size, offset)
-        if len(data) != size:
-            raise DatasetError(f"{self._paths[shard]}: short read at {offset} (file truncated?)")
-        return data
-
-    def read(self, i: int) -> bytes:
-        i = self._index(i)
-        t = self._table
-        return self._pread(int(t["shard"][i]), int(t["offset"][i]), int(t["size"][i]))
+    def _locate(self):
+        paths = [data_path(self.root, s.path) for s in self.manifest.shards]
+        return paths, self._table["shard"].astype(np.int32), self._table["offset"].astype(np.int64)
 
     def metadata(self, i: int) -> dict | None:
         i = self._index(i)
         t = self._table
         if t["meta_offset"][i] < 0:
             return None
-        raw = self._pread(int(t["shard"][i]), int(t["meta_offset"][i]), int(t["meta_size"][i]))
-        return json.loads(raw)
+        f, off, size = int(t["shard"][i]), int(t["meta_offset"][i]), int(t["meta_size"][i])
+        try:
+            data = os.pread(self._fd(f, i), size, off)
+        except OSError as e:
+            raise self._error(i, f"metadata unreadable ({e.strerror or e})") from None
+        return self._json(i, data)
 
-    def extents(self) -> Extents:
-        t = self._table
-        return Extents(list(self._paths), t["shard"].astype(np.int32), t["offset"].astype(np.int64),
-                       t["size"].astype(np.int64))
+    def _fd(self, f: int, i: int) -> int:
+        fd = self._fds.get(f)
+        if fd is None:
+            try:
+                fd = self._open_fd(f)
+            except OSError as e:
+                raise self._error(i, f"unreadable ({e.strerror or e})") from None
+        return fd
+
+    def _error(self, i: int, what: str) -> DatasetError:
+        path, key = self.file_of(i), str(self.keys[i])
+        return DatasetError(f"{path}: sample {key}: {what}", path=path, key=key)
+
+    def _json(self, i: int, raw) -> dict:
+        try:
+            return json.loads(bytes(raw))
+        except ValueError as e:
+            raise self._error(i, f"metadata is not valid JSON ({e})") from None
 
     def __iter__(self) -> Iterator[Sample]:
-        """Sequential, in storage order: one mmap per shard, so the kernel reads ahead."""
+        """Sequential, in storage order: one mmap per shard, so the kernel reads ahead. Checksums are checked."""
         t = self._table
         labels, keys = t["label"], t["key"]
         i, n = 0, len(self)
         while i < n:
             shard = int(t["shard"][i])
-            with open(self._paths[shard], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            try:
+                f = open(self._paths[shard], "rb")
+            except OSError as e:
+                raise self._error(i, f"unreadable ({e.strerror or e})") from None
+            with f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
                 m.madvise(mmap.MADV_SEQUENTIAL)
                 while i < n and t["shard"][i] == shard:
                     off, size = int(t["offset"][i]), int(t["size"][i])
                     meta = None
                     if t["meta_offset"][i] >= 0:
                         mo = int(t["meta_offset"][i])
-                        meta = json.loads(m[mo : mo + int(t["meta_size"][i])])
-                    yield Sample(str(keys[i]), m[off : off + size], int(labels[i]), meta)
+                        meta = self._json(i, m[mo : mo + int(t["meta_size"][i])])
+                    data = m[off : off + size]
+                    if len(data) != size:
+                        raise self._error(i, "short read (file truncated?)")
+                    self.check(i, data)
+                    yield Sample(str(keys[i]), data, int(labels[i]), meta)
                     i += 1
 
-    def close(self) -> None:
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
+    def check_layout(self, damaged: set[str]) -> tuple[list[str], list[str], list[str]]:
+        """Each shard's `.idx` (DALI reads it: a wrong offset there means wrong bytes on the DALI path) and each
+        image's tar header against samples.npz (name, offset, size), each `.cls` member against the label."""
+        errors: list[str] = []
+        t = self._table
+        for s_idx, shard in enumerate(self.manifest.shards):
+            idx_rel = shard.path[: -len(".tar")] + ".idx"
+            rows = np.flatnonzero(t["shard"] == s_idx)
+            rows = rows[np.argsort(t["offset"][rows], kind="stable")]
+            try:
+                lines = read_regular(data_path(self.root, idx_rel)).decode("utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as e:
+                errors.append(f"{idx_rel}: unreadable DALI index ({e})")
+                lines = None
+            if lines is not None:
+                head = lines[0].split() if lines else []
+                if len(head) != 2 or head[1] != str(len(rows)) or len(lines) - 1 != len(rows):
+                    errors.append(f"{idx_rel}: header {lines[0] if lines else ''!r} and {len(lines) - 1} entries, "
+                                  f"samples.npz has {len(rows)} samples in {shard.path}")
+            with open(self._paths[s_idx], "rb") as f:
+                for n, i in enumerate(rows.tolist()):
+                    if lines is not None and n + 1 < len(lines):
+                        problem = self._idx_problem(lines[n + 1], i)
+                        if problem:
+                            errors.append(f"{idx_rel}: {self.describe(i)}: {problem}")
+                    problem = self._tar_problem(f.fileno(), i)
+                    if problem:
+                        errors.append(f"{shard.path}: {self.describe(i)}: {problem}")
+        return errors, [], ["DALI indexes, tar headers and .cls labels"]
+
+    def _idx_problem(self, line: str, i: int) -> str | None:
+        t = self._table
+        key = str(t["key"][i])
+        f = line.split()
+        members = {f[j]: (f[j + 1], f[j + 2], f[j + 3]) for j in range(0, len(f) - 3, 4)}
+        want = {"cls"} | ({"json"} if int(t["meta_offset"][i]) >= 0 else set())
+        img = [e for e in members if e not in ("cls", "json")]
+        if len(f) % 4 or not want <= set(members) or len(img) != 1:
+            return f"entry {line!r} lacks members"
+        off, size, name = members[img[0]]
+        if (off, size, name) != (str(t["offset"][i]), str(t["size"][i]), f"{key}.{img[0]}"):
+            return (f"says {name} at offset {off}, {size} bytes; samples.npz says offset {t['offset'][i]}, "
+                    f"{t['size'][i]} bytes")
+        if "json" in want and members["json"][:2] != (str(t["meta_offset"][i]), str(t["meta_size"][i])):
+            return "metadata member offset/size differ from samples.npz"
+        return None
+
+    def _tar_problem(self, fd: int, i: int) -> str | None:
+        t = self._table
+        key, off, size, label = str(t["key"][i]), int(t["offset"][i]), int(t["size"][i]), int(t["label"][i])
+        hdr = _tar_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
+        if hdr is None or hdr[1] != size or not hdr[0].startswith(key + "."):
+            return (f"tar header before offset {off} is {'damaged' if hdr is None else repr(hdr)}, samples.npz "
+                    f"says {key}.* of {size} bytes")
+        cls_at = off + size + (-size % 512)
+        chdr = _tar_header(os.pread(fd, 512, cls_at))
+        if chdr is None or chdr[0] != f"{key}.cls":
+            return f"no intact {key}.cls member after the image"
+        raw = os.pread(fd, min(chdr[1], 32), cls_at + 512)
+        if raw.strip() != b"%d" % label:
+            return f"{key}.cls holds {raw[:20]!r}, samples.npz says label {label}"
+        return None
+
+
+def _tar_header(block: bytes) -> tuple[str, int] | None:
+    """(member name, size) of a ustar header block, None when its checksum is wrong or a field is garbage."""
+    if len(block) != 512:
+        return None
+    try:
+        want = int(block[148:156].split(b"\0")[0].strip(), 8)
+        size = int(block[124:136].split(b"\0")[0].strip() or b"0", 8)
+    except ValueError:
+        return None
+    if sum(block[:148]) + 8 * 32 + sum(block[156:]) != want:
+        return None
+    return block[:100].split(b"\0")[0].decode("utf-8", "replace"), size

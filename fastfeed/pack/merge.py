@@ -4,20 +4,22 @@ Every part must be complete (its own manifest), and all K must come from the sam
 Because each part holds a contiguous slice of the same shuffled plan, concatenating parts in order gives exactly
 the sample order (keys, labels, bytes) of a single pack.
 
-WebDataset: shards stay where they are; OUT's manifest lists them as `part-NNNNN/shard-MMMMMM.tar`.
-LMDB: the parts' records are copied into one `OUT/data.lmdb` (the contract is one environment per dataset).
+How the data files are joined is the format writer's `merge` (pack/wds.py: shards stay in their part folders;
+pack/lmdb.py: records copied into one `OUT/data.lmdb`); the manifest comes from the same builder as a pack's
+(pack/table.py `write_dataset`).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import numpy as np
 
 from fastfeed.formats.base import load_manifest, load_table
 from fastfeed.pack import table as tbl
-from fastfeed.pack.run import PackError, _file_info
-from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, DatasetError, Manifest, ShardInfo
+from fastfeed.pack.base import PackError, writer_for
+from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, DatasetError, Manifest
 
 __all__ = ["merge"]
 
@@ -57,47 +59,25 @@ def merge(out: str) -> Manifest:
     if os.path.exists(os.path.join(out, MANIFEST_NAME)):
         raise PackError(f"{out} already holds a merged dataset; delete {MANIFEST_NAME} to merge again")
     parts = _parts(out)
-    kind = parts[0][1].kind
-    tables, shards, rejected_lines = [], [], []
+    first = parts[0][1]
+    fmt = writer_for(first.kind)
+    loaded, rejected = [], []
     for name, m in parts:
         folder = os.path.join(out, name)
-        t = load_table(folder, m, ("key", "label"))
-        if kind == "wds":
-            t["shard"] = t["shard"] + len(shards)
-            shards.extend(ShardInfo(f"{name}/{s.path}", s.bytes, s.sha256, s.num_samples) for s in m.shards)
-        tables.append(t)
+        loaded.append((name, load_table(folder, m, ("key", "label"))))
         with open(os.path.join(folder, REJECTED_NAME), encoding="ascii") as f:
-            rejected_lines.extend(line for line in f if line.strip())
+            rejected.extend(json.loads(line) for line in f if line.strip())
+    tables, shards = fmt.merge(out, loaded, [m.shards for _, m in parts])
     table = {c: np.concatenate([t[c] for t in tables]) for c in tables[0]}
-    if kind == "lmdb":
-        _merge_lmdb(out, [os.path.join(out, n, "data.lmdb") for n, _ in parts])
-        shards = [_file_info(out, os.path.join("data.lmdb", "data.mdb"), len(table["key"]))]
-    tbl.write_table(out, table)
-    from fastfeed.pack.writers import atomic_write
-
-    atomic_write(os.path.join(out, REJECTED_NAME), "".join(rejected_lines).encode("ascii"))
-    first = parts[0][1]
-    options = dict(first.options, part=0, num_parts=1)
-    manifest = Manifest(
-        kind=kind,
-        num_samples=int(len(table["key"])),
-        classes=list(first.classes),
-        class_to_idx=dict(first.class_to_idx),
-        shards=shards,
-        image_stats=tbl.image_stats(table, table["size"]),
-        jpeg_mix=tbl.jpeg_mix(table["jpeg"], table.get("hw_decodable")),
-        transcoded=int(table["transcoded"].sum()),
-        rejected=len(rejected_lines),
-        source=first.source,
-        source_kind=first.source_kind,
-        options=options,
-        part=None,
+    shards = fmt.data_files(out, table, shards)
+    return tbl.write_dataset(
+        out, first.kind, table, shards, rejected,
+        classes=first.classes, class_to_idx=first.class_to_idx, source=first.source,
+        source_kind=first.source_kind, options=dict(first.options, part=0, num_parts=1), part=None,
         created_by=first.created_by,
         extra={**_merged_notes(parts), "merged_from": [n for n, _ in parts],
                "parts_sha256": hashlib.sha256("".join(s.sha256 for s in shards).encode()).hexdigest()},
     )
-    tbl.write_manifest(out, manifest)
-    return manifest
 
 
 def _merged_notes(parts) -> dict:
@@ -108,25 +88,3 @@ def _merged_notes(parts) -> dict:
         for k, v in m.extra.get("jpeg_actions", {}).items():
             counts[k] = counts.get(k, 0) + int(v)
     return {"jpeg_actions": counts, "transcode_failed": failed} if counts else {}
-
-
-def _merge_lmdb(out: str, sources: list[str]) -> None:
-    import lmdb
-
-    dest = os.path.join(out, "data.lmdb")
-    if os.path.exists(dest):
-        raise PackError(f"{dest} exists from an earlier merge attempt; delete it and merge again")
-    total = sum(os.path.getsize(os.path.join(s, "data.mdb")) for s in sources)
-    env = lmdb.open(dest, map_size=max(1 << 30, 2 * total), subdir=True, meminit=False, readahead=False)
-    try:
-        for src in sources:
-            senv = lmdb.open(src, readonly=True, lock=False, subdir=True)
-            try:
-                with senv.begin(buffers=True) as rtxn, env.begin(write=True) as wtxn:
-                    for k, v in rtxn.cursor():
-                        wtxn.put(bytes(k), bytes(v))
-            finally:
-                senv.close()
-        env.sync(True)
-    finally:
-        env.close()

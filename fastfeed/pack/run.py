@@ -29,27 +29,24 @@ import numpy as np
 
 from fastfeed import __version__
 from fastfeed import jpeg as _jpeg
+from fastfeed.formats.integrity import checksum
 from fastfeed.pack import table as tbl
+from fastfeed.pack.base import WRITERS, FormatWriter, PackError
 from fastfeed.pack.journal import JOURNAL_DIR, Journal
-from fastfeed.pack.reader import BatchItem, BatchResult, BufferPool, read_batch
+from fastfeed.pack.reader import BatchItem, BatchResult
 from fastfeed.pack.sources import Source, scan_source
-from fastfeed.pack.validate import DEFAULT_MAX_PIXELS, LoadOptions, Loaded, load_image
-from fastfeed.pack.writers import LmdbWriter, ShardHasher, TarShardWriter, make_record, meta_bytes
+from fastfeed.pack.validate import DEFAULT_MAX_PIXELS, LoadOptions, Loaded
+from fastfeed.pack.writers import meta_bytes
 from fastfeed.types import MANIFEST_NAME, Manifest, ShardInfo
 
 __all__ = ["PackOptions", "PackResult", "PackError", "pack", "part_folder", "resolve_jpeg_mode", "OWNED_NAMES"]
 
 # Everything `--overwrite` may delete; anything else in OUT makes the pack refuse to touch the folder.
 OWNED_NAMES = ("fastfeed.json", "samples.npz", "rejected.jsonl", "data.lmdb", JOURNAL_DIR)
-_LMDB_COMMIT_BYTES = 64 << 20
 _BATCH_FILES = 4
 _MAX_NOTES = 1000  # transcode_failed entries listed in the manifest (all are counted)
 NO_TRANSCODER_NOTE = ("lossless JPEG transcoding unavailable (fastfeed._native built without libjpeg): "
                       "stored original bytes (--jpeg keep); progressive JPEGs will miss the GPU hardware decoder")
-
-
-class PackError(RuntimeError):
-    """The pack cannot start (output folder state, options); the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +91,9 @@ class PackResult:
         if failed:
             line += (f"\n{failed} JPEG(s) libjpeg found corrupt were stored untouched "
                      f"(listed under extra.transcode_failed in {MANIFEST_NAME})")
+        if m.changes:
+            changed = ", ".join(f"{k} {v}" for k, v in sorted(m.changes.items()))
+            line += f"\nstored differently from the source: {changed}"
         if m.options.get("jpeg_note"):
             line += f"\nnote: {m.options['jpeg_note']}"
         return line
@@ -118,8 +118,8 @@ def part_folder(out: str, part: int) -> str:
 
 
 def _check_options(o: PackOptions) -> None:
-    if o.format not in ("wds", "lmdb"):
-        raise PackError(f"--format must be 'wds' or 'lmdb', got {o.format!r}")
+    if o.format not in WRITERS:
+        raise PackError(f"--format must be one of {', '.join(sorted(WRITERS))}, got {o.format!r}")
     if o.shard_size < 4096:
         raise PackError(f"--shard-size {o.shard_size} is too small")
     if o.num_parts < 1 or not 0 <= o.part < o.num_parts:
@@ -197,7 +197,7 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
         journal.start(fp)
     start = commits[-1]["pos"] if commits else 0
     shards = [ShardInfo(**c["shard"]) for c in commits if c.get("shard")]
-    _drop_stale(folder, o.format, len(shards))
+    WRITERS[o.format].drop_stale(folder, len(shards))
 
     writer = _Writer(folder, o, journal, len(shards))
     load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels)
@@ -243,52 +243,30 @@ def _progress(total: int, initial: int, enabled: bool):
     return tqdm(total=total, initial=initial, unit="file", dynamic_ncols=True, file=sys.stderr)
 
 
-def _drop_stale(folder: str, fmt: str, keep_shards: int) -> None:
-    """Remove shard files past the last committed one (written after it, before the kill)."""
-    if fmt != "wds":
-        return
-    for n in os.listdir(folder):
-        if n.startswith("shard-"):
-            stem = n.split(".")[0]
-            if n.endswith(".tmp") or int(stem[len("shard-"):]) >= keep_shards:
-                os.unlink(os.path.join(folder, n))
-
-
 class _Writer:
-    """Feeds loaded samples into the format writer and journals each durable commit."""
+    """Feeds loaded samples into the format's writer (pack/base.py FormatWriter), gathers the samples.npz rows
+    and journals each durable commit the format writer announces through `cut`."""
 
     def __init__(self, folder: str, o: PackOptions, journal: Journal, next_shard: int):
-        self.folder, self.o, self.journal = folder, o, journal
-        self.rows = tbl.new_rows(o.format)
-        self.rejected: list[dict] = []
-        self.notes: list[dict] = []  # stored untouched although the mode asked for a change (transcode_failed)
+        self.o, self.journal = o, journal
         self.bytes_in = 0
-        self.next_shard = next_shard
-        self.tar: TarShardWriter | None = None
-        self.lmdb = LmdbWriter(folder) if o.format == "lmdb" else None
-        self._hasher = ShardHasher() if o.format == "wds" else None
-        self._pool = BufferPool()
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastfeed-shard-finish")
         self._finishing = None
+        self.fmt: FormatWriter = WRITERS[o.format](folder, o.shard_size, next_shard, self.cut)
+        self.rows = tbl.new_rows(self.fmt.columns)
+        self.rejected: list[dict] = []
+        self.notes: list[dict] = []  # stored untouched although the mode asked for a change (transcode_failed)
 
     def load(self, src: Source, idxs: list[int], key_width: int, opts: LoadOptions) -> BatchResult:
-        """Worker side: read and check one batch (and, for WebDataset, frame it as tar records)."""
-        entries = [src.entries[i] for i in idxs]
-        if self.lmdb is not None:
-            return BatchResult([(load_image(e.path, opts), None) for e in entries], None)
-        items = [BatchItem(e.path, f"{i:0{key_width}d}", e.label, meta_bytes(e.metadata))
-                 for i, e in zip(idxs, entries)]
-        return read_batch(items, opts, self._pool)
+        """Worker side: read and check one batch."""
+        items = [BatchItem(src.entries[i].path, f"{i:0{key_width}d}", src.entries[i].label,
+                           meta_bytes(src.entries[i].metadata)) for i in idxs]
+        return self.fmt.load(items, opts)
 
     def put_batch(self, src: Source, idxs: list[int], key_width: int, first_pos: int, batch: BatchResult) -> None:
         for j, (i, (res, rec)) in enumerate(zip(idxs, batch.results)):
             self.put(src.entries[i], f"{i:0{key_width}d}", res, first_pos + j + 1, rec)
-        if batch.buffer is not None:
-            if self.tar is not None:
-                self.tar.flush()
-            # FIFO behind the hashing of this batch's bytes: the buffer is reused only once they are hashed.
-            buf, pool = batch.buffer, self._pool
-            self._hasher.call(lambda: pool.put(buf))
+        self.fmt.end_batch(batch)
 
     def put(self, entry, key: str, res, done_pos: int, rec=None) -> None:
         if not isinstance(res, Loaded):
@@ -297,81 +275,62 @@ class _Writer:
         if res.note is not None:
             self.notes.append({"source": entry.rel, "reason": res.note})
         self.bytes_in += len(res.data)
-        if self.tar is not None and self.tar.num_samples and self.tar.bytes_written + len(res.data) > self.o.shard_size:
-            self._finish_shard(done_pos - 1)  # this sample opens the next shard
+        self.fmt.start_sample(len(res.data), done_pos - 1)
         meta = meta_bytes(entry.metadata) if rec is None else None
+        extra = self.fmt.add(key, res.ext, res.data, entry.label, meta, rec)
+        # `orientation` and `change` come from the validator (pack/validate.py); older validators lack them.
+        change = getattr(res, "change", None)
         r = self.rows
         for col, v in (("key", key), ("label", entry.label), ("width", res.width), ("height", res.height),
                        ("jpeg", res.jpeg_kind), ("transcoded", res.transcoded), ("hw_decodable", res.hw_decodable),
-                       ("size", len(res.data)), ("source", entry.rel)):
+                       ("size", len(res.data)), ("source", entry.rel), ("checksum", checksum(res.data)),
+                       ("orientation", int(getattr(res, "orientation", 1) or 1)), ("change", change or ""),
+                       *extra.items()):
             r[col].append(v)
-        if self.lmdb is not None:
-            self.lmdb.add(key, res.data, entry.label, meta)
-            if self.lmdb.pending_bytes >= _LMDB_COMMIT_BYTES:
-                self.lmdb.flush()
-                self._commit(done_pos, None)
-            return
-        if self.tar is None:
-            self.tar = TarShardWriter(self.folder, self.next_shard, self._hasher)
-        if rec is None:
-            rec = make_record(key, res.ext, res.data, entry.label, meta)
-        img, js = self.tar.add_record(rec)
-        r["shard"].append(self.next_shard)
-        r["offset"].append(img.offset)
-        r["meta_offset"].append(js.offset if js else -1)
-        r["meta_size"].append(js.size if js else 0)
+        self.fmt.end_sample(done_pos)
 
-    def _finish_shard(self, pos: int) -> None:
-        """fsync + rename + journal on a helper thread, so writing the next shard overlaps the flush to disk.
-        One helper keeps the journal's commits in shard order."""
-        tar, rows, rejected, notes = self.tar, self.rows, self.rejected, self.notes
-        self.tar, self.rows, self.rejected, self.notes = None, tbl.new_rows(self.o.format), [], []
-        self.next_shard += 1
-        tar.end()  # on this thread: the end marker and the hash close must precede the next shard's bytes
+    def cut(self, pos: int, finish=None, background: bool = False) -> None:
+        """Journal everything gathered so far as one commit reaching plan position `pos`, after `finish()` (the
+        format's durability step, returning the shard as a dict or None) has run. One helper thread runs the
+        background commits, so the journal stays in order."""
+        rows, rejected, notes = self.rows, self.rejected, self.notes
+        self.rows, self.rejected, self.notes = tbl.new_rows(self.fmt.columns), [], []
+
+        def commit() -> None:
+            shard = finish() if finish is not None else None
+            self.journal.append({"pos": pos, "shard": shard, "rows": rows, "rejected": rejected, "notes": notes})
+
         self._wait_finisher()
-        self._finishing = self._finisher.submit(
-            lambda: self.journal.append({"pos": pos, "shard": asdict(tar.finish()), "rows": rows,
-                                         "rejected": rejected, "notes": notes}))
+        if background:
+            self._finishing = self._finisher.submit(commit)
+        else:
+            commit()
 
     def _wait_finisher(self) -> None:
         if self._finishing is not None:
             f, self._finishing = self._finishing, None
             f.result()  # re-raises a failed fsync/rename here, on the packing thread
 
-    def _commit(self, pos: int, shard: dict | None) -> None:
-        self.journal.append({"pos": pos, "shard": shard, "rows": self.rows, "rejected": self.rejected,
-                             "notes": self.notes})
-        self.rows = tbl.new_rows(self.o.format)
-        self.rejected = []
-        self.notes = []
-
     def close(self, end: int) -> None:
-        if self.lmdb is not None:
-            self.lmdb.close()
-            self._commit(end, None)
-        elif self.tar is not None:
-            self._finish_shard(end)
+        self.fmt.close(end)
         self._wait_finisher()
-        if self.lmdb is None and (self.rejected or self.notes):  # after the last shard
-            self._commit(end, None)
+        if any(self.rows.values()) or self.rejected or self.notes:  # e.g. rejections after the last shard
+            self.cut(end)
         self._finisher.shutdown()
-        if self._hasher is not None:
-            self._hasher.close()
+        self.fmt.shutdown()
 
     def abort(self) -> None:
         try:
             self._wait_finisher()
         finally:
             self._finisher.shutdown()
-            if self.tar is not None:
-                self.tar.abort()
-            if self._hasher is not None:
-                self._hasher.close()
+            self.fmt.abort()
 
 
 def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: float,
             jpeg_note: str | None) -> PackResult:
-    rows = tbl.new_rows(o.format)
+    fmt = WRITERS[o.format]
+    rows = tbl.new_rows(fmt.columns)
     rejected = list(src.rejected) if o.part == 0 else []  # scan-time problems are reported once, by part 0
     notes: list[dict] = []
     shards = []
@@ -382,23 +341,11 @@ def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: f
         notes.extend(c.get("notes", []))
         if c.get("shard"):
             shards.append(ShardInfo(**c["shard"]))
-    table = tbl.rows_to_table(rows, o.format)
-    if o.format == "lmdb":
-        shards = [_file_info(folder, os.path.join("data.lmdb", "data.mdb"), len(table["key"]))]
-    tbl.write_table(folder, table)
-    tbl.write_rejected(folder, rejected)
-    manifest = Manifest(
-        kind=o.format,
-        num_samples=int(len(table["key"])),
-        classes=list(src.classes),
-        class_to_idx=dict(src.class_to_idx),
-        shards=shards,
-        image_stats=tbl.image_stats(table, table["size"]),
-        jpeg_mix=tbl.jpeg_mix(table["jpeg"], table["hw_decodable"]),
-        transcoded=int(table["transcoded"].sum()),
-        rejected=len(rejected),
-        source=src.root,
-        source_kind=src.kind,
+    table = tbl.rows_to_table(rows, fmt.columns)
+    shards = fmt.data_files(folder, table, shards)
+    manifest = tbl.write_dataset(
+        folder, o.format, table, shards, rejected,
+        classes=src.classes, class_to_idx=src.class_to_idx, source=src.root, source_kind=src.kind,
         options=dict({k: v for k, v in asdict(o).items() if k not in ("resume", "overwrite", "progress", "workers")},
                      **({"jpeg_note": jpeg_note} if jpeg_note else {})),
         part={"index": o.part, "count": o.num_parts} if o.num_parts > 1 else None,
@@ -409,14 +356,4 @@ def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: f
             "transcode_failed": notes[:_MAX_NOTES],
         },
     )
-    tbl.write_manifest(folder, manifest)
     return PackResult(folder, manifest, rejected, time.perf_counter() - t0, src.hidden_skipped)
-
-
-def _file_info(folder: str, rel: str, n: int) -> ShardInfo:
-    path = os.path.join(folder, rel)
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return ShardInfo(rel, os.path.getsize(path), h.hexdigest(), n)

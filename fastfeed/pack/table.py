@@ -3,40 +3,49 @@
 `samples.npz` columns (all plain dtypes, read with `allow_pickle=False`):
     key U (fixed width), label int64, width/height int32, jpeg uint8 (fastfeed.jpeg kind code), transcoded bool,
     hw_decodable bool (the GPU hardware JPEG decoder takes the stored bytes: fastfeed.jpeg.ImageInfo),
-    size int64 (stored image bytes), source U (path relative to the source root, for reports);
+    size int64 (stored image bytes), source U (path relative to the source root, for reports),
+    checksum uint64 (xxh3_64 of the stored image bytes: fastfeed.formats.integrity.checksum),
+    orientation uint8 (EXIF orientation tag 1..8 of the stored image, 1 when absent or not a JPEG),
+    change U (the validator's change code when the stored bytes differ from the source file, "" otherwise);
     WebDataset only: shard int32, offset int64 (image member data inside the tar, `size` bytes long),
-    meta_offset/meta_size int64 (the `.json` member, -1/0 when absent).
+    meta_offset/meta_size int64 (the `.json` member, -1/0 when absent);
+    LMDB only: offset int64 (the `img/KEY` value's offset inside data.mdb, resolved when the pack finishes).
+
+The file is a plain .npz written with fixed zip timestamps, so the same pack gives the same bytes (and the same
+checksum in the manifest) every time.
 """
 from __future__ import annotations
 
 import io
 import json
 import os
+import zipfile
 
 import numpy as np
 
 from fastfeed import jpeg
+from fastfeed.formats.integrity import xxh3_hex
 from fastfeed.pack.writers import atomic_write
 from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, Manifest
 
-__all__ = ["COLUMNS", "new_rows", "rows_to_table", "write_table", "write_rejected", "write_manifest",
+__all__ = ["COLUMNS", "new_rows", "rows_to_table", "write_table", "write_rejected", "write_manifest", "write_dataset",
+           "table_bytes", "change_counts",
            "image_stats", "jpeg_mix"]
 
 COLUMNS = {
     "key": None, "label": np.int64, "width": np.int32, "height": np.int32, "jpeg": np.uint8,
     "transcoded": np.bool_, "hw_decodable": np.bool_, "size": np.int64, "source": None,
+    "checksum": np.uint64, "orientation": np.uint8, "change": None,
 }
-WDS_COLUMNS = {"shard": np.int32, "offset": np.int64, "meta_offset": np.int64,
-               "meta_size": np.int64}
 
 
-def new_rows(kind: str) -> dict[str, list]:
-    cols = dict(COLUMNS, **(WDS_COLUMNS if kind == "wds" else {}))
-    return {c: [] for c in cols}
+def new_rows(format_columns: dict) -> dict[str, list]:
+    """Empty row lists for the common columns plus a format's own (`FormatWriter.columns`)."""
+    return {c: [] for c in dict(COLUMNS, **format_columns)}
 
 
-def rows_to_table(rows: dict[str, list], kind: str) -> dict[str, np.ndarray]:
-    cols = dict(COLUMNS, **(WDS_COLUMNS if kind == "wds" else {}))
+def rows_to_table(rows: dict[str, list], format_columns: dict) -> dict[str, np.ndarray]:
+    cols = dict(COLUMNS, **format_columns)
     out = {}
     for name, dtype in cols.items():
         values = rows[name]
@@ -47,10 +56,22 @@ def rows_to_table(rows: dict[str, list], kind: str) -> dict[str, np.ndarray]:
     return out
 
 
-def write_table(folder: str, table: dict[str, np.ndarray]) -> None:
+def table_bytes(table: dict[str, np.ndarray]) -> bytes:
+    """The .npz bytes `np.savez` would write, minus its wall-clock zip timestamps (reproducible output)."""
     buf = io.BytesIO()
-    np.savez(buf, **table)
-    atomic_write(os.path.join(folder, SAMPLES_NAME), buf.getvalue())
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, arr in table.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with z.open(info, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(arr), allow_pickle=False)
+    return buf.getvalue()
+
+
+def write_table(folder: str, table: dict[str, np.ndarray]) -> str:
+    """Write samples.npz; returns its xxh3_64 hex digest for the manifest."""
+    data = table_bytes(table)
+    atomic_write(os.path.join(folder, SAMPLES_NAME), data)
+    return xxh3_hex(data)
 
 
 def write_rejected(folder: str, rejected: list[dict]) -> None:
@@ -85,3 +106,41 @@ def jpeg_mix(kinds: np.ndarray, hw_decodable: np.ndarray | None = None) -> dict[
     if hw_decodable is not None:
         mix["baseline_not_hw"] = int(np.count_nonzero((kinds == jpeg.KIND_BASELINE) & ~hw_decodable.astype(bool)))
     return mix
+
+
+def change_counts(changes: np.ndarray | None) -> dict[str, int]:
+    """{change code: samples} over the `change` column ("" = unchanged, not counted)."""
+    if changes is None or not len(changes):
+        return {}
+    codes, counts = np.unique(changes, return_counts=True)
+    return {str(c): int(n) for c, n in zip(codes, counts) if c}
+
+
+def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: list, rejected: list[dict], *,
+                  classes: list[str], class_to_idx: dict[str, int], source: str, source_kind: str, options: dict,
+                  part: dict | None, created_by: str, extra: dict) -> Manifest:
+    """The one manifest builder (pack and merge): write samples.npz and rejected.jsonl, derive every count and
+    statistic from the table, and write the manifest last (its presence makes the folder a dataset)."""
+    samples_xxh3 = write_table(folder, table)
+    write_rejected(folder, rejected)
+    manifest = Manifest(
+        kind=kind,
+        num_samples=int(len(table["key"])),
+        classes=list(classes),
+        class_to_idx=dict(class_to_idx),
+        shards=list(shards),
+        image_stats=image_stats(table, table["size"]),
+        jpeg_mix=jpeg_mix(table["jpeg"], table.get("hw_decodable")),
+        transcoded=int(table["transcoded"].sum()),
+        rejected=len(rejected),
+        source=source,
+        source_kind=source_kind,
+        options=options,
+        part=part,
+        created_by=created_by,
+        extra=extra,
+        samples_xxh3=samples_xxh3,
+        changes=change_counts(table.get("change")),
+    )
+    write_manifest(folder, manifest)
+    return manifest

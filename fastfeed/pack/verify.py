@@ -1,22 +1,37 @@
-"""`fastfeed verify`: recompute every data file's sha256 and fully decode every image.
+"""`fastfeed verify`: check that a packed dataset is exactly what the packer wrote, and (full mode) that every image
+decodes the way the Loader decodes it.
 
-This is the expensive check the packer deliberately skips (it only parses headers): PIL decodes every image,
-and JPEGs are also entropy-decoded strictly by the native transcoder when it is built. A problem is reported by
-sample key and source path, so the bad original can be found.
+Quick mode (`quick=True`, no decoding):
+  - the manifest and samples.npz (its checksum, column sanity, extents inside the data files): `open_dataset`;
+  - every data file's sha256 against the manifest;
+  - WebDataset: each shard's `.idx` (DALI reads it: a wrong offset there means wrong bytes on the DALI path) and
+    each image's tar header against samples.npz (name, offset, size), each `.cls` member against the label;
+  - LMDB: each `cls/KEY` record against the label and each `img/KEY` size, walked only when data.mdb matches its
+    sha256 (liblmdb trusts its pages: a damaged file can make it crash, so it is not handed one);
+  - every sample's bytes against its xxh3 checksum (format version 2; version 1 datasets have none: skipped, and
+    the report says so).
+Full mode adds a decode of every image with the Loader's CPU decoder (`fastfeed.decode.cpu.decode_rgb`), under
+the pixel limit the pack used. PIL warnings are not errors: what the Loader decodes, verify accepts.
+
+Every problem names the file and the sample key (and source path), so the bad original can be found. `verify`
+raises DatasetError only when the dataset cannot be opened at all; everything else lands in the report.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from fastfeed import jpeg
 from fastfeed.formats import open_dataset
+from fastfeed.formats.integrity import checksum, sha256_file
+from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
+from fastfeed.types import DatasetError
 
 __all__ = ["VerifyReport", "verify"]
+
+_DECODE_SIZE = 16  # the decoder's output size: small, the point is the full decode of the source
 
 
 @dataclass
@@ -24,82 +39,124 @@ class VerifyReport:
     path: str
     num_samples: int = 0
     num_files: int = 0
+    quick: bool = False
     errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # checks that were skipped, and why
+    checked: list[str] = field(default_factory=list)  # what was checked, for the summary line
 
     @property
     def ok(self) -> bool:
         return not self.errors
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _decode(data: bytes) -> tuple[int, int]:
-    from PIL import Image
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # PIL warns (e.g. on corrupt EXIF) where it should fail
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            size = im.size
-    if data[:2] == b"\xff\xd8" and jpeg.HAVE_TRANSCODE:
-        # PIL shrugs off libjpeg's "Corrupt JPEG data" warnings and returns grey blocks; the native transcoder
-        # entropy-decodes the whole scan with warnings as errors, so it catches damaged scan data.
-        jpeg.transcode_to_baseline(data)
-    return size
-
-
-def verify(path: str, workers: int | None = None, decode: bool = True) -> VerifyReport:
-    """Check checksums, sizes and (when `decode`) a full decode of every image. Never raises on corruption:
-    everything found is in the report's `errors`."""
-    report = VerifyReport(path)
+def verify(path: str, workers: int | None = None, decode: bool = True, quick: bool | None = None) -> VerifyReport:
+    """Check the dataset at `path` (see the module docstring). `quick=True` (or `decode=False`) skips decoding.
+    Never raises on corruption found after the dataset opened: everything is in the report's `errors`."""
+    quick = (not decode) if quick is None else quick
+    report = VerifyReport(path, quick=quick)
     with open_dataset(path) as ds:
         report.num_samples = len(ds)
         report.num_files = len(ds.manifest.shards)
-        for shard in ds.manifest.shards:
-            digest = _sha256(os.path.join(ds.root, shard.path))
-            if digest != shard.sha256:
-                report.errors.append(f"{shard.path}: sha256 {digest[:16]}... differs from the manifest's "
-                                     f"{shard.sha256[:16]}... (file modified or corrupted)")
-        if not decode:
-            return report
-        sources = ds.sources
-
-        def name(i: int) -> str:
-            return f"sample {i} (key {ds.keys[i]}" + (f", source {sources[i]})" if sources is not None else ")")
-
-        def check(i: int, data: bytes) -> str | None:
-            try:
-                w, h = _decode(data)
-            except Exception as e:  # noqa: BLE001 - PIL raises a zoo of types for corrupt data; all mean "bad"
-                return f"{name(i)}: does not decode: {type(e).__name__}: {e}"
-            if (w, h) != (int(ds.widths[i]), int(ds.heights[i])):
-                return f"{name(i)}: decodes to {w}x{h}, samples.npz says {ds.widths[i]}x{ds.heights[i]}"
-            return None
-
-        # Reads stay on this thread (an LMDB transaction belongs to one thread); decodes run on the pool, where
-        # PIL releases the GIL. At most `window` decoded-pending samples are held in memory.
-        nworkers = workers or os.cpu_count() or 1
-        window = 4 * nworkers
-        with ThreadPoolExecutor(max_workers=nworkers) as pool:
-            pending: list = []
-            for i in range(len(ds)):
-                try:
-                    data = ds.read(i)
-                except (OSError, ValueError) as e:
-                    report.errors.append(f"{name(i)}: unreadable: {e}")
-                    continue
-                pending.append(pool.submit(check, i, data))
-                if len(pending) >= window:
-                    _drain(pending[: window // 2], report)
-                    del pending[: window // 2]
-            _drain(pending, report)
+        report.checked.append("manifest and sample table")
+        damaged = _check_files(ds, report)
+        errors, notes, checked = ds.check_layout(damaged)  # the format's own records (formats/wds.py, lmdb.py)
+        report.errors += errors
+        report.notes += notes
+        report.checked += checked
+        good = _check_samples(ds, report)
+        if not quick:
+            _decode_all(ds, report, good, workers)
     return report
+
+
+def _name(ds, i: int) -> str:
+    return ds.describe(i)
+
+
+def _check_files(ds, report: VerifyReport) -> set[str]:
+    damaged = set()
+    for shard in ds.manifest.shards:
+        digest = sha256_file(os.path.join(ds.root, shard.path))
+        if digest != shard.sha256:
+            damaged.add(shard.path)
+            report.errors.append(f"{shard.path}: sha256 {digest[:16]}... differs from the manifest's "
+                                 f"{shard.sha256[:16]}... (file modified or corrupted)")
+    report.checked.append("file sha256")
+    return damaged
+
+
+# ---- per-sample checksums and decode ----------------------------------------------------------------------------
+
+
+def _check_samples(ds, report: VerifyReport) -> list[int]:
+    """Read every sample and check its checksum; returns the samples whose bytes are as packed (or unknown)."""
+    sums = ds.checksums
+    if sums is None:
+        report.notes.append(f"format version {ds.manifest.version} dataset: no per-sample checksums, skipped "
+                            f"(re-pack to get them)")
+    good = []
+    for i in range(len(ds)):
+        try:
+            data = ds.read(i, check=False)
+        except DatasetError as e:
+            report.errors.append(f"{ds.file_of(i)}: {_name(ds, i)}: unreadable ({e})")
+            continue
+        if sums is not None and checksum(data) != int(sums[i]):
+            report.errors.append(f"{os.path.relpath(ds.file_of(i), ds.root)}: {_name(ds, i)}: checksum mismatch "
+                                 f"(bytes changed after packing)")
+            continue
+        good.append(i)
+    if sums is not None:
+        report.checked.append("per-sample checksums")
+    return good
+
+
+def _decode_all(ds, report: VerifyReport, indices: list[int], workers: int | None) -> None:
+    from PIL import Image
+
+    from fastfeed.decode.cpu import decode_rgb
+
+    max_pixels = int(ds.manifest.options.get("max_pixels", DEFAULT_MAX_PIXELS))
+
+    def check(i: int, data: bytes) -> str | None:
+        w, h = int(ds.widths[i]), int(ds.heights[i])
+        where = f"{os.path.relpath(ds.file_of(i), ds.root)}: {_name(ds, i)}"
+        if w * h > max_pixels:
+            return f"{where}: {w}x{h} pixels exceeds the pack's limit of {max_pixels}"
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                size = im.size
+            decode_rgb(data, (0.0, 0.0, float(w), float(h)), _DECODE_SIZE)
+        except Exception as e:  # noqa: BLE001 - PIL raises a zoo of types for corrupt data; all mean "bad"
+            return f"{where}: does not decode: {type(e).__name__}: {e}"
+        if size != (w, h):
+            return f"{where}: decodes to {size[0]}x{size[1]}, samples.npz says {w}x{h}"
+        return None
+
+    # Reads stay on this thread (a reader's file handles belong to it); decodes run on the pool, where PIL
+    # releases the GIL. At most `window` samples are held in memory.
+    nworkers = workers or os.cpu_count() or 1
+    window = 4 * nworkers
+    # PIL warns about odd but decodable files (corrupt EXIF, truncated metadata); the Loader decodes them, so they
+    # are not errors here, even under `-W error`. The filter is set once, on this (the calling) thread, around the
+    # pool's whole life: catch_warnings() saves and restores the process-wide filter list, so calling it per
+    # decode on the pool threads would race (the reason jpeg.py avoids it).
+    with warnings.catch_warnings(), ThreadPoolExecutor(max_workers=nworkers,
+                                                       thread_name_prefix="fastfeed-verify") as pool:
+        warnings.filterwarnings("ignore", module=r"PIL(\..*)?$")
+        pending: list = []
+        for i in indices:
+            try:
+                data = ds.read(i, check=False)
+            except DatasetError as e:
+                report.errors.append(str(e))
+                continue
+            pending.append(pool.submit(check, i, data))
+            if len(pending) >= window:
+                _drain(pending[: window // 2], report)
+                del pending[: window // 2]
+        _drain(pending, report)
+    report.checked.append("full decode")
 
 
 def _drain(futures: list, report: VerifyReport) -> None:

@@ -1,4 +1,5 @@
-"""Write samples into WebDataset tar shards (+ DALI index) or one LMDB environment.
+"""WebDataset tar framing (shards, records, DALI index, shard hashing) and durable-write helpers; the format
+writers that use them are pack/wds.py and pack/lmdb.py.
 
 Tar shards are written by hand rather than with `tarfile`: a ustar header is 512 bytes we can build in a few
 microseconds, we need each member's data offset anyway (for `samples.npz` and the DALI index), and a fixed
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from fastfeed.types import ShardInfo
 
-__all__ = ["TarShardWriter", "ShardHasher", "TarRecord", "LmdbWriter", "MemberExtent", "shard_name", "fsync_dir",
+__all__ = ["TarShardWriter", "ShardHasher", "TarRecord", "MemberExtent", "shard_name", "fsync_dir",
            "atomic_write", "record_size", "build_record", "make_record", "meta_bytes"]
 
 _BLOCK = 512
@@ -326,51 +327,6 @@ def _writev_all(fd: int, chunks: list) -> None:
             views.pop(0)
         if views and n:
             views[0] = views[0][n:]
-
-
-class LmdbWriter:
-    """One LMDB environment (`folder/data.lmdb/`); the key scheme is documented in fastfeed/formats/lmdb.py.
-
-    Samples are buffered and written in one transaction per `flush()`; when the map is full the transaction is
-    retried after doubling the map size, so no map size has to be guessed up front.
-    """
-
-    def __init__(self, folder: str, initial_map_size: int = 1 << 30):
-        import lmdb
-
-        self._lmdb = lmdb
-        self.path = os.path.join(folder, "data.lmdb")
-        self._env = lmdb.open(self.path, map_size=initial_map_size, subdir=True, meminit=False,
-                              max_dbs=0, readahead=False)
-        self._pending: list[tuple[bytes, bytes]] = []
-        self.pending_bytes = 0
-
-    def add(self, key: str, data: bytes, label: int, meta: bytes | None) -> None:
-        from fastfeed.formats.lmdb import cls_key, img_key, json_key
-
-        self._pending.append((img_key(key), data))
-        self._pending.append((cls_key(key), b"%d" % label))
-        if meta is not None:
-            self._pending.append((json_key(key), meta))
-        self.pending_bytes += len(data)
-
-    def flush(self) -> None:
-        """Commit everything added so far (durably: LMDB syncs on commit)."""
-        while self._pending:
-            try:
-                with self._env.begin(write=True) as txn:
-                    for k, v in self._pending:
-                        txn.put(k, v)
-                break
-            except self._lmdb.MapFullError:
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
-        self._pending.clear()
-        self.pending_bytes = 0
-
-    def close(self) -> None:
-        self.flush()
-        self._env.sync(True)
-        self._env.close()
 
 
 def meta_bytes(meta: dict | None) -> bytes | None:

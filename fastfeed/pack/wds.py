@@ -1,0 +1,104 @@
+"""Pack writer for WebDataset shards (read by fastfeed/formats/wds.py): tar shards cut at `shard_size`, each with
+DALI's `.idx` sidecar, hashed on a helper thread and made durable (fsync + rename + journal) on another. The tar
+framing itself is in pack/writers.py; the batch reader builds records straight into pooled buffers
+(pack/reader.py), so this writer mostly concatenates them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+
+import numpy as np
+
+from fastfeed.pack.base import WRITERS, Cut
+from fastfeed.pack.reader import BatchItem, BatchResult, BufferPool, read_batch
+from fastfeed.pack.validate import LoadOptions
+from fastfeed.pack.writers import ShardHasher, TarShardWriter, make_record
+from fastfeed.types import ShardInfo
+
+__all__ = ["WdsWriter"]
+
+
+class WdsWriter:
+    kind = "wds"
+    columns = {"shard": np.int32, "offset": np.int64, "meta_offset": np.int64, "meta_size": np.int64}
+
+    def __init__(self, folder: str, shard_size: int, next_shard: int, cut: Cut):
+        self.folder, self.shard_size, self.next_shard, self._cut = folder, shard_size, next_shard, cut
+        self.tar: TarShardWriter | None = None
+        self._hasher = ShardHasher()
+        self._pool = BufferPool()
+
+    def load(self, items: list[BatchItem], opts: LoadOptions) -> BatchResult:
+        return read_batch(items, opts, self._pool)
+
+    def start_sample(self, nbytes: int, pos: int) -> None:
+        if self.tar is not None and self.tar.num_samples and self.tar.bytes_written + nbytes > self.shard_size:
+            self._finish_shard(pos)  # this sample opens the next shard
+
+    def add(self, key: str, ext: str, data, label: int, meta: bytes | None, rec) -> dict:
+        if self.tar is None:
+            self.tar = TarShardWriter(self.folder, self.next_shard, self._hasher)
+        if rec is None:
+            rec = make_record(key, ext, data, label, meta)
+        img, js = self.tar.add_record(rec)
+        return {"shard": self.next_shard, "offset": img.offset, "meta_offset": js.offset if js else -1,
+                "meta_size": js.size if js else 0}
+
+    def end_sample(self, pos: int) -> None:
+        pass
+
+    def end_batch(self, batch: BatchResult) -> None:
+        if batch.buffer is None:
+            return
+        if self.tar is not None:
+            self.tar.flush()
+        # FIFO behind the hashing of this batch's bytes: the buffer is reused only once they are hashed.
+        buf, pool = batch.buffer, self._pool
+        self._hasher.call(lambda: pool.put(buf))
+
+    def _finish_shard(self, pos: int) -> None:
+        """fsync + rename + journal on the helper thread (via cut), so writing the next shard overlaps the flush."""
+        tar, self.tar = self.tar, None
+        self.next_shard += 1
+        tar.end()  # on this thread: the end marker and the hash close must precede the next shard's bytes
+        self._cut(pos, lambda: asdict(tar.finish()), background=True)
+
+    def close(self, end: int) -> None:
+        if self.tar is not None:
+            self._finish_shard(end)
+
+    def shutdown(self) -> None:
+        self._hasher.close()
+
+    def abort(self) -> None:
+        try:
+            if self.tar is not None:
+                self.tar.abort()
+        finally:
+            self._hasher.close()
+
+    @staticmethod
+    def drop_stale(folder: str, keep_shards: int) -> None:
+        for n in os.listdir(folder):
+            if n.startswith("shard-"):
+                stem = n.split(".")[0]
+                if n.endswith(".tmp") or int(stem[len("shard-"):]) >= keep_shards:
+                    os.unlink(os.path.join(folder, n))
+
+    @staticmethod
+    def data_files(folder: str, table: dict[str, np.ndarray], shards: list[ShardInfo]) -> list[ShardInfo]:
+        return shards
+
+    @staticmethod
+    def merge(out, parts, shards):
+        """Shards stay in their part folders; the merged manifest lists them as `part-NNNNN/shard-MMMMMM.tar`."""
+        tables, merged = [], []
+        for (name, t), part_shards in zip(parts, shards):
+            t = dict(t, shard=t["shard"] + len(merged))
+            merged.extend(ShardInfo(f"{name}/{s.path}", s.bytes, s.sha256, s.num_samples) for s in part_shards)
+            tables.append(t)
+        return tables, merged
+
+
+WRITERS["wds"] = WdsWriter
