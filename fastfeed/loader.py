@@ -51,7 +51,7 @@ from fastfeed.compat import AccelerateState, EpochSampler, seeded_call
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.decode import build_decoder
 from fastfeed.epoch import EpochRun, LoaderError, SampleTable
-from fastfeed.formats import open_dataset
+from fastfeed.formats import integrity, open_dataset
 from fastfeed.ring import PrefetchRing
 from fastfeed.settings import LoaderSettings, resolve_settings
 from fastfeed.stats import StageStats
@@ -353,8 +353,14 @@ class Loader:
     # ------------------------------------------------------------------ internals
     def _sample_table(self) -> SampleTable:
         ds = self.dataset
+        check = None
+        if self.settings.verify_checksums and getattr(ds, "checksums", None) is not None:
+            def check(indices, samples):
+                return integrity.bad_checksums(ds, indices, samples)
         return SampleTable(labels=torch.from_numpy(np.ascontiguousarray(ds.labels, dtype=np.int64)),
-                           widths=np.asarray(ds.widths), heights=np.asarray(ds.heights), keys=ds.keys, read=ds.read)
+                           widths=np.asarray(ds.widths), heights=np.asarray(ds.heights), keys=ds.keys,
+                           # the epoch checks checksums itself, so that a mismatch is counted as one
+                           read=lambda i: ds.read(i, check=False), bad_checksums=check)
 
     def _build_decoders(self, settings: LoaderSettings, tune: bool = True):
         """The decoders and the settings they run with: measured on this machine for DALI when auto_tune."""

@@ -250,3 +250,29 @@ def test_a_forked_child_can_exit_or_build_its_own_loader(wds_path, decoder):
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "exit 0" in proc.stdout and "own 0" in proc.stdout and "parent 10" in proc.stdout, proc.stdout
+
+
+def test_a_sample_whose_bytes_changed_after_packing_is_caught_by_its_checksum(tmp_path, pack_cli):
+    from fastfeed.demo_data import make_dataset
+
+    tree = make_dataset(tmp_path / "src", num_images=12, num_classes=1, seed=5, workers=1)
+    out = tmp_path / "wds"
+    pack_cli(tree, out, "--format", "wds")
+    shard = next(out.glob("*.tar"))
+    with fastfeed.open_dataset(out) as ds:
+        ext = ds.extents()
+        i = 7
+        off, size = int(ext.offset[i]), int(ext.size[i])
+        key = str(ds.keys[i])
+    data = bytearray(shard.read_bytes())
+    data[off + size // 2] ^= 0x55  # one flipped byte inside the entropy-coded data: still "a JPEG"
+    shard.unlink()
+    shard.write_bytes(bytes(data))
+    with make(out, batch_size=4, train=False, verify_checksums=True) as L:
+        list(L)
+        skipped = L.stats()["skipped"]
+    assert skipped["total"] == 1 and skipped["by_reason"] == {"checksum": 1}, skipped
+    assert skipped["examples"][0]["key"] == key
+    with make(out, batch_size=4, train=False, on_error="raise") as L:
+        with pytest.raises(fastfeed.LoaderError, match=key):
+            list(L)
