@@ -152,8 +152,8 @@ class EpochRun:
             del samples
             if rb is not None:
                 rb.release()  # the decoder has returned: nothing reads the slot any more
-        for pos, reason in result.replaced:
-            L._stats.skip(str(reason).split(":")[0], key=str(L.dataset.keys[indices[pos]]))
+        for r in result.replaced:
+            L._stats.skip(r.code, key=str(L.dataset.keys[indices[r.position]]))
         L._stats.add("samples", len(indices))
         L._stats.add("batches", 1)
         return result.images, labels, event
@@ -162,7 +162,7 @@ class EpochRun:
         L = self.loader
         labels = L._labels[torch.from_numpy(indices)]
         if replaced:
-            for dst, src in replacement_map([p for p, _ in replaced], len(indices)).items():
+            for dst, src in replacement_map([r.position for r in replaced], len(indices)).items():
                 labels[dst] = labels[src]
         if L.device.type == "cuda":
             labels = labels.pin_memory().to(L.device, non_blocking=True)

@@ -52,6 +52,8 @@ __all__ = [
     "JpegTranscodeError",
     "TranscodeUnavailableError",
     "probe",
+    "exif_orientation",
+    "jpeg_end",
     "prepare",
     "transcode_to_baseline",
     "transcode_many",
@@ -109,6 +111,8 @@ class ImageInfo:
     colorspace: 'ycbcr', 'gray', 'rgb', 'cmyk', 'ycck' for JPEGs (as libjpeg would infer it); for other formats
         PIL's mode mapped to 'gray', 'palette', 'rgb', 'rgba', 'cmyk', ... (lower-cased mode when unknown).
     hw_decodable: the GPU hardware JPEG decoder accepts it as stored.
+    precision: bits per sample (JPEG: from the frame header; 8 for other formats).
+    orientation: the EXIF orientation tag 1..8 of a JPEG (1 when absent, invalid, or not a JPEG).
     """
 
     format: str
@@ -118,6 +122,8 @@ class ImageInfo:
     subsampling: str | None
     colorspace: str
     hw_decodable: bool
+    precision: int = 8
+    orientation: int = 1
 
     @property
     def kind_name(self) -> str:
@@ -171,6 +177,7 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
     jfif = False
     adobe_transform: int | None = None
     sof: tuple[int, bytes] | None = None
+    orientation = 1
     while True:
         # Markers may be preceded by any number of 0xFF fill bytes.
         if pos >= n or data[pos] != 0xFF:
@@ -196,6 +203,8 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
         pos += length
         if marker == 0xE0 and segment[:5] == b"JFIF\x00":
             jfif = True
+        elif marker == 0xE1 and segment[:6] == b"Exif\x00\x00" and orientation == 1:
+            orientation = _exif_orientation(segment[6:])
         elif marker == 0xEE and len(segment) >= 12 and segment[:5] == b"Adobe":
             adobe_transform = segment[11]
         elif marker in _SOF:
@@ -206,10 +215,105 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
             break
     if sof is None:
         raise ImageProbeError("JPEG: scan before any frame header (SOF)")
-    return _jpeg_info(sof[0], sof[1], jfif, adobe_transform)
+    return _jpeg_info(sof[0], sof[1], jfif, adobe_transform, orientation)
 
 
-def _jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None) -> ImageInfo:
+def _exif_orientation(tiff: bytes) -> int:
+    """Tag 0x0112 of IFD0 of a TIFF-structured EXIF block; 1 when absent or malformed (never raises).
+    The one EXIF parser of fastfeed: pack's probe (the `orientation` column) and the CPU decoder use it."""
+    if len(tiff) < 8 or tiff[:4] not in (b"II*\x00", b"MM\x00*"):
+        return 1
+    e = "<" if tiff[:2] == b"II" else ">"
+    (ifd,) = struct.unpack_from(e + "I", tiff, 4)
+    if ifd + 2 > len(tiff):
+        return 1
+    (count,) = struct.unpack_from(e + "H", tiff, ifd)
+    for k in range(count):
+        at = ifd + 2 + 12 * k
+        if at + 12 > len(tiff):
+            return 1
+        tag, typ, n = struct.unpack_from(e + "HHI", tiff, at)
+        if tag == 0x0112:
+            if typ != 3 or n < 1:  # SHORT
+                return 1
+            (v,) = struct.unpack_from(e + "H", tiff, at + 8)
+            return v if 1 <= v <= 8 else 1
+    return 1
+
+
+def exif_orientation(data) -> int:
+    """The EXIF orientation tag (1..8) of a JPEG held in `data` (bytes-like), from its header only; 1 when the
+    image is not a JPEG, has no (valid) tag, or its header is malformed."""
+    head = bytes(data[:_EXIF_SCAN])
+    if head[:2] != b"\xff\xd8":
+        return 1
+    pos, n = 2, len(head)
+    while pos + 4 <= n and head[pos] == 0xFF:
+        while pos < n and head[pos] == 0xFF:
+            pos += 1
+        if pos + 3 > n:
+            return 1
+        marker = head[pos]
+        if marker in _STANDALONE:
+            pos += 1
+            continue
+        if marker == 0xDA or marker == 0xD9:
+            return 1
+        (length,) = struct.unpack_from(">H", head, pos + 1)
+        seg = head[pos + 3 : pos + 1 + length]
+        if marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
+            if pos + 1 + length > n and len(data) > n:  # a large EXIF block (thumbnail): read all of it
+                seg = bytes(data[pos + 3 : pos + 1 + length])
+            return _exif_orientation(seg[6:])
+        pos += 1 + length
+    return 1
+
+
+_EXIF_SCAN = 1 << 16
+
+
+def jpeg_end(data, start: int = 0) -> int | None:
+    """Offset just past the EOI marker that ends the JPEG starting at `start` (its first image, for files with
+    more after it: motion-photo video, MPF secondary images, vendor trailers), or None when there is none
+    (a truncated file). Walks the marker segments and scans each entropy-coded segment for its ending marker."""
+    mv = bytes(data)
+    n = len(mv)
+    if mv[start : start + 2] != b"\xff\xd8":
+        return None
+    pos = start + 2
+    while pos < n:
+        if mv[pos] != 0xFF:
+            return None
+        while pos < n and mv[pos] == 0xFF:
+            pos += 1
+        if pos >= n:
+            return None
+        marker = mv[pos]
+        pos += 1
+        if marker == 0xD9:
+            return pos
+        if marker in _STANDALONE or marker == 0xD8:
+            continue
+        if pos + 2 > n:
+            return None
+        (length,) = struct.unpack_from(">H", mv, pos)
+        pos += length
+        if marker != 0xDA:
+            continue
+        # Entropy-coded data: ends at the first 0xFF followed by a byte other than 0x00 (stuffing) or RSTn.
+        while True:
+            pos = mv.find(b"\xff", pos)
+            if pos < 0 or pos + 1 >= n:
+                return None
+            nxt = mv[pos + 1]
+            if nxt == 0x00 or 0xD0 <= nxt <= 0xD7 or nxt == 0xFF:
+                pos += 1 if nxt == 0xFF else 2
+                continue
+            break
+    return None
+
+
+def _jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None, orientation: int = 1) -> ImageInfo:
     if len(seg) < 6:
         raise ImageProbeError("JPEG: frame header too short")
     precision, height, width, ncomp = struct.unpack_from(">BHHB", seg, 0)
@@ -259,7 +363,7 @@ def _jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None)
         and colorspace in ("ycbcr", "gray")
         and subsampling in _HW_SUBSAMPLINGS
     )
-    return ImageInfo("jpeg", width, height, kind, subsampling, colorspace, hw)
+    return ImageInfo("jpeg", width, height, kind, subsampling, colorspace, hw, precision, orientation)
 
 
 def _subsampling_name(factors: list[tuple[int, int]]) -> str:

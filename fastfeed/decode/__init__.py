@@ -9,10 +9,11 @@ when DALI and CUDA are there and device is cuda, else "cpu"). DALI is imported o
 """
 from __future__ import annotations
 
-from fastfeed.decode.base import CorruptSampleError, DecodeResult
-from fastfeed.decode.params import Windows, crop_windows
+from fastfeed.decode.base import CorruptSampleError, DecodeResult, Replaced
+from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, crop_windows, oriented_size
 
-__all__ = ["crop_windows", "Windows", "make_decoder", "DecodeResult", "CorruptSampleError", "KINDS", "CPU_DEFAULT", "resolve_kind"]
+__all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "DecodeResult", "Replaced",
+           "CorruptSampleError", "KINDS", "CPU_DEFAULT", "ORIENTATIONS", "resolve_kind"]
 
 KINDS = ("auto", "dali", "cpu", "cpu-dali", "cpu-pil")
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
@@ -40,7 +41,7 @@ def resolve_kind(kind: str, device: str) -> str:
 def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0, image_size: int = 224,
                  dtype=None, channels_last: bool = False, mean=None, std=None, batch_size: int = 256,
                  num_threads: int = 4, hw_decoder_load: float = 0.9, on_error: str = "skip", draft: bool = False,
-                 zero_copy: bool = False):
+                 zero_copy: bool = False, orientation: str = DEFAULT_ORIENTATION):
     """Build a decoder. `device` is where the images go ("cuda" | "cuda:N" | "cpu"); device_id is the GPU DALI
     decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy and
     hw_decoder_load to dali only. Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
@@ -51,7 +52,7 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", int(device_id))
     common = dict(image_size=image_size, dtype=dtype, channels_last=channels_last, mean=mean, std=std,
-                  batch_size=batch_size, num_threads=num_threads, on_error=on_error)
+                  batch_size=batch_size, num_threads=num_threads, on_error=on_error, orientation=orientation)
     if resolved == "dali":
         if dev.type != "cuda":
             raise ValueError("kind='dali' decodes on the GPU: pass device='cuda' (or use kind='cpu-dali')")
