@@ -53,6 +53,7 @@ __all__ = [
     "TranscodeUnavailableError",
     "probe",
     "exif_orientation",
+    "displayed_size",
     "jpeg_end",
     "prepare",
     "transcode_to_baseline",
@@ -242,8 +243,11 @@ def _exif_orientation(tiff: bytes) -> int:
 
 
 def exif_orientation(data) -> int:
-    """The EXIF orientation tag (1..8) of a JPEG held in `data` (bytes-like), from its header only; 1 when the
-    image is not a JPEG, has no (valid) tag, or its header is malformed."""
+    """The EXIF orientation tag (1..8) of a JPEG (APP1 "Exif") or PNG (eXIf chunk) held in `data` (bytes-like),
+    without decoding; 1 for other formats, without a (valid) tag, or with a malformed header. The one reader of
+    the tag: pack's `orientation` column, the CPU decoder and the DALI decoder's window clamp all use it."""
+    if bytes(data[:8]) == b"\x89PNG\r\n\x1a\n":
+        return _png_exif_orientation(data)
     head = bytes(data[:_EXIF_SCAN])
     if head[:2] != b"\xff\xd8":
         return 1
@@ -267,6 +271,39 @@ def exif_orientation(data) -> int:
             return _exif_orientation(seg[6:])
         pos += 1 + length
     return 1
+
+
+def _png_exif_orientation(data) -> int:
+    pos, n = 8, len(data)
+    while pos + 8 <= n:
+        length, kind = struct.unpack(">I4s", bytes(data[pos : pos + 8]))
+        if kind == b"eXIf":
+            body = bytes(data[pos + 8 : pos + 8 + length])
+            return _exif_orientation(body[6:] if body[:6] == b"Exif\x00\x00" else body)
+        if kind == b"IEND":
+            break
+        pos += 12 + length
+    return 1
+
+
+def displayed_size(data) -> tuple[int, int] | None:
+    """(width, height) of a JPEG or PNG as shown under the "exif" orientation policy (axes swapped for tags
+    5..8), from the header alone; None for other formats or a malformed header."""
+    head = bytes(data[:24])
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
+        w, h = struct.unpack(">II", head[16:24])
+    elif head[:2] == b"\xff\xd8":
+        try:
+            info = probe(bytes(data[:_EXIF_SCAN]))
+        except ImageProbeError:
+            try:
+                info = probe(bytes(data))
+            except ImageProbeError:
+                return None
+        w, h = info.width, info.height
+    else:
+        return None
+    return (h, w) if exif_orientation(data) >= 5 else (w, h)
 
 
 _EXIF_SCAN = 1 << 16
@@ -463,14 +500,20 @@ def _reencode(data: bytes, quality: int) -> bytes:
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
-            grey = im.mode in ("1", "L", "LA", "I", "I;16", "F")
+            from fastfeed.decode.contract import GREY_MODES, to_8bit, to_rgb
+
+            grey = im.mode in GREY_MODES
             target = "L" if grey else "RGB"
             icc = im.info.get("icc_profile") if im.mode == target else None
-            converted = im if im.mode == target else im.convert(target)
+            exif = im.info.get("exif") if im.format == "JPEG" else None  # keeps the EXIF orientation tag
+            # The decode contract's rules (16-bit -> v >> 8, alpha dropped), not PIL's clipping convert().
+            converted = im if im.mode == target else (to_8bit(im) if grey else to_rgb(im)).convert(target)
             buf = io.BytesIO()
             kwargs = {"quality": quality, "optimize": True, "progressive": False}
             if icc:
                 kwargs["icc_profile"] = icc
+            if exif:
+                kwargs["exif"] = exif
             converted.save(buf, format="JPEG", **kwargs)
     except (Image.DecompressionBombError, OSError, ValueError, SyntaxError, struct.error, EOFError, IndexError, KeyError) as e:
         raise ImageProbeError(f"cannot decode image for re-encoding: {type(e).__name__}: {e}") from e

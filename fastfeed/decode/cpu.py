@@ -6,7 +6,7 @@ Per sample, on a thread pool (PIL and the numba kernel both release the GIL):
      scaling is sharper than PIL's antialiased bilinear: measured against a full decode it moves the output by up
      to ~3/255 mean abs (at draft_min_scale=2, large detailed photos), so use draft=False where the output must
      match torchvision's eval transform (< 2/255); for training augmentation the speed is worth it;
-  2. the decode contract (README "Decode contract"; `to_rgb`): EXIF orientation applied when orientation="exif"
+  2. the decode contract (README "Decode contract"; fastfeed/decode/contract.py): EXIF orientation applied when orientation="exif"
      (JPEG only), any mode (L, CMYK, P, RGBA, LA, 1, I;16, ...) -> RGB, alpha dropped, 16-bit -> v >> 8;
   3. `Image.resize((S, S), BILINEAR, box=window)` crops and antialias-resizes in one SIMD pass (the box is in float
      source coordinates, so the draft scale costs no precision, and the filter reads pixels just outside the box
@@ -33,16 +33,11 @@ from PIL import Image
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common,
                                   is_image, replaced_list, resolve_errors)
+from fastfeed.decode.contract import TRANSPOSE, orientation_tag, to_rgb
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
 from fastfeed.decode.kernels import emit_chw, emit_hwc, make_lut, numpy_view
-from fastfeed.jpeg import exif_orientation
 
-__all__ = ["PilDecoder", "decode_rgb", "to_rgb", "TRANSPOSE"]
-
-# EXIF orientation tag -> the PIL transpose that displays the image (PIL's ImageOps.exif_transpose table).
-TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
-             5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
-             8: Image.Transpose.ROTATE_90}
+__all__ = ["PilDecoder", "decode_rgb"]
 
 _STAGING_BUFFERS = 2
 _MAX_RECYCLED = 8  # CPU output buffers kept for reuse: consumer + prefetch + pipelines in flight, with room
@@ -57,25 +52,6 @@ def _storage_users(t) -> int | None:
     if use_count is None:
         return None
     return int(use_count(t.untyped_storage()._cdata))
-
-
-def to_rgb(img: Image.Image) -> Image.Image:
-    """The decode contract's colour rules on a loaded PIL image (pack's conversions use them too):
-    16-bit grey (I;16*, I) -> v >> 8 whatever the content (PIL opens 16-bit RGB PNGs as RGB already keeping the
-    high byte, the same rule); float -> clipped to [0, 255]; alpha (RGBA, LA, PA, palette tRNS) dropped, the
-    colour channels kept as stored, as torchvision's `convert("RGB")` does; CMYK/YCCK by PIL's conversion; ICC
-    profiles ignored (PIL, DALI and torchvision all ignore them)."""
-    mode = img.mode
-    if mode == "RGB":
-        return img
-    if mode == "I" or mode.startswith("I;16"):
-        a = np.asarray(img).astype(np.int64) >> 8
-        return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8), "L").convert("RGB")
-    if mode == "F":
-        return Image.fromarray(np.clip(np.asarray(img), 0, 255).astype(np.uint8), "L").convert("RGB")
-    if mode == "P" and "transparency" in img.info:
-        img = img.convert("RGBA")  # PIL warns when a palette with transparency goes straight to RGB
-    return img.convert("RGB")
 
 
 def _draft_size(W: int, H: int, w: float, h: float, S: float) -> tuple[int, int]:
@@ -96,7 +72,7 @@ def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, 
     bx0, by0, bx1, by1 = box
     # PIL raises on truncated data (ImageFile.LOAD_TRUNCATED_IMAGES stays False), so a cut record is reported.
     img = Image.open(io.BytesIO(memoryview(sample)))
-    tag = exif_orientation(sample) if orientation == "exif" and img.format in ("JPEG", "MPO") else 1
+    tag = orientation_tag(sample, img.format, orientation)
     W0, H0 = img.size
     if tag >= 5:  # the displayed image is the stored one transposed
         W0, H0 = H0, W0

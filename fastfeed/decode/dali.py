@@ -25,8 +25,8 @@ batch is bisected (runs on halves) to find the culprit records, and only the goo
 Orientation (the decode contract, README): DALI's decoders rotate by EXIF by default and read the ROI in the
 rotated (displayed) image; a window computed on the stored size then runs outside a rotated non-square image and
 DALI crashed the process. So `adjust_orientation` follows the policy ("ignore": off, pixels as stored, like the
-CPU path and torchvision), and with "exif" each JPEG's displayed size is read from its header (the same parser
-pack used for the `orientation` column) and the windows are clamped to it before DALI sees them.
+CPU path and torchvision), and with "exif" each JPEG/PNG's displayed size is read from its header (the same
+parser pack used for the `orientation` column) and the windows are clamped to it before DALI sees them.
 """
 from __future__ import annotations
 
@@ -251,25 +251,16 @@ class DaliDecoder:
 
 
 def _clamp_displayed(samples, windows: Windows, positions) -> Windows:
-    """The windows clamped to each JPEG's displayed size (header size, axes swapped for EXIF tags 5..8), so that
-    a window computed on a wrong size can never send DALI's ROI decode outside the rotated image."""
-    from fastfeed import jpeg
+    """The windows clamped to each JPEG/PNG's displayed size (header size, axes swapped for EXIF tags 5..8), so
+    that a window computed on a wrong size can never send DALI's ROI decode outside the rotated image."""
+    from fastfeed.jpeg import displayed_size
 
     W = windows.x.astype(np.int64) + windows.w
     H = windows.y.astype(np.int64) + windows.h
     for i in positions:
-        s = samples[i]
-        if bytes(s[:2]) != b"\xff\xd8":
-            continue
-        try:
-            info = jpeg.probe(bytes(s[:1 << 16]))
-        except jpeg.ImageProbeError:
-            try:
-                info = jpeg.probe(bytes(s))
-            except jpeg.ImageProbeError:
-                continue  # DALI reports it as a decode error
-        w, h = (info.height, info.width) if info.orientation >= 5 else (info.width, info.height)
-        W[i], H[i] = w, h
+        size = displayed_size(samples[i])
+        if size is not None:
+            W[i], H[i] = size
     return windows.clamped(W, H)
 
 
