@@ -82,6 +82,7 @@ class PackResult:
     rejected: list[dict]
     seconds: float
     hidden_skipped: int
+    symlink_note: str | None = None  # Source.symlink_note(): links followed, how many out of the source folder
 
     def summary(self) -> str:
         m = self.manifest
@@ -96,6 +97,8 @@ class PackResult:
                      f"(listed under extra.transcode_failed in {MANIFEST_NAME})")
         if m.options.get("jpeg_note"):
             line += f"\nnote: {m.options['jpeg_note']}"
+        if self.symlink_note:
+            line += f"\n{self.symlink_note}"
         return line
 
 
@@ -410,7 +413,7 @@ def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: f
         },
     )
     tbl.write_manifest(folder, manifest)
-    return PackResult(folder, manifest, rejected, time.perf_counter() - t0, src.hidden_skipped)
+    return PackResult(folder, manifest, rejected, time.perf_counter() - t0, src.hidden_skipped, src.symlink_note())
 
 
 def _file_info(folder: str, rel: str, n: int) -> ShardInfo:
