@@ -248,7 +248,16 @@ def exif_orientation(data) -> int:
     the tag: pack's `orientation` column, the CPU decoder and the DALI decoder's window clamp all use it."""
     if bytes(data[:8]) == b"\x89PNG\r\n\x1a\n":
         return _png_exif_orientation(data)
-    head = bytes(data[:_EXIF_SCAN])
+    # EXIF is nearly always within the first few KB (APP1 right after SOI/APP0); look further only if needed.
+    tag = _jpeg_exif_orientation(data, _EXIF_FIRST)
+    if tag is None and len(data) > _EXIF_FIRST:
+        tag = _jpeg_exif_orientation(data, _EXIF_SCAN)
+    return tag or 1
+
+
+def _jpeg_exif_orientation(data, scan: int) -> int | None:
+    """The tag, 1 when the header has none, None when the header runs past `scan` bytes before the scan data."""
+    head = bytes(data[:scan])
     if head[:2] != b"\xff\xd8":
         return 1
     pos, n = 2, len(head)
@@ -256,7 +265,7 @@ def exif_orientation(data) -> int:
         while pos < n and head[pos] == 0xFF:
             pos += 1
         if pos + 3 > n:
-            return 1
+            return None
         marker = head[pos]
         if marker in _STANDALONE:
             pos += 1
@@ -270,7 +279,7 @@ def exif_orientation(data) -> int:
                 seg = bytes(data[pos + 3 : pos + 1 + length])
             return _exif_orientation(seg[6:])
         pos += 1 + length
-    return 1
+    return None if pos + 4 > n and len(data) > n else 1
 
 
 def _png_exif_orientation(data) -> int:
@@ -286,9 +295,10 @@ def _png_exif_orientation(data) -> int:
     return 1
 
 
-def displayed_size(data) -> tuple[int, int] | None:
+def displayed_size(data, orientation: int | None = None) -> tuple[int, int] | None:
     """(width, height) of a JPEG or PNG as shown under the "exif" orientation policy (axes swapped for tags
-    5..8), from the header alone; None for other formats or a malformed header."""
+    5..8), from the header alone; None for other formats or a malformed header. Pass `orientation` when the
+    caller already read the tag."""
     head = bytes(data[:24])
     if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
         w, h = struct.unpack(">II", head[16:24])
@@ -303,9 +313,11 @@ def displayed_size(data) -> tuple[int, int] | None:
         w, h = info.width, info.height
     else:
         return None
-    return (h, w) if exif_orientation(data) >= 5 else (w, h)
+    tag = exif_orientation(data) if orientation is None else orientation
+    return (h, w) if tag >= 5 else (w, h)
 
 
+_EXIF_FIRST = 4096
 _EXIF_SCAN = 1 << 16
 
 

@@ -280,3 +280,13 @@ def test_jpeg_end_finds_the_first_image_end_past_a_trailer(progressive):
     assert jpeg.jpeg_end(data + trailer) == len(data)
     assert jpeg.jpeg_end(data[: len(data) // 2]) is None  # truncated: no end
     assert jpeg.jpeg_end(b"\x89PNG\r\n\x1a\n") is None
+
+
+def test_exif_orientation_behind_a_large_segment_is_found():
+    ex = Image.Exif()
+    ex[0x0112] = 6
+    data = encode(photo(), exif=ex.tobytes())
+    big = segment(0xE2, b"ICC_PROFILE\x00\x01\x01" + bytes(20000))  # 20 KB before the EXIF block
+    moved = data[:2] + big + data[2:]
+    assert jpeg.exif_orientation(moved) == 6 and jpeg.probe(moved).orientation == 6
+    assert jpeg.exif_orientation(np.frombuffer(moved, np.uint8)) == 6  # ring slots are numpy views
