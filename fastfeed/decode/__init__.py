@@ -44,7 +44,9 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
                  zero_copy: bool = False, orientation: str = DEFAULT_ORIENTATION):
     """Build a decoder. `device` is where the images go ("cuda" | "cuda:N" | "cpu"); device_id is the GPU DALI
     decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy and
-    hw_decoder_load to dali only. Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
+    hw_decoder_load to dali only. `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
+    docs/decode_contract.md); the windows passed in must be computed on `oriented_size(...)` under the same policy.
+    Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
     import torch
 
     resolved = resolve_kind(kind, device)
