@@ -49,7 +49,9 @@ DOWNSCALED = "downscaled_max_side"  # --max-side: lossy
 CHANGES = (TRIMMED, DROPPED_JUNK, CONVERTED, TRANSCODED, REENCODED, DOWNSCALED)
 # When several apply to one file, the code reported is the one that changed the most (later in this order).
 _WEIGHT = {c: i for i, c in enumerate(CHANGES)}
-_JUNK_SCAN = 1 << 16  # junk before a JPEG's SOI is looked for only this far in
+_JUNK_SCAN = 1 << 16  # junk between a JPEG's SOI and its first marker is looked for only this far in
+_JUNK_MAX = 1024  # junk before the SOI: at most this many bytes
+_CONTAINERS = (b"%PDF", b"PK\x03\x04", b"Rar!", b"7z\xbc\xaf", b"\x1f\x8b", b"RIFF", b"\x1aE\xdf\xa3")
 # Twice PIL's own bomb limit: ImageNet's largest image is ~30 Mpx; anything above this is almost surely hostile.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
 MAX_FILE_BYTES = 1 << 31  # keeps one sample far below any shard/LMDB limit
@@ -118,8 +120,11 @@ def check_image(data, opts: LoadOptions) -> Loaded | Rejected:
     if fmt is None and bytes(data[:2]) == b"\xff\xd8":  # SOI, then junk before the first marker
         return _check_jpeg(data, opts, None)
     if fmt is None:
-        soi = bytes(data[:_JUNK_SCAN]).find(b"\xff\xd8\xff")
-        if soi <= 0:
+        head = bytes(data[:_JUNK_MAX + 3])
+        soi = head.find(b"\xff\xd8\xff")
+        # A few bytes of junk (an HTTP header, a BOM, padding) before a JPEG are dropped; a container that holds a
+        # JPEG (PDF, ZIP, MP4 cover art, ...) is not one: its embedded picture is not what the user's file shows.
+        if soi <= 0 or head.startswith(_CONTAINERS) or head[4:8] == b"ftyp":
             return Rejected("not an image (unknown file signature)")
         return _check_jpeg(data[soi:], opts, DROPPED_JUNK)
     if fmt == "jpeg":

@@ -240,6 +240,10 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
 
     # -- not images
     rej("text_named_jpg.jpg", b"this is not an image at all\n" * 20, "not an image")
+    # A container holding a JPEG is not that JPEG (junk before SOI is dropped only when short and not a container).
+    rej("pdf_with_jpeg.jpg", b"%PDF-1.4\n1 0 obj << /Filter /DCTDecode >> stream\n" + base + b"\nendstream\n%%EOF",
+        "not an image")
+    rej("jpeg_after_2kb_junk.jpg", bytes(2048) + base, "not an image")
     rej("empty.png", b"", "empty")
     return out
 
