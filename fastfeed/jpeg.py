@@ -37,6 +37,9 @@ import struct
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from fastfeed.headers import STANDALONE_MARKERS as _STANDALONE
+from fastfeed.headers import exif_orientation, jpeg_end, tiff_orientation  # exif_orientation, jpeg_end: re-exported
+
 __all__ = [
     "KIND_NOT_JPEG",
     "KIND_BASELINE",
@@ -90,8 +93,7 @@ _SUBSAMPLING_NAMES = {
     (4, 1): "4:1:1",
     (4, 2): "4:1:0",
 }
-# Markers without a length field.
-_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
+
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _PIL_FORMATS = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "WEBP": "webp",
                 "TIFF": "tiff", "PPM": "ppm", "ICO": "ico", "JPEG2000": "jpeg2000", "TGA": "tga"}
@@ -205,7 +207,7 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
         if marker == 0xE0 and segment[:5] == b"JFIF\x00":
             jfif = True
         elif marker == 0xE1 and segment[:6] == b"Exif\x00\x00" and orientation == 1:
-            orientation = _exif_orientation(segment[6:])
+            orientation = tiff_orientation(segment[6:])
         elif marker == 0xEE and len(segment) >= 12 and segment[:5] == b"Adobe":
             adobe_transform = segment[11]
         elif marker in _SOF:
@@ -219,80 +221,7 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
     return _jpeg_info(sof[0], sof[1], jfif, adobe_transform, orientation)
 
 
-def _exif_orientation(tiff: bytes) -> int:
-    """Tag 0x0112 of IFD0 of a TIFF-structured EXIF block; 1 when absent or malformed (never raises).
-    The one EXIF parser of fastfeed: pack's probe (the `orientation` column) and the CPU decoder use it."""
-    if len(tiff) < 8 or tiff[:4] not in (b"II*\x00", b"MM\x00*"):
-        return 1
-    e = "<" if tiff[:2] == b"II" else ">"
-    (ifd,) = struct.unpack_from(e + "I", tiff, 4)
-    if ifd + 2 > len(tiff):
-        return 1
-    (count,) = struct.unpack_from(e + "H", tiff, ifd)
-    for k in range(count):
-        at = ifd + 2 + 12 * k
-        if at + 12 > len(tiff):
-            return 1
-        tag, typ, n = struct.unpack_from(e + "HHI", tiff, at)
-        if tag == 0x0112:
-            if typ != 3 or n < 1:  # SHORT
-                return 1
-            (v,) = struct.unpack_from(e + "H", tiff, at + 8)
-            return v if 1 <= v <= 8 else 1
-    return 1
-
-
-def exif_orientation(data) -> int:
-    """The EXIF orientation tag (1..8) of a JPEG (APP1 "Exif") or PNG (eXIf chunk) held in `data` (bytes-like),
-    without decoding; 1 for other formats, without a (valid) tag, or with a malformed header. The one reader of
-    the tag: pack's `orientation` column, the CPU decoder and the DALI decoder's window clamp all use it."""
-    if bytes(data[:8]) == b"\x89PNG\r\n\x1a\n":
-        return _png_exif_orientation(data)
-    # EXIF is nearly always within the first few KB (APP1 right after SOI/APP0); look further only if needed.
-    tag = _jpeg_exif_orientation(data, _EXIF_FIRST)
-    if tag is None and len(data) > _EXIF_FIRST:
-        tag = _jpeg_exif_orientation(data, _EXIF_SCAN)
-    return tag or 1
-
-
-def _jpeg_exif_orientation(data, scan: int) -> int | None:
-    """The tag, 1 when the header has none, None when the header runs past `scan` bytes before the scan data."""
-    head = bytes(data[:scan])
-    if head[:2] != b"\xff\xd8":
-        return 1
-    pos, n = 2, len(head)
-    while pos + 4 <= n and head[pos] == 0xFF:
-        while pos < n and head[pos] == 0xFF:
-            pos += 1
-        if pos + 3 > n:
-            return None
-        marker = head[pos]
-        if marker in _STANDALONE:
-            pos += 1
-            continue
-        if marker == 0xDA or marker == 0xD9:
-            return 1
-        (length,) = struct.unpack_from(">H", head, pos + 1)
-        seg = head[pos + 3 : pos + 1 + length]
-        if marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
-            if pos + 1 + length > n and len(data) > n:  # a large EXIF block (thumbnail): read all of it
-                seg = bytes(data[pos + 3 : pos + 1 + length])
-            return _exif_orientation(seg[6:])
-        pos += 1 + length
-    return None if pos + 4 > n and len(data) > n else 1
-
-
-def _png_exif_orientation(data) -> int:
-    pos, n = 8, len(data)
-    while pos + 8 <= n:
-        length, kind = struct.unpack(">I4s", bytes(data[pos : pos + 8]))
-        if kind == b"eXIf":
-            body = bytes(data[pos + 8 : pos + 8 + length])
-            return _exif_orientation(body[6:] if body[:6] == b"Exif\x00\x00" else body)
-        if kind == b"IEND":
-            break
-        pos += 12 + length
-    return 1
+_HEADER_SCAN = 1 << 16  # a JPEG header larger than this (big EXIF thumbnail, ICC) is probed on the whole file
 
 
 def displayed_size(data, orientation: int | None = None) -> tuple[int, int] | None:
@@ -304,7 +233,7 @@ def displayed_size(data, orientation: int | None = None) -> tuple[int, int] | No
         w, h = struct.unpack(">II", head[16:24])
     elif head[:2] == b"\xff\xd8":
         try:
-            info = probe(bytes(data[:_EXIF_SCAN]))
+            info = probe(bytes(data[:_HEADER_SCAN]))
         except ImageProbeError:
             try:
                 info = probe(bytes(data))
@@ -315,51 +244,6 @@ def displayed_size(data, orientation: int | None = None) -> tuple[int, int] | No
         return None
     tag = exif_orientation(data) if orientation is None else orientation
     return (h, w) if tag >= 5 else (w, h)
-
-
-_EXIF_FIRST = 4096
-_EXIF_SCAN = 1 << 16
-
-
-def jpeg_end(data, start: int = 0) -> int | None:
-    """Offset just past the EOI marker that ends the JPEG starting at `start` (its first image, for files with
-    more after it: motion-photo video, MPF secondary images, vendor trailers), or None when there is none
-    (a truncated file). Walks the marker segments and scans each entropy-coded segment for its ending marker."""
-    mv = bytes(data)
-    n = len(mv)
-    if mv[start : start + 2] != b"\xff\xd8":
-        return None
-    pos = start + 2
-    while pos < n:
-        if mv[pos] != 0xFF:
-            return None
-        while pos < n and mv[pos] == 0xFF:
-            pos += 1
-        if pos >= n:
-            return None
-        marker = mv[pos]
-        pos += 1
-        if marker == 0xD9:
-            return pos
-        if marker in _STANDALONE or marker == 0xD8:
-            continue
-        if pos + 2 > n:
-            return None
-        (length,) = struct.unpack_from(">H", mv, pos)
-        pos += length
-        if marker != 0xDA:
-            continue
-        # Entropy-coded data: ends at the first 0xFF followed by a byte other than 0x00 (stuffing) or RSTn.
-        while True:
-            pos = mv.find(b"\xff", pos)
-            if pos < 0 or pos + 1 >= n:
-                return None
-            nxt = mv[pos + 1]
-            if nxt == 0x00 or 0xD0 <= nxt <= 0xD7 or nxt == 0xFF:
-                pos += 1 if nxt == 0xFF else 2
-                continue
-            break
-    return None
 
 
 def _jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None, orientation: int = 1) -> ImageInfo:

@@ -5,7 +5,7 @@ conversions (pack/validate.py) and by the tests' reference. PIL only: no numba, 
 
 - Orientation: policy "ignore" (default; torchvision's ImageFolder) or "exif" (the EXIF tag applied, displayed
   size). Stored files are JPEG or PNG (pack converts the rest, carrying the tag into a PNG eXIf chunk); the tag is
-  read from JPEG APP1 / PNG eXIf by fastfeed.jpeg.exif_orientation on the CPU path and by DALI on DALI's.
+  read from JPEG APP1 / PNG eXIf by fastfeed.headers.exif_orientation on the CPU path and by DALI on DALI's.
 - 16-bit samples -> v >> 8, whatever the content (no stretching, no clipping).
 - Alpha (RGBA, LA, PA, palette tRNS) is dropped: the colour channels as stored, exactly torchvision's
   `convert("RGB")`. No compositing: a background colour would make fastfeed differ from ImageFolder by up to
@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS
-from fastfeed.jpeg import exif_orientation
+from fastfeed.headers import exif_orientation
 
 __all__ = ["TRANSPOSE", "GREY_MODES", "to_rgb", "to_8bit", "orientation_tag", "contract_image"]
 

@@ -253,7 +253,8 @@ class DaliDecoder:
 def _clamp_displayed(samples, windows: Windows, positions) -> Windows:
     """The windows clamped to each JPEG/PNG's displayed size (header size, axes swapped for EXIF tags 5..8), so
     that a window computed on a wrong size can never send DALI's ROI decode outside the rotated image."""
-    from fastfeed.jpeg import displayed_size, exif_orientation
+    from fastfeed.headers import exif_orientation
+    from fastfeed.jpeg import displayed_size
 
     W = windows.x.astype(np.int64) + windows.w
     H = windows.y.astype(np.int64) + windows.h

@@ -27,10 +27,10 @@ import io
 import os
 import stat
 import struct
-import zlib
 from dataclasses import dataclass
 
 from fastfeed import jpeg
+from fastfeed.headers import exif_orientation, jpeg_end, png_data_ok, png_facts
 
 __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS",
            "CHANGES", "TRIMMED", "DROPPED_JUNK", "CONVERTED", "TRANSCODED", "REENCODED", "DOWNSCALED"]
@@ -149,7 +149,7 @@ def _check_jpeg(data, opts: LoadOptions, change: str | None) -> Loaded | Rejecte
     if info.width * info.height > opts.max_pixels:
         return _bomb(info, opts)
     if not _tail(data).endswith(b"\xff\xd9"):
-        end = jpeg.jpeg_end(data)
+        end = jpeg_end(data)
         if end is None:
             return Rejected("truncated JPEG (no end-of-image marker)")
         data, change = data[:end], _worse(change, TRIMMED)
@@ -199,97 +199,8 @@ def _worse(a: str | None, b: str | None) -> str | None:
 
 # ---- PNG -----------------------------------------------------------------------------------------------------
 
-_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
-_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
-
-
-@dataclass
-class _PngFacts:
-    width: int
-    height: int
-    depth: int
-    ctype: int
-    interlace: int
-    end: int  # offset just past the IEND chunk
-    idat: list  # (offset, length) of each IDAT body
-    trns: bool = False
-    animated: bool = False
-
-
-def _png_facts(data) -> _PngFacts | str:
-    """Walk the chunks (no pixel work); a reason string when the structure is broken."""
-    n = len(data)
-    pos = 8
-    facts = None
-    while pos + 8 <= n:
-        length, kind = struct.unpack(">I4s", bytes(data[pos : pos + 8]))
-        body = pos + 8
-        nxt = body + length + 4
-        if nxt > n:
-            return "truncated PNG (a chunk runs past the end of the file)"
-        if facts is None:
-            if kind != b"IHDR" or length != 13:
-                return "bad image header: PNG does not start with IHDR"
-            w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", bytes(data[body : body + 13]))
-            if w == 0 or h == 0 or ctype not in _PNG_CHANNELS:
-                return f"bad image header: PNG {w}x{h} colour type {ctype}"
-            facts = _PngFacts(w, h, depth, ctype, interlace, 0, [])
-        elif kind == b"IDAT":
-            facts.idat.append((body, length))
-        elif kind == b"tRNS":
-            facts.trns = True
-        elif kind == b"acTL":
-            facts.animated = True
-        elif kind == b"IEND":
-            facts.end = nxt
-            return facts if facts.idat else "bad image header: PNG without pixel data (no IDAT)"
-        pos = nxt
-    return "truncated PNG (no IEND chunk at the end)"
-
-
-def _png_raw_size(f: _PngFacts) -> int:
-    """Bytes the inflated IDAT stream must hold: filter byte + packed samples per row (per Adam7 pass)."""
-    bits = _PNG_CHANNELS[f.ctype] * f.depth
-
-    def rows(w, h):
-        return 0 if w == 0 or h == 0 else h * (1 + (w * bits + 7) // 8)
-
-    if not f.interlace:
-        return rows(f.width, f.height)
-    total = 0
-    for x0, y0, dx, dy in _ADAM7:
-        total += rows((f.width - x0 + dx - 1) // dx, (f.height - y0 + dy - 1) // dy)
-    return total
-
-
-def _png_data_ok(data, f: _PngFacts) -> str | None:
-    """Inflate the pixel data in 1 MB steps (bounded memory) and compare its length with the header's promise."""
-    need = _png_raw_size(f)
-    z = zlib.decompressobj()
-    got = 0
-    try:
-        for off, length in f.idat:
-            chunk = bytes(data[off : off + length])
-            while chunk:
-                got += len(z.decompress(chunk, 1 << 20))
-                chunk = z.unconsumed_tail
-                if got > need:
-                    return None
-        while not z.eof and got <= need:
-            more = z.decompress(b"", 1 << 20)
-            if not more:
-                break
-            got += len(more)
-    except zlib.error as e:
-        return f"corrupt PNG pixel data ({e}); it would fail to decode"
-    if got < need:
-        return (f"PNG pixel data shorter than its header says ({got} of {need} bytes: a header lie or a cut "
-                f"file); it would fail to decode")
-    return None
-
-
 def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
-    f = _png_facts(data)
+    f = png_facts(data)
     if isinstance(f, str):
         return Rejected(f)
     if f.width * f.height > opts.max_pixels:
@@ -297,14 +208,14 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
     change = None
     if f.end < len(data):
         data, change = data[: f.end], TRIMMED
-    err = _png_data_ok(data, f)
+    err = png_data_ok(data, f)
     if err is not None:
         return Rejected(err)
     if f.depth != 8 or f.ctype in (4, 6) or f.trns or f.animated:
         what = ("APNG" if f.animated else f"{f.depth}-bit PNG" if f.depth != 8 else "PNG with transparency")
         return _convert(data, "png", opts, change, what=what)
     info = jpeg.ImageInfo("png", f.width, f.height, jpeg.KIND_NOT_JPEG, None,
-                          {0: "gray", 2: "rgb", 3: "palette"}[f.ctype], False, orientation=jpeg.exif_orientation(data))
+                          {0: "gray", 2: "rgb", 3: "palette"}[f.ctype], False, orientation=exif_orientation(data))
     return _maybe_convert(data, "png", info, opts, change)
 
 
@@ -351,7 +262,7 @@ def _convert(data, fmt: str, opts: LoadOptions, change: str | None, what: str | 
     out.save(buf, format="PNG", compress_level=6, **extra)
     png = buf.getvalue()
     info = jpeg.ImageInfo("png", out.width, out.height, jpeg.KIND_NOT_JPEG, None,
-                          "gray" if grey else "rgb", False, orientation=jpeg.exif_orientation(png))
+                          "gray" if grey else "rgb", False, orientation=exif_orientation(png))
     res = _maybe_convert(png, "png", info, opts, _worse(change, CONVERTED))
     if isinstance(res, Loaded) and not res.transcoded:
         res = Loaded(res.data, res.ext, res.width, res.height, res.jpeg_kind, True, res.hw_decodable, res.note,
