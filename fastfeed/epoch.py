@@ -39,7 +39,8 @@ class LoaderError(RuntimeError):
 class SampleTable:
     """What the epoch needs to know about every sample, by sample id.
 
-    labels: int64 [N] (CPU). widths/heights: the size crop windows are computed on. keys: each sample's source
+    labels: int64 [N] (CPU). widths/heights: the displayed size crop windows are computed on (the stored size
+    under the orientation policy: `decode.oriented_size`). keys: each sample's source
     name (for messages and logs). read(i): one sample's bytes, for the per-sample fallback after a ring read error
     and for refilling a batch. bad_checksums(indices, samples): the positions whose bytes do not match the sample
     table's checksum, or None when the dataset has none or checks are off.
@@ -213,7 +214,7 @@ class EpochRun:
             if len(exc.positions) < len(indices):
                 raise
             return self._fill_from_epoch(k, decoder, indices, exc, bad)
-        replaced = [(p, *bad[p]) if p in bad else (p, code, detail) for p, code, detail in _entries(result.replaced)]
+        replaced = [(r.position, *bad[r.position]) if r.position in bad else tuple(r) for r in result.replaced]
         labels = self.table.labels[torch.from_numpy(indices)]
         sources = replacement_map([p for p, _, _ in replaced], len(indices))
         for dst, src in sources.items():
@@ -225,9 +226,8 @@ class EpochRun:
         the epoch (the next ones in the plan, cyclically), so the run goes on and the batch keeps its shape."""
         s = self.settings
         n = len(indices)
-        codes = _codes(exc)
-        replaced = [(p, *bad[p]) if p in bad else (p, codes[j][0], codes[j][1])
-                    for j, p in enumerate(exc.positions)]
+        replaced = [(p, *bad[p]) if p in bad else (p, code, detail)
+                    for p, code, detail in zip(exc.positions, exc.codes, exc.details)]
         order = self.plan.indices
         start = min((k + 1) * self.plan.batch_size, len(order))
         candidates = np.concatenate((order[start:], order[:start]))[:_FILL_CANDIDATES]
@@ -323,26 +323,3 @@ class EpochRun:
 
 
 _EMPTY = np.empty(0, dtype=np.uint8)
-
-
-def _entries(replaced) -> list[tuple[int, str, str]]:
-    """(position, code, detail) for each replaced position, whatever tuple form the decoder reports."""
-    out = []
-    for r in replaced:
-        if len(r) == 3:
-            out.append((int(r[0]), str(r[1]), str(r[2])))
-        else:
-            out.append((int(r[0]), *_code_of(str(r[1]))))
-    return out
-
-
-def _codes(exc: CorruptSampleError) -> list[tuple[str, str]]:
-    codes = getattr(exc, "codes", None)
-    details = getattr(exc, "details", None)
-    if codes is not None and details is not None:
-        return list(zip(codes, details))
-    return [_code_of(r) for r in exc.reasons]
-
-
-def _code_of(reason: str) -> tuple[str, str]:
-    return ("not_image" if "not an image" in reason else "decode_error"), reason

@@ -37,6 +37,9 @@ import struct
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from fastfeed.headers import STANDALONE_MARKERS as _STANDALONE
+from fastfeed.headers import exif_orientation, jpeg_end, tiff_orientation  # exif_orientation, jpeg_end: re-exported
+
 __all__ = [
     "KIND_NOT_JPEG",
     "KIND_BASELINE",
@@ -52,6 +55,9 @@ __all__ = [
     "JpegTranscodeError",
     "TranscodeUnavailableError",
     "probe",
+    "exif_orientation",
+    "displayed_size",
+    "jpeg_end",
     "prepare",
     "transcode_to_baseline",
     "transcode_many",
@@ -87,8 +93,7 @@ _SUBSAMPLING_NAMES = {
     (4, 1): "4:1:1",
     (4, 2): "4:1:0",
 }
-# Markers without a length field.
-_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
+
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _PIL_FORMATS = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "WEBP": "webp",
                 "TIFF": "tiff", "PPM": "ppm", "ICO": "ico", "JPEG2000": "jpeg2000", "TGA": "tga"}
@@ -109,6 +114,8 @@ class ImageInfo:
     colorspace: 'ycbcr', 'gray', 'rgb', 'cmyk', 'ycck' for JPEGs (as libjpeg would infer it); for other formats
         PIL's mode mapped to 'gray', 'palette', 'rgb', 'rgba', 'cmyk', ... (lower-cased mode when unknown).
     hw_decodable: the GPU hardware JPEG decoder accepts it as stored.
+    precision: bits per sample (JPEG: from the frame header; 8 for other formats).
+    orientation: the EXIF orientation tag 1..8 of a JPEG (1 when absent, invalid, or not a JPEG).
     """
 
     format: str
@@ -118,6 +125,8 @@ class ImageInfo:
     subsampling: str | None
     colorspace: str
     hw_decodable: bool
+    precision: int = 8
+    orientation: int = 1
 
     @property
     def kind_name(self) -> str:
@@ -171,6 +180,7 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
     jfif = False
     adobe_transform: int | None = None
     sof: tuple[int, bytes] | None = None
+    orientation = 1
     while True:
         # Markers may be preceded by any number of 0xFF fill bytes.
         if pos >= n or data[pos] != 0xFF:
@@ -196,6 +206,8 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
         pos += length
         if marker == 0xE0 and segment[:5] == b"JFIF\x00":
             jfif = True
+        elif marker == 0xE1 and segment[:6] == b"Exif\x00\x00" and orientation == 1:
+            orientation = tiff_orientation(segment[6:])
         elif marker == 0xEE and len(segment) >= 12 and segment[:5] == b"Adobe":
             adobe_transform = segment[11]
         elif marker in _SOF:
@@ -206,10 +218,35 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
             break
     if sof is None:
         raise ImageProbeError("JPEG: scan before any frame header (SOF)")
-    return _jpeg_info(sof[0], sof[1], jfif, adobe_transform)
+    return _jpeg_info(sof[0], sof[1], jfif, adobe_transform, orientation)
 
 
-def _jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None) -> ImageInfo:
+_HEADER_SCAN = 1 << 16  # a JPEG header larger than this (big EXIF thumbnail, ICC) is probed on the whole file
+
+
+def displayed_size(data, orientation: int | None = None) -> tuple[int, int] | None:
+    """(width, height) of a JPEG or PNG as shown under the "exif" orientation policy (axes swapped for tags
+    5..8), from the header alone; None for other formats or a malformed header. Pass `orientation` when the
+    caller already read the tag."""
+    head = bytes(data[:24])
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
+        w, h = struct.unpack(">II", head[16:24])
+    elif head[:2] == b"\xff\xd8":
+        try:
+            info = probe(bytes(data[:_HEADER_SCAN]))
+        except ImageProbeError:
+            try:
+                info = probe(bytes(data))
+            except ImageProbeError:
+                return None
+        w, h = info.width, info.height
+    else:
+        return None
+    tag = exif_orientation(data) if orientation is None else orientation
+    return (h, w) if tag >= 5 else (w, h)
+
+
+def _jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None, orientation: int = 1) -> ImageInfo:
     if len(seg) < 6:
         raise ImageProbeError("JPEG: frame header too short")
     precision, height, width, ncomp = struct.unpack_from(">BHHB", seg, 0)
@@ -259,7 +296,7 @@ def _jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None)
         and colorspace in ("ycbcr", "gray")
         and subsampling in _HW_SUBSAMPLINGS
     )
-    return ImageInfo("jpeg", width, height, kind, subsampling, colorspace, hw)
+    return ImageInfo("jpeg", width, height, kind, subsampling, colorspace, hw, precision, orientation)
 
 
 def _subsampling_name(factors: list[tuple[int, int]]) -> str:
@@ -359,14 +396,20 @@ def _reencode(data: bytes, quality: int) -> bytes:
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
-            grey = im.mode in ("1", "L", "LA", "I", "I;16", "F")
+            from fastfeed.decode.contract import GREY_MODES, to_8bit, to_rgb
+
+            grey = im.mode in GREY_MODES
             target = "L" if grey else "RGB"
             icc = im.info.get("icc_profile") if im.mode == target else None
-            converted = im if im.mode == target else im.convert(target)
+            exif = im.info.get("exif") if im.format == "JPEG" else None  # keeps the EXIF orientation tag
+            # The decode contract's rules (16-bit -> v >> 8, alpha dropped), not PIL's clipping convert().
+            converted = im if im.mode == target else (to_8bit(im) if grey else to_rgb(im)).convert(target)
             buf = io.BytesIO()
             kwargs = {"quality": quality, "optimize": True, "progressive": False}
             if icc:
                 kwargs["icc_profile"] = icc
+            if exif:
+                kwargs["exif"] = exif
             converted.save(buf, format="JPEG", **kwargs)
     except (Image.DecompressionBombError, OSError, ValueError, SyntaxError, struct.error, EOFError, IndexError, KeyError) as e:
         raise ImageProbeError(f"cannot decode image for re-encoding: {type(e).__name__}: {e}") from e

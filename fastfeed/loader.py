@@ -49,7 +49,8 @@ import torch
 from fastfeed import sampling
 from fastfeed.compat import AccelerateState, EpochSampler, seeded_call
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
-from fastfeed.decode import build_decoder
+from fastfeed.decode import build_decoder, oriented_size
+from fastfeed.decode.crop import DEFAULT_ORIENTATION
 from fastfeed.epoch import EpochRun, LoaderError, SampleTable
 from fastfeed.formats import integrity, open_dataset
 from fastfeed.ring import PrefetchRing
@@ -114,7 +115,7 @@ class Loader:
                  world_size: int | None = None, local_rank: int | None = None,
                  num_threads: int | str | None = "auto", reader_threads: int | None = None,
                  prefetch: int | None = None, hw_decoder_load: float | None = None, pipelines: int | None = None,
-                 on_error: str = "skip", orientation: str = "ignore", verify_checksums: bool = True,
+                 on_error: str = "skip", orientation: str = DEFAULT_ORIENTATION, verify_checksums: bool = True,
                  batch_transform=None, log_every: int | None = None, **dataloader_kwargs):
         self._closed = True  # until fully built: close() and __del__ then have nothing to undo
         self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
@@ -357,8 +358,10 @@ class Loader:
         if self.settings.verify_checksums and getattr(ds, "checksums", None) is not None:
             def check(indices, samples):
                 return integrity.bad_checksums(ds, indices, samples)
+        widths, heights = oriented_size(ds.widths, ds.heights, getattr(ds, "orientations", None),
+                                        self.settings.orientation)
         return SampleTable(labels=torch.from_numpy(np.ascontiguousarray(ds.labels, dtype=np.int64)),
-                           widths=np.asarray(ds.widths), heights=np.asarray(ds.heights), keys=ds.keys,
+                           widths=np.asarray(widths), heights=np.asarray(heights), keys=ds.keys,
                            # the epoch checks checksums itself, so that a mismatch is counted as one
                            read=lambda i: ds.read(i, check=False), bad_checksums=check)
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
+from fastfeed.decode.crop import ORIENTATIONS
 from fastfeed.world import World
 
 __all__ = ["LoaderSettings", "resolve_settings", "DTYPES", "ORIENTATIONS", "ON_ERROR", "DEFAULT_HW_DECODER_LOAD",
            "DEFAULT_READER_THREADS", "DEFAULT_PREFETCH", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE"]
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.uint8: "uint8"}
-ORIENTATIONS = ("ignore", "exif")
 ON_ERROR = ("skip", "raise")
 DECODERS = ("auto", "dali", "cpu", "cpu-dali", "cpu-pil")
 

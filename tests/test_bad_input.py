@@ -86,7 +86,6 @@ REJECTED = {
     "a_class/truncated.jpg": "truncated JPEG",
     "a_class/truncated.png": "truncated PNG",
     "a_class/notes.jpg": "not an image",
-    "a_class/anim.gif": "unsupported format: gif",
     "a_class/bomb.jpg": "decompression bomb",
     "a_class/garbage_header.jpg": "bad image header",
     "a_class/broken_link.jpg": "broken symlink",
@@ -99,12 +98,21 @@ REJECTED = {
 ACCEPTED = {"a_class/good.jpg", "a_class/same_name.jpg", "b_class/same_name.jpg", "a_class/grey.jpg",
             "a_class/cmyk.jpg", "a_class/progressive.jpg", "b_class/palette.png", "b_class/rgba.png",
             "b_class/sixteen_bit.png", "b_class/猫 ünïcødé é.jpg", "b_class/link_to_good.jpg",
-            os.fsdecode(b"b_class/latin1_\xe9t\xe9.jpg")}
+            os.fsdecode(b"b_class/latin1_\xe9t\xe9.jpg"), "a_class/anim.gif"}
+# Stored as 8-bit PNGs of the decode contract's pixels (README "Decode contract"): no decoder of the GPU path reads
+# them identically as they are.
+CONVERTED = {"a_class/cmyk.jpg", "b_class/rgba.png", "b_class/sixteen_bit.png", "a_class/anim.gif"}
 
 
 def _pixels(data: bytes) -> np.ndarray:
     with Image.open(io.BytesIO(data)) as im:
         return np.asarray(im)
+
+
+def _contract(data: bytes) -> Image.Image:
+    from fastfeed.decode.contract import contract_image
+
+    return contract_image(data)
 
 
 def _gif(img: np.ndarray) -> bytes:
@@ -138,12 +146,15 @@ def test_bad_inputs_are_reported_and_good_ones_packed(tree, tmp_path, fmt, jpeg_
             if str(ds.sources[i]) == "a_class/progressive.jpg" and transcoding:
                 assert ds.transcoded[i] and ds.read(i) != original
                 assert np.array_equal(_pixels(ds.read(i)), _pixels(original))  # lossless
+            elif str(ds.sources[i]) in CONVERTED:
+                assert ds.transcoded[i] and ds.read(i).startswith(b"\x89PNG")
+                assert np.array_equal(np.asarray(_contract(ds.read(i))), np.asarray(_contract(original)))
             else:
                 assert not ds.transcoded[i] and ds.read(i) == original
         mix = ds.manifest.jpeg_mix
-        assert mix["not_jpeg"] == 3 and mix["progressive"] == (0 if transcoding else 1)
-        assert mix["baseline_not_hw"] == 1  # the CMYK JPEG: baseline, but the hardware decoder rejects it
-        assert ds.manifest.transcoded == int(transcoding)
+        assert mix["not_jpeg"] == 1 + len(CONVERTED) and mix["progressive"] == (0 if transcoding else 1)
+        assert mix["baseline_not_hw"] == 0  # the CMYK JPEG, which the hardware decoder rejects, is now a PNG
+        assert ds.manifest.transcoded == int(transcoding) + len(CONVERTED)
     assert cli(["verify", str(out)]) == 0  # everything accepted really decodes
 
 

@@ -9,7 +9,7 @@ from PIL import Image
 
 from fastfeed import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.decode import CorruptSampleError, crop_windows, make_decoder
-from fastfeed.decode.samples import colour_variants, corrupt_variants, torchvision_eval_reference
+from decode_samples import colour_variants, corrupt_variants, torchvision_eval_reference
 
 S = 64  # small output keeps the suite fast; the transform is size-independent
 KINDS = ["cpu-pil", "cpu-dali"]
@@ -109,7 +109,10 @@ def test_corrupt_records_skip_and_raise(kind):
     with make_decoder(kind, device="cpu", image_size=S, dtype=torch.float32, batch_size=8, num_threads=2) as d:
         res = d(arrs, w)
         assert res.images.shape == (5, 3, S, S)
-        assert [p for p, _ in res.replaced] == [1, 3, 4] and all(r for _, r in res.replaced)
+        # Structured reasons, the same codes on every decoder: no signature -> not_image, else decode_error.
+        assert [(r.position, r.code) for r in res.replaced] == [(1, "not_image"), (3, "decode_error"),
+                                                                (4, "not_image")]
+        assert all(r.detail for r in res.replaced)
         # Replacement = a copy of the next good sample; good samples are untouched.
         assert torch.equal(res.images[1], res.images[2]) and torch.equal(res.images[4], res.images[0])
         ok = d([arrs[0], arrs[2]], w.take([0, 2])).images
@@ -119,6 +122,7 @@ def test_corrupt_records_skip_and_raise(kind):
         with pytest.raises(CorruptSampleError) as ei:
             d(arrs, w)
         assert ei.value.position == 1 and ei.value.positions == [1, 3, 4]
+        assert ei.value.codes == ["not_image", "decode_error", "not_image"]
         with pytest.raises(CorruptSampleError):  # nothing good to copy from, whatever the policy
             d([arrs[1]], w.take([1]))
 

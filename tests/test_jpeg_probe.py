@@ -239,3 +239,54 @@ def test_kind_codes_are_stable():
     # Stored in samples.npz: renumbering would misread every packed dataset.
     assert jpeg.KIND_CODES == {"not_jpeg": 0, "baseline": 1, "progressive": 2, "arithmetic": 3, "other_jpeg": 4}
     assert np.uint8(jpeg.KIND_OTHER_JPEG) == 4
+
+
+# ---- EXIF orientation and the end of the first image (decode contract, pack's lossless fixes) ------------------
+
+
+@pytest.mark.parametrize("tag", range(1, 9))
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_exif_orientation_matches_pil_and_reaches_the_probe(tag, fmt):
+    ex = Image.Exif()
+    ex[0x0112] = tag
+    data = encode(photo(), fmt, exif=ex.tobytes())
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+        assert im.getexif().get(0x0112) == tag  # the file really carries it, as PIL reads it
+    assert jpeg.exif_orientation(data) == tag
+    if fmt == "JPEG":
+        assert jpeg.probe(data).orientation == tag
+        w, h = photo().size
+        assert jpeg.displayed_size(data) == ((h, w) if tag >= 5 else (w, h))
+
+
+def test_exif_orientation_is_1_when_absent_bad_or_not_an_image():
+    assert jpeg.exif_orientation(encode(photo())) == 1
+    assert jpeg.exif_orientation(b"not an image") == 1
+    bad = encode(photo())
+    bad = bad[:2] + segment(0xE1, b"Exif\x00\x00MM\x00*\xff\xff\xff\xf0") + bad[2:]  # IFD offset past the end
+    assert jpeg.exif_orientation(bad) == 1 and jpeg.probe(bad).orientation == 1
+    ex = Image.Exif()
+    ex[0x0112] = 9  # out of range
+    assert jpeg.exif_orientation(encode(photo(), exif=ex.tobytes())) == 1
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_jpeg_end_finds_the_first_image_end_past_a_trailer(progressive):
+    data = encode(photo(), quality=90, progressive=progressive)
+    assert jpeg.jpeg_end(data) == len(data)
+    # A trailer holding marker-like bytes, even an EOI of its own (motion photo video, MPF second image).
+    trailer = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 8 + data
+    assert jpeg.jpeg_end(data + trailer) == len(data)
+    assert jpeg.jpeg_end(data[: len(data) // 2]) is None  # truncated: no end
+    assert jpeg.jpeg_end(b"\x89PNG\r\n\x1a\n") is None
+
+
+def test_exif_orientation_behind_a_large_segment_is_found():
+    ex = Image.Exif()
+    ex[0x0112] = 6
+    data = encode(photo(), exif=ex.tobytes())
+    big = segment(0xE2, b"ICC_PROFILE\x00\x01\x01" + bytes(20000))  # 20 KB before the EXIF block
+    moved = data[:2] + big + data[2:]
+    assert jpeg.exif_orientation(moved) == 6 and jpeg.probe(moved).orientation == 6
+    assert jpeg.exif_orientation(np.frombuffer(moved, np.uint8)) == 6  # ring slots are numpy views

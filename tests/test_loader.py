@@ -22,7 +22,7 @@ import fastfeed
 
 from fastfeed import IMAGENET_MEAN, IMAGENET_STD, open_dataset, sampling
 from fastfeed.decode import CPU_DEFAULT
-from fastfeed.decode.samples import torchvision_eval_reference
+from decode_samples import torchvision_eval_reference
 from fastfeed.demo_data import make_dataset
 from fastfeed.loader import Loader, LoaderError
 from fastfeed.types import DatasetError

@@ -26,7 +26,8 @@ def main(argv=None) -> int:
     from fastfeed import IMAGENET_MEAN, IMAGENET_STD
     from fastfeed.decode import crop_windows
     from fastfeed.decode.dali import DaliDecoder
-    from fastfeed.decode.samples import colour_variants, torchvision_eval_reference
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the shared test fixtures
+    from decode_samples import colour_variants, torchvision_eval_reference
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path)

@@ -9,11 +9,11 @@ when DALI and CUDA are there and device is cuda, else "cpu"). DALI is imported o
 """
 from __future__ import annotations
 
-from fastfeed.decode.base import CorruptSampleError, DecodeResult
-from fastfeed.decode.params import Windows, crop_windows
+from fastfeed.decode.base import CorruptSampleError, DecodeResult, Replaced
+from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, crop_windows, oriented_size
 
-__all__ = ["crop_windows", "Windows", "make_decoder", "build_decoder", "DecodeResult", "CorruptSampleError", "KINDS",
-           "CPU_DEFAULT", "resolve_kind"]
+__all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "DecodeResult", "Replaced",
+           "CorruptSampleError", "KINDS", "CPU_DEFAULT", "ORIENTATIONS", "resolve_kind"]
 
 KINDS = ("auto", "dali", "cpu", "cpu-dali", "cpu-pil")
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
@@ -37,10 +37,12 @@ def resolve_kind(kind: str, device: str) -> str:
 def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0, image_size: int = 224,
                  dtype=None, channels_last: bool = False, mean=None, std=None, batch_size: int = 256,
                  num_threads: int = 4, hw_decoder_load: float = 0.9, on_error: str = "skip", draft: bool = False,
-                 zero_copy: bool = False):
+                 zero_copy: bool = False, orientation: str = DEFAULT_ORIENTATION):
     """Build a decoder. `device` is where the images go ("cuda" | "cuda:N" | "cpu"); device_id is the GPU DALI
     decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy and
-    hw_decoder_load to dali only. Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
+    hw_decoder_load to dali only. `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
+    docs/decode_contract.md); the windows passed in must be computed on `oriented_size(...)` under the same policy.
+    Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
     import torch
 
     resolved = resolve_kind(kind, device)
@@ -48,7 +50,7 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", int(device_id))
     common = dict(image_size=image_size, dtype=dtype, channels_last=channels_last, mean=mean, std=std,
-                  batch_size=batch_size, num_threads=num_threads, on_error=on_error)
+                  batch_size=batch_size, num_threads=num_threads, on_error=on_error, orientation=orientation)
     if resolved == "dali":
         if dev.type != "cuda":
             raise ValueError("kind='dali' decodes on the GPU: pass device='cuda' (or use kind='cpu-dali')")
@@ -74,7 +76,7 @@ def build_decoder(settings, *, num_threads: int | None = None, hw_decoder_load: 
         dtype=settings.dtype, channels_last=settings.channels_last, mean=settings.mean, std=settings.std,
         batch_size=settings.batch_size, num_threads=num_threads or settings.decode_threads,
         hw_decoder_load=settings.hw_decoder_load if hw_decoder_load is None else hw_decoder_load,
-        on_error=settings.on_error,
+        on_error=settings.on_error, orientation=settings.orientation,
         # JPEG draft mode (DCT-domain downscaling) only pays in train mode on large images (16-30% faster on
         # ~1,500 px photos, no change on ImageNet-sized ones); eval keeps exact torchvision parity.
         draft=settings.train)

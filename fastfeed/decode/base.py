@@ -7,34 +7,52 @@ filled and raises CorruptSampleError whatever the policy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["DecodeResult", "CorruptSampleError", "ON_ERROR", "DTYPES", "replacement_map", "check_common", "is_image"]
+__all__ = ["DecodeResult", "Replaced", "CorruptSampleError", "ON_ERROR", "DTYPES", "NOT_IMAGE", "DECODE_ERROR",
+           "replacement_map", "check_common", "is_image"]
 
 ON_ERROR = ("skip", "raise")
+# Skip codes every decoder uses (the epoch adds "read_error" and "checksum"): the same input gives the same code
+# on every path; `detail` carries the decoder's own message.
+NOT_IMAGE = "not_image"  # no known image signature (empty, text, ...): caught before decoding
+DECODE_ERROR = "decode_error"  # the signature is an image's but the decoder failed on it
+
+
+class Replaced(NamedTuple):
+    """A corrupt record whose batch slot holds a copy of another sample (see replacement_map)."""
+
+    position: int
+    code: str  # NOT_IMAGE | DECODE_ERROR
+    detail: str
 
 
 @dataclass
 class DecodeResult:
     """images: torch.Tensor [B, 3, S, S] on the decoder's device (NHWC memory when channels_last);
-    replaced: (position, reason) for each corrupt record whose slot holds a copy of another sample."""
+    replaced: a Replaced(position, code, detail) for each corrupt record, by position."""
 
     images: object
     replaced: list = field(default_factory=list)
 
 
 class CorruptSampleError(ValueError):
-    """A record of the batch could not be decoded. `position` is the first bad batch position; `positions` and
-    `reasons` list all of them (the loader maps positions to sample keys)."""
+    """A record of the batch could not be decoded. `position` is the first bad batch position; `positions`,
+    `codes` and `details` list all of them (the loader maps positions to sample keys)."""
 
-    def __init__(self, positions: Sequence[int], reasons: Sequence[str]):
+    def __init__(self, positions: Sequence[int], codes: Sequence[str], details: Sequence[str] | None = None):
         self.positions = [int(p) for p in positions]
-        self.reasons = list(reasons)
+        self.codes = list(codes)
+        self.details = list(details) if details is not None else [""] * len(self.positions)
         self.position = self.positions[0] if self.positions else -1
-        detail = "; ".join(f"position {p}: {r}" for p, r in zip(self.positions, self.reasons))
-        super().__init__(f"corrupt sample(s) in batch: {detail}")
+        text = "; ".join(f"position {p}: {c}: {d}" for p, c, d in zip(self.positions, self.codes, self.details))
+        super().__init__(f"corrupt sample(s) in batch: {text}")
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f"{c}: {d}" for c, d in zip(self.codes, self.details)]
 
 
 def replacement_map(bad: Sequence[int], batch_size: int) -> dict[int, int]:
@@ -51,17 +69,23 @@ def replacement_map(bad: Sequence[int], batch_size: int) -> dict[int, int]:
     return out
 
 
-def resolve_errors(bad: dict[int, str], batch_size: int, on_error: str) -> dict[int, int]:
-    """Apply the on_error policy: raise, or return the replacement map."""
+def resolve_errors(bad: dict[int, tuple[str, str]], batch_size: int, on_error: str) -> dict[int, int]:
+    """Apply the on_error policy to {position: (code, detail)}: raise, or return the replacement map."""
     if not bad:
         return {}
     positions = sorted(bad)
+    codes = [bad[p][0] for p in positions]
     if on_error == "raise":
-        raise CorruptSampleError(positions, [bad[p] for p in positions])
+        raise CorruptSampleError(positions, codes, [bad[p][1] for p in positions])
     repl = replacement_map(positions, batch_size)
     if not repl:
-        raise CorruptSampleError(positions, [bad[p] + " (no good sample left in the batch)" for p in positions])
+        raise CorruptSampleError(positions, codes,
+                                 [bad[p][1] + " (no good sample left in the batch)" for p in positions])
     return repl
+
+
+def replaced_list(bad: dict[int, tuple[str, str]]) -> list[Replaced]:
+    return [Replaced(p, bad[p][0], bad[p][1]) for p in sorted(bad)]
 
 
 def _torch_dtypes():
@@ -73,8 +97,12 @@ def _torch_dtypes():
 DTYPES = ("float16", "bfloat16", "float32", "uint8")
 
 
-def check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads) -> str:
+def check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads, orientation="ignore") -> str:
     """Validate the constructor arguments every decoder takes; returns the dtype's name."""
+    from fastfeed.decode.crop import ORIENTATIONS
+
+    if orientation not in ORIENTATIONS:
+        raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
     names = _torch_dtypes()
     if dtype not in names:
         raise ValueError(f"dtype must be one of torch.float16/bfloat16/float32/uint8, got {dtype!r}")

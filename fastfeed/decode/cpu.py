@@ -6,7 +6,8 @@ Per sample, on a thread pool (PIL and the numba kernel both release the GIL):
      scaling is sharper than PIL's antialiased bilinear: measured against a full decode it moves the output by up
      to ~3/255 mean abs (at draft_min_scale=2, large detailed photos), so use draft=False where the output must
      match torchvision's eval transform (< 2/255); for training augmentation the speed is worth it;
-  2. any mode (L, CMYK, P, RGBA, LA, 1, I;16, ...) -> RGB;
+  2. the decode contract (README "Decode contract"; fastfeed/decode/contract.py): EXIF orientation applied when orientation="exif"
+     (JPEG only), any mode (L, CMYK, P, RGBA, LA, 1, I;16, ...) -> RGB, alpha dropped, 16-bit -> v >> 8;
   3. `Image.resize((S, S), BILINEAR, box=window)` crops and antialias-resizes in one SIMD pass (the box is in float
      source coordinates, so the draft scale costs no precision, and the filter reads pixels just outside the box
      exactly as resize-then-crop would);
@@ -26,12 +27,15 @@ from __future__ import annotations
 import io
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 from PIL import Image
 
-from fastfeed.decode.base import DecodeResult, apply_replacements, check_common, is_image, resolve_errors
-from fastfeed.decode.params import Windows
+from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
+from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common,
+                                  is_image, replaced_list, resolve_errors)
+from fastfeed.decode.contract import TRANSPOSE, orientation_tag, to_rgb
+from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
+from fastfeed.decode.kernels import emit_chw, emit_hwc, make_lut, numpy_view
 
 __all__ = ["PilDecoder", "decode_rgb"]
 
@@ -50,60 +54,30 @@ def _storage_users(t) -> int | None:
     return int(use_count(t.untyped_storage()._cdata))
 
 
-@numba.njit(nogil=True, cache=True)
-def _emit_chw(src, lut, flip, out):
-    S0, S1 = src.shape[0], src.shape[1]
-    for c in range(3):
-        for y in range(S0):
-            for x in range(S1):
-                sx = S1 - 1 - x if flip else x
-                out[c, y, x] = lut[c, src[y, sx, c]]
-
-
-@numba.njit(nogil=True, cache=True)
-def _emit_hwc(src, lut, flip, out):
-    S0, S1 = src.shape[0], src.shape[1]
-    for y in range(S0):
-        for x in range(S1):
-            sx = S1 - 1 - x if flip else x
-            for c in range(3):
-                out[y, x, c] = lut[c, src[y, sx, c]]
-
-
-def _to_rgb(img: Image.Image) -> Image.Image:
-    mode = img.mode
-    if mode == "RGB":
-        return img
-    if mode in ("I", "F") or mode.startswith("I;16"):
-        # 16-bit PNGs open as I/I;16: convert("RGB") would clip at 255; scale the full range down instead.
-        a = np.asarray(img)
-        if mode == "F":
-            a8 = np.clip(a, 0, 255).astype(np.uint8)
-        else:
-            a8 = np.clip(a.astype(np.int64) >> 8 if a.max(initial=0) > 255 else a, 0, 255).astype(np.uint8)
-        return Image.fromarray(a8, "L").convert("RGB")
-    if mode == "P" and "transparency" in img.info:
-        img = img.convert("RGBA")  # PIL warns when a palette with transparency goes straight to RGB
-    return img.convert("RGB")
-
-
 def _draft_size(W: int, H: int, w: float, h: float, S: float) -> tuple[int, int]:
     """Smallest full-image size at which the window is still >= S on both axes (draft never goes below it)."""
     f = max(S / max(w, 1), S / max(h, 1))
     return max(1, int(np.ceil(W * f))), max(1, int(np.ceil(H * f)))
 
 
-def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, draft_min_scale=None):
-    """Decode one record and return the float source box (x0, y0, x1, y1) resized to uint8 [S, S, 3] (no flip).
+def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, draft_min_scale=None,
+               orientation: str = DEFAULT_ORIENTATION):
+    """Decode one record and return the float source box (x0, y0, x1, y1), in displayed-image coordinates,
+    resized to uint8 [S, S, 3] (no flip).
 
     draft_min_scale: use JPEG draft mode only while the box stays >= draft_min_scale * S pixels (None: never).
+    orientation: "exif" displays JPEGs by their EXIF orientation tag first; "ignore" decodes them as stored.
     Raises on a bad record.
     """
     bx0, by0, bx1, by1 = box
     # PIL raises on truncated data (ImageFile.LOAD_TRUNCATED_IMAGES stays False), so a cut record is reported.
     img = Image.open(io.BytesIO(memoryview(sample)))
+    tag = orientation_tag(sample, img.format, orientation)
     W0, H0 = img.size
+    if tag >= 5:  # the displayed image is the stored one transposed
+        W0, H0 = H0, W0
     # Clamp to the decoded image: the packer's header size may disagree with what the file really holds.
+    # (draft's scale factor is the same on both axes, so the box may be in displayed or stored coordinates.)
     x0 = min(max(bx0, 0.0), W0 - 1.0)
     y0 = min(max(by0, 0.0), H0 - 1.0)
     x1 = min(max(bx1, x0 + 1.0), float(W0))
@@ -111,33 +85,13 @@ def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, 
     if img.format == "JPEG" and draft_min_scale is not None:
         img.draft("RGB", _draft_size(W0, H0, x1 - x0, y1 - y0, image_size * draft_min_scale))
     img.load()
+    if tag != 1:
+        img = img.transpose(TRANSPOSE[tag])
     W1, H1 = img.size
     sx, sy = W1 / W0, H1 / H0
-    img = _to_rgb(img)
+    img = to_rgb(img)
     out = img.resize((image_size, image_size), Image.BILINEAR, box=(x0 * sx, y0 * sy, x1 * sx, y1 * sy))
     return np.asarray(out)
-
-
-def _make_lut(dtype_name: str, mean, std):
-    import torch
-
-    v = np.arange(256, dtype=np.float64) / 255.0
-    if dtype_name == "uint8":
-        return np.repeat(np.arange(256, dtype=np.uint8)[None, :], 3, axis=0)
-    vals = np.stack([(v - m) / s for m, s in zip(mean, std)]).astype(np.float32)
-    t = torch.from_numpy(vals).to(getattr(torch, dtype_name))
-    if dtype_name == "float32":
-        return t.numpy()
-    return t.view(torch.int16).numpy().view(np.uint16)  # bit patterns; numba copies them verbatim
-
-
-def _numpy_view(t):
-    """A numpy view of a torch tensor of any supported dtype (16-bit floats as uint16 bit patterns)."""
-    import torch
-
-    if t.dtype in (torch.float16, torch.bfloat16):
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
 
 
 class PilDecoder:
@@ -148,25 +102,26 @@ class PilDecoder:
     on_error ("skip" replaces a corrupt record by another sample of the batch, "raise" raises
     CorruptSampleError), batch_size (size of the staging buffers; larger batches are accepted and grow them),
     draft (JPEG DCT-domain downscaling, see the module docstring), draft_min_scale (the crop keeps at least this
-    many times S pixels per side after drafting).
+    many times S pixels per side after drafting), orientation ("ignore" | "exif": the EXIF policy of the decode
+    contract; windows must be on the displayed size, fastfeed.decode.crop.oriented_size).
     """
 
     def __init__(self, *, device="cpu", image_size=224, dtype=None, channels_last=False, mean=None, std=None,
-                 num_threads=2, on_error="skip", batch_size=256, draft=True, draft_min_scale=2.0):
+                 num_threads=2, on_error="skip", batch_size=256, draft=True, draft_min_scale=2.0,
+                 orientation=DEFAULT_ORIENTATION):
         import torch
-
-        from fastfeed import IMAGENET_MEAN, IMAGENET_STD
 
         dtype = torch.float16 if dtype is None else dtype
         mean = IMAGENET_MEAN if mean is None else tuple(mean)
         std = IMAGENET_STD if std is None else tuple(std)
-        self._dtype_name = check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads)
+        self._dtype_name = check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads, orientation)
+        self.orientation = orientation
         self.device = torch.device(device)
         self.image_size = int(image_size)
         self.dtype = dtype
         self.channels_last = bool(channels_last)
         self.on_error = on_error
-        self._lut = _make_lut(self._dtype_name, mean, std)
+        self._lut = make_lut(self._dtype_name, mean, std)
         self._pool = ThreadPoolExecutor(max_workers=int(num_threads), thread_name_prefix="fastfeed-decode")
         self._staging: list = []  # (pinned tensor, event or None) when the output goes to a CUDA device
         self._recycle: list = []  # (CPU output tensor, its use count when only this list holds it)
@@ -208,13 +163,13 @@ class PilDecoder:
         return slot[0][:n], slot
 
     def _one(self, i, sample, box, flip, out_np):
+        if not is_image(sample):
+            return i, (NOT_IMAGE, "unknown file signature")
         try:
-            if not is_image(sample):
-                raise ValueError("not an image (unknown file signature)")
-            rgb = decode_rgb(sample, box, self.image_size, self._draft)
+            rgb = decode_rgb(sample, box, self.image_size, self._draft, self.orientation)
         except Exception as e:  # noqa: BLE001 - any decode failure is a corrupt record, reported per position
-            return i, f"{type(e).__name__}: {e}"
-        (_emit_hwc if self.channels_last else _emit_chw)(rgb, self._lut, bool(flip), out_np[i])
+            return i, (DECODE_ERROR, f"{type(e).__name__}: {e}")
+        (emit_hwc if self.channels_last else emit_chw)(rgb, self._lut, bool(flip), out_np[i])
         return i, None
 
     def __call__(self, samples, windows: Windows) -> DecodeResult:
@@ -226,7 +181,7 @@ class PilDecoder:
         if n == 0:
             raise ValueError("empty batch")
         host, slot = self._host_buffer(n)
-        out_np = _numpy_view(host)
+        out_np = numpy_view(host)
         boxes = windows.box.tolist()
         futs = [self._pool.submit(self._one, i, samples[i], boxes[i], windows.flip[i], out_np) for i in range(n)]
         bad = {}
@@ -239,7 +194,7 @@ class PilDecoder:
         images = host if slot is None else self._to_device(host, slot)
         if self.channels_last:
             images = images.permute(0, 3, 1, 2)
-        return DecodeResult(images, [(p, bad[p]) for p in sorted(bad)])
+        return DecodeResult(images, replaced_list(bad))
 
     def _to_device(self, host, slot):
         import torch

@@ -21,13 +21,21 @@ but depends on DALI's stream-ordered deallocation for safety, so it is opt-in.
 
 Errors: DALI fails a whole batch. A cheap signature check drops non-images first; if the run still fails, the
 batch is bisected (runs on halves) to find the culprit records, and only the good ones are decoded again.
+
+Orientation (the decode contract, README): DALI's decoders rotate by EXIF by default and read the ROI in the
+rotated (displayed) image; a window computed on the stored size then runs outside a rotated non-square image and
+DALI crashed the process. So `adjust_orientation` follows the policy ("ignore": off, pixels as stored, like the
+CPU path and torchvision), and with "exif" each JPEG/PNG's displayed size is read from its header (the same
+parser pack used for the `orientation` column) and the windows are clamped to it before DALI sees them.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from fastfeed.decode.base import DecodeResult, apply_replacements, check_common, is_image, resolve_errors
-from fastfeed.decode.params import Windows
+from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
+from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common,
+                                  is_image, replaced_list, resolve_errors)
+from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
 
 __all__ = ["DaliDecoder", "dali_available"]
 
@@ -40,7 +48,8 @@ def dali_available() -> bool:
     return True
 
 
-def _build(batch_size, num_threads, device_id, image_size, dtype_name, channels_last, mean, std, hw_decoder_load):
+def _build(batch_size, num_threads, device_id, image_size, dtype_name, channels_last, mean, std, hw_decoder_load,
+           adjust_orientation):
     from nvidia.dali import fn, pipeline_def, types
 
     dali_dtype = {"float16": types.FLOAT16, "bfloat16": types.FLOAT16, "float32": types.FLOAT,
@@ -66,7 +75,7 @@ def _build(batch_size, num_threads, device_id, image_size, dtype_name, channels_
             # libjpeg-turbo's (and so PIL's) default chroma upsampling matches the CPU path, but on the GPU it makes
             # nvJPEG (< 13.2) refuse ROI decodes, and DALI falls back to the CPU: measured 8x slower on an H200.
             # Plain upsampling on the GPU stays within 0.5/255 of torchvision (tools/gpu_selftest.py).
-            jpeg_fancy_upsampling=not gpu, **extra)
+            jpeg_fancy_upsampling=not gpu, adjust_orientation=bool(adjust_orientation), **extra)
         img = fn.resize(img, size=[image_size, image_size], roi_start=roi_start, roi_end=roi_end,
                         interp_type=types.INTERP_LINEAR, antialias=True)
         return fn.crop_mirror_normalize(img, dtype=dali_dtype, output_layout="HWC" if channels_last else "CHW",
@@ -82,19 +91,20 @@ class DaliDecoder:
     float32/uint8; bfloat16 is produced as float16 by DALI and cast by torch, uint8 skips normalization),
     channels_last (NHWC memory, no copy), mean/std in [0, 1] units, batch_size (largest batch accepted),
     num_threads (DALI CPU threads), hw_decoder_load (share of JPEGs sent to the hardware decoder; 0.75-1.0 measured
-    1.5-2x faster than DALI's 0.65 on an H200), on_error ("skip" | "raise"), zero_copy (see module docstring).
+    1.5-2x faster than DALI's 0.65 on an H200), on_error ("skip" | "raise"), zero_copy (see module docstring),
+    orientation ("ignore" | "exif", see the module docstring).
     """
 
     def __init__(self, *, device_id=0, image_size=224, dtype=None, channels_last=False, mean=None, std=None,
-                 batch_size=256, num_threads=4, hw_decoder_load=0.9, on_error="skip", zero_copy=False):
+                 batch_size=256, num_threads=4, hw_decoder_load=0.9, on_error="skip", zero_copy=False,
+                 orientation=DEFAULT_ORIENTATION):
         import torch
-
-        from fastfeed import IMAGENET_MEAN, IMAGENET_STD
 
         dtype = torch.float16 if dtype is None else dtype
         mean = IMAGENET_MEAN if mean is None else tuple(mean)
         std = IMAGENET_STD if std is None else tuple(std)
-        self._dtype_name = check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads)
+        self._dtype_name = check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads, orientation)
+        self.orientation = orientation
         if not 0.0 <= float(hw_decoder_load) <= 1.0:
             raise ValueError(f"hw_decoder_load must be in [0, 1], got {hw_decoder_load}")
         if device_id is not None and not torch.cuda.is_available():
@@ -112,12 +122,12 @@ class DaliDecoder:
         self._lut = None
         pipe_dtype, pipe_hwc = self._dtype_name, self.channels_last
         if device_id is None and self._dtype_name != "uint8":
-            from fastfeed.decode.cpu import _make_lut
+            from fastfeed.decode.kernels import make_lut
 
-            self._lut = _make_lut(self._dtype_name, mean, std)
+            self._lut = make_lut(self._dtype_name, mean, std)
             pipe_dtype, pipe_hwc = "uint8", True
         self._args = (self.batch_size, int(num_threads), device_id, self.image_size, pipe_dtype,
-                      pipe_hwc, mean, std, hw_decoder_load)
+                      pipe_hwc, mean, std, hw_decoder_load, orientation == "exif")
         self._pipe = _build(*self._args)
 
     # -- running ---------------------------------------------------------------------------------------------
@@ -151,7 +161,7 @@ class DaliDecoder:
             raise
         return out
 
-    def _find_bad(self, samples, windows: Windows, positions: list[int], bad: dict[int, str], err: str) -> None:
+    def _find_bad(self, samples, windows: Windows, positions: list[int], bad: dict, err: tuple[str, str]) -> None:
         """Bisect `positions` (whose joint run failed with `err`) down to the records that fail on their own."""
         if len(positions) == 1:
             bad[positions[0]] = err
@@ -161,7 +171,7 @@ class DaliDecoder:
             try:
                 self._run([samples[i] for i in part], windows.take(part))
             except RuntimeError as e:
-                self._find_bad(samples, windows, part, bad, _short(e))
+                self._find_bad(samples, windows, part, bad, (DECODE_ERROR, _short(e)))
 
     def _to_torch(self, out, n: int):
         import torch
@@ -187,12 +197,12 @@ class DaliDecoder:
     def _normalize_cpu(self, hwc: np.ndarray):
         import torch
 
-        from fastfeed.decode.cpu import _emit_chw, _emit_hwc, _numpy_view
+        from fastfeed.decode.kernels import emit_chw, emit_hwc, numpy_view
 
         n, S = hwc.shape[0], self.image_size
         images = torch.empty((n, S, S, 3) if self.channels_last else (n, 3, S, S), dtype=self.dtype)
-        out = _numpy_view(images)
-        emit = _emit_hwc if self.channels_last else _emit_chw
+        out = numpy_view(images)
+        emit = emit_hwc if self.channels_last else emit_chw
         for i in range(n):
             emit(hwc[i], self._lut, False, out[i])
         return images
@@ -205,14 +215,16 @@ class DaliDecoder:
             raise ValueError(f"{n} samples but {len(windows)} windows")
         if not 0 < n <= self.batch_size:
             raise ValueError(f"batch of {n} samples; this decoder accepts 1..{self.batch_size}")
-        bad = {i: "not an image (unknown file signature)" for i in range(n) if not is_image(samples[i])}
+        bad = {i: (NOT_IMAGE, "unknown file signature") for i in range(n) if not is_image(samples[i])}
         good = [i for i in range(n) if i not in bad]
+        if self.orientation == "exif":
+            windows = _clamp_displayed(samples, windows, good)
         out = None
         if good:
             try:
                 out = self._run([samples[i] for i in good], windows.take(good))
             except RuntimeError as e:
-                self._find_bad(samples, windows, good, bad, _short(e))
+                self._find_bad(samples, windows, good, bad, (DECODE_ERROR, _short(e)))
                 good = [i for i in range(n) if i not in bad]
                 out = None
         repl = resolve_errors(bad, n, self.on_error)
@@ -226,7 +238,7 @@ class DaliDecoder:
             apply_replacements(images, repl)
         if self.channels_last:
             images = images.permute(0, 3, 1, 2)
-        return DecodeResult(images, [(p, bad[p]) for p in sorted(bad)])
+        return DecodeResult(images, replaced_list(bad))
 
     def close(self) -> None:
         self._pipe = None  # DALI tears the pipeline down when the last reference goes
@@ -236,6 +248,24 @@ class DaliDecoder:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _clamp_displayed(samples, windows: Windows, positions) -> Windows:
+    """The windows clamped to each JPEG/PNG's displayed size (header size, axes swapped for EXIF tags 5..8), so
+    that a window computed on a wrong size can never send DALI's ROI decode outside the rotated image."""
+    from fastfeed.headers import exif_orientation
+    from fastfeed.jpeg import displayed_size
+
+    W = windows.x.astype(np.int64) + windows.w
+    H = windows.y.astype(np.int64) + windows.h
+    for i in positions:
+        # Tags 1-4 keep the stored size, which the windows were computed on; only 5-8 (axes swapped) can put a
+        # window outside the rotated image. Reading the tag costs ~5 us (measured), the size only for rotated samples.
+        tag = exif_orientation(samples[i])
+        size = displayed_size(samples[i], tag) if tag >= 5 else None
+        if size is not None:
+            W[i], H[i] = size
+    return windows.clamped(W, H)
 
 
 def _short(e: Exception) -> str:

@@ -79,6 +79,7 @@ class PackResult:
     rejected: list[dict]
     seconds: float
     hidden_skipped: int
+    symlink_note: str | None = None  # Source.symlink_note(): links followed, how many out of the source folder
 
     def summary(self) -> str:
         m = self.manifest
@@ -96,6 +97,8 @@ class PackResult:
             line += f"\nstored differently from the source: {changed}"
         if m.options.get("jpeg_note"):
             line += f"\nnote: {m.options['jpeg_note']}"
+        if self.symlink_note:
+            line += f"\n{self.symlink_note}"
         return line
 
 
@@ -356,4 +359,4 @@ def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: f
             "transcode_failed": notes[:_MAX_NOTES],
         },
     )
-    return PackResult(folder, manifest, rejected, time.perf_counter() - t0, src.hidden_skipped)
+    return PackResult(folder, manifest, rejected, time.perf_counter() - t0, src.hidden_skipped, src.symlink_note())

@@ -7,6 +7,13 @@ rejections, never raised: the packer reports them and carries on.
 ImageFolder class indices are exactly torchvision's `ImageFolder.class_to_idx`: the sorted names of the
 first-level folders. Files directly under an ImageFolder root are rejected ("not inside a class folder"), as
 torchvision ignores them. Hidden entries (name starting with '.') are skipped and counted, like torchvision.
+
+Symlinks (README "Pack your images"): followed, files and folders, wherever they point -- also out of the source
+tree -- because that is what ImageFolder does (`os.walk(followlinks=True)`), so a tree of links into a shared image
+store packs the same images a torchvision run would read. Unlike os.walk, a folder link back to one of its own
+ancestors is never entered (rejected as "symlink loop"); a file-link loop or a dangling link is rejected when read.
+`Source.symlinks` counts the entries reached through a link and `Source.symlinks_outside` those whose target lies
+outside the source folder; the pack summary reports both (`Source.symlink_note()`).
 """
 from __future__ import annotations
 
@@ -37,6 +44,15 @@ class Source:
     class_to_idx: dict[str, int]
     rejected: list[dict] = field(default_factory=list)  # {"path", "reason"}
     hidden_skipped: int = 0
+    symlinks: int = 0  # entries reached through a symlink (the file itself or a folder above it)
+    symlinks_outside: int = 0  # ... of which the real file lies outside the source folder
+
+    def symlink_note(self) -> str | None:
+        """The pack summary's line about followed symlinks, or None when there were none."""
+        if not self.symlinks:
+            return None
+        return (f"followed symlinks to {self.symlinks} file(s) ({self.symlinks_outside} outside the source folder), "
+                f"as torchvision's ImageFolder does")
 
 
 def scan_source(src: str, kind: str = "auto") -> Source:
@@ -68,8 +84,18 @@ def _scan_flat(root: str) -> Source:
         if is_dir:
             src.rejected.append({"path": os.path.join(root, name), "reason": "folder inside a flat source"})
         else:
-            src.entries.append(SourceEntry(os.path.join(root, name), name, -1))
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                _count_link(src, path)
+            src.entries.append(SourceEntry(path, name, -1))
     return src
+
+
+def _count_link(src: Source, path: str) -> None:
+    src.symlinks += 1
+    real_root = os.path.realpath(src.root)
+    if os.path.commonpath([os.path.realpath(path), real_root]) != real_root:
+        src.symlinks_outside += 1
 
 
 def _scan_imagefolder(root: str) -> Source:
@@ -85,7 +111,9 @@ def _scan_imagefolder(root: str) -> Source:
     for cls in src.classes:
         label = src.class_to_idx[cls]
         top = os.path.join(root, cls)
-        for path in _walk_files(top, src):
+        for path, via_link in _walk_files(top, src):
+            if via_link:
+                _count_link(src, path)
             src.entries.append(SourceEntry(path, path[len(root) + 1 :], label))
     return src
 
@@ -110,11 +138,12 @@ def _listdir(folder: str, src: Source) -> list[tuple[str, bool]]:
     return out
 
 
-def _walk_files(top: str, src: Source) -> list[str]:
-    """All files below `top`, following symlinked folders (as torchvision does) but never into a loop."""
-    files: list[str] = []
+def _walk_files(top: str, src: Source) -> list[tuple[str, bool]]:
+    """(path, reached through a symlink) of every file below `top`, following symlinked folders (as torchvision
+    does) but never into a loop."""
+    files: list[tuple[str, bool]] = []
 
-    def visit(folder: str, ancestors: frozenset) -> None:
+    def visit(folder: str, ancestors: frozenset, via_link: bool) -> None:
         try:
             st = os.stat(folder)
         except OSError as e:
@@ -127,12 +156,13 @@ def _walk_files(top: str, src: Source) -> list[str]:
         inner = ancestors | {ident}
         for name, is_dir in _listdir(folder, src):
             path = os.path.join(folder, name)
+            linked = via_link or os.path.islink(path)
             if is_dir:
-                visit(path, inner)
+                visit(path, inner, linked)
             else:
-                files.append(path)
+                files.append((path, linked))
 
-    visit(top, frozenset())
+    visit(top, frozenset(), os.path.islink(top))
     return files
 
 

@@ -1,10 +1,24 @@
-"""Read one source file and decide, cheaply, whether it goes into the dataset.
+"""Read one source file and decide, cheaply, whether it goes into the dataset, and in which form.
 
-Pack-time checks must cost far less than the copy itself (the benchmark target is 0.7x `tar -cf`'s MB/s), so
-no pixels are decoded here: the file is read once, its header parsed by `fastfeed.jpeg.probe` (dimensions,
-JPEG kind), the pixel count bounded (decompression bombs) and the last bytes checked for the format's end
-marker (JPEG EOI, PNG IEND), which catches the common truncated download. A full decode is `fastfeed verify`'s
-job. Every failure becomes a reason string, never an exception.
+Pack accepts every image torchvision's ImageFolder would load and stores each in a form every fastfeed decoder
+reads the same way (README "Decode contract"):
+- JPEG (8-bit, YCbCr/grey, baseline or progressive) and 8-bit grey/RGB/palette PNG: stored as they are, or
+  losslessly fixed: data after the JPEG's end-of-image marker / the PNG's IEND trimmed (phone motion photos,
+  vendor trailers), junk before the SOI or between SOI and the first marker dropped;
+- everything else PIL opens (BMP, GIF, TIFF, WebP where PIL has it, PPM, 16-bit/low-bit-depth PNG, APNG, PNG
+  with alpha or tRNS, CMYK/YCCK and 12-bit/lossless JPEGs PIL can decode): decoded once by the contract (first
+  frame, 16-bit -> v >> 8, alpha dropped) and stored as an 8-bit grey or RGB PNG carrying the source's EXIF
+  orientation tag (eXIf chunk): the pixels every decoder then delivers are the contract's pixels of the original
+  file under either orientation policy;
+- arithmetic-coded JPEGs: transcoded losslessly to baseline (native core), else converted to PNG;
+- the rest is rejected with the reason (not an image, truncated, decompression bomb, PIL cannot decode it).
+Each fix or conversion is named by a code on `Loaded.change` (CHANGES) that the manifest counts.
+
+Cost: JPEGs (the bulk of any dataset) are checked from the header and the last bytes only (the benchmark target
+is 0.7x `tar -cf`'s MB/s); only a JPEG that does not end in EOI is scanned for the end of its first image. PNGs
+get their compressed pixel data inflated and its length checked against the header (DALI refuses a PNG whose
+data is shorter than its header says while PIL silently accepts it). Converted files are fully decoded. Every
+failure becomes a reason string, never an exception.
 """
 from __future__ import annotations
 
@@ -12,15 +26,32 @@ import errno
 import io
 import os
 import stat
-import warnings
+import struct
 from dataclasses import dataclass
 
 from fastfeed import jpeg
+from fastfeed.headers import exif_orientation, jpeg_end, png_data_ok, png_facts
 
-__all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS"]
+__all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS",
+           "CHANGES", "TRIMMED", "DROPPED_JUNK", "CONVERTED", "TRANSCODED", "REENCODED", "DOWNSCALED"]
 
+# Formats stored as they are (after lossless fixes); every other image PIL opens is converted to PNG.
 SUPPORTED_FORMATS = ("jpeg", "png")
 EXTENSIONS = {"jpeg": "jpg", "png": "png"}
+
+# Change codes on Loaded.change (the manifest counts them under "changes"); never rename one.
+TRIMMED = "trimmed_trailing_data"  # bytes after the JPEG EOI / PNG IEND dropped (pixels identical)
+DROPPED_JUNK = "dropped_leading_junk"  # bytes before the JPEG SOI or between SOI and the first marker dropped
+CONVERTED = "converted_to_png"  # decoded by the decode contract and stored as 8-bit PNG (contract pixels identical)
+TRANSCODED = "transcoded_baseline"  # JPEG entropy coding changed to baseline Huffman (pixels identical)
+REENCODED = "reencoded_jpeg"  # --jpeg reencode: lossy
+DOWNSCALED = "downscaled_max_side"  # --max-side: lossy
+CHANGES = (TRIMMED, DROPPED_JUNK, CONVERTED, TRANSCODED, REENCODED, DOWNSCALED)
+# When several apply to one file, the code reported is the one that changed the most (later in this order).
+_WEIGHT = {c: i for i, c in enumerate(CHANGES)}
+_JUNK_SCAN = 1 << 16  # junk between a JPEG's SOI and its first marker is looked for only this far in
+_JUNK_MAX = 1024  # junk before the SOI: at most this many bytes
+_CONTAINERS = (b"%PDF", b"PK\x03\x04", b"Rar!", b"7z\xbc\xaf", b"\x1f\x8b", b"RIFF", b"\x1aE\xdf\xa3")
 # Twice PIL's own bomb limit: ImageNet's largest image is ~30 Mpx; anything above this is almost surely hostile.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
 MAX_FILE_BYTES = 1 << 31  # keeps one sample far below any shard/LMDB limit
@@ -46,7 +77,9 @@ class LoadOptions:
 class Loaded:
     """An accepted image. `data` is bytes-like (a memoryview into the batch reader's buffer, or bytes);
     `note` says why the bytes were stored untouched although the mode asked for a change (e.g. libjpeg found
-    corrupt data while transcoding: DALI and PIL may still decode what libjpeg's strict mode refuses)."""
+    corrupt data while transcoding: DALI and PIL may still decode what libjpeg's strict mode refuses).
+    `change`: what was done to the file (a CHANGES code) or None when stored byte for byte.
+    `orientation`: the stored image's EXIF orientation tag 1..8 (1 when absent or not a JPEG)."""
 
     data: bytes
     ext: str
@@ -56,6 +89,8 @@ class Loaded:
     transcoded: bool
     hw_decodable: bool = False
     note: str | None = None
+    change: str | None = None
+    orientation: int = 1
 
 
 @dataclass(frozen=True)
@@ -77,25 +112,184 @@ def load_image(path: str, opts: LoadOptions) -> Loaded | Rejected:
 
 
 def check_image(data, opts: LoadOptions) -> Loaded | Rejected:
-    """Validate (and, per `opts`, convert) one image held in `data` (bytes or a memoryview). Never raises on
-    bad image bytes: every problem becomes a Rejected reason."""
+    """Validate (and, per `opts` and the module docstring, fix or convert) one image held in `data` (bytes or a
+    memoryview). Never raises on bad image bytes: every problem becomes a Rejected reason."""
     if not len(data):
         return Rejected("empty file (0 bytes)")
     fmt = _sniff(bytes(data[:16]))
-    if fmt not in SUPPORTED_FORMATS:
-        return Rejected(f"unsupported format: {fmt}" if fmt else "not an image (unknown file signature)")
+    if fmt is None and bytes(data[:2]) == b"\xff\xd8":  # SOI, then junk before the first marker
+        return _check_jpeg(data, opts, None)
+    if fmt is None:
+        head = bytes(data[:_JUNK_MAX + 3])
+        soi = head.find(b"\xff\xd8\xff")
+        # A few bytes of junk (an HTTP header, a BOM, padding) before a JPEG are dropped; a container that holds a
+        # JPEG (PDF, ZIP, MP4 cover art, ...) is not one: its embedded picture is not what the user's file shows.
+        if soi <= 0 or head.startswith(_CONTAINERS) or head[4:8] == b"ftyp":
+            return Rejected("not an image (unknown file signature)")
+        return _check_jpeg(data[soi:], opts, DROPPED_JUNK)
+    if fmt == "jpeg":
+        return _check_jpeg(data, opts, None)
+    if fmt == "png":
+        return _check_png(data, opts)
+    return _convert(data, fmt, opts, None)
+
+
+def _check_jpeg(data, opts: LoadOptions, change: str | None) -> Loaded | Rejected:
     try:
         info = _probe(data)
     except jpeg.ImageProbeError as e:
-        return Rejected(f"bad image header: {e}")
+        fixed = _drop_junk_after_soi(data)
+        if fixed is None:
+            return Rejected(f"bad image header: {e}")
+        data, change = fixed, DROPPED_JUNK
+        try:
+            info = _probe(data)
+        except jpeg.ImageProbeError as e2:
+            return Rejected(f"bad image header: {e2}")
     if info.width * info.height > opts.max_pixels:
-        return Rejected(f"decompression bomb: {info.width}x{info.height} pixels exceeds the limit of "
-                        f"{opts.max_pixels} (--max-pixels)")
-    if fmt == "jpeg" and not _tail(data).endswith(b"\xff\xd9"):
-        return Rejected("truncated JPEG (no end-of-image marker)")
-    if fmt == "png" and not bytes(data[-len(_PNG_END):]) == _PNG_END:
-        return Rejected("truncated PNG (no IEND chunk at the end)")
-    return _maybe_convert(data, fmt, info, opts)
+        return _bomb(info, opts)
+    if not _tail(data).endswith(b"\xff\xd9"):
+        end = jpeg_end(data)
+        if end is None:
+            return Rejected("truncated JPEG (no end-of-image marker)")
+        data, change = data[:end], _worse(change, TRIMMED)
+    if info.precision != 8 or info.jpeg_kind == jpeg.KIND_OTHER_JPEG or info.colorspace in ("cmyk", "ycck"):
+        # 12-bit, lossless, hierarchical, CMYK/YCCK: the GPU decoder cannot, or does not identically, decode them.
+        what = (f"{info.precision}-bit JPEG" if info.precision != 8 else
+                f"{info.colorspace.upper()} JPEG" if info.colorspace in ("cmyk", "ycck") else "lossless/extended JPEG")
+        return _convert(data, "jpeg", opts, change, what=what)
+    if info.jpeg_kind == jpeg.KIND_ARITHMETIC and opts.jpeg_mode == "keep":
+        # Not every decoder of every path reads arithmetic coding: make it baseline (or PNG) even in keep mode.
+        if jpeg.HAVE_TRANSCODE:
+            try:
+                out = jpeg.transcode_to_baseline(bytes(data))
+                new = jpeg.probe(out)
+                return Loaded(out, "jpg", new.width, new.height, new.jpeg_kind, True, new.hw_decodable,
+                              change=_worse(change, TRANSCODED), orientation=new.orientation)
+            except (jpeg.JpegTranscodeError, jpeg.ImageProbeError):
+                pass
+        return _convert(data, "jpeg", opts, change, what="arithmetic-coded JPEG")
+    return _maybe_convert(data, "jpeg", info, opts, change)
+
+
+def _drop_junk_after_soi(data):
+    """SOI + the data from the first marker on, when bytes sit between SOI and that marker (libjpeg skips them
+    with a warning, PIL refuses the file); None when there is no such marker."""
+    head = bytes(data[: _JUNK_SCAN])
+    pos = 2
+    while True:
+        pos = head.find(b"\xff", pos)
+        if pos < 0 or pos + 1 >= len(head):
+            return None
+        if 0xC0 <= head[pos + 1] <= 0xFE and head[pos + 1] != 0xD8:
+            return b"\xff\xd8" + bytes(data[pos:])
+        pos += 1
+
+
+def _bomb(info, opts: LoadOptions) -> Rejected:
+    return Rejected(f"decompression bomb: {info.width}x{info.height} pixels exceeds the limit of "
+                    f"{opts.max_pixels} (--max-pixels)")
+
+
+def _worse(a: str | None, b: str | None) -> str | None:
+    if a is None or b is None:
+        return a or b
+    return a if _WEIGHT[a] >= _WEIGHT[b] else b
+
+
+# ---- PNG -----------------------------------------------------------------------------------------------------
+
+def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
+    f = png_facts(data)
+    if isinstance(f, str):
+        return Rejected(f)
+    if f.width * f.height > opts.max_pixels:
+        return _bomb(f, opts)
+    change = None
+    if f.end < len(data):
+        data, change = data[: f.end], TRIMMED
+    err = png_data_ok(data, f)
+    if err is not None:
+        return Rejected(err)
+    if f.depth != 8 or f.ctype in (4, 6) or f.trns or f.animated:
+        what = ("APNG" if f.animated else f"{f.depth}-bit PNG" if f.depth != 8 else "PNG with transparency")
+        return _convert(data, "png", opts, change, what=what)
+    info = jpeg.ImageInfo("png", f.width, f.height, jpeg.KIND_NOT_JPEG, None,
+                          {0: "gray", 2: "rgb", 3: "palette"}[f.ctype], False, orientation=exif_orientation(data))
+    return _maybe_convert(data, "png", info, opts, change)
+
+
+# ---- conversion ----------------------------------------------------------------------------------------------
+
+
+def _convert(data, fmt: str, opts: LoadOptions, change: str | None, what: str | None = None) -> Loaded | Rejected:
+    """Decode by the decode contract and store as an 8-bit grey or RGB PNG (or reject with the reason)."""
+    from PIL import Image, UnidentifiedImageError
+
+    from fastfeed.decode.contract import GREY_MODES, to_rgb, to_8bit
+
+    reason = (f"{what}: no fastfeed decoder reads it as stored and PIL cannot decode it" if what else
+              f"unsupported format: {fmt} (this PIL cannot decode it, so neither can torchvision's ImageFolder here)")
+    codec = _PIL_CODECS.get(fmt)
+    if codec is not None and not _pil_has(codec):
+        return Rejected(reason)
+    try:
+        with Image.open(io.BytesIO(bytes(data))) as im:  # the first frame of an animation: the contract's choice
+            w, h = im.size
+            if w * h > opts.max_pixels:
+                return Rejected(f"decompression bomb: {w}x{h} pixels exceeds the limit of {opts.max_pixels} "
+                                f"(--max-pixels)")
+            im.load()
+            # Read after load(): PNG's eXIf may follow the pixel data, and PIL applies a TIFF's orientation while
+            # loading (then drops the tag) -- as torchvision sees it under either policy.
+            tag = _pil_orientation(im)
+            grey = im.mode in GREY_MODES
+            out = to_8bit(im) if grey else to_rgb(im)
+            if out.mode != ("L" if grey else "RGB"):
+                out = out.convert("L" if grey else "RGB")  # drops alpha (LA), as to_rgb does
+    except UnidentifiedImageError:
+        return Rejected(reason)
+    except Image.DecompressionBombError as e:
+        return Rejected(f"decompression bomb: {e}")
+    except (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, struct.error, MemoryError) as e:
+        return Rejected(f"{reason} ({type(e).__name__}: {e})")
+    buf = io.BytesIO()
+    extra = {}
+    if tag != 1:  # the orientation policy is a load-time choice: keep the tag for it
+        ex = Image.Exif()
+        ex[0x0112] = tag
+        extra["exif"] = ex.tobytes()
+    out.save(buf, format="PNG", compress_level=6, **extra)
+    png = buf.getvalue()
+    info = jpeg.ImageInfo("png", out.width, out.height, jpeg.KIND_NOT_JPEG, None,
+                          "gray" if grey else "rgb", False, orientation=exif_orientation(png))
+    res = _maybe_convert(png, "png", info, opts, _worse(change, CONVERTED))
+    if isinstance(res, Loaded) and not res.transcoded:
+        res = Loaded(res.data, res.ext, res.width, res.height, res.jpeg_kind, True, res.hw_decodable, res.note,
+                     res.change, res.orientation)
+    return res
+
+
+# Formats whose PIL plugin needs an optional codec library (PIL only warns when it is missing).
+_PIL_CODECS = {"webp": "webp", "heif/avif": "avif", "jpeg2000": "jpg_2000"}
+
+
+def _pil_has(codec: str) -> bool:
+    from PIL import features
+
+    try:
+        return bool(features.check(codec))
+    except ValueError:  # a PIL that does not know the feature's name
+        return False
+
+
+def _pil_orientation(im) -> int:
+    """The source's EXIF orientation tag as PIL reads it (JPEG, PNG, TIFF, WebP), 1 when absent or invalid."""
+    try:
+        tag = int(im.getexif().get(0x0112, 1))
+    except Exception:  # noqa: BLE001 - a malformed EXIF block means no usable tag, not a bad image
+        return 1
+    return tag if 1 <= tag <= 8 else 1
 
 
 def _probe(data) -> jpeg.ImageInfo:
@@ -172,15 +366,20 @@ def _sniff(data: bytes) -> str | None:
     return None
 
 
-def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions) -> Loaded | Rejected:
+def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, change: str | None = None
+                   ) -> Loaded | Rejected:
+    """Apply --max-side and --jpeg to an image already in a stored form (JPEG or 8-bit PNG)."""
     if opts.max_side and max(info.width, info.height) > opts.max_side:
         try:
             out, w, h = _downscale(bytes(data), opts.max_side, opts.quality)
             new = jpeg.probe(out)
         except (OSError, ValueError, SyntaxError, EOFError) as e:
             return Rejected(f"cannot decode image for --max-side re-encoding: {type(e).__name__}: {e}")
-        return Loaded(out, "jpg", w, h, new.jpeg_kind, True, new.hw_decodable)
-    kept = Loaded(data, EXTENSIONS[fmt], info.width, info.height, info.jpeg_kind, False, info.hw_decodable)
+        return Loaded(out, "jpg", w, h, new.jpeg_kind, True, new.hw_decodable, change=_worse(change, DOWNSCALED),
+                      orientation=new.orientation)
+    kept = Loaded(data, EXTENSIONS[fmt], info.width, info.height, info.jpeg_kind, change is not None and
+                  _WEIGHT[change] >= _WEIGHT[CONVERTED], info.hw_decodable, change=change,
+                  orientation=info.orientation)
     if opts.jpeg_mode == "keep" or (info.hw_decodable and opts.jpeg_mode in jpeg.PREPARE_MODES):
         return kept
     try:
@@ -188,29 +387,33 @@ def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions) -> L
     except jpeg.JpegTranscodeError as e:
         # libjpeg's strict mode turns "Corrupt JPEG data" warnings into errors; the file still decodes in PIL
         # and DALI (the probe and end marker passed), so store it untouched rather than lose a sample.
-        return Loaded(data, kept.ext, kept.width, kept.height, kept.jpeg_kind, False, kept.hw_decodable,
-                      note=f"transcode_failed: {e}")
+        return Loaded(data, kept.ext, kept.width, kept.height, kept.jpeg_kind, kept.transcoded, kept.hw_decodable,
+                      note=f"transcode_failed: {e}", change=change, orientation=kept.orientation)
     except jpeg.ImageProbeError as e:
         return Rejected(f"cannot re-encode: {e}")
     if action == "kept":
         return kept
     new = jpeg.probe(out)
+    code = TRANSCODED if action == "transcoded" else REENCODED
     return Loaded(out, EXTENSIONS.get(new.format, new.format), new.width, new.height, new.jpeg_kind, True,
-                  new.hw_decodable)
+                  new.hw_decodable, change=_worse(change, code), orientation=new.orientation)
 
 
 def _downscale(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:
     from PIL import Image
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        with Image.open(io.BytesIO(data)) as im:
-            w, h = im.size
-            scale = max_side / max(w, h)
-            size = (max(1, round(w * scale)), max(1, round(h * scale)))
-            im.draft("RGB", size)  # JPEG: decode at a reduced DCT scale first
-            rgb = im.convert("RGB")
-            out = rgb.resize(size, Image.BICUBIC, reducing_gap=3.0)
+    from fastfeed.decode.contract import to_rgb
+
+    # No warnings.catch_warnings() here: it is not thread-safe and this runs on pack's threads; the pixel limit
+    # was checked before.
+    with Image.open(io.BytesIO(data)) as im:
+        w, h = im.size
+        exif = im.info.get("exif") if im.format == "JPEG" else None  # keeps the EXIF orientation tag
+        scale = max_side / max(w, h)
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        im.draft("RGB", size)  # JPEG: decode at a reduced DCT scale first
+        rgb = to_rgb(im)
+        out = rgb.resize(size, Image.BICUBIC, reducing_gap=3.0)
     buf = io.BytesIO()
-    out.save(buf, format="JPEG", quality=quality, optimize=False, progressive=False)
+    out.save(buf, format="JPEG", quality=quality, optimize=False, progressive=False, **({"exif": exif} if exif else {}))
     return buf.getvalue(), size[0], size[1]

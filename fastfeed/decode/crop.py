@@ -26,7 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Windows", "crop_windows", "eval_resize_size", "SCALE", "RATIO", "MAX_ATTEMPTS"]
+__all__ = ["Windows", "crop_windows", "eval_resize_size", "oriented_size", "ORIENTATIONS", "DEFAULT_ORIENTATION",
+           "SCALE", "RATIO", "MAX_ATTEMPTS"]
+
+# EXIF orientation policy (the decode contract, README "Decode contract"): "ignore" decodes the pixels as stored,
+# like torchvision's ImageFolder (PIL does not apply EXIF orientation); "exif" shows JPEGs as a photo viewer does.
+# The default is "ignore" so a model trained here sees what the same model trained with ImageFolder saw.
+ORIENTATIONS = ("ignore", "exif")
+DEFAULT_ORIENTATION = "ignore"
 
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -79,6 +86,24 @@ class Windows:
         hi = np.stack([x + w, y + h, x + w, y + h], axis=1).astype(np.float64)
         box = np.minimum(np.maximum(self.box, lo), hi)
         return Windows(x.astype(i32), y.astype(i32), w.astype(i32), h.astype(i32), self.flip.copy(), box)
+
+
+def oriented_size(widths, heights, orientation_tags, policy: str) -> tuple[np.ndarray, np.ndarray]:
+    """The displayed (width, height) of each image under `policy`: EXIF tags 5..8 (transpose, rotate 90/270,
+    transverse) swap the axes when policy == "exif"; everything else keeps the stored size. Crop windows must be
+    computed on these sizes, since every decoder crops the displayed image. `orientation_tags` may be None
+    (a dataset without the column: all 1)."""
+    if policy not in ORIENTATIONS:
+        raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {policy!r}")
+    W = np.asarray(widths)
+    H = np.asarray(heights)
+    if policy == "ignore" or orientation_tags is None:
+        return W, H
+    tags = np.asarray(orientation_tags)
+    if tags.shape != W.shape:
+        raise ValueError(f"orientation_tags has shape {tags.shape}, widths {W.shape}")
+    swap = (tags >= 5) & (tags <= 8)
+    return np.where(swap, H, W), np.where(swap, W, H)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:

@@ -54,7 +54,7 @@ def torchvision_eval_reference(data: bytes, image_size: int, mean, std):
     """torchvision's standard eval transform on a PIL decode: float32 [3, S, S]."""
     import torchvision.transforms as T
 
-    from fastfeed.decode.params import eval_resize_size
+    from fastfeed.decode.crop import eval_resize_size
 
     img = Image.open(io.BytesIO(data)).convert("RGB")
     tf = T.Compose([

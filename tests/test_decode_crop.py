@@ -6,7 +6,7 @@ from scipy import stats
 from torchvision.transforms import RandomResizedCrop
 
 from fastfeed.decode import Windows, crop_windows
-from fastfeed.decode.params import eval_resize_size
+from fastfeed.decode.crop import eval_resize_size
 
 
 def _tv_params(W, H, n, seed=0):

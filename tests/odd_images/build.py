@@ -1,0 +1,289 @@
+"""Build the odd-image corpus: real files of every kind a user's folder holds, made with PIL and byte surgery.
+
+    python tests/odd_images/build.py OUT_DIR        # writes the files and prints one line per case
+
+Deterministic (fixed content, no timestamps) and fast (~1 s): pytest builds it into a tmp dir, tools/odd_corpus_gpu.py
+on the device. Needs only PIL and numpy; when libjpeg-turbo's `jpegtran` is on PATH (Debian: libjpeg-turbo-progs)
+an arithmetic-coded JPEG is added too.
+
+Each case says what pack must do with it: `expect` "accept" (stored, possibly with `change` = the validation change
+code) or "reject" (with a word the reason must contain). Cases whose outcome depends on this PIL's codecs (WebP)
+read PIL's features.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, features
+
+__all__ = ["Case", "build_corpus", "photo"]
+
+W, H = 120, 80  # non-square on purpose: rotations by EXIF change the displayed size
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    path: str
+    expect: str  # "accept" | "reject"
+    change: str | None = None  # the validation change code pack reports, for accepted files
+    reason: str | None = None  # a word the rejection reason contains
+    orientation: int = 1  # the EXIF tag pack's probe must return
+
+
+def photo(w: int = W, h: int = H, seed: int = 0) -> np.ndarray:
+    """A deterministic photo-like RGB image: smooth gradients, hard edges and mild noise (uint8 [h, w, 3])."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    r = 128 + 100 * np.sin(x / max(w, 1) * 6.0 + seed)
+    g = 128 + 100 * np.cos(y / max(h, 1) * 5.0)
+    b = 255 * ((x // 16 + y // 16) % 2) * 0.6 + 40
+    img = np.stack([r, g, b], axis=-1)
+    img[(x - w / 3) ** 2 + (y - h / 2) ** 2 < (min(w, h) / 4) ** 2] = (250, 240, 30)  # an off-centre disc
+    img += rng.normal(0, 6, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def _enc(img: Image.Image, fmt: str, **kw) -> bytes:
+    b = io.BytesIO()
+    img.save(b, fmt, **kw)
+    return b.getvalue()
+
+
+def _exif(tag: int) -> bytes:
+    ex = Image.Exif()
+    ex[0x0112] = tag
+    return ex.tobytes()
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+
+def _png(w: int, h: int, depth: int, ctype: int, raw_rows: bytes, extra: list[tuple[bytes, bytes]] = ()) -> bytes:
+    """A PNG written chunk by chunk (PIL cannot write 16-bit RGB or lying headers)."""
+    out = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, 0))
+    for kind, body in extra:
+        out += _chunk(kind, body)
+    return out + _chunk(b"IDAT", zlib.compress(raw_rows, 6)) + _chunk(b"IEND", b"")
+
+
+def _rows(a: np.ndarray) -> bytes:
+    """Filter-type-0 scanlines of a (h, w[, c]) big-endian-ready array."""
+    h = a.shape[0]
+    flat = a.reshape(h, -1)
+    return b"".join(b"\x00" + flat[i].tobytes() for i in range(h))
+
+
+def _sof_patch(jpeg: bytes, marker: int | None = None, precision: int | None = None,
+               height: int | None = None, width: int | None = None) -> bytes:
+    """Rewrite fields of the first SOF segment in place (header-faked files)."""
+    b = bytearray(jpeg)
+    pos = 2
+    while True:
+        assert b[pos] == 0xFF
+        m = b[pos + 1]
+        ln = struct.unpack_from(">H", b, pos + 2)[0]
+        if m in (0xC0, 0xC1, 0xC2):
+            if marker is not None:
+                b[pos + 1] = marker
+            if precision is not None:
+                b[pos + 4] = precision
+            if height is not None:
+                struct.pack_into(">H", b, pos + 5, height)
+            if width is not None:
+                struct.pack_into(">H", b, pos + 7, width)
+            return bytes(b)
+        pos += 2 + ln
+
+
+def _adobe_transform(jpeg: bytes, transform: int) -> bytes:
+    """Set the Adobe APP14 colour transform byte (0 = CMYK, 2 = YCCK) of a 4-component JPEG."""
+    i = jpeg.index(b"\xff\xeeAdobe") if b"\xff\xeeAdobe" in jpeg else jpeg.index(b"\xff\xee")
+    b = bytearray(jpeg)
+    b[i + 4 + 11] = transform
+    return bytes(b)
+
+
+def _fake_icc() -> bytes:
+    """A structurally valid ICC header (v2 display RGB profile) with an empty tag table: PIL embeds it as is."""
+    body = bytearray(132)
+    struct.pack_into(">I", body, 0, 132)
+    body[4:8] = b"none"
+    body[8:12] = bytes([2, 0x10, 0, 0])
+    body[12:16], body[16:20], body[20:24] = b"mntr", b"RGB ", b"XYZ "
+    body[36:40] = b"acsp"
+    return bytes(body)
+
+
+def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | None, int]]:
+    im = Image.fromarray(rgb, "RGB")
+    grey = im.convert("L")
+    base = _enc(im, "JPEG", quality=90)
+    out: list[tuple[str, bytes, str, str | None, str | None, int]] = []
+
+    def acc(name, data, change=None, orientation=1):
+        out.append((name, data, "accept", change, None, orientation))
+
+    def rej(name, data, reason):
+        out.append((name, data, "reject", None, reason, 1))
+
+    # -- JPEG as stored
+    acc("jpeg_baseline.jpg", base)
+    acc("jpeg_progressive.jpg", _enc(im, "JPEG", quality=90, progressive=True))
+    acc("jpeg_444.jpg", _enc(im, "JPEG", quality=90, subsampling=0))
+    acc("jpeg_grey.jpg", _enc(grey, "JPEG", quality=90))
+    acc("jpeg_icc.jpg", _enc(im, "JPEG", quality=90, icc_profile=_fake_icc()))
+    for tag in range(1, 9):
+        acc(f"jpeg_exif_orientation_{tag}.jpg", _enc(im, "JPEG", quality=90, exif=_exif(tag)), orientation=tag)
+    acc("jpeg_exif_orientation_6_progressive.jpg",
+        _enc(im, "JPEG", quality=90, progressive=True, exif=_exif(6)), orientation=6)
+    # hopper_bad_exif style: an APP1 "Exif" block whose TIFF structure is garbage; the tag reads as absent.
+    acc("jpeg_bad_exif.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00MM\x00*\xff\xff\xff\xf0garbage") + base[2:])
+    big = Image.fromarray(photo(37, 1000, seed=3), "RGB")
+    acc("jpeg_1px_wide.jpg", _enc(Image.fromarray(photo(1, 300, seed=1), "RGB"), "JPEG", quality=90))
+    acc("jpeg_1px_tall.jpg", _enc(Image.fromarray(photo(300, 1, seed=2), "RGB"), "JPEG", quality=90))
+    acc("jpeg_tall_strip.jpg", _enc(big, "JPEG", quality=90))
+    # -- JPEG losslessly fixed
+    acc("jpeg_motion_photo_trailer.jpg",
+        base + b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + bytes(range(256)) * 4 + b"\xff\xd9MotionPhoto",
+        change="trimmed_trailing_data")
+    acc("jpeg_samsung_trailer.jpg", base + b"SEFH\x00\x00\x00\x01" + b"\x00" * 100 + b"SEFT",
+        change="trimmed_trailing_data")
+    acc("jpeg_junk_before_soi.jpg", b"GARBAGE\x00\x01\x02" * 5 + base, change="dropped_leading_junk")
+    acc("jpeg_junk_after_soi.jpg", base[:2] + b"\x00\x13\x37junk" + base[2:], change="dropped_leading_junk")
+    # -- JPEG converted (no decoder of fastfeed's GPU path takes them as they are)
+    cmyk = _enc(im.convert("CMYK"), "JPEG", quality=90)
+    acc("jpeg_cmyk.jpg", cmyk, change="converted_to_png")
+    acc("jpeg_ycck.jpg", _adobe_transform(cmyk, 2), change="converted_to_png")
+    acc("jpeg_cmyk_exif_orientation_6.jpg", _enc(im.convert("CMYK"), "JPEG", quality=90, exif=_exif(6)),
+        change="converted_to_png", orientation=6)
+    # -- JPEG rejected
+    rej("jpeg_truncated.jpg", base[: len(base) // 2], "truncated")
+    rej("jpeg_12bit_header.jpg", _sof_patch(base, marker=0xC1, precision=12), "12-bit")
+    rej("jpeg_bomb_header.jpg", _sof_patch(base, height=40000, width=40000), "decompression bomb")
+    # The frame header claims 3x the rows the scan holds: libjpeg (PIL and DALI alike) fills the rest with grey.
+    acc("jpeg_header_lie.jpg", _sof_patch(base, height=H * 3))
+
+    # -- PNG as stored
+    acc("png_rgb.png", _enc(im, "PNG"))
+    acc("png_grey.png", _enc(grey, "PNG"))
+    acc("png_palette.png", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=64), "PNG"))
+    acc("png_1px_wide.png", _enc(Image.fromarray(photo(1, 300, seed=4), "RGB"), "PNG"))
+    acc("png_1px_tall.png", _enc(Image.fromarray(photo(300, 1, seed=5), "RGB"), "PNG"))
+    # -- PNG fixed or converted
+    acc("png_byte_after_iend.png", _enc(im, "PNG") + b"\x00", change="trimmed_trailing_data")
+    g16 = (np.asarray(grey).astype(np.uint16) * 257 + np.arange(W, dtype=np.uint16)[None, :]).astype(">u2")
+    acc("png_grey16.png", _png(W, H, 16, 0, _rows(g16)), change="converted_to_png")
+    dark16 = (np.asarray(grey).astype(np.uint16)).astype(">u2")  # every value <= 255: the content-dependent trap
+    acc("png_grey16_dark.png", _png(W, H, 16, 0, _rows(dark16)), change="converted_to_png")
+    rgb16 = (rgb.astype(np.uint16) * 257).astype(">u2")
+    acc("png_rgb16.png", _png(W, H, 16, 2, _rows(rgb16)), change="converted_to_png")
+    pal = im.convert("P", palette=Image.ADAPTIVE, colors=16)
+    acc("png_palette_trns.png", _enc(pal, "PNG", transparency=3), change="converted_to_png")
+    rgba = im.convert("RGBA")
+    alpha = np.asarray(grey).copy()
+    alpha[:, : W // 3] = 0  # fully transparent third: its colour channels must survive as stored
+    rgba.putalpha(Image.fromarray(alpha, "L"))
+    acc("png_rgba.png", _enc(rgba, "PNG"), change="converted_to_png")
+    la = grey.convert("LA")
+    la.putalpha(128)
+    acc("png_la.png", _enc(la, "PNG"), change="converted_to_png")
+    grey_2bit = (np.asarray(grey) >> 6).astype(np.uint8)
+    packed = np.packbits(np.unpackbits(grey_2bit[..., None], axis=-1)[..., 6:].reshape(H, -1), axis=1)
+    acc("png_grey_2bit.png", _png(W, H, 2, 0, _rows(packed)), change="converted_to_png")
+    frames = [Image.fromarray(photo(W, H, seed=s), "RGB") for s in (10, 11, 12)]
+    acc("png_apng.png", _enc(frames[0], "PNG", save_all=True, append_images=frames[1:], duration=100, loop=0),
+        change="converted_to_png")
+    acc("png_exif_orientation_6.png", _enc(im, "PNG", exif=_exif(6)), orientation=6)
+    acc("png_rgba_exif_orientation_8.png", _enc(rgba, "PNG", exif=_exif(8)), change="converted_to_png", orientation=8)
+    # -- PNG rejected
+    good_png = _enc(im, "PNG")
+    rej("png_truncated.png", good_png[: len(good_png) // 2], "truncated")
+    short = _rows(rgb[: H // 2])  # the header says H rows, the data holds H/2
+    rej("png_header_lie.png", _png(W, H, 8, 2, short), "decode")
+    rej("png_bomb_header.png", _png(30000, 30000, 8, 0, b"\x00" * 31), "decompression bomb")
+
+    # -- other formats torchvision's ImageFolder loads: converted to PNG
+    acc("bmp_rgb.bmp", _enc(im, "BMP"), change="converted_to_png")
+    acc("bmp_palette.bmp", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=256), "BMP"),
+        change="converted_to_png")
+    acc("gif_static.gif", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=256), "GIF"),
+        change="converted_to_png")
+    gif_frames = [f.convert("P", palette=Image.ADAPTIVE, colors=256) for f in frames]
+    acc("gif_animated.gif", _enc(gif_frames[0], "GIF", save_all=True, append_images=gif_frames[1:], duration=100,
+                                 loop=0), change="converted_to_png")
+    acc("gif_transparent.gif", _enc(pal, "GIF", transparency=3), change="converted_to_png")
+    acc("tiff_rgb.tif", _enc(im, "TIFF"), change="converted_to_png")
+    # PIL applies a TIFF's orientation tag while loading (so does torchvision): converted displayed, tag dropped.
+    acc("tiff_exif_orientation_5.tif", _enc(im, "TIFF", exif=_exif(5)), change="converted_to_png")
+    acc("tiff_grey16.tif", _enc(Image.fromarray(g16.astype(np.uint16)), "TIFF"), change="converted_to_png")
+    acc("tiff_cmyk.tif", _enc(im.convert("CMYK"), "TIFF"), change="converted_to_png")
+    acc("tiff_multipage.tif", _enc(frames[0], "TIFF", save_all=True, append_images=frames[1:]),
+        change="converted_to_png")
+    acc("ppm_rgb.ppm", _enc(im, "PPM"), change="converted_to_png")
+    acc("pgm_grey.pgm", _enc(grey, "PPM"), change="converted_to_png")
+    if features.check("webp"):
+        acc("webp_lossless.webp", _enc(im, "WEBP", lossless=True), change="converted_to_png")
+    else:  # a real 1x1 lossless WebP; this PIL cannot decode it, so neither could torchvision here
+        rej("webp_lossless.webp", bytes.fromhex(
+            "524946461a000000574542505650384c0d0000002f0000001007101111888 8fe0700".replace(" ", "")), "webp")
+
+    # -- not images
+    rej("text_named_jpg.jpg", b"this is not an image at all\n" * 20, "not an image")
+    # A container holding a JPEG is not that JPEG (junk before SOI is dropped only when short and not a container).
+    rej("pdf_with_jpeg.jpg", b"%PDF-1.4\n1 0 obj << /Filter /DCTDecode >> stream\n" + base + b"\nendstream\n%%EOF",
+        "not an image")
+    rej("jpeg_after_2kb_junk.jpg", bytes(2048) + base, "not an image")
+    rej("empty.png", b"", "empty")
+    return out
+
+
+def _chunk_app(marker: int, body: bytes) -> bytes:
+    return bytes([0xFF, marker]) + struct.pack(">H", len(body) + 2) + body
+
+
+def _jpegtran_cases(base: bytes, tmp: str) -> list[tuple[str, bytes, str, str | None, str | None, int]]:
+    """Cases only libjpeg-turbo's command-line tools can make (skipped when `jpegtran` is not installed)."""
+    tool = shutil.which("jpegtran")
+    if tool is None:
+        return []
+    src = os.path.join(tmp, "in.jpg")
+    with open(src, "wb") as f:
+        f.write(base)
+    try:
+        arith = subprocess.run([tool, "-arithmetic", src], capture_output=True, check=True, timeout=30).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    # Lossless: transcoded back to baseline Huffman with the native core, or decoded by PIL and stored as PNG.
+    return [("jpeg_arithmetic.jpg", arith, "accept", "transcoded_baseline", None, 1)]
+
+
+def build_corpus(out_dir: str) -> list[Case]:
+    """Write every case into `out_dir` (created) and return them, sorted by name."""
+    os.makedirs(out_dir, exist_ok=True)
+    rgb = photo()
+    items = _cases(rgb)
+    with tempfile.TemporaryDirectory() as tmp:
+        items += _jpegtran_cases(_enc(Image.fromarray(rgb, "RGB"), "JPEG", quality=90), tmp)
+    cases = []
+    for name, data, expect, change, reason, orientation in sorted(items):
+        path = os.path.join(out_dir, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        cases.append(Case(name, path, expect, change, reason, orientation))
+    return cases
+
+
+if __name__ == "__main__":
+    for c in build_corpus(sys.argv[1] if len(sys.argv) > 1 else "odd_images_out"):
+        print(f"{c.name:45s} {c.expect:7s} {c.change or c.reason or ''}")

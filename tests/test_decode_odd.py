@@ -1,0 +1,196 @@
+"""The decode contract over the odd-image corpus (tests/odd_images/build.py): what pack accepts, converts and
+rejects, and that every accepted image decodes on both CPU decoders within 2/255 (mean) of the reference --
+torchvision's eval transform on PIL's reading of the ORIGINAL file under the same policy -- and of each other."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastfeed import jpeg
+from fastfeed.decode import crop_windows, make_decoder, oriented_size
+from fastfeed.pack.validate import CHANGES, Loaded, LoadOptions, check_image, load_image
+from odd_images.build import build_corpus
+from odd_images.reference import reference_eval
+
+# PIL warns (it does not fail) on a malformed EXIF block (jpeg_bad_exif.jpg); pytest would make that an error.
+pytestmark = pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning")
+
+S = 64
+TOL = 2.0  # /255, mean abs per image
+CPU_KINDS = ("cpu-pil", "cpu-dali")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return build_corpus(str(tmp_path_factory.mktemp("odd")))
+
+
+@pytest.fixture(scope="module")
+def accepted(corpus):
+    """(case, original bytes, Loaded) for every file pack accepts (--jpeg keep: the bytes as users give them)."""
+    out = []
+    for c in corpus:
+        res = load_image(c.path, LoadOptions(jpeg_mode="keep"))
+        if isinstance(res, Loaded):
+            out.append((c, Path(c.path).read_bytes(), res))
+    return out
+
+
+def test_corpus_is_deterministic_and_covers_the_cases(corpus, tmp_path):
+    again = build_corpus(str(tmp_path))
+    assert [c.name for c in again] == [c.name for c in corpus]
+    for a, b in zip(again, corpus):
+        assert Path(a.path).read_bytes() == Path(b.path).read_bytes(), a.name
+    assert len(corpus) >= 40
+    assert {c.change for c in corpus if c.change} >= {"trimmed_trailing_data", "dropped_leading_junk",
+                                                       "converted_to_png"}
+    assert {c.orientation for c in corpus} == set(range(1, 9))
+
+
+@pytest.mark.parametrize("mode", ["keep", "baseline"])
+def test_pack_validation_accepts_converts_and_rejects_as_documented(corpus, mode):
+    if mode == "baseline" and not jpeg.HAVE_TRANSCODE:
+        pytest.skip("native core built without libjpeg")
+    for c in corpus:
+        res = load_image(c.path, LoadOptions(jpeg_mode=mode))
+        if c.expect == "reject":
+            assert not isinstance(res, Loaded), c.name
+            assert c.reason.lower() in res.reason.lower(), (c.name, res.reason)
+            continue
+        assert isinstance(res, Loaded), (c.name, res)
+        expected = c.change
+        if mode == "baseline" and "progressive" in c.name:
+            expected = "transcoded_baseline"
+        assert res.change == expected, (c.name, res.change)
+        assert res.change is None or res.change in CHANGES
+        assert res.orientation == c.orientation, (c.name, res.orientation)
+        stored = bytes(res.data)
+        # Every decoder gets a JPEG or an 8-bit PNG, whose header agrees with the table's size and orientation.
+        info = jpeg.probe(stored)
+        assert info.format in ("jpeg", "png") and (info.width, info.height) == (res.width, res.height), c.name
+        assert jpeg.exif_orientation(stored) == res.orientation, c.name
+        if info.format == "png":
+            # bit depth 8, grey / RGB / (untouched, opaque) palette: no alpha, no 16-bit, no animation
+            assert stored[24:26] in (b"\x08\x00", b"\x08\x02", b"\x08\x03") and b"acTL" not in stored, c.name
+            assert b"tRNS" not in stored, c.name
+        if res.change is None:
+            assert stored == Path(c.path).read_bytes(), c.name
+        if res.change == "trimmed_trailing_data":
+            assert Path(c.path).read_bytes().startswith(stored), c.name
+
+
+def test_rejections_name_the_reason(corpus):
+    by_name = {c.name: c for c in corpus}
+    r = load_image(by_name["jpeg_12bit_header.jpg"].path, LoadOptions())
+    assert "12-bit JPEG" in r.reason and "PIL cannot decode it" in r.reason
+    r = load_image(by_name["png_header_lie.png"].path, LoadOptions())
+    assert "shorter than its header says" in r.reason
+
+
+def _decode_all(kind, stored, widths, heights, tags, policy, channels_last, train=False, seed=0):
+    W, H = oriented_size(widths, heights, tags, policy)
+    win = crop_windows(W, H, np.arange(len(stored)), seed=seed, epoch=0, train=train, image_size=S)
+    with make_decoder(kind, device="cpu", image_size=S, dtype=torch.uint8, batch_size=len(stored), num_threads=2,
+                      channels_last=channels_last, orientation=policy, draft=False) as d:
+        res = d([np.frombuffer(s, dtype=np.uint8) for s in stored], win)
+    assert not res.replaced, res.replaced
+    return res.images.permute(0, 2, 3, 1).numpy().astype(np.int16)  # NHWC view either way
+
+
+@pytest.mark.parametrize("policy", ["ignore", "exif"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_every_accepted_image_decodes_the_same_on_both_cpu_decoders(accepted, policy, channels_last):
+    stored = [bytes(r.data) for _, _, r in accepted]
+    widths = np.array([r.width for _, _, r in accepted])
+    heights = np.array([r.height for _, _, r in accepted])
+    tags = np.array([r.orientation for _, _, r in accepted], dtype=np.uint8)
+    out = {k: _decode_all(k, stored, widths, heights, tags, policy, channels_last) for k in CPU_KINDS}
+    worst = {}
+    for i, (c, original, res) in enumerate(accepted):
+        # The original file when PIL reads it; a file only the fix makes readable (junk after SOI) by its fix.
+        try:
+            ref = reference_eval(original, S, policy).astype(np.int16)
+        except OSError:
+            ref = reference_eval(stored[i], S, policy).astype(np.int16)
+        diffs = {k: float(np.abs(out[k][i] - ref).mean()) for k in CPU_KINDS}
+        diffs["pil-dali"] = float(np.abs(out["cpu-pil"][i] - out["cpu-dali"][i]).mean())
+        for k, v in diffs.items():
+            worst[k] = max(worst.get(k, 0.0), v)
+        assert max(diffs.values()) < TOL, (c.name, policy, diffs)
+    print(f"\n[{policy}, channels_last={channels_last}] max mean abs diff /255: {worst}")
+
+
+def test_exif_policy_rotates_and_ignore_does_not(accepted):
+    one = [(c, o, r) for c, o, r in accepted if c.name == "jpeg_exif_orientation_6.jpg"]
+    (c, original, res), = one
+    args = ([bytes(res.data)], np.array([res.width]), np.array([res.height]), np.array([6], dtype=np.uint8))
+    shown = _decode_all("cpu-pil", *args, "exif", False)[0]
+    stored = _decode_all("cpu-pil", *args, "ignore", False)[0]
+    assert np.abs(shown - stored).mean() > 20  # really different pixels
+    assert np.abs(shown - reference_eval(original, S, "exif")).mean() < TOL
+    assert np.abs(stored - reference_eval(original, S, "ignore")).mean() < TOL
+
+
+@pytest.mark.parametrize("policy", ["ignore", "exif"])
+def test_random_crops_agree_between_cpu_decoders_in_displayed_coordinates(accepted, policy):
+    """Train windows (random crops + flips) computed on the displayed size: both decoders crop the same place."""
+    stored = [bytes(r.data) for _, _, r in accepted]
+    dims = (np.array([r.width for _, _, r in accepted]), np.array([r.height for _, _, r in accepted]),
+            np.array([r.orientation for _, _, r in accepted], dtype=np.uint8))
+    for seed in (1, 2):
+        a = _decode_all("cpu-pil", stored, *dims, policy, False, train=True, seed=seed)
+        b = _decode_all("cpu-dali", stored, *dims, policy, True, train=True, seed=seed)
+        per_image = np.abs(a - b).mean(axis=(1, 2, 3))
+        assert per_image.max() < TOL, dict(zip([c.name for c, _, _ in accepted], per_image.round(2)))
+
+
+def test_oriented_size_swaps_only_for_exif_5_to_8():
+    w, h = np.array([120] * 9), np.array([80] * 9)
+    tags = np.arange(9, dtype=np.uint8)  # 0 = a bad value, treated like "no tag"
+    W, H = oriented_size(w, h, tags, "exif")
+    assert W.tolist() == [120] * 5 + [80] * 4 and H.tolist() == [80] * 5 + [120] * 4
+    assert [a.tolist() for a in oriented_size(w, h, tags, "ignore")] == [w.tolist(), h.tolist()]
+    assert [a.tolist() for a in oriented_size(w, h, None, "exif")] == [w.tolist(), h.tolist()]
+    with pytest.raises(ValueError, match="orientation"):
+        oriented_size(w, h, tags, "rotate")
+    with pytest.raises(ValueError, match="orientation"):
+        make_decoder("cpu-pil", device="cpu", orientation="auto")
+
+
+def test_dali_exif_never_crashes_on_windows_from_the_stored_size(corpus):
+    """The bug of issue 13: windows computed on the unrotated header size while DALI rotates by EXIF crashed the
+    process. Run in a child so a crash fails this test instead of killing the session."""
+    paths = [c.path for c in corpus if c.expect == "accept" and c.orientation >= 5 and c.name.endswith(".jpg")
+             and c.change is None]
+    assert len(paths) >= 4
+    script = textwrap.dedent(f"""
+        import numpy as np, torch
+        from fastfeed.decode import crop_windows, make_decoder
+        from fastfeed import jpeg
+        data = [open(p, "rb").read() for p in {paths!r}]
+        infos = [jpeg.probe(d) for d in data]
+        W = np.array([i.width for i in infos]); H = np.array([i.height for i in infos])
+        for train in (False, True):
+            win = crop_windows(W, H, np.arange(len(data)), seed=3, epoch=0, train=train, image_size=48)
+            with make_decoder("cpu-dali", device="cpu", image_size=48, dtype=torch.uint8, batch_size=len(data),
+                              num_threads=1, orientation="exif") as d:
+                res = d([np.frombuffer(x, dtype=np.uint8) for x in data], win)
+            assert res.images.shape == (len(data), 3, 48, 48) and not res.replaced, res.replaced
+        print("OK")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
+
+
+def test_check_image_on_a_memoryview_trims_without_copying_the_rest(corpus):
+    c = next(c for c in corpus if c.name == "jpeg_motion_photo_trailer.jpg")
+    raw = bytearray(Path(c.path).read_bytes())
+    res = check_image(memoryview(raw), LoadOptions(jpeg_mode="keep"))
+    assert res.change == "trimmed_trailing_data" and bytes(res.data).endswith(b"\xff\xd9")
+    assert jpeg.jpeg_end(bytes(res.data)) == len(res.data)
