@@ -10,6 +10,7 @@ and hashed (`ShardHasher.call`). Converted images (transcoded, re-encoded) get a
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from dataclasses import dataclass
@@ -89,6 +90,10 @@ def read_batch(items: list[BatchItem], opts: LoadOptions, pool: BufferPool) -> B
             at += len(rec.data)
             out.append((res, rec))
         else:
+            if isinstance(res.data, memoryview):
+                # A trimmed view into `buf`, where the next file is read: keep its own bytes (the row's checksum
+                # is computed from them after the whole batch was read).
+                res = dataclasses.replace(res, data=bytes(res.data))
             out.append((res, make_record(it.key, res.ext, res.data, it.label, it.meta)))
     return BatchResult(out, buf)
 
