@@ -69,7 +69,7 @@ def launch(data: dict, tag: str, *extra: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def reference(data) -> list[dict]:
-    return launch(data, "reference", "--save-at", ",".join(map(str, SAVE_AT)))
+    return launch(data, "reference", "--save-every", str(SAVE_AT[0]))
 
 
 def test_training_steps_and_a_schedule_sized_for_all_processes(reference):

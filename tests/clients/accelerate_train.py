@@ -2,7 +2,7 @@
 tests/test_frameworks_accelerate.py on 2 CPU processes:
 
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/clients/accelerate_train.py \
-        --train T --val V --out OUT [--save-at 3,9] [--resume OUT/step_3]
+        --train T --val V --out OUT [--save-every 3] [--resume OUT/step_3]
 
 The part between the recipe markers is the README's Accelerate recipe, verbatim (tests/test_frameworks_readme.py
 checks that), written like Accelerate's own examples: the Loaders go through `accelerator.prepare` with the rest
@@ -27,6 +27,28 @@ import fastfeed
 from common import batch_digest, row_fingerprint_ints, tiny_net, write_json
 
 
+class Probe:
+    """The test's recording (the `probe.` lines are not part of the README recipe)."""
+
+    def __init__(self):
+        self.record = {"train": [], "eval": {}}
+        self._rows, self._labels = [], []
+
+    def train_batch(self, step, epoch, images, labels):
+        self.record["train"].append({"step": step, "epoch": epoch, **batch_digest(images, labels)})
+
+    def eval_batch(self, accelerator, images, gathered_labels):
+        # A second gather_for_metrics on the same batch is trimmed the same way as the recipe's.
+        rows = accelerator.gather_for_metrics(row_fingerprint_ints(images))
+        assert len(rows) == len(gathered_labels)
+        self._rows += rows.tolist()
+        self._labels += gathered_labels.tolist()
+
+    def eval_end(self, epoch, count):
+        self.record["eval"][epoch] = {"count": count, "labels": self._labels, "rows": self._rows}
+        self._rows, self._labels = [], []
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--train", required=True)
@@ -36,14 +58,13 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--save-at", default="", help="global steps after which to save_state (comma-separated)")
+    p.add_argument("--save-every", type=int, default=1000, help="save_state every N global steps")
     p.add_argument("--resume", default=None, help="a folder written by save_state, named step_N")
     args = p.parse_args()
     out = Path(args.out)
-    save_at = {int(s) for s in args.save_at.split(",") if s}
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    record = {"train": [], "eval": {}}
+    probe = Probe()
     with fastfeed.open_dataset(args.train) as ds:
         num_classes = len(ds.classes)
 
@@ -68,37 +89,34 @@ def main() -> None:
     for epoch in range(step // len(train_loader), args.epochs):
         model.train()
         for images, labels in train_loader:
-            record["train"].append({"step": step, "epoch": epoch, **batch_digest(images, labels)})
+            probe.train_batch(step, epoch, images, labels)
             loss = F.cross_entropy(model(images), labels)
             accelerator.backward(loss)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
             step += 1
-            if step in save_at:
-                accelerator.save_state(out / f"step_{step}")
+            if step % args.save_every == 0:
+                accelerator.save_state(Path(args.out) / f"step_{step}")
 
         model.eval()
         correct = count = 0
-        seen_labels, seen_rows = [], []
         for images, labels in eval_loader:
             with torch.no_grad():
                 preds = model(images).argmax(dim=1)
-            preds, labels, rows = accelerator.gather_for_metrics((preds, labels, row_fingerprint_ints(images)))
-            valid = labels != fastfeed.IGNORE_INDEX  # all True here; False only for a replaced corrupt sample
+            preds, labels = accelerator.gather_for_metrics((preds, labels))  # drops the ranks' padding
+            probe.eval_batch(accelerator, images, labels)
+            valid = labels != fastfeed.IGNORE_INDEX  # all True, unless a corrupt sample was replaced
             correct += int((preds == labels)[valid].sum())
             count += int(valid.sum())
-            seen_labels += labels.tolist()
-            seen_rows += rows.tolist()
         accelerator.print(f"epoch {epoch}: accuracy {correct / count:.3f} on {count} samples")
-        record["eval"][epoch] = {"count": count, "labels": seen_labels, "rows": seen_rows}
+        probe.eval_end(epoch, count)
     # --- end recipe ---
 
-    record["lr_steps"] = scheduler.scheduler.last_epoch
-    record["total_steps"] = total_steps
-    record["final_lr_factor"] = scheduler.scheduler.get_last_lr()[0] / 0.05
-    record["world_size"] = accelerator.num_processes
-    write_json(out / f"{args.tag}-rank{accelerator.process_index}.json", record)
+    probe.record.update(lr_steps=scheduler.scheduler.last_epoch, total_steps=total_steps,
+                        final_lr_factor=scheduler.scheduler.get_last_lr()[0] / 0.05,
+                        world_size=accelerator.num_processes)
+    write_json(out / f"{args.tag}-rank{accelerator.process_index}.json", probe.record)
     accelerator.end_training()
 
 

@@ -56,8 +56,11 @@ class Classifier(L.LightningModule):
 
 
 def make_trainer(devices: int, max_epochs: int, **kw) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-                     max_epochs=max_epochs, use_distributed_sampler=False, **kw)
+    # use_distributed_sampler=False: the Loader already gives each rank its share (Lightning would otherwise try to
+    # wrap it in a DistributedSampler). Its position goes into Lightning's checkpoints by itself (it has
+    # state_dict/load_state_dict), so fit(ckpt_path=...) resumes mid-epoch exactly.
+    return L.Trainer(devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=max_epochs,
+                     use_distributed_sampler=False, **kw)
 # --- end recipe ---
 
 
