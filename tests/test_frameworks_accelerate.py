@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import fastfeed
-from clients.common import make_tiny_tree, pack, row_fingerprint_ints
+from clients.common import client_env, make_tiny_tree, pack, row_fingerprint_ints
 
 pytestmark = pytest.mark.slow
 
@@ -58,9 +57,7 @@ def launch(data: dict, tag: str, *extra: str) -> list[dict]:
            str(_free_port()), str(SCRIPT), "--train", str(data["train"]), "--val", str(data["val"]), "--out",
            str(out), "--tag", tag, "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--image-size",
            str(IMAGE_SIZE), *extra]
-    env = dict(os.environ, ACCELERATE_USE_CPU="1",  # what `accelerate config` writes for a CPU-only machine
-               PYTHONPATH=os.pathsep.join([str(Path(fastfeed.__file__).parent.parent),
-                                           os.environ.get("PYTHONPATH", "")]))
+    env = client_env(ACCELERATE_USE_CPU="1")  # what `accelerate config` writes for a CPU-only machine
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
                                  f"{proc.stderr[-6000:]}"

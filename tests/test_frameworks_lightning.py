@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import fastfeed
-from clients.common import make_tiny_tree, pack, row_fingerprints
+from clients.common import client_env, make_tiny_tree, pack, row_fingerprints
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +52,7 @@ def run(data: dict, devices: int, tag: str, *extra: str) -> list[dict]:
     cmd = [sys.executable, str(SCRIPT), "--train", str(data["train"]), "--val", str(data["val"]), "--out",
            str(out), "--tag", tag, "--devices", str(devices), "--epochs", str(EPOCHS), "--batch-size",
            str(BATCH[devices]), "--image-size", str(IMAGE_SIZE), *extra]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(fastfeed.__file__).parent.parent),
-                                                        os.environ.get("PYTHONPATH", "")]))
+    env = client_env()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
                                  f"{proc.stderr[-6000:]}"

@@ -7,7 +7,6 @@ lmdb. Batch 8 with drop_last in training gives 5 batches per epoch and drops 4 s
 from __future__ import annotations
 
 import pytest
-import torch
 
 import fastfeed
 from clients.common import make_tiny_tree, pack

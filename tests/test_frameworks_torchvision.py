@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 
 import fastfeed
-from clients.common import make_tiny_tree, pack, row_fingerprints
+from clients.common import client_env, make_tiny_tree, pack, row_fingerprints
 
 SCRIPT = Path(__file__).parent / "clients" / "torchvision_train.py"
 N_TRAIN, N_VAL, BATCH, WORLD, EPOCHS, CLASSES = 48, 21, 4, 2, 2, 4
@@ -43,9 +42,7 @@ def torchrun(data) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
            str(SCRIPT), "--train", str(data["train"]), "--val", str(data["val"]), "--out", str(out),
            "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--image-size", str(IMAGE_SIZE)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(fastfeed.__file__).parent.parent),
-                                                        os.environ.get("PYTHONPATH", "")]),
-               NUMBA_CACHE_DIR=str(data["root"] / "numba-cache"))  # a fresh machine: numba compiles
+    env = client_env(NUMBA_CACHE_DIR=str(data["root"] / "numba-cache"))  # a fresh machine: numba compiles
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
                                  f"{proc.stderr[-8000:]}"

@@ -84,3 +84,15 @@ def write_json(path: Path, obj) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj))
     tmp.replace(path)
+
+
+def client_env(**extra: str) -> dict:
+    """The environment for a client script: this fastfeed checkout first on PYTHONPATH (a launched process must
+    import the fastfeed under test, not an installed one), plus `extra`."""
+    import os
+
+    import fastfeed
+
+    paths = [str(Path(fastfeed.__file__).resolve().parent.parent)]
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **extra}
