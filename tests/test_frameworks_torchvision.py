@@ -103,3 +103,19 @@ def test_sampler_names_exactly_the_samples_the_loader_feeds(data, rank, train):
         sampler.set_epoch(1)
         assert list(sampler) != first
     loader.close()
+
+
+def test_a_loader_builds_after_setup_for_distributed_replaced_print(data, tmp_path):
+    """One process, no torchrun: the script's own setup_for_distributed (a closure, as in torchvision's utils.py,
+    so the replacement is not reachable as `<module>.print`) runs before the first Loader is built."""
+    code = (f"import sys; sys.path.insert(0, {str(SCRIPT.parent)!r})\n"
+            "import fastfeed, torchvision_train\n"
+            "torchvision_train.setup_for_distributed(False)\n"
+            f"loader = fastfeed.Loader({str(data['train'])!r}, batch_size={BATCH}, image_size={IMAGE_SIZE})\n"
+            "n = sum(len(labels) for _, labels in loader)\n"
+            "print('samples', n, force=True)\n"
+            "print('hidden on a non-master rank')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                          env=client_env(NUMBA_CACHE_DIR=str(tmp_path / "numba-cache")))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.split("\n")[:-1] == [f"samples {N_TRAIN}"]
