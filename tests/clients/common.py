@@ -1,0 +1,98 @@
+"""Pieces shared by the framework client scripts (tests/clients/*.py) and the tests that launch them.
+
+The clients are real training programs; only what they have in common lives here: a tiny image tree packed by the
+real CLI, a model small enough for a 2-core CI machine, and fingerprints that identify a batch (or one sample of
+an eval batch) by its bytes, so a test can compare what two runs fed the model without trusting the Loader's
+own bookkeeping.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+TINY_CLASSES = 4
+
+
+def make_tiny_tree(root: Path, num_images: int, num_classes: int = TINY_CLASSES, seed: int = 0) -> Path:
+    """An ImageFolder tree of small distinct JPEGs (40-80 px sides, ~2 KB): decoding costs next to nothing, so
+    tests measure the framework integration, not the CPU."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    root = Path(root)
+    for i in range(num_images):
+        w, h = (int(v) for v in rng.integers(40, 81, size=2))
+        # Smooth gradients plus noise: every image differs, and JPEG keeps the differences.
+        yy, xx = np.mgrid[0:h, 0:w]
+        base = rng.uniform(0, 255, size=3)
+        slope = rng.uniform(-3, 3, size=(2, 3))
+        img = base + xx[..., None] * slope[0] + yy[..., None] * slope[1] + rng.normal(0, 12, size=(h, w, 3))
+        folder = root / f"class_{i % num_classes:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(folder / f"img_{i:05d}.jpg", quality=90)
+    return root
+
+
+def pack(src: Path, out: Path, fmt: str, shard_size: str = "24KB") -> Path:
+    """`fastfeed pack` exactly as a user runs it (small wds shards so order="shard" has several to shuffle)."""
+    cmd = [sys.executable, "-m", "fastfeed.cli", "pack", str(src), str(out), "--quiet", "--format", fmt]
+    if fmt == "wds":
+        cmd += ["--shard-size", shard_size]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return Path(out)
+
+
+def batch_digest(images, labels) -> dict:
+    """What a batch fed the model: its labels and a hash of its exact image bytes (CPU tensors)."""
+    images = images.detach().to("cpu").contiguous()
+    return {"labels": labels.detach().to("cpu").tolist(),
+            "images": hashlib.sha256(images.numpy().tobytes()).hexdigest()[:24]}
+
+
+def row_fingerprints(images) -> list[str]:
+    """One hash per sample of a batch. In eval mode (train=False) a sample's pixels depend only on its stored
+    bytes, so the hash names the sample: two eval runs can be compared sample by sample."""
+    images = images.detach().to("cpu").contiguous()
+    return [hashlib.sha256(row.numpy().tobytes()).hexdigest()[:24] for row in images]
+
+
+def row_fingerprint_ints(images):
+    """`row_fingerprints` as an int64 tensor (56-bit), for collectives that only take tensors."""
+    import torch
+
+    return torch.tensor([int(h[:14], 16) for h in row_fingerprints(images)], dtype=torch.int64)
+
+
+def tiny_net(num_classes: int):
+    """A 2-layer convnet: small enough that a step costs milliseconds on a CPU."""
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(8, num_classes))
+
+
+def write_json(path: Path, obj) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.replace(path)
+
+
+def client_env(**extra: str) -> dict:
+    """The environment for a client script: this fastfeed checkout first on PYTHONPATH (a launched process must
+    import the fastfeed under test, not an installed one), plus `extra`."""
+    import os
+
+    import fastfeed
+
+    paths = [str(Path(fastfeed.__file__).resolve().parent.parent)]
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **extra}
