@@ -157,6 +157,7 @@ class Loader:
         self.end_of_dataloader = False  # Accelerate's dataloader-state protocol (fastfeed/compat.py)
         self.remainder = -1
         self.sampler = EpochSampler(self)
+        self.batch_sampler = None  # batching happens inside; Lightning reads the attribute of every loader
         self._closed = False
         _LIVE.add(self)
 

@@ -99,8 +99,11 @@ class LoaderSettings:
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            out[f.name] = str(v) if isinstance(v, (torch.device, torch.dtype)) else (
-                sorted(v) if isinstance(v, frozenset) else v)
+            if isinstance(v, (torch.device, torch.dtype)):
+                v = str(v)
+            elif isinstance(v, (tuple, frozenset)):
+                v = sorted(v) if isinstance(v, frozenset) else list(v)  # JSON's types, as before
+            out[f.name] = v
         out["dtype"] = self.dtype_name
         return out
 

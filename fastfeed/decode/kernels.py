@@ -6,8 +6,11 @@ write CHW or HWC. No PIL here: the DALI path imports this module without pulling
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from fastfeed.decode.numba_import import import_numba
+
+numba = import_numba()
 
 __all__ = ["emit_chw", "emit_hwc", "make_lut", "numpy_view"]
 
