@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 
 import numpy as np
 import torch
@@ -67,9 +69,11 @@ class Loader:
         shuffle, seed, drop_last, order: the epoch order, see `fastfeed.sampling`; every rank gets the same
             number of batches.
         rank, world_size, local_rank: default from torch.distributed, else torchrun's environment, else 0/1/0.
-        num_threads: decoder threads per pipeline, or "auto": with DALI, a short measurement at start-up picks
-            threads, hw_decoder_load and pipelines for this machine (see fastfeed/tuning.py; the choice and the
-            table measured are in `stats()["info"]`); with a CPU decoder, the cores this rank may use (at most 8).
+        num_threads: decoder threads per pipeline, or "auto": with DALI, start at once with the setting that
+            trained fastest on the H200 (`tuning.START`) and adapt threads, hw_decoder_load and pipelines online
+            from the training loop's own wait and step times (`tuning.OnlineTuner`; unless hw_decoder_load or
+            pipelines are given; decisions in `stats()["info"]["online_tuning"]`); with a CPU decoder, the
+            cores this rank may use (at most 8).
         reader_threads: native ring reader threads (default 4; more helps cold or network storage).
         prefetch: decoded batches queued ahead of the consumer (default 2); the ring reads `prefetch + 2 * pipelines` ahead.
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 0.9, measured best).
@@ -123,6 +127,8 @@ class Loader:
                  on_error=on_error))
         self.num_threads = settings["num_threads"]
         n_pipelines = len(self._decoders)
+        if self._tuner is not None:  # slots for the most pipelines the tuner may switch to
+            n_pipelines = max(n_pipelines, max(r.pipelines for r in self._tuner.ladder))
         self._ring = PrefetchRing(extents, self.batch_size,
                                   num_threads=int(reader_threads or 4), num_slots=self.prefetch + 2 * n_pipelines)
         for key, value in settings.items():
@@ -187,10 +193,20 @@ class Loader:
 
     def _consume(self, epoch: EpochRun):
         plan = epoch.plan
+        tuner = self._tuner
+        asked = None  # when the consumer asked for the previous batch
+        wait = 0.0
         try:
             epoch.begin()
             for k in range(plan.num_batches):
+                now = time.perf_counter()
+                if tuner is not None and asked is not None:
+                    # the previous batch: its wait, and its whole step (wait + the user's work on it)
+                    new = tuner.observe(wait, now - asked)
+                    if new is not None:
+                        self._retune(epoch, new)
                 images, labels = epoch.next()
+                asked, wait = now, time.perf_counter() - now
                 self._batches_done = k + 1
                 if self.log_every and (k + 1) % self.log_every == 0:
                     log.info("fastfeed epoch %d batch %d/%d: %s", self._epoch, k + 1, plan.num_batches,
@@ -260,6 +276,8 @@ class Loader:
         self._closed = True
         if self._active is not None:
             self._active.stop()
+        if self._retuning is not None:
+            self._retuning.join()
         self._ring.close()
         for d in self._decoders:
             d.close()
@@ -292,20 +310,25 @@ class Loader:
             # on ~1,500 px photos, no change on ImageNet-sized ones); eval keeps exact torchvision parity.
             return make_decoder(kind, num_threads=threads, hw_decoder_load=hw, draft=self.train, **common)
 
+        self._tuner, self._retuning, self._build = None, None, build
         if kind == "dali" and auto:
             from fastfeed import tuning
 
-            wanted = [c for c in tuning.CANDIDATES
-                      if (hw_decoder_load is None or c.hw_decoder_load == hw_decoder_load)
-                      and (pipelines is None or c.pipelines == int(pipelines))]
-            if not wanted:
-                wanted = [tuning.DecodeSettings(0.9 if hw_decoder_load is None else float(hw_decoder_load), 4,
-                                                int(pipelines or 2))]
-            batches = tuning.sample_batches(self.dataset, self._widths, self._heights, self.batch_size, 8,
-                                            self.seed, self.train, self.image_size)
-            best, decoders, table = tuning.tune_decoders(build, batches, wanted, _cpu_count())
-            return decoders, {"num_threads": best.num_threads, "hw_decoder_load": best.hw_decoder_load,
-                              "pipelines": best.pipelines, "autotune": table}
+            # No start-up measurement (it cost 6-7 s and tuned for the loader alone, not for training): start with
+            # the setting that trained fastest, adapt online from the training loop (see fastfeed/tuning.py).
+            start = tuning.START
+            if hw_decoder_load is None and pipelines is None:
+                cores = _cpu_count() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+                self._tuner = tuning.OnlineTuner(max_threads=max(2, cores))
+                start = self._tuner.current
+            else:
+                start = tuning.DecodeSettings(start.hw_decoder_load if hw_decoder_load is None
+                                              else float(hw_decoder_load), start.num_threads,
+                                              start.pipelines if pipelines is None else int(pipelines))
+            self._settings = start
+            decoders = [build(start.hw_decoder_load, start.num_threads) for _ in range(start.pipelines)]
+            return decoders, {"num_threads": start.num_threads, "hw_decoder_load": start.hw_decoder_load,
+                              "pipelines": start.pipelines, "online_tuning": [] if self._tuner else None}
         threads = _default_threads(self.world) if auto else int(num_threads)
         hw = 0.9 if hw_decoder_load is None else float(hw_decoder_load)
         # Two DALI pipelines side by side: while one waits for its GPU work the other parses and submits the next
@@ -314,6 +337,32 @@ class Loader:
         n = int(pipelines) if pipelines else (2 if kind == "dali" else 1)
         return [build(hw, threads) for _ in range(n)], {"num_threads": threads, "hw_decoder_load": hw,
                                                          "pipelines": n}
+
+    def _retune(self, epoch: EpochRun, new) -> None:
+        """Switch the running epoch to the tuner's `new` DecodeSettings. New DALI pipelines are built in a
+        background thread (~0.5 s each) while the current ones keep decoding; decoders whose hw_decoder_load and
+        threads match are reused."""
+        if self._retuning is not None:
+            self._retuning.join()  # one switch at a time (the tuner's window is far longer than a build)
+        old, decoders = self._settings, list(self._decoders)
+
+        def work():
+            try:
+                same = (old.hw_decoder_load, old.num_threads) == (new.hw_decoder_load, new.num_threads)
+                keep = decoders[:new.pipelines] if same else []
+                fresh = [self._build(new.hw_decoder_load, new.num_threads) for _ in range(new.pipelines - len(keep))]
+                epoch.set_decoders(keep + fresh)
+            except Exception as exc:  # noqa: BLE001 - a setting that cannot be built is not used; training goes on
+                log.warning("fastfeed: could not switch decode settings to %s: %s", new, exc)
+                return
+            self._settings = new
+            self.num_threads = new.num_threads
+            for key in ("num_threads", "hw_decoder_load", "pipelines"):
+                self._stats.set_info(key, getattr(new, key))
+            self._stats.set_info("online_tuning", list(self._tuner.history))
+
+        self._retuning = threading.Thread(target=work, name="fastfeed-retune", daemon=True)
+        self._retuning.start()
 
     def _make_plan(self, epoch: int, resume: dict | None):
         return sampling.plan_epoch(

@@ -105,3 +105,38 @@ def test_bad_arguments_are_refused(kw):
         OnlineTuner(**kw)
     with pytest.raises(ValueError):
         OnlineTuner(ladder=())
+
+
+def test_switching_decoders_mid_epoch_keeps_every_batch_in_order(wds_path):
+    """The wiring the tuner drives (EpochRun.set_decoders): grow to 3 pipelines, shrink to 1, swap for new decoders
+    of another thread count, all mid-epoch; the batches must be exactly those of an undisturbed run."""
+    import torch
+
+    from fastfeed import Loader
+    from fastfeed.decode import make_decoder
+
+    opts = dict(batch_size=8, image_size=32, device="cpu", decoder="cpu-pil", dtype=torch.uint8, num_threads=1,
+                pipelines=1, seed=3)
+
+    def make(threads):
+        return make_decoder("cpu-pil", device="cpu", image_size=32, dtype=torch.uint8, batch_size=8,
+                            num_threads=threads, draft=True)
+
+    with Loader(wds_path, **opts) as ref:
+        want = [(x.clone(), y.clone()) for x, y in ref]
+    with Loader(wds_path, **opts) as loader:
+        got, it = [], iter(loader)
+        first = loader._decoders[0]
+        for k, (x, y) in enumerate(it):
+            got.append((x.clone(), y.clone()))
+            if k == 1:
+                loader._active.set_decoders([first, make(1), make(1)])
+            elif k == 4:
+                loader._active.set_decoders([first])
+            elif k == 6:
+                loader._active.set_decoders([make(2), make(1)])
+        assert len(loader._decoders) == 2
+    assert len(got) == len(want) >= 9
+    for (gx, gy), (wx, wy) in zip(got, want):
+        assert torch.equal(gy, wy)
+        assert torch.equal(gx, wx)
