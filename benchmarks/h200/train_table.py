@@ -58,7 +58,17 @@ class Started:
         return self.loader.stats() if hasattr(self.loader, "stats") else None
 
 
-def measure(name, factory, consumer, args, stream=None, extra=None):
+def measure(name, factory, consumer, args, stream=None, extra=None, warmup=None, switch=None):
+    old_switch = sys.getswitchinterval()
+    if switch is not None:
+        sys.setswitchinterval(switch)
+    try:
+        return _measure(name, factory, consumer, args, stream, extra, warmup)
+    finally:
+        sys.setswitchinterval(old_switch)
+
+
+def _measure(name, factory, consumer, args, stream, extra, warmup):
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     try:
@@ -74,7 +84,8 @@ def measure(name, factory, consumer, args, stream=None, extra=None):
     try:
         ctx = torch.cuda.stream(stream) if stream is not None else _null()
         with ctx:
-            res = run_loader(Started(loader, it, first), consumer, name=name, steps=args.steps, warmup=args.warmup,
+            res = run_loader(Started(loader, it, first), consumer, name=name, steps=args.steps,
+                             warmup=args.warmup if warmup is None else warmup,
                              gpu_index=0, progress=False)
     except Exception as e:
         log(f"{name}: failed: {type(e).__name__}: {str(e)[:300]}")
@@ -96,6 +107,8 @@ def measure(name, factory, consumer, args, stream=None, extra=None):
     log(f"{name:34s} {d['samples_per_s']:9,.0f} img/s  step p50 {d['step_s']['p50'] * 1e3:6.1f} ms  "
         f"wait {d['wait_fraction']:6.1%}  cores {host.get('cpu_cores_busy', float('nan')):5.1f}  "
         f"first batch {ttfb:5.2f} s")
+    if d.get("info", {}).get("online_tuning"):
+        log(f"    online tuning: {d['info']['online_tuning']}")
     return d
 
 
@@ -122,6 +135,9 @@ def main(argv=None) -> int:
     p.add_argument("--prefetch-grid", default="2:1.0:2,2:0.9:4", help="depth:hw:threads of the 1-pipeline variant")
     p.add_argument("--dali-grid", default="0.9:4,1.0:2,0.9:6,1.0:4")
     p.add_argument("--rows", default="default,ff,prefetch,hiprio,dali,torch")
+    p.add_argument("--long-warmup", type=int, default=0,
+                   help="also run ff-default after this many untimed steps (the online tuner settled)")
+    p.add_argument("--switch-grid", default="", help="pipelines:hw:threads rows run with sys.setswitchinterval 0.5 ms")
     p.add_argument("--extra-ff", default="", help="name=python-kwargs;... extra fastfeed rows, e.g. new=dict()")
     p.add_argument("--torch-workers", type=int, default=16)
     p.add_argument("--json", default=None)
@@ -183,6 +199,12 @@ def main(argv=None) -> int:
 
         if "default" in rows_wanted:
             add("ff-default", ff())
+            if args.long_warmup:
+                add(f"ff-default after {args.long_warmup} steps", ff(), warmup=args.long_warmup)
+        for g in filter(None, args.switch_grid.split(",")):
+            pp, hw, t = g.split(":")
+            add(f"ff p{pp} hw{hw} t{t} switch0.5ms", ff(pipelines=int(pp), hw_decoder_load=float(hw),
+                                                       num_threads=int(t)), switch=0.0005)
         for spec in filter(None, args.extra_ff.split(";")):
             name, _, kw = spec.partition("=")
             add(name, ff(**eval(kw)))  # noqa: S307 - benchmark CLI, the operator's own expression
