@@ -140,3 +140,30 @@ def test_switching_decoders_mid_epoch_keeps_every_batch_in_order(wds_path):
     for (gx, gy), (wx, wy) in zip(got, want):
         assert torch.equal(gy, wy)
         assert torch.equal(gx, wx)
+
+
+def test_loader_retunes_online_and_keeps_every_batch(wds_path):
+    """The Loader's own path: a tuner that climbs as soon as the loop waits (always, on this CPU loop) switches
+    pipelines mid-epoch through Loader._retune (build + warm in the background); the batches are unchanged."""
+    import torch
+
+    from fastfeed import Loader
+
+    opts = dict(batch_size=8, image_size=32, device="cpu", decoder="cpu-pil", dtype=torch.uint8, num_threads=1,
+                pipelines=1, seed=5)
+    with Loader(wds_path, **opts) as ref:
+        want = [(x.clone(), y.clone()) for x, y in ref]
+    ladder = (DecodeSettings(1.0, 1, 1), DecodeSettings(1.0, 1, 2), DecodeSettings(1.0, 2, 2))
+    with Loader(wds_path, **opts) as loader:
+        loader._tuner = OnlineTuner(ladder, window=2, settle=0, tolerance=0.0)
+        loader._settings = ladder[0]
+        got = []
+        for x, y in loader:
+            got.append((x.clone(), y.clone()))
+            if loader._retuning is not None:
+                loader._retuning.join()  # make the switches happen within this short epoch
+        assert any(h["decision"] == "climb" for h in loader._tuner.history)
+        assert loader.stats()["info"]["online_tuning"] == loader._tuner.history
+    assert len(got) == len(want)
+    for (gx, gy), (wx, wy) in zip(got, want):
+        assert torch.equal(gy, wy) and torch.equal(gx, wx)
