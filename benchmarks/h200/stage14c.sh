@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 14, round 3 (short, what the remaining device minutes allow): the online tuner with warmed switches.
-#   bash benchmarks/h200/stage14c.sh K     K = 1..4 DALI parts (+ build, 10k images), 5 installs and measures
+#   bash benchmarks/h200/stage14c.sh K     K = 1..4 DALI parts (+ build, 20k images), 5 installs and measures
 set -uo pipefail
 K=$1; shift
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/dali
@@ -11,7 +11,7 @@ if ls /tmp/ffnative/_native*.so >/dev/null 2>&1; then cp /tmp/ffnative/_native*.
 else python3 setup.py -q build_ext --inplace 2>&1 | grep -iE "error"; mkdir -p /tmp/ffnative; cp fastfeed/_native*.so /tmp/ffnative/; fi
 case $K in
 1)
-  python3 tools/make_dataset.py $W/base-images --num-images 10000 --num-classes 100 --seed 0
+  python3 tools/make_dataset.py $W/base-images --num-images 20000 --num-classes 100 --seed 0
   python3 -m fastfeed.cli pack $W/base-images $W/base-wds --format wds --shard-size 256MB --jpeg keep \
       --shuffle-seed 0 --workers 16 --quiet --overwrite
   ;;
