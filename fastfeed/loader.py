@@ -76,8 +76,10 @@ class Loader:
             cores this rank may use (at most 8).
         reader_threads: native ring reader threads (default 4; more helps cold or network storage).
         prefetch: decoded batches queued ahead of the consumer (default 2); the ring reads `prefetch + 2 * pipelines` ahead.
-        hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 0.9, measured best).
-        pipelines: decoders working side by side on consecutive batches (default 2 for DALI, else 1).
+        hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default: the online tuner's,
+            starting at 1.0; 0.9 when num_threads is given).
+        pipelines: decoders working side by side on consecutive batches (default: the online tuner's, starting
+            at 1, for DALI with num_threads="auto"; 2 for DALI with num_threads given; else 1).
         on_error: "skip" replaces a corrupt record by another sample of the same batch (counted in `stats()`);
             "raise" raises naming the sample.
         log_every: log a one-line stats summary every N batches (and at the end of each epoch).

@@ -64,7 +64,7 @@ def main() -> int:
                 it = iter(loader)
                 batch = next(it)
             if step >= args.warmup:
-                waits.append(time.perf_counter() - w0)
+                waits.append(time.perf_counter() - w0)  # per step, kept: which steps wait says why
         x, y = batch
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x), y % 1000)
@@ -86,6 +86,7 @@ def main() -> int:
         res = {"world": world, "images_per_s": total / wall, "wall_s": wall, "steps": args.steps,
                "batch_per_rank": args.batch_size, "wait_fraction_per_rank": [float(g[1]) / wall for g in gathered],
                "first_batch_s_per_rank": [float(g[2]) for g in gathered],
+               "waits_ms_rank0": [round(w * 1e3, 1) for w in waits],
                "settings_rank0": {k: info.get(k) for k in ("hw_decoder_load", "num_threads", "pipelines")},
                "online_tuning_rank0": info.get("online_tuning"), "cpu_count": os.cpu_count(),
                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": torch.cuda.get_device_name(0)}
