@@ -83,12 +83,11 @@ class Loader:
         shuffle, drop_last: default to `train`. seed, order: the epoch order, see `fastfeed.sampling`; every rank
             gets the same number of batches.
         rank, world_size, local_rank: default from torch.distributed, else torchrun's environment, else 0/1/0.
-        num_threads: decoder threads per pipeline, or "auto": with DALI, a short measurement at start-up picks
-            threads, hw_decoder_load and pipelines for this machine (see fastfeed/tuning.py; the choice and the
-            table measured are in `stats()["info"]`); with a CPU decoder, this rank's share of the cores (at most 8).
+        num_threads: decoder threads per pipeline, or "auto": with DALI 2 (the hardware decoder does the work),
+            with a CPU decoder this rank's share of the cores (at most 8). fastfeed/settings.py says why.
         reader_threads: native ring reader threads (default 4; more helps cold or network storage).
         prefetch: decoded batches queued ahead of the consumer (default 2).
-        hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 0.9, measured best).
+        hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 1.0).
         pipelines: decoders working side by side on consecutive batches (default 2 for DALI, else 1).
         on_error: "skip" replaces a bad record by another sample (counted in `stats()`, logged once per sample);
             "raise" raises naming the sample.
@@ -141,7 +140,7 @@ class Loader:
         self._table = self._sample_table()
         extents = self.dataset.extents()
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
-        self._decoders, self.settings = self._build_decoders(self.settings)
+        self._decoders = self._build_decoders()
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=self.settings.reader_threads,
                                   num_slots=self.settings.ring_slots)
         self._publish_settings()
@@ -264,7 +263,7 @@ class Loader:
         self._pending_resume = None
         self._batches_done = 0
         if self._decoders is None:  # the last run could not free them: see the NOTE
-            self._decoders, self.settings = self._build_decoders(self.settings, tune=False)
+            self._decoders = self._build_decoders()
         self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
                                 table=self._table, stats=self._stats)
         return self._active
@@ -366,21 +365,9 @@ class Loader:
                            # the epoch checks checksums itself, so that a mismatch is counted as one
                            read=lambda i: ds.read(i, check=False), bad_checksums=check)
 
-    def _build_decoders(self, settings: LoaderSettings, tune: bool = True):
-        """The decoders and the settings they run with: measured on this machine for DALI when auto_tune."""
-        if settings.auto_tune and tune:
-            from fastfeed import tuning
-
-            batches = tuning.sample_batches(self.dataset, self._table.widths, self._table.heights,
-                                            settings.batch_size, 8, settings.seed, settings.train,
-                                            settings.image_size)
-            best, decoders, table = tuning.tune_decoders(
-                lambda hw, threads: build_decoder(settings, num_threads=threads, hw_decoder_load=hw), batches,
-                tuning.candidates(settings), self.world.cpus)
-            self._stats.set_info("autotune", table)
-            return decoders, settings.replace(decode_threads=best.num_threads, hw_decoder_load=best.hw_decoder_load,
-                                              pipelines=best.pipelines)
-        return [build_decoder(settings) for _ in range(settings.pipelines)], settings
+    def _build_decoders(self) -> list:
+        """One decoder per pipeline."""
+        return [build_decoder(self.settings) for _ in range(self.settings.pipelines)]
 
     def _publish_settings(self) -> None:
         info = self.settings.describe()

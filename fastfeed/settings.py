@@ -26,18 +26,21 @@ DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "b
 ON_ERROR = ("skip", "raise")
 DECODERS = ("auto", "dali", "cpu", "cpu-dali", "cpu-pil")
 
-# Share of JPEGs DALI sends to the GPU's hardware decoder: 0.75-1.0 measured 1.5-2x faster than DALI's own 0.65 on
-# an H200 (benchmarks/RESULTS.md); 0.9 keeps a few CPU threads busy on what the hardware decoder would queue.
-DEFAULT_HW_DECODER_LOAD = 0.9
+# DALI's defaults are the setting that trained fastest on an H200 (benchmarks/RESULTS.md, 2026-11-30: ResNet-18
+# 9,680-10,275 img/s, ResNet-50 within 1-4% of the best fixed setting, 2.3 s to the first batch, 2.8 cores): the
+# hardware JPEG decoder takes every JPEG it can (1.0 was never slower than 0.9 in training and needs fewer CPU
+# threads), two threads per pipeline, two pipelines side by side (while one waits for its GPU work the other
+# parses and submits the next batch). More pipelines decode faster on the loader alone (3: 18.2k img/s) but slow
+# the training step that shares the GPU (ResNet-50 12.6% below its ceiling, against 5-10%), and measuring
+# settings at start-up on the loader alone chose them and cost 6-7 s before the first batch: no start-up tuning.
+DEFAULT_HW_DECODER_LOAD = 1.0
 # Native ring reader threads: enough in-flight preads for local NVMe; cold or network storage wants more.
 DEFAULT_READER_THREADS = 4
 # Decoded batches queued ahead of the training step.
 DEFAULT_PREFETCH = 2
-# Two DALI pipelines side by side: while one waits for its GPU work the other parses and submits the next batch,
-# keeping the hardware decoder busy (one synchronous pipeline measured 9.0k img/s, two 13.6k, on an H200). CPU
-# decoders already spread a batch over a thread pool.
+# CPU decoders already spread a batch over a thread pool: one pipeline.
 DEFAULT_DALI_PIPELINES = 2
-DEFAULT_DALI_THREADS = 4
+DEFAULT_DALI_THREADS = 2
 # More CPU decode threads than this stop paying on the machines measured (the pool's hand-off dominates).
 MAX_DEFAULT_DECODE_THREADS = 8
 
@@ -76,8 +79,6 @@ class LoaderSettings:
     decode_threads: int  # threads per decoder (DALI's num_threads, or the CPU decoder's pool)
     pipelines: int  # decoders working side by side on consecutive batches
     hw_decoder_load: float
-    auto_tune: bool  # decode_threads/pipelines/hw_decoder_load are a starting point the tuner may change
-    fixed: frozenset  # of those three, the ones the user set: the tuner keeps them
     prefetch: int  # decoded batches allowed ahead of the consumer
     reader_threads: int
     log_every: int | None
@@ -101,8 +102,8 @@ class LoaderSettings:
             v = getattr(self, f.name)
             if isinstance(v, (torch.device, torch.dtype)):
                 v = str(v)
-            elif isinstance(v, (tuple, frozenset)):
-                v = sorted(v) if isinstance(v, frozenset) else list(v)  # JSON's types, as before
+            elif isinstance(v, tuple):
+                v = list(v)  # JSON's types, as before
             out[f.name] = v
         out["dtype"] = self.dtype_name
         return out
@@ -158,10 +159,6 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         decode_threads=_default_decode_threads(kind, world) if auto else num_threads,
         pipelines=pipelines or (DEFAULT_DALI_PIPELINES if kind == "dali" else 1),
         hw_decoder_load=DEFAULT_HW_DECODER_LOAD if hw_decoder_load is None else float(hw_decoder_load),
-        # Only DALI's settings are worth measuring at start-up; a CPU decoder simply takes this rank's cores.
-        auto_tune=auto and kind == "dali",
-        fixed=frozenset(name for name, v in (("pipelines", pipelines), ("hw_decoder_load", hw_decoder_load))
-                        if v is not None),
         prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),
         reader_threads=DEFAULT_READER_THREADS if reader_threads is None else _int(
             "reader_threads", reader_threads, 1, MAX_THREADS),
@@ -170,8 +167,8 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
 
 
 def _default_decode_threads(kind: str, world: World) -> int:
-    """DALI: the tuner's starting point (few threads: the hardware decoder does the work). A CPU decoder: this
-    rank's share of the machine's cores, capped."""
+    """DALI: few threads (the hardware decoder does the work). A CPU decoder: this rank's share of the machine's
+    cores, capped."""
     if kind == "dali":
         return DEFAULT_DALI_THREADS
     return min(MAX_DEFAULT_DECODE_THREADS, world.cpus_per_rank)

@@ -1,0 +1,101 @@
+"""Issue 14: DDP scaling of ResNet-50 training fed by fastfeed.Loader with its defaults, one process per GPU.
+
+    torchrun --nproc-per-node 1 benchmarks/h200/ddp_scaling.py --data /tmp/ffbench/base-wds --json $OUT/ddp1.json
+    torchrun --nproc-per-node 2 benchmarks/h200/ddp_scaling.py --data /tmp/ffbench/base-wds --json $OUT/ddp2.json
+Each rank: Loader(batch 256 per rank, float16, channels_last, rank/world from torchrun), ResNet-50 (torchvision),
+bf16 autocast, SGD, DDP. Timed: --steps after --warmup, wall clock between two barriers with the GPUs synchronised;
+images/s = steps * 256 * world / wall. Scaling = (2-GPU img/s) / (2 x 1-GPU img/s).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    import torchvision
+
+    import fastfeed
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", local)
+    model = torchvision.models.resnet50(num_classes=1000).to(dev).to(memory_format=torch.channels_last)
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    dist.barrier()
+    t0 = time.perf_counter()
+    loader = fastfeed.Loader(args.data, batch_size=args.batch_size, train=True, image_size=224, device=dev,
+                             dtype=torch.float16, channels_last=True)
+    it = iter(loader)
+    batch = next(it)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    waits, n, wall = [], 0, 0.0
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            torch.cuda.synchronize()
+            dist.barrier()
+            start = time.perf_counter()
+        if step > 0:
+            w0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                it = iter(loader)
+                batch = next(it)
+            if step >= args.warmup:
+                waits.append(time.perf_counter() - w0)  # per step, kept: which steps wait says why
+        x, y = batch
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y % 1000)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step >= args.warmup:
+            n += x.shape[0]
+    torch.cuda.synchronize()
+    dist.barrier()
+    wall = time.perf_counter() - start
+    local_res = torch.tensor([n, sum(waits), first], dtype=torch.float64, device=dev)
+    gathered = [torch.zeros_like(local_res) for _ in range(world)]
+    dist.all_gather(gathered, local_res)
+    info = loader.stats().get("info", {})
+    loader.close()
+    if rank == 0:
+        total = sum(int(g[0]) for g in gathered)
+        res = {"world": world, "images_per_s": total / wall, "wall_s": wall, "steps": args.steps,
+               "batch_per_rank": args.batch_size, "wait_fraction_per_rank": [float(g[1]) / wall for g in gathered],
+               "first_batch_s_per_rank": [float(g[2]) for g in gathered],
+               "waits_ms_rank0": [round(w * 1e3, 1) for w in waits],
+               "settings_rank0": {k: info.get(k) for k in ("hw_decoder_load", "num_threads", "pipelines")},
+               "online_tuning_rank0": info.get("online_tuning"), "cpu_count": os.cpu_count(),
+               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": torch.cuda.get_device_name(0)}
+        print(json.dumps(res))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Issue 14's side-by-side table: images/s *inside the training step*, fastfeed variants vs tuned DALI vs DataLoader.
+
+    python3 benchmarks/h200/train_table.py --data /tmp/ffbench/base-wds-keep --images /tmp/ffbench/base-images \
+        --consumers none,resnet50,resnet18 --json $OUT/table.json
+
+Every row builds its loader fresh, takes the first batch (time-to-first-batch, from the constructor call to the
+first batch on the GPU), then runs `--warmup` untimed and `--steps` timed steps with fastfeed.bench.runner (each
+step ends with a device synchronise, so the loader's GPU work is paid inside the step that consumes it).
+All loaders: train mode (RandomResizedCrop + flip + normalise), float16 output, batch 256 (default), on cuda:0.
+Rows:
+  ff-default       fastfeed.Loader as the installed code defaults it (num_threads="auto" etc.)
+  ff pP hwH tT     fastfeed.Loader(pipelines=P, hw_decoder_load=H, num_threads=T), channels_last
+  ff-prefetchD     ONE DALI pipeline with DALI's own prefetch (depth D) fed by fastfeed's ring (ring_dali_prefetch)
+  ff-best+hiprio   the best ff row of this consumer, with the training step on a high-priority CUDA stream
+  dali-file/-wds   DALI's readers + fused image_random_crop(mixed), swept over --dali-grid for THIS consumer
+  torch            DataLoader + ImageFolder + PIL + torchvision v2, 16 workers, pin_memory
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent.parent))
+
+from fastfeed.bench.consumers import make_consumer, synthetic_batch  # noqa: E402
+from fastfeed.bench.runner import percentiles, run_compute_only, run_loader  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Started:
+    """Wraps a loader whose first batch was already taken (to time it) so the runner continues the same
+    iteration instead of starting a new epoch."""
+
+    def __init__(self, loader, it, first):
+        self.loader, self._it, self._first = loader, it, first
+
+    def __iter__(self):
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+            yield from self._it
+        else:
+            yield from self.loader
+
+    def stats(self):
+        return self.loader.stats() if hasattr(self.loader, "stats") else None
+
+
+def measure(name, factory, consumer, args, stream=None, extra=None, warmup=None, switch=None):
+    old_switch = sys.getswitchinterval()
+    if switch is not None:
+        sys.setswitchinterval(switch)
+    try:
+        return _measure(name, factory, consumer, args, stream, extra, warmup)
+    finally:
+        sys.setswitchinterval(old_switch)
+
+
+def _measure(name, factory, consumer, args, stream, extra, warmup):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    try:
+        loader = factory()
+        t_built = time.perf_counter() - t0
+        it = iter(loader)
+        first = next(it)
+        torch.cuda.synchronize()
+        ttfb = time.perf_counter() - t0
+    except Exception as e:  # a configuration that cannot be built is a result too
+        log(f"{name}: could not start: {type(e).__name__}: {str(e)[:300]}")
+        return None
+    try:
+        ctx = torch.cuda.stream(stream) if stream is not None else _null()
+        with ctx:
+            res = run_loader(Started(loader, it, first), consumer, name=name, steps=args.steps,
+                             warmup=args.warmup if warmup is None else warmup,
+                             gpu_index=0, progress=False)
+    except Exception as e:
+        log(f"{name}: failed: {type(e).__name__}: {str(e)[:300]}")
+        return None
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+    d = res.to_dict()
+    d.pop("per_step", None)
+    d["build_s"], d["first_batch_s"] = t_built, ttfb
+    if hasattr(loader, "stats") and callable(loader.stats):
+        try:
+            info = loader.stats().get("info", {})
+            d["info"] = {k: v for k, v in info.items() if k != "autotune"}
+        except Exception:  # noqa: BLE001 - DaliReference etc.
+            pass
+    d.update(extra or {})
+    host = d["host"] or {}
+    log(f"{name:34s} {d['samples_per_s']:9,.0f} img/s  step p50 {d['step_s']['p50'] * 1e3:6.1f} ms  "
+        f"wait {d['wait_fraction']:6.1%}  cores {host.get('cpu_cores_busy', float('nan')):5.1f}  "
+        f"first batch {ttfb:5.2f} s")
+    if d.get("info", {}).get("online_tuning"):
+        log(f"    online tuning: {d['info']['online_tuning']}")
+    return d
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="fastfeed wds dataset")
+    p.add_argument("--images", required=True, help="the same images as an ImageFolder tree")
+    p.add_argument("--label", default="imagenet")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--consumers", default="none,resnet50,resnet18")
+    p.add_argument("--ff-grid", default="1:1.0:2,1:0.9:4,2:1.0:2,2:0.9:4,3:1.0:2,3:0.9:4,1:1.0:4,2:1.0:4",
+                   help="pipelines:hw_decoder_load:threads rows of fastfeed")
+    p.add_argument("--prefetch-grid", default="2:1.0:2,2:0.9:4", help="depth:hw:threads of the 1-pipeline variant")
+    p.add_argument("--dali-grid", default="0.9:4,1.0:2,0.9:6,1.0:4")
+    p.add_argument("--rows", default="default,ff,prefetch,hiprio,dali,torch")
+    p.add_argument("--long-warmup", type=int, default=0,
+                   help="also run ff-default after this many untimed steps (the online tuner settled)")
+    p.add_argument("--switch-grid", default="", help="pipelines:hw:threads rows run with sys.setswitchinterval 0.5 ms")
+    p.add_argument("--extra-ff", default="", help="name=python-kwargs;... extra fastfeed rows, e.g. new=dict()")
+    p.add_argument("--torch-workers", type=int, default=16)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    rows_wanted = set(args.rows.split(","))
+
+    import fastfeed
+
+    S, bs = args.image_size, args.batch_size
+
+    def ff(**kw):
+        kw.setdefault("channels_last", True)
+        return lambda: fastfeed.Loader(args.data, batch_size=bs, train=True, image_size=S, device="cuda",
+                                       dtype=torch.float16, **kw)
+
+    def dali(source, root, hw, t):
+        from dali_reference import DaliReference
+        return lambda: DaliReference(source, str(root), batch_size=bs, num_threads=t, device_id=0,
+                                     hw_decoder_load=hw, image_size=S)
+
+    def prefetch(depth, hw, t):
+        from ring_dali_prefetch import RingDaliPrefetch
+        return lambda: RingDaliPrefetch(args.data, batch_size=bs, num_threads=t, hw_decoder_load=hw, depth=depth,
+                                        image_size=S)
+
+    def torch_dl():
+        from fastfeed.bench.torch_baseline import make_torch_loader
+        return lambda: make_torch_loader(args.images, batch_size=bs, image_size=S, device="cuda",
+                                         dtype=torch.float16, num_workers=args.torch_workers)
+
+    env = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": torch.cuda.get_device_name(0),
+           "cpu_count": os.cpu_count(), "torch": torch.__version__, "fastfeed": fastfeed.__file__}
+    try:
+        import nvidia.dali as d
+        env["dali"] = d.__version__
+    except ImportError:
+        env["dali"] = None
+    log(f"env {env}")
+    report = {"env": env, "args": vars(args), "consumers": {}}
+    for cname in args.consumers.split(","):
+        consumer = make_consumer(cname, "cuda")
+        entry = {"rows": {}}
+        if cname != "none":
+            synth = synthetic_batch(bs, S, "cuda", torch.float16)
+            ceil = percentiles(run_compute_only(consumer, synth, steps=args.steps, warmup=args.warmup))
+            entry["ceiling_step_s"], entry["ceiling_img_s"] = ceil, bs / ceil["p50"]
+            log(f"== {cname} ({args.label}, {S}px): ceiling {ceil['p50'] * 1e3:.1f} ms = {bs / ceil['p50']:,.0f} img/s")
+        else:
+            log(f"== loader alone ({args.label}, {S}px)")
+        rows = entry["rows"]
+
+        def add(name, fac, **kw):
+            r = measure(f"{cname} <- {name}", fac, consumer, args, **kw)
+            if r is not None:
+                if "ceiling_step_s" in entry:
+                    r["slowdown_vs_ceiling"] = r["step_s"]["p50"] / entry["ceiling_step_s"]["p50"] - 1
+                rows[name] = r
+            return r
+
+        if "default" in rows_wanted:
+            add("ff-default", ff())
+            if args.long_warmup:
+                add(f"ff-default after {args.long_warmup} steps", ff(), warmup=args.long_warmup)
+        for g in filter(None, args.switch_grid.split(",")):
+            pp, hw, t = g.split(":")
+            add(f"ff p{pp} hw{hw} t{t} switch0.5ms", ff(pipelines=int(pp), hw_decoder_load=float(hw),
+                                                       num_threads=int(t)), switch=0.0005)
+        for spec in filter(None, args.extra_ff.split(";")):
+            name, _, kw = spec.partition("=")
+            add(name, ff(**eval(kw)))  # noqa: S307 - benchmark CLI, the operator's own expression
+        ffrows = []
+        if "ff" in rows_wanted:
+            for g in args.ff_grid.split(","):
+                pp, hw, t = g.split(":")
+                r = add(f"ff p{pp} hw{hw} t{t}", ff(pipelines=int(pp), hw_decoder_load=float(hw), num_threads=int(t)))
+                if r:
+                    ffrows.append((r["samples_per_s"], int(pp), float(hw), int(t)))
+        if "prefetch" in rows_wanted:
+            for g in args.prefetch_grid.split(","):
+                dd, hw, t = g.split(":")
+                add(f"ff-prefetch{dd} hw{hw} t{t}", prefetch(int(dd), float(hw), int(t)))
+        if "hiprio" in rows_wanted and ffrows and cname != "none":
+            _, pp, hw, t = max(ffrows)
+            lo, hi = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (0, -1)
+            hs = torch.cuda.Stream(priority=-1)
+            add(f"ff p{pp} hw{hw} t{t} +train-stream-prio{hs.priority}",
+                ff(pipelines=pp, hw_decoder_load=hw, num_threads=t), stream=hs)
+        if "dali" in rows_wanted:
+            for label, source, root in (("dali-file", "file", args.images), ("dali-wds", "webdataset", args.data)):
+                for g in args.dali_grid.split(","):
+                    hw, t = g.split(":")
+                    add(f"{label} hw{hw} t{t}", dali(source, root, float(hw), int(t)))
+        if "torch" in rows_wanted:
+            add("torch-dl", torch_dl())
+        report["consumers"][cname] = entry
+        del consumer
+        torch.cuda.empty_cache()
+        if args.json:  # after every consumer: a later failure keeps what was measured
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+    print_table(report)
+    return 0
+
+
+def print_table(report):
+    for cname, e in report["consumers"].items():
+        ceil = e.get("ceiling_img_s")
+        print(f"\n=== {report['args']['label']} / {cname}" + (f": ceiling {ceil:,.0f} img/s" if ceil else "") + " ===")
+        print(f"{'row':40s} {'img/s':>8s} {'step ms':>8s} {'wait':>6s} {'slower':>7s} {'cores':>5s} {'1st s':>5s}")
+        for name, r in e["rows"].items():
+            sl = r.get("slowdown_vs_ceiling")
+            print(f"{name:40s} {r['samples_per_s']:8,.0f} {r['step_s']['p50'] * 1e3:8.1f} {r['wait_fraction']:6.1%} "
+                  f"{'' if sl is None else f'{sl:7.1%}':>7s} {(r['host'] or {}).get('cpu_cores_busy', 0):5.1f} "
+                  f"{r['first_batch_s']:5.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
