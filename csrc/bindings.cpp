@@ -80,6 +80,30 @@ py::array_t<T> copy_array(const T* p, size_t n) {
 
 static void bind_ring(py::module_& m) {
     using namespace ring_bindings;
+    // next()'s outcome as a typed value: ring.py compares members, so a renamed or added state is a Python
+    // AttributeError at import/first use rather than a string that silently matches nothing.
+    py::enum_<fastfeed::NextStatus>(m, "RingStatus")
+        .value("ok", fastfeed::NextStatus::Ok)
+        .value("end_of_epoch", fastfeed::NextStatus::EndOfEpoch)
+        .value("timeout", fastfeed::NextStatus::Timeout)
+        .value("closed", fastfeed::NextStatus::Closed)
+        .value("not_started", fastfeed::NextStatus::NotStarted)
+        .value("all_slots_held", fastfeed::NextStatus::AllSlotsHeld);
+
+    // Why a batch failed, with named fields (ring.py turns it into RingReadError).
+    py::class_<fastfeed::ReadError>(m, "RingReadFailure")
+        .def_readonly("sample_index", &fastfeed::ReadError::sample)
+        .def_readonly("path", &fastfeed::ReadError::path)
+        .def_readonly("offset", &fastfeed::ReadError::offset)
+        .def_readonly("length", &fastfeed::ReadError::length)
+        .def_readonly("errno", &fastfeed::ReadError::err)
+        .def_readonly("message", &fastfeed::ReadError::message)
+        .def("__repr__", [](const fastfeed::ReadError& e) {
+            return "RingReadFailure(sample_index=" + std::to_string(e.sample) + ", path='" + e.path +
+                   "', offset=" + std::to_string(e.offset) + ", length=" + std::to_string(e.length) +
+                   ", errno=" + std::to_string(e.err) + ", message='" + e.message + "')";
+        });
+
     py::class_<NativeBatch>(m, "RingBatchHandle", py::buffer_protocol())
         .def_buffer([](NativeBatch& b) {
             if (b.released) throw py::value_error("the batch was released; its views are invalid");
@@ -96,8 +120,7 @@ static void bind_ring(py::module_& m) {
         .def_property_readonly("sizes", [](const NativeBatch& b) { return copy_array(b.view.sizes, b.view.count); })
         .def_property_readonly("error", [](const NativeBatch& b) -> py::object {
             if (!b.view.failed) return py::none();
-            return py::make_tuple(b.view.error_errno, b.view.error, b.view.error_path, b.view.error_offset,
-                                  b.view.error_sample);
+            return py::cast(b.view.error);
         });
 
     py::class_<PyRing>(m, "Ring")
@@ -110,9 +133,16 @@ static void bind_ring(py::module_& m) {
                  cfg.num_threads = num_threads;
                  cfg.num_slots = num_slots;
                  cfg.slot_bytes = slot_bytes;
+                 auto fi = to_vector(file_index, "file_index");
+                 auto off = to_vector(offset, "offset");
+                 auto sz = to_vector(size, "size");
                  auto r = std::make_unique<PyRing>();
-                 r->core = std::make_unique<fastfeed::Ring>(std::move(paths), to_vector(file_index, "file_index"),
-                                                            to_vector(offset, "offset"), to_vector(size, "size"), cfg);
+                 {
+                     // Allocating and prefaulting the arena (GBs for big batches) must not stall Python threads.
+                     py::gil_scoped_release nogil;
+                     r->core = std::make_unique<fastfeed::Ring>(std::move(paths), std::move(fi), std::move(off),
+                                                                std::move(sz), cfg);
+                 }
                  return r;
              }),
              py::arg("paths"), py::arg("file_index"), py::arg("offset"), py::arg("size"), py::arg("batch_size"),
@@ -123,7 +153,7 @@ static void bind_ring(py::module_& m) {
                  py::gil_scoped_release nogil;
                  r.core->start(std::move(v));
              })
-        // Returns (status, handle): status is "ok", "end", "timeout", "closed", "not_started" or "all_slots_held".
+        // Returns (RingStatus, handle); handle is None unless the status is RingStatus.ok.
         .def("next",
              [](py::object self, double timeout) -> py::tuple {
                  PyRing& r = self.cast<PyRing&>();
@@ -146,18 +176,10 @@ static void bind_ring(py::module_& m) {
                      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
                      if (timeout >= 0 && Clock::now() >= deadline) break;
                  }
-                 switch (st) {
-                     case fastfeed::NextStatus::Ok:
-                         b->owner = self;
-                         b->core = r.core.get();
-                         return py::make_tuple("ok", py::cast(std::move(b)));
-                     case fastfeed::NextStatus::EndOfEpoch: return py::make_tuple("end", py::none());
-                     case fastfeed::NextStatus::Timeout: return py::make_tuple("timeout", py::none());
-                     case fastfeed::NextStatus::Closed: return py::make_tuple("closed", py::none());
-                     case fastfeed::NextStatus::NotStarted: return py::make_tuple("not_started", py::none());
-                     case fastfeed::NextStatus::AllSlotsHeld: return py::make_tuple("all_slots_held", py::none());
-                 }
-                 return py::make_tuple("closed", py::none());
+                 if (st != fastfeed::NextStatus::Ok) return py::make_tuple(st, py::none());
+                 b->owner = self;
+                 b->core = r.core.get();
+                 return py::make_tuple(st, py::cast(std::move(b)));
              },
              py::arg("timeout"))
         .def("stop",
