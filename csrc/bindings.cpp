@@ -316,8 +316,148 @@ static void bind_jpeg(py::module_& m) {
         "entry per input: bytes on success, str (the error message) on failure.");
 }
 
+// ---- tar writer bindings (owner: pack) ---------------------------------------------------------------------
+// GIL: arguments are converted (names validated, paths encoded, bytes pinned as buffer views) with the GIL held;
+// add(), finish() and the destructor (which joins the threads) run with it released. One call at a time per
+// writer: a second thread calling in while one is inside gets a RuntimeError rather than interleaved records.
+#include "tar_writer.h"
+
+#include <deque>
+#include <mutex>
+
+namespace tar_bindings {
+
+struct PyTarWriter {
+    std::unique_ptr<fastfeed::TarWriter> core;
+    std::mutex busy;
+
+    ~PyTarWriter() {
+        if (!core) return;
+        py::gil_scoped_release nogil;
+        core.reset();
+    }
+    fastfeed::TarWriter& live() {
+        if (!core) throw py::value_error("the tar writer is closed");
+        return *core;
+    }
+};
+
+struct Busy {
+    std::unique_lock<std::mutex> lock;
+    explicit Busy(PyTarWriter& w) : lock(w.busy, std::try_to_lock) {
+        if (!lock.owns_lock()) throw std::runtime_error("TarWriter used from two threads at once");
+    }
+};
+
+std::string member_name(py::handle name) {
+    if (!py::isinstance<py::str>(name)) throw py::type_error("a tar member name must be a str");
+    std::string s = name.cast<std::string>();
+    if (s.empty() || s.size() > 100 || s.find('\0') != std::string::npos)
+        throw py::value_error("tar member name must be 1..100 UTF-8 bytes without NUL: " + py::repr(name).cast<std::string>());
+    return s;
+}
+
+}  // namespace tar_bindings
+
+static void bind_tar(py::module_& m) {
+    using namespace tar_bindings;
+    m.attr("HAVE_TAR_WRITER") = fastfeed::have_tar_writer();
+    py::class_<PyTarWriter>(m, "TarWriter")
+        .def(py::init([](const std::string& path, size_t num_threads) {
+                 auto w = std::make_unique<PyTarWriter>();
+                 py::gil_scoped_release nogil;
+                 w->core = std::make_unique<fastfeed::TarWriter>(path, num_threads);
+                 return w;
+             }),
+             py::arg("path"), py::arg("num_threads") = 0)
+        .def(
+            "add",
+            [](PyTarWriter& w, py::iterable samples) {
+                Busy busy(w);
+                fastfeed::TarWriter& core = w.live();
+                std::vector<fastfeed::TarSample> in;
+                std::deque<ReadOnlyBuffer> held;  // keeps every stored bytes object's memory put while unlocked
+                for (py::handle sample : samples) {
+                    fastfeed::TarSample ts;
+                    for (py::handle member : py::reinterpret_borrow<py::iterable>(sample)) {
+                        auto pair = py::reinterpret_borrow<py::sequence>(member);
+                        if (pair.size() != 2) throw py::value_error("a tar member is (name, source)");
+                        fastfeed::TarMember tm;
+                        tm.name = member_name(pair[0]);
+                        py::object src = pair[1];
+                        if (py::hasattr(src, "__fspath__")) src = py::module_::import("os").attr("fspath")(src);
+                        if (py::isinstance<py::str>(src)) {
+                            // the filesystem encoding with surrogateescape, as os.fsencode: any name os.listdir gave
+                            py::object enc = py::reinterpret_steal<py::object>(PyUnicode_EncodeFSDefault(src.ptr()));
+                            if (!enc) throw py::error_already_set();
+                            tm.path = enc.cast<std::string>();
+                            if (tm.path.empty()) throw py::value_error("empty source path for " + tm.name);
+                        } else {
+                            held.emplace_back(src);
+                            const auto span = held.back().span();
+                            tm.data = span.data;
+                            tm.size = span.size;
+                        }
+                        ts.members.push_back(std::move(tm));
+                    }
+                    in.push_back(std::move(ts));
+                }
+                std::vector<fastfeed::TarSampleResult> res;
+                {
+                    py::gil_scoped_release nogil;
+                    res = core.add(in);
+                }
+                py::list out(res.size());
+                for (size_t i = 0; i < res.size(); ++i) {
+                    const auto& r = res[i];
+                    if (!r.ok) {
+                        out[i] = py::make_tuple(py::none(), r.error, r.err);
+                        continue;
+                    }
+                    py::list members(r.members.size());
+                    for (size_t k = 0; k < r.members.size(); ++k)
+                        members[k] = py::make_tuple(r.members[k].offset, r.members[k].size, r.members[k].xxh3);
+                    out[i] = py::make_tuple(members, py::none(), 0);
+                }
+                return out;
+            },
+            py::arg("samples"),
+            "Append samples, each a list of (name, source) members; source is a str/PathLike (a file read whole) "
+            "or bytes-like (stored as is). Returns per sample (members, None, 0) with members = [(data offset, "
+            "size, xxh3_64)], or (None, error message, errno) for a sample that was not written.")
+        .def(
+            "finish",
+            [](PyTarWriter& w, bool sync) {
+                Busy busy(w);
+                fastfeed::TarWriter& core = w.live();
+                py::gil_scoped_release nogil;
+                return core.finish(sync);
+            },
+            py::arg("sync") = true, "End marker, sha256 (hex), fsync when sync, close.")
+        .def("abort",
+             [](PyTarWriter& w) {
+                 Busy busy(w);
+                 if (!w.core) return;
+                 py::gil_scoped_release nogil;
+                 w.core->abort();
+             })
+        .def_property_readonly("bytes_written", [](PyTarWriter& w) { return w.live().bytes_written(); })
+        .def_property_readonly("num_threads", [](PyTarWriter& w) { return w.live().num_threads(); });
+
+    m.def(
+        "xxh3_64",
+        [](py::handle data) {
+            ReadOnlyBuffer buf(data);
+            const auto span = buf.span();
+            py::gil_scoped_release nogil;
+            return fastfeed::xxh3_64(span.data, span.size);
+        },
+        py::arg("data"), "XXH3_64bits (seed 0) of a bytes-like object: equals xxhash.xxh3_64_intdigest.");
+}
+
 PYBIND11_MODULE(_native, m) {
-    m.doc() = "fastfeed native core: prefetch ring and JPEG transcoder";
+    m.doc() = "fastfeed native core: prefetch ring, JPEG transcoder, tar shard writer";
     bind_ring(m);
     bind_jpeg(m);
+    bind_tar(m);
 }

@@ -1,0 +1,439 @@
+// See NOTE [ Native tar writer ] in tar_writer.h.
+#include "tar_writer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <system_error>
+
+#define XXH_INLINE_ALL
+#include "third_party/xxhash/xxhash.h"
+
+#ifdef FASTFEED_HAVE_OPENSSL
+#include <openssl/evp.h>
+#endif
+
+namespace fastfeed {
+namespace {
+
+constexpr uint64_t kMaxUstarSize = (uint64_t{1} << 33) - 1;  // 11 octal digits
+
+struct Fd {
+    int fd = -1;
+    ~Fd() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+std::string reason(const std::string& path, const char* what, int err) {
+    return path + ": " + what + (err ? std::string(": ") + std::strerror(err) : std::string());
+}
+
+}  // namespace
+
+bool have_tar_writer() {
+#ifdef FASTFEED_HAVE_OPENSSL
+    return true;
+#else
+    return false;
+#endif
+}
+
+uint64_t xxh3_64(const uint8_t* data, size_t size) { return XXH3_64bits(data, size); }
+
+void TarWriter::put_header(uint8_t* h, const std::string& name, uint64_t size) {
+    std::memset(h, 0, kBlock);
+    std::memcpy(h, name.data(), std::min(name.size(), size_t{100}));
+    std::memcpy(h + 100, "0000644", 8);  // mode, uid, gid: 7 octal digits + NUL
+    std::memcpy(h + 108, "0000000", 8);
+    std::memcpy(h + 116, "0000000", 8);
+    char field[16];
+    std::snprintf(field, sizeof field, "%011llo", static_cast<unsigned long long>(size));
+    std::memcpy(h + 124, field, 12);  // 11 digits + NUL
+    std::memcpy(h + 136, "00000000000", 12);  // mtime 0: fixed, so shards are reproducible
+    std::memset(h + 148, ' ', 8);
+    h[156] = '0';
+    std::memcpy(h + 257, "ustar", 6);
+    h[263] = '0';
+    h[264] = '0';
+    unsigned sum = 0;
+    for (size_t i = 0; i < kBlock; ++i) sum += h[i];
+    std::snprintf(field, sizeof field, "%06o", sum);
+    std::memcpy(h + 148, field, 6);
+    h[154] = 0;
+    h[155] = ' ';
+}
+
+TarWriter::TarWriter(const std::string& path, size_t num_threads) : path_(path) {
+    if (!have_tar_writer()) throw std::runtime_error("fastfeed._native was built without OpenSSL (sha256)");
+    if (num_threads == 0) num_threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), 16);
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + path);
+    try {
+        hasher_ = std::thread([this] { hash_loop(); });
+        for (size_t t = 0; t < num_threads; ++t) workers_.emplace_back([this] { worker_loop(); });
+    } catch (...) {
+        abort();
+        throw;
+    }
+}
+
+TarWriter::~TarWriter() { abort(); }
+
+void TarWriter::check_usable() const {
+    if (finished_) throw std::runtime_error("the tar writer is finished: " + path_);
+    if (failed_) throw std::runtime_error("an earlier write failed; the shard is unusable: " + path_);
+}
+
+void TarWriter::stop_threads() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+    }
+    work_cv_.notify_all();
+    done_cv_.notify_all();
+    for (auto& t : workers_)
+        if (t.joinable()) t.join();
+    {
+        std::lock_guard<std::mutex> lock(hash_mu_);
+        hash_stop_ = true;
+    }
+    hash_cv_.notify_all();
+    if (hasher_.joinable()) hasher_.join();
+}
+
+void TarWriter::abort() {
+    stop_threads();
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    finished_ = true;
+}
+
+TarWriter::Buf TarWriter::get_buf(size_t need) {
+    {
+        std::lock_guard<std::mutex> lock(pool_mu_);
+        size_t best = pool_.size();
+        for (size_t i = 0; i < pool_.size(); ++i)
+            if (pool_[i].cap >= need && (best == pool_.size() || pool_[i].cap < pool_[best].cap)) best = i;
+        if (best < pool_.size()) {
+            Buf b = std::move(pool_[best]);
+            pool_[best] = std::move(pool_.back());
+            pool_.pop_back();
+            pool_bytes_ -= b.cap;
+            return b;
+        }
+    }
+    // Rounded up so buffers are reusable for similar sizes; new memory faults in once, reused memory does not.
+    Buf b;
+    b.cap = std::max<size_t>((need + 0xFFFF) & ~size_t{0xFFFF}, 0x10000);
+    b.p.reset(new uint8_t[b.cap]);
+    return b;
+}
+
+void TarWriter::put_buf(Buf b) {
+    if (!b.p) return;
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (pool_bytes_ + b.cap > 2 * kMaxBytesAhead) return;  // freed: the pool never holds more than twice the window
+    pool_bytes_ += b.cap;
+    pool_.push_back(std::move(b));
+}
+
+void TarWriter::prepare(const TarSample& s, TarSampleResult& r, Buf& buf) {
+    const size_t m = s.members.size();
+    std::vector<Fd> fds(m);
+    std::vector<uint64_t> sizes(m);
+    for (size_t i = 0; i < m; ++i) {
+        const TarMember& mem = s.members[i];
+        if (mem.path.empty()) {
+            sizes[i] = mem.size;
+            continue;
+        }
+        // O_NONBLOCK: opening a FIFO must not block; it is then refused as not a regular file.
+        fds[i].fd = ::open(mem.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (fds[i].fd < 0) {
+            r.err = errno;
+            r.error = reason(mem.path, "cannot open", r.err);
+            return;
+        }
+        struct stat st {};
+        if (::fstat(fds[i].fd, &st) != 0) {
+            r.err = errno;
+            r.error = reason(mem.path, "cannot stat", r.err);
+            return;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            r.err = EINVAL;
+            r.error = reason(mem.path, "not a regular file", 0);
+            return;
+        }
+        sizes[i] = static_cast<uint64_t>(st.st_size);
+    }
+    size_t total = 1;  // one spare byte: a read of size + 1 tells a file that grew since fstat
+    for (size_t i = 0; i < m; ++i) {
+        if (sizes[i] > kMaxUstarSize) {
+            r.err = EFBIG;
+            r.error = reason(s.members[i].path.empty() ? s.members[i].name : s.members[i].path,
+                             "too large for a ustar member (8 GiB)", 0);
+            return;
+        }
+        total += kBlock + padded(static_cast<size_t>(sizes[i]));
+    }
+    buf = get_buf(total);
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        bytes_ahead_ += buf.cap;
+    }
+    size_t pos = 0;
+    r.members.resize(m);
+    for (size_t i = 0; i < m; ++i) {
+        const TarMember& mem = s.members[i];
+        const size_t want = static_cast<size_t>(sizes[i]);
+        uint8_t* data = buf.p.get() + pos + kBlock;
+        if (mem.path.empty()) {
+            if (want) std::memcpy(data, mem.data, want);
+        } else {
+            size_t got = 0;
+            while (got <= want) {  // up to want + 1 bytes
+                ssize_t n = ::read(fds[i].fd, data + got, want + 1 - got);
+                if (n < 0) {
+                    if (errno == EINTR || errno == EAGAIN) continue;
+                    r.err = errno;
+                    r.error = reason(mem.path, "read failed", r.err);
+                    r.members.clear();
+                    return;
+                }
+                if (n == 0) break;
+                got += static_cast<size_t>(n);
+            }
+            if (got != want) {
+                r.err = EIO;
+                r.error = reason(mem.path, got > want ? "file changed while reading (grew)"
+                                                      : "file changed while reading (shrank)", 0);
+                r.members.clear();
+                return;
+            }
+        }
+        put_header(buf.p.get() + pos, mem.name, sizes[i]);
+        std::memset(data + want, 0, padded(want) - want);
+        r.members[i].offset = static_cast<int64_t>(pos + kBlock);  // relative to the record; the caller rebases
+        r.members[i].size = static_cast<int64_t>(want);
+        r.members[i].xxh3 = XXH3_64bits(data, want);
+        pos += kBlock + padded(want);
+    }
+    buf.len = pos;
+    r.ok = true;
+}
+
+void TarWriter::worker_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+        work_cv_.wait(lock, [this] {
+            if (stop_) return true;
+            if (!job_.samples || next_task_ >= job_.n) return false;
+            if (next_task_ == next_write_) return true;  // the sample the caller waits for always proceeds
+            return next_task_ < next_write_ + kMaxAhead && bytes_ahead_ < kMaxBytesAhead;
+        });
+        if (stop_) return;
+        const size_t j = next_task_++;
+        Job job = job_;
+        lock.unlock();
+        Work& w = (*job.work)[j];
+        prepare((*job.samples)[j], (*job.results)[j], w.buf);
+        lock.lock();
+        w.done = true;
+        done_cv_.notify_all();
+    }
+}
+
+void TarWriter::write_all(std::vector<Buf>& bufs) {
+    std::vector<iovec> iov;
+    iov.reserve(bufs.size());
+    for (auto& b : bufs)
+        if (b.len) iov.push_back({b.p.get(), b.len});
+    size_t k = 0;
+    while (k < iov.size()) {
+        ssize_t n = ::writev(fd_, iov.data() + k, static_cast<int>(std::min<size_t>(iov.size() - k, 1024)));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            failed_ = true;
+            throw std::system_error(errno, std::generic_category(), "write to " + path_ + " failed");
+        }
+        if (n == 0) {
+            failed_ = true;
+            throw std::system_error(EIO, std::generic_category(), "write to " + path_ + " wrote nothing");
+        }
+        size_t left = static_cast<size_t>(n);
+        while (k < iov.size() && left >= iov[k].iov_len) left -= iov[k++].iov_len;
+        if (left) {
+            iov[k].iov_base = static_cast<uint8_t*>(iov[k].iov_base) + left;
+            iov[k].iov_len -= left;
+        }
+    }
+}
+
+void TarWriter::flush(std::vector<Buf>& pending, size_t& pending_bytes, bool final) {
+    if (pending.empty() && !final) return;
+    write_all(pending);
+    HashBatch batch;
+    batch.bufs = std::move(pending);
+    batch.final = final;
+    pending.clear();
+    pending_bytes = 0;
+    {
+        std::lock_guard<std::mutex> lock(hash_mu_);
+        hash_q_.push_back(std::move(batch));
+    }
+    hash_cv_.notify_one();
+}
+
+std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& samples) {
+    check_usable();
+    const size_t n = samples.size();
+    std::vector<TarSampleResult> results(n);
+    std::vector<Work> work(n);
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        job_ = Job{&samples, &results, &work, n};
+        next_task_ = 0;
+        next_write_ = 0;
+    }
+    work_cv_.notify_all();
+    std::vector<Buf> pending;
+    size_t pending_bytes = 0;
+    try {
+        for (size_t j = 0; j < n; ++j) {
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                done_cv_.wait(lock, [&] { return work[j].done || stop_; });
+                if (stop_) throw std::runtime_error("the tar writer was stopped");
+            }
+            TarSampleResult& r = results[j];
+            Buf b = std::move(work[j].buf);
+            if (r.ok) {
+                for (auto& mr : r.members) mr.offset += static_cast<int64_t>(pos_);
+                pos_ += b.len;
+                pending_bytes += b.len;
+                pending.push_back(std::move(b));
+            } else if (b.p) {
+                const size_t cap = b.cap;
+                put_buf(std::move(b));
+                std::lock_guard<std::mutex> lock(mu_);
+                bytes_ahead_ -= cap;
+            }
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                next_write_ = j + 1;
+            }
+            work_cv_.notify_all();
+            if (pending_bytes >= kFlushBytes || pending.size() >= kMaxIov) flush(pending, pending_bytes, false);
+        }
+        flush(pending, pending_bytes, false);
+    } catch (...) {
+        // Workers may still be inside this call's samples: take the job away only after they are done with it.
+        std::unique_lock<std::mutex> lock(mu_);
+        next_write_ = n;  // no flow limit: let them finish quickly
+        job_.n = next_task_;
+        work_cv_.notify_all();
+        done_cv_.wait(lock, [&] {
+            for (size_t j = 0; j < job_.n; ++j)
+                if (!work[j].done) return stop_;
+            return true;
+        });
+        job_ = Job{};
+        failed_ = true;
+        throw;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = Job{};  // every task was taken and done (the loop above waited for each)
+    return results;
+}
+
+void TarWriter::hash_loop() {
+#ifdef FASTFEED_HAVE_OPENSSL
+    EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+    bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1;
+    while (true) {
+        HashBatch batch;
+        {
+            std::unique_lock<std::mutex> lock(hash_mu_);
+            hash_cv_.wait(lock, [this] { return hash_stop_ || !hash_q_.empty(); });
+            if (hash_q_.empty()) break;  // stopped and drained
+            batch = std::move(hash_q_.front());
+            hash_q_.pop_front();
+        }
+        size_t returned = 0;
+        for (auto& b : batch.bufs) {
+            if (ok && b.len) ok = EVP_DigestUpdate(ctx, b.p.get(), b.len) == 1;
+            returned += b.cap;
+            put_buf(std::move(b));
+        }
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            bytes_ahead_ -= std::min(bytes_ahead_, returned);
+        }
+        work_cv_.notify_all();
+        if (batch.final) {
+            unsigned char md[EVP_MAX_MD_SIZE];
+            unsigned int len = 0;
+            std::string hex;
+            if (ok && EVP_DigestFinal_ex(ctx, md, &len) == 1) {
+                static const char* digits = "0123456789abcdef";
+                for (unsigned i = 0; i < len; ++i) {
+                    hex += digits[md[i] >> 4];
+                    hex += digits[md[i] & 15];
+                }
+            }
+            std::lock_guard<std::mutex> lock(hash_mu_);
+            if (hex.empty()) hash_error_ = "sha256 (OpenSSL EVP) failed";
+            digest_hex_ = hex;
+            digest_ready_ = true;
+            hash_cv_.notify_all();
+        }
+    }
+    EVP_MD_CTX_free(ctx);
+#endif
+}
+
+std::string TarWriter::finish(bool sync) {
+    check_usable();
+    std::vector<Buf> end(1);
+    end[0].cap = end[0].len = 2 * kBlock;
+    end[0].p.reset(new uint8_t[end[0].cap]());
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        bytes_ahead_ += end[0].cap;
+    }
+    size_t ignored = 0;
+    pos_ += 2 * kBlock;
+    flush(end, ignored, true);
+    std::string hex, err;
+    {
+        std::unique_lock<std::mutex> lock(hash_mu_);
+        hash_cv_.wait(lock, [this] { return digest_ready_; });
+        hex = digest_hex_;
+        err = hash_error_;
+    }
+    if (sync && ::fsync(fd_) != 0) {
+        failed_ = true;
+        throw std::system_error(errno, std::generic_category(), "fsync of " + path_ + " failed");
+    }
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) {
+        failed_ = true;
+        throw std::system_error(errno, std::generic_category(), "close of " + path_ + " failed");
+    }
+    stop_threads();
+    finished_ = true;
+    if (!err.empty()) throw std::runtime_error(err + ": " + path_);
+    return hex;
+}
+
+}  // namespace fastfeed

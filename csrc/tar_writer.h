@@ -1,0 +1,159 @@
+// Native tar shard writer: reads source files on worker threads, frames them as ustar members, checksums each
+// member (xxh3_64) and the whole archive (sha256), all without Python. No Python headers here (bindings.cpp owns
+// the GIL policy).
+//
+// NOTE [ Native tar writer ]
+// --------------------------
+// Format. Byte-identical to fastfeed/pack/writers.py: per member a 512-byte ustar header (mode 0644, uid/gid 0,
+// mtime 0, typeflag '0', magic "ustar\0" version "00", checksum written "%06o\0 "), the data, zero padding to a
+// multiple of 512; the archive ends with 1024 zero bytes. Names are at most 100 bytes (the caller validates).
+//
+// Samples. add() takes a list of samples, each a list of members (a source file to read, or bytes to store). A
+// sample is written all or nothing: if any of its files cannot be opened or read whole (missing, not a regular
+// file, I/O error, changed size while read), none of its members is written and its result carries the error and
+// errno. Results are in input order; member offsets are of the data (not the header) inside the archive.
+//
+// Threads and order. Worker threads take samples strictly in input order (so memory stays bounded) and build each
+// sample's complete record (headers, data, padding) in a buffer from a pool; the calling thread waits for sample
+// j, appends it to an iovec list and writes with one writev per ~8 MiB, so the archive's bytes are in input order
+// whatever the thread count. Workers run at most kMaxAhead samples and kMaxBytesAhead bytes past the sample being
+// written (the next-to-write sample may always proceed, so a huge file cannot deadlock the window). A hash thread
+// runs sha256 over the written buffers in write order and then returns them to the pool: hashing overlaps reads
+// and writes instead of sitting on the critical path.
+//
+// Errors. A failed write (ENOSPC, EIO) is fatal for the writer: add() and finish() throw std::system_error and
+// later calls throw too; the partial file is the caller's to delete (abort()).
+//
+// Shutdown. finish() (end marker, sha256, optional fsync, close) or abort() (close) stop and join the threads;
+// the destructor calls abort(). Every wait is on a condition variable that stop_ breaks.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fastfeed {
+
+struct TarMember {
+    std::string name;               // member name inside the archive (<= 100 bytes, no NUL)
+    std::string path;               // read this file when non-empty ...
+    const uint8_t* data = nullptr;  // ... else store these bytes (must stay valid during add())
+    size_t size = 0;
+};
+
+struct TarSample {
+    std::vector<TarMember> members;
+};
+
+struct TarMemberResult {
+    int64_t offset = -1;  // of the member's data inside the archive
+    int64_t size = 0;
+    uint64_t xxh3 = 0;    // XXH3_64bits of the stored data (seed 0): what xxhash.xxh3_64_intdigest returns
+};
+
+struct TarSampleResult {
+    bool ok = false;
+    int err = 0;        // errno of the failure (0 when ok)
+    std::string error;  // names the file and says what went wrong
+    std::vector<TarMemberResult> members;
+};
+
+class TarWriter {
+public:
+    static constexpr size_t kBlock = 512;
+
+    // Creates (truncates) `path`. num_threads 0: one per CPU (at most 16).
+    TarWriter(const std::string& path, size_t num_threads);
+    ~TarWriter();
+    TarWriter(const TarWriter&) = delete;
+    TarWriter& operator=(const TarWriter&) = delete;
+
+    std::vector<TarSampleResult> add(const std::vector<TarSample>& samples);
+    // End marker, wait for the hash, fsync (when asked), close. Returns the archive's sha256 as 64 hex digits.
+    std::string finish(bool sync);
+    void abort();
+
+    uint64_t bytes_written() const { return pos_; }
+    size_t num_threads() const { return workers_.size(); }
+
+    static size_t padded(size_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
+    // One ustar header, exactly as writers.py's _put_header; `out` has 512 bytes.
+    static void put_header(uint8_t* out, const std::string& name, uint64_t size);
+
+private:
+    struct Buf {
+        std::unique_ptr<uint8_t[]> p;
+        size_t cap = 0;
+        size_t len = 0;
+    };
+    struct Work {
+        bool done = false;
+        Buf buf;
+    };
+    struct Job {
+        const std::vector<TarSample>* samples = nullptr;
+        std::vector<TarSampleResult>* results = nullptr;
+        std::vector<Work>* work = nullptr;
+        size_t n = 0;
+    };
+    struct HashBatch {
+        std::vector<Buf> bufs;
+        bool final = false;
+    };
+
+    static constexpr size_t kMaxAhead = 256;
+    static constexpr size_t kMaxBytesAhead = size_t{64} << 20;
+    static constexpr size_t kFlushBytes = size_t{8} << 20;
+    static constexpr size_t kMaxIov = 512;
+
+    void worker_loop();
+    void hash_loop();
+    void prepare(const TarSample& s, TarSampleResult& r, Buf& buf);
+    Buf get_buf(size_t need);
+    void put_buf(Buf b);
+    void flush(std::vector<Buf>& pending, size_t& pending_bytes, bool final);
+    void write_all(std::vector<Buf>& bufs);
+    void check_usable() const;
+    void stop_threads();
+
+    std::string path_;
+    int fd_ = -1;
+    uint64_t pos_ = 0;
+    bool failed_ = false;
+    bool finished_ = false;
+
+    std::mutex mu_;
+    std::condition_variable work_cv_;  // workers: a job, room ahead, stop
+    std::condition_variable done_cv_;  // caller: a sample is ready
+    Job job_;
+    size_t next_task_ = 0;
+    size_t next_write_ = 0;
+    size_t bytes_ahead_ = 0;  // capacity of buffers taken by workers and not yet back in the pool
+    bool stop_ = false;
+    std::vector<std::thread> workers_;
+
+    std::mutex pool_mu_;
+    std::vector<Buf> pool_;
+    size_t pool_bytes_ = 0;
+
+    std::mutex hash_mu_;
+    std::condition_variable hash_cv_;
+    std::deque<HashBatch> hash_q_;
+    bool hash_stop_ = false;
+    bool digest_ready_ = false;
+    std::string digest_hex_;
+    std::string hash_error_;
+    std::thread hasher_;
+};
+
+bool have_tar_writer();
+uint64_t xxh3_64(const uint8_t* data, size_t size);  // XXH3_64bits, seed 0
+
+}  // namespace fastfeed
