@@ -342,6 +342,15 @@ struct PyTarWriter {
     }
 };
 
+// The first member's bytes as a read-only buffer for a check function; holding the shared buffer keeps the memory
+// alive (and out of the writer's pool) for as long as any view of it exists.
+struct TarData {
+    fastfeed::SharedBytes buf;
+    size_t offset = 0, size = 0;
+};
+
+struct PyCheckFailed {};  // the check raised; its Python error was restored on this thread
+
 struct Busy {
     std::unique_lock<std::mutex> lock;
     explicit Busy(PyTarWriter& w) : lock(w.busy, std::try_to_lock) {
@@ -362,6 +371,10 @@ std::string member_name(py::handle name) {
 static void bind_tar(py::module_& m) {
     using namespace tar_bindings;
     m.attr("HAVE_TAR_WRITER") = fastfeed::have_tar_writer();
+    py::class_<TarData>(m, "TarMemberData", py::buffer_protocol()).def_buffer([](TarData& d) {
+        return py::buffer_info(d.buf.get() + d.offset, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(d.size)}, {1}, /*readonly=*/true);
+    });
     py::class_<PyTarWriter>(m, "TarWriter")
         .def(py::init([](const std::string& path, size_t num_threads) {
                  auto w = std::make_unique<PyTarWriter>();
@@ -372,7 +385,7 @@ static void bind_tar(py::module_& m) {
              py::arg("path"), py::arg("num_threads") = 0)
         .def(
             "add",
-            [](PyTarWriter& w, py::iterable samples) {
+            [](PyTarWriter& w, py::iterable samples, py::object check) {
                 Busy busy(w);
                 fastfeed::TarWriter& core = w.live();
                 std::vector<fastfeed::TarSample> in;
@@ -402,10 +415,43 @@ static void bind_tar(py::module_& m) {
                     }
                     in.push_back(std::move(ts));
                 }
+                fastfeed::TarCheckFn hook;
+                if (!check.is_none()) {
+                    hook = [&check](size_t j, const fastfeed::SharedBytes& buf, size_t off, size_t size,
+                                    fastfeed::TarCheck& c) {
+                        py::gil_scoped_acquire gil;
+                        try {
+                            py::object data = py::cast(TarData{buf, off, size});
+                            py::object view = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(data.ptr()));
+                            if (!view) throw py::error_already_set();
+                            py::object res = check(j, view);
+                            if (res.is_none()) {
+                                c.kind = fastfeed::TarCheck::Keep;
+                            } else if (py::isinstance<py::str>(res)) {
+                                c.kind = fastfeed::TarCheck::Drop;
+                                c.reason = res.cast<std::string>();
+                            } else {
+                                auto t = py::reinterpret_borrow<py::sequence>(res);
+                                if (!py::isinstance<py::tuple>(res) || t.size() != 2)
+                                    throw py::type_error("check must return None, a reason (str) or (name, bytes)");
+                                c.kind = fastfeed::TarCheck::Replace;
+                                c.name = member_name(t[0]);
+                                ReadOnlyBuffer rb(t[1]);
+                                const auto sp = rb.span();
+                                c.data.assign(sp.data, sp.data + sp.size);
+                            }
+                        } catch (py::error_already_set& e) {
+                            e.restore();
+                            throw PyCheckFailed{};
+                        }
+                    };
+                }
                 std::vector<fastfeed::TarSampleResult> res;
-                {
+                try {
                     py::gil_scoped_release nogil;
-                    res = core.add(in);
+                    res = core.add(in, hook);
+                } catch (PyCheckFailed&) {
+                    throw py::error_already_set();
                 }
                 py::list out(res.size());
                 for (size_t i = 0; i < res.size(); ++i) {
@@ -421,10 +467,13 @@ static void bind_tar(py::module_& m) {
                 }
                 return out;
             },
-            py::arg("samples"),
+            py::arg("samples"), py::arg("check") = py::none(),
             "Append samples, each a list of (name, source) members; source is a str/PathLike (a file read whole) "
             "or bytes-like (stored as is). Returns per sample (members, None, 0) with members = [(data offset, "
-            "size, xxh3_64)], or (None, error message, errno) for a sample that was not written.")
+            "size, xxh3_64)], or (None, error message, errno) for a sample that was not written (errno 0: the "
+            "check rejected it). check(index, memoryview of the first member's bytes) runs in order before each "
+            "readable sample is written and returns None (keep), a reason str (drop the sample) or (name, bytes) "
+            "(store these as the first member instead); the view stays valid as long as it is referenced.")
         .def(
             "finish",
             [](PyTarWriter& w, bool sync) {

@@ -133,12 +133,13 @@ TarWriter::Buf TarWriter::get_buf(size_t need) {
     // Rounded up so buffers are reusable for similar sizes; new memory faults in once, reused memory does not.
     Buf b;
     b.cap = std::max<size_t>((need + 0xFFFF) & ~size_t{0xFFFF}, 0x10000);
-    b.p.reset(new uint8_t[b.cap]);
+    b.p = SharedBytes(new uint8_t[b.cap]);
     return b;
 }
 
 void TarWriter::put_buf(Buf b) {
-    if (!b.p) return;
+    // A buffer a check still references (a Python view of it) is only released: its bytes must stay as they are.
+    if (!b.p || b.p.use_count() > 1) return;
     std::lock_guard<std::mutex> lock(pool_mu_);
     if (pool_bytes_ + b.cap > 2 * kMaxBytesAhead) return;  // freed: the pool never holds more than twice the window
     pool_bytes_ += b.cap;
@@ -293,7 +294,42 @@ void TarWriter::flush(std::vector<Buf>& pending, size_t& pending_bytes, bool fin
     hash_cv_.notify_one();
 }
 
-std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& samples) {
+void TarWriter::apply_check(const TarSample& s, TarSampleResult& r, Buf& buf, TarCheck& c) {
+    if (c.kind == TarCheck::Keep) return;
+    if (c.kind == TarCheck::Drop) {
+        r = TarSampleResult{};
+        r.error = c.reason.empty() ? std::string("rejected by the check") : c.reason;
+        return;
+    }
+    // Replace the first member: new header and data, then the other members' bytes as they were (records hold
+    // no absolute offsets, so they move as a block).
+    if (c.name.empty() || c.name.size() > 100 || c.name.find('\0') != std::string::npos)
+        throw std::invalid_argument("replacement member name must be 1..100 bytes without NUL: " + c.name);
+    if (c.data.size() > kMaxUstarSize) throw std::invalid_argument("replacement too large for ustar: " + c.name);
+    const size_t old_first = kBlock + padded(static_cast<size_t>(r.members[0].size));
+    const size_t rest = buf.len - old_first;
+    const size_t first = kBlock + padded(c.data.size());
+    Buf nb = get_buf(first + rest);
+    put_header(nb.p.get(), c.name, c.data.size());
+    if (!c.data.empty()) std::memcpy(nb.p.get() + kBlock, c.data.data(), c.data.size());
+    std::memset(nb.p.get() + kBlock + c.data.size(), 0, first - kBlock - c.data.size());
+    if (rest) std::memcpy(nb.p.get() + first, buf.p.get() + old_first, rest);
+    nb.len = first + rest;
+    r.members[0].size = static_cast<int64_t>(c.data.size());
+    r.members[0].xxh3 = XXH3_64bits(c.data.data(), c.data.size());
+    for (size_t k = 1; k < r.members.size(); ++k)
+        r.members[k].offset += static_cast<int64_t>(first) - static_cast<int64_t>(old_first);
+    (void)s;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        bytes_ahead_ += nb.cap;
+        bytes_ahead_ -= std::min(bytes_ahead_, buf.cap);
+    }
+    put_buf(std::move(buf));
+    buf = std::move(nb);
+}
+
+std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& samples, const TarCheckFn& check) {
     check_usable();
     const size_t n = samples.size();
     std::vector<TarSampleResult> results(n);
@@ -316,6 +352,11 @@ std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& sample
             }
             TarSampleResult& r = results[j];
             Buf b = std::move(work[j].buf);
+            if (r.ok && check && !r.members.empty()) {
+                TarCheck c;
+                check(j, b.p, static_cast<size_t>(r.members[0].offset), static_cast<size_t>(r.members[0].size), c);
+                apply_check(samples[j], r, b, c);
+            }
             if (r.ok) {
                 for (auto& mr : r.members) mr.offset += static_cast<int64_t>(pos_);
                 pos_ += b.len;
@@ -405,7 +446,7 @@ std::string TarWriter::finish(bool sync) {
     check_usable();
     std::vector<Buf> end(1);
     end[0].cap = end[0].len = 2 * kBlock;
-    end[0].p.reset(new uint8_t[end[0].cap]());
+    end[0].p = SharedBytes(new uint8_t[end[0].cap]());
     {
         std::lock_guard<std::mutex> lock(mu_);
         bytes_ahead_ += end[0].cap;

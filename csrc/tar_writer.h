@@ -33,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,6 +66,18 @@ struct TarSampleResult {
     std::vector<TarMemberResult> members;
 };
 
+// What a check (run on the calling thread before sample j is written) decides about the sample's first member.
+struct TarCheck {
+    enum Kind { Keep, Drop, Replace } kind = Keep;
+    std::string reason;          // Drop: why (becomes the sample's error, errno 0)
+    std::string name;            // Replace: the member's new name (e.g. another extension)
+    std::vector<uint8_t> data;   // Replace: the bytes to store instead
+};
+using SharedBytes = std::shared_ptr<uint8_t[]>;
+// (sample index, the buffer holding the first member's data, its offset and size in it, decision). A check may keep
+// its reference to the buffer past the call: a buffer it still holds is never reused, only released.
+using TarCheckFn = std::function<void(size_t, const SharedBytes&, size_t, size_t, TarCheck&)>;
+
 class TarWriter {
 public:
     static constexpr size_t kBlock = 512;
@@ -75,7 +88,9 @@ public:
     TarWriter(const TarWriter&) = delete;
     TarWriter& operator=(const TarWriter&) = delete;
 
-    std::vector<TarSampleResult> add(const std::vector<TarSample>& samples);
+    // `check` (may be empty) runs on the calling thread for each readable sample, in order, before it is written;
+    // if it throws, the writer becomes unusable (some samples of this call were written, the rest not).
+    std::vector<TarSampleResult> add(const std::vector<TarSample>& samples, const TarCheckFn& check = {});
     // End marker, wait for the hash, fsync (when asked), close. Returns the archive's sha256 as 64 hex digits.
     std::string finish(bool sync);
     void abort();
@@ -89,7 +104,7 @@ public:
 
 private:
     struct Buf {
-        std::unique_ptr<uint8_t[]> p;
+        SharedBytes p;
         size_t cap = 0;
         size_t len = 0;
     };
@@ -116,6 +131,7 @@ private:
     void worker_loop();
     void hash_loop();
     void prepare(const TarSample& s, TarSampleResult& r, Buf& buf);
+    void apply_check(const TarSample& s, TarSampleResult& r, Buf& buf, TarCheck& c);
     Buf get_buf(size_t need);
     void put_buf(Buf b);
     void flush(std::vector<Buf>& pending, size_t& pending_bytes, bool final);

@@ -186,3 +186,65 @@ def test_native_xxh3_matches_the_xxhash_package():
     for n in (0, 1, 3, 16, 17, 128, 129, 240, 241, 1000, 1 << 20):
         data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
         assert _native.xxh3_64(data) == xxhash.xxh3_64_intdigest(data)
+
+
+def test_check_keeps_drops_and_replaces_like_the_python_writer(images, tmp_path):
+    """The check sees each image's bytes before it is written; its decisions give the same shard as the Python
+    writer fed the kept/replaced samples."""
+    samples = _samples(images[:15])
+    seen = {}
+
+    def check(i, data):
+        seen[i] = bytes(data)
+        assert data.readonly
+        if i % 5 == 1:
+            return "bad image header: test"
+        if i % 5 == 3:
+            return ("png", b"converted-%d" % i * (i + 1))
+        return None
+
+    (tmp_path / "nat").mkdir()
+    (tmp_path / "py").mkdir()
+    w = NativeTarShardWriter(str(tmp_path / "nat"), 0, num_threads=2)
+    res = w.add_samples([wds_sample(k, p, e, lab, m) for k, p, e, lab, m in samples], check=check)
+    ours = w.finish()
+    assert seen == {i: _read(s[1]) for i, s in enumerate(samples)}
+    py = TarShardWriter(str(tmp_path / "py"), 0)
+    for i, ((key, p, ext, label, meta), r) in enumerate(zip(samples, res)):
+        if i % 5 == 1:
+            assert not r.ok and r.error == "bad image header: test" and r.errno == 0
+            continue
+        data, e = (b"converted-%d" % i * (i + 1), "png") if i % 5 == 3 else (_read(p), ext)
+        py.add(key, e, data, label, meta)
+        assert r.ok and r.image.ext == e and r.image.xxh3 == xxhash.xxh3_64_intdigest(data)
+    assert ours == py.finish()
+    for suffix in (".tar", ".idx"):
+        assert _read(str(tmp_path / "nat" / f"shard-000000{suffix}")) == _read(str(tmp_path / "py" / f"shard-000000{suffix}"))
+
+
+def test_a_view_kept_by_the_check_stays_valid(images, tmp_path):
+    """Views the check keeps pin their buffer: later samples never overwrite them, even after finish()."""
+    kept = []
+    w = NativeTarShardWriter(str(tmp_path), 0, num_threads=2)
+    samples = [wds_sample(f"{i:04d}", images[i % len(images)], "jpg", 0) for i in range(200)]
+    w.add_samples(samples, check=lambda i, d: kept.append((i, d)) if i % 7 == 0 else None)
+    w.finish()
+    del w
+    for i, view in kept:
+        assert bytes(view) == _read(images[i % len(images)])
+        with pytest.raises(TypeError):
+            view[0] = 0
+
+
+def test_a_check_that_raises_propagates_and_the_writer_refuses_more(images, tmp_path):
+    def check(i, data):
+        if i == 3:
+            raise KeyError("boom")
+
+    w = NativeTarShardWriter(str(tmp_path), 0, num_threads=2)
+    with pytest.raises(KeyError, match="boom"):
+        w.add_samples([wds_sample(f"{i:04d}", images[i], "jpg", 0) for i in range(10)], check=check)
+    with pytest.raises(RuntimeError, match="unusable"):
+        w.add_samples([wds_sample("x", images[0], "jpg", 0)])
+    w.abort()
+    assert os.listdir(tmp_path) == []

@@ -19,14 +19,22 @@ threads (read whole into pooled, already-faulted buffers; headers, padding and x
 them in order with one writev per ~8 MiB, and hashes the written bytes on another native thread. Python costs one
 tuple per sample, so pass many samples per call (hundreds to thousands); the call blocks until they are written.
 
-What it does not do: validate images (that stays in pack/validate.py; pass bytes for converted images, or a path
-for files stored untouched) and choose shard boundaries (the caller starts a new writer when `bytes_written` plus
+Validation stays in Python (pack/validate.py) through `add_samples(..., check=fn)`: fn sees each sample's image bytes
+in the native buffer (no copy) before it is written and keeps, drops or replaces it (e.g. a transcoded JPEG), e.g.
+
+    def check(i, data):                         # pack/validate.check_image on the bytes just read
+        res = check_image(data, load_opts)
+        if isinstance(res, Rejected): return res.reason
+        loaded[i] = replace(res, data=None)     # keep the metadata, not the view (it pins the buffer)
+        return None if res.data is data and res.ext == "jpg" else (res.ext, bytes(res.data))
+
+What it does not do: choose shard boundaries (the caller starts a new writer when `bytes_written` plus
 the next image would pass the shard size, as pack/run.py does; `write_shards` below is that loop for a list).
 """
 from __future__ import annotations
 
 import os
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence, Union
 
 from fastfeed import _native
 from fastfeed.pack.writers import atomic_write, fsync_dir, shard_name
@@ -37,6 +45,8 @@ __all__ = ["HAVE_NATIVE_WRITER", "NativeTarShardWriter", "WdsSample", "MemberInf
 
 HAVE_NATIVE_WRITER = bool(getattr(_native, "HAVE_TAR_WRITER", False))
 _IDX_VERSION = "v1.2"  # DALI wds2idx
+# check(sample index in the call, read-only memoryview of its first member) -> None | reason | (ext, bytes)
+Check = Callable[[int, memoryview], Union[None, str, tuple[str, bytes]]]
 
 
 class WdsSample(NamedTuple):
@@ -113,17 +123,41 @@ class NativeTarShardWriter:
     def bytes_written(self) -> int:
         return self._w.bytes_written
 
-    def add_samples(self, samples: Sequence[WdsSample]) -> list[SampleResult]:
-        """Append samples in order (each all or nothing); one result per sample. Raises OSError when the shard
-        cannot be written (disk full...): the writer is then unusable, call abort()."""
-        raw = self._w.add([[(f"{s.key}.{e}", src) for e, src in s.members] for s in samples])
+    def add_samples(self, samples: Sequence[WdsSample], check: Check | None = None) -> list[SampleResult]:
+        """Append samples in order (each all or nothing); one result per sample.
+
+        `check(i, data)` (optional) runs on this thread, in order, for each sample i whose files were read, before
+        it is written; `data` is a read-only memoryview of its first member's bytes (valid for as long as you keep
+        it, but a kept view pins its buffer: drop it to let the writer reuse the memory). Return None to store the
+        sample as is, a reason (str) to leave it out (its result then has `error` = reason, `errno` 0), or
+        (ext, bytes) to store `bytes` as member `KEY.ext` instead (a converted image). While the check runs, the
+        native threads keep reading the next files. If it raises, the exception propagates and the writer is
+        unusable (call abort()).
+
+        Raises OSError when the shard cannot be written (disk full...): the writer is then unusable, call abort().
+        """
+        exts: dict[int, str] = {}
+        native_check = None
+        if check is not None:
+            def native_check(i, data):
+                res = check(i, data)
+                if res is None or isinstance(res, str):
+                    return res
+                ext, new = res
+                exts[i] = ext
+                return (f"{samples[i].key}.{ext}", new)
+
+        raw = self._w.add([[(f"{s.key}.{e}", src) for e, src in s.members] for s in samples], native_check)
         out = []
         lines = self._idx_lines
-        for s, (members, error, err) in zip(samples, raw):
+        for i, (s, (members, error, err)) in enumerate(zip(samples, raw)):
             if members is None:
                 out.append(SampleResult(None, error, err))
                 continue
-            infos = [MemberInfo(e, off, size, h) for (e, _), (off, size, h) in zip(s.members, members)]
+            names = [e for e, _ in s.members]
+            if i in exts:
+                names[0] = exts[i]
+            infos = [MemberInfo(e, off, size, h) for e, (off, size, h) in zip(names, members)]
             lines.append(" ".join(f"{m.ext} {m.offset} {m.size} {s.key}.{m.ext}" for m in infos))
             out.append(SampleResult(infos))
         self.num_samples = len(lines)
@@ -145,8 +179,10 @@ class NativeTarShardWriter:
 
 
 def write_shards(samples: Sequence[WdsSample], folder: str, shard_size: int = 1 << 30, first_index: int = 0,
-                 num_threads: int = 0, chunk: int = 2048) -> tuple[list[ShardInfo], list[SampleResult]]:
-    """Write `samples` in order into shards of about `shard_size` bytes, starting at `shard-{first_index}`.
+                 num_threads: int = 0, chunk: int = 2048,
+                 check: Check | None = None) -> tuple[list[ShardInfo], list[SampleResult]]:
+    """Write `samples` in order into shards of about `shard_size` bytes, starting at `shard-{first_index}`;
+    `check` as for `add_samples`, called with the index into `samples`.
 
     A sample opens a new shard when the current one holds samples and its bytes plus this sample's first member
     would pass `shard_size` (pack/run.py's rule). Sizes of file members are taken from os.stat up front, so when a
@@ -162,7 +198,8 @@ def write_shards(samples: Sequence[WdsSample], folder: str, shard_size: int = 1 
 
     def flush() -> None:
         if pending:
-            results.extend(writer.add_samples(pending))
+            base = len(results)
+            results.extend(writer.add_samples(pending, None if check is None else lambda i, d: check(base + i, d)))
             pending.clear()
 
     try:
