@@ -21,6 +21,9 @@
 // runs sha256 over the written buffers in write order and then returns them to the pool: hashing overlaps reads
 // and writes instead of sitting on the critical path.
 //
+// Durability. After each writev the new range is handed to sync_file_range(SYNC_FILE_RANGE_WRITE): writeback
+// overlaps packing, so finish()'s fsync (which makes the shard durable) waits only for the tail.
+//
 // Errors. A failed write (ENOSPC, EIO) is fatal for the writer: add() and finish() throw std::system_error and
 // later calls throw too; the partial file is the caller's to delete (abort()).
 //
@@ -142,6 +145,7 @@ private:
     std::string path_;
     int fd_ = -1;
     uint64_t pos_ = 0;
+    uint64_t synced_ = 0;  // bytes handed to sync_file_range (writeback started)
     bool failed_ = false;
     bool finished_ = false;
 
