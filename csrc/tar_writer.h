@@ -144,7 +144,7 @@ private:
 
     std::string path_;
     int fd_ = -1;
-    uint64_t pos_ = 0;
+    std::atomic<uint64_t> pos_{0};  // read by bytes_written() from any thread
     uint64_t synced_ = 0;  // bytes handed to sync_file_range (writeback started)
     bool failed_ = false;
     bool finished_ = false;
