@@ -16,13 +16,16 @@ Method: the tree is read once first (warm page cache: a CPU comparison, not a di
 `--repeat` times (interleaved, so a noisy neighbour hits all of them), each round after `sync` so no tool pays for
 the previous one's dirty pages; each tool times itself after its imports (interpreter start and imports excluded).
 fastfeed's writers fsync every shard and hash it (sha256), tar and the peers do neither: conservative for fastfeed.
-Reports the median and the spread (min-max) per tool, and the ratio to tar within each round.
+Reports the median and the spread (min-max) per tool, the ratio to tar within each round, and CPU seconds per GB
+(the tool's process tree, its threads and worker processes, after its imports): on a shared machine wall time
+follows the CPU share a tool gets, CPU time does not.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -44,19 +47,28 @@ def _listing(src: str) -> list[tuple[str, int]]:
 
 # ---- one tool, in its own process (`--one TOOL`): prints {"seconds": ...} ----------------------------------------
 
-def _run_one(tool: str, src: str, out: str, shard_size: int, workers: int) -> float:
+def _start() -> tuple[float, float]:
+    return time.perf_counter(), _self_cpu()
+
+
+def _stop(t: tuple[float, float]) -> tuple[float, float]:
+    """(wall, CPU) seconds since _start(): the work only, after the tool's imports."""
+    return time.perf_counter() - t[0], _self_cpu() - t[1]
+
+
+def _run_one(tool: str, src: str, out: str, shard_size: int, workers: int) -> tuple[float, float]:
     if tool == "pack":
         from fastfeed.pack import PackOptions, pack
 
-        t = time.perf_counter()
+        t = _start()
         pack(src, out, PackOptions(format="wds", shard_size=shard_size, workers=workers, jpeg_mode="keep",
                                    shuffle_seed=None))
-        return time.perf_counter() - t
+        return _stop(t)
     if tool in ("native", "native+check"):
         from fastfeed.pack.native import wds_sample, write_shards
         from fastfeed.pack.validate import LoadOptions, Rejected, check_image
 
-        t = time.perf_counter()
+        t = _start()
         items = _listing(src)
         check = None
         if tool == "native+check":
@@ -74,36 +86,36 @@ def _run_one(tool: str, src: str, out: str, shard_size: int, workers: int) -> fl
         samples = [wds_sample(f"{i:08d}", p, "jpg", label) for i, (p, label) in enumerate(items)]
         _, results = write_shards(samples, out, shard_size=shard_size, num_threads=workers, check=check)
         assert all(r.ok for r in results)
-        return time.perf_counter() - t
+        return _stop(t)
     if tool == "mds":
         from streaming import MDSWriter
 
-        t = time.perf_counter()
+        t = _start()
         items = _listing(src)
         with MDSWriter(out=out, columns={"jpg": "bytes", "cls": "int"}, size_limit=shard_size) as w:
             for p, label in items:
                 with open(p, "rb") as f:
                     w.write({"jpg": f.read(), "cls": label})
-        return time.perf_counter() - t
+        return _stop(t)
     if tool == "wds":
         import webdataset as wds
 
-        t = time.perf_counter()
+        t = _start()
         items = _listing(src)
         os.makedirs(out)
         with wds.ShardWriter(os.path.join(out, "shard-%06d.tar"), maxsize=shard_size, verbose=0) as w:
             for i, (p, label) in enumerate(items):
                 with open(p, "rb") as f:
                     w.write({"__key__": f"{i:08d}", "jpg": f.read(), "cls": label})
-        return time.perf_counter() - t
+        return _stop(t)
     if tool == "litdata":
         from litdata import optimize
 
-        t = time.perf_counter()
+        t = _start()
         items = _listing(src)
         optimize(fn=_litdata_sample, inputs=items, output_dir=out, chunk_bytes=shard_size, num_workers=workers,
                  mode="overwrite")
-        return time.perf_counter() - t
+        return _stop(t)
     raise ValueError(tool)
 
 
@@ -125,13 +137,20 @@ def _tree_bytes(root: str) -> tuple[int, int]:
     return n, total
 
 
-def _time_tool(tool: str, args, out: str) -> float | None:
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _time_tool(tool: str, args, out: str) -> tuple[float, float] | None:
+    """(wall, CPU) seconds of the work (CPU of the process tree: threads and litdata's worker processes)."""
+    c0 = _children_cpu()
     if tool == "tar":
         t = time.perf_counter()
         subprocess.run(["tar", "-cf", out + ".tar", "-C", args.src, "."], check=True)
         s = time.perf_counter() - t
         os.unlink(out + ".tar")
-        return s
+        return s, _children_cpu() - c0
     py = args.peers_python if tool in PEERS else sys.executable
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run([py, __file__, "--one", tool, "--src", args.src, "--out", out, "--shard-size",
@@ -141,7 +160,17 @@ def _time_tool(tool: str, args, out: str) -> float | None:
     if proc.returncode != 0:
         print(f"  {tool}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
         return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
+    one = json.loads(proc.stdout.strip().splitlines()[-1])
+    return one["seconds"], one["cpu"]
+
+
+def _self_cpu() -> float:
+    """CPU seconds of this process, its threads and its waited-for children (litdata's workers)."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        total += r.ru_utime + r.ru_stime
+    return total
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -162,8 +191,8 @@ def main() -> int:
     args = ap.parse_args()
 
     if args.one:
-        s = _run_one(args.one, args.src, args.out, args.shard_size, args.workers)
-        print(json.dumps({"seconds": s}))
+        wall, cpu = _run_one(args.one, args.src, args.out, args.shard_size, args.workers)
+        print(json.dumps({"seconds": wall, "cpu": cpu}))
         return 0
 
     scratch = args.scratch or tempfile.mkdtemp(prefix="bench_pack_")
@@ -181,15 +210,17 @@ def main() -> int:
     print(f"tree: {args.src}: {n} files, {total / 1e6:.0f} MB, mean {total / max(n, 1) / 1e3:.0f} KB; "
           f"workers={args.workers}; shard size {args.shard_size >> 20} MiB; {os.cpu_count()} CPUs")
     secs: dict[str, list[float]] = {t: [] for t in tools}
+    cpus: dict[str, list[float]] = {t: [] for t in tools}
     ratios: dict[str, list[float]] = {t: [] for t in tools}
     for r in range(args.repeat):
         row = {}
         for tool in tools:
             os.sync()
-            s = _time_tool(tool, args, os.path.join(scratch, "out"))
-            if s is not None:
-                row[tool] = s
-                secs[tool].append(s)
+            got = _time_tool(tool, args, os.path.join(scratch, "out"))
+            if got is not None:
+                row[tool] = got[0]
+                secs[tool].append(got[0])
+                cpus[tool].append(got[1])
         for tool, s in row.items():
             if "tar" in row:
                 ratios[tool].append(row["tar"] / s)
@@ -197,7 +228,7 @@ def main() -> int:
         print(f"round {r + 1}: " + "  ".join(f"{t} {total / 1e6 / s:.0f}" for t, s in row.items()) +
               f" MB/s  (load {load})", flush=True)
     print(f"\n{'tool':14s} {'MB/s median':>11s} {'(min-max)':>13s} {'files/s':>8s} {'x tar median':>12s} "
-          f"{'(min-max)':>11s}")
+          f"{'(min-max)':>11s} {'CPU s/GB':>9s}")
     for tool in tools:
         if not secs[tool]:
             print(f"{tool:14s} failed")
@@ -206,7 +237,7 @@ def main() -> int:
         rt = ratios[tool] or [float("nan")]
         print(f"{tool:14s} {statistics.median(mbs):11.0f} {f'({min(mbs):.0f}-{max(mbs):.0f})':>13s} "
               f"{n / statistics.median(secs[tool]):8.0f} {statistics.median(rt):12.2f} "
-              f"{f'({min(rt):.2f}-{max(rt):.2f})':>11s}")
+              f"{f'({min(rt):.2f}-{max(rt):.2f})':>11s} {statistics.median(cpus[tool]) / (total / 1e9):9.2f}")
     if args.scratch is None:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
