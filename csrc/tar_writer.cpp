@@ -1,9 +1,6 @@
 // See NOTE [ Native tar writer ] in tar_writer.h.
 #include "tar_writer.h"
 
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE  // sync_file_range
-#endif
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -285,15 +282,6 @@ void TarWriter::write_all(std::vector<Buf>& bufs) {
 void TarWriter::flush(std::vector<Buf>& pending, size_t& pending_bytes, bool final) {
     if (pending.empty() && !final) return;
     write_all(pending);
-#ifdef SYNC_FILE_RANGE_WRITE
-    // Start writeback of what was just written (asynchronous): the disk works while we pack, so finish()'s fsync
-    // waits for the last few MB instead of the whole shard, and our dirty pages do not pile up.
-    if (pos_ > synced_) {
-        (void)::sync_file_range(fd_, static_cast<off_t>(synced_), static_cast<off_t>(pos_ - synced_),
-                                SYNC_FILE_RANGE_WRITE);
-        synced_ = pos_;
-    }
-#endif
     HashBatch batch;
     batch.bufs = std::move(pending);
     batch.final = final;

@@ -21,8 +21,10 @@
 // runs sha256 over the written buffers in write order and then returns them to the pool: hashing overlaps reads
 // and writes instead of sitting on the critical path.
 //
-// Durability. After each writev the new range is handed to sync_file_range(SYNC_FILE_RANGE_WRITE): writeback
-// overlaps packing, so finish()'s fsync (which makes the shard durable) waits only for the tail.
+// Durability. finish(sync=true) fsyncs; it releases the GIL, so the Python side runs it on a helper thread while
+// the next shard is written (fastfeed/pack/native.py write_shards). Writeback is deliberately not started early
+// (sync_file_range after each write was tried): on a disk slower than packing, it blocks the writing thread in
+// the device queue and caps packing at disk speed, where the page cache would otherwise absorb the shard.
 //
 // Errors. A failed write (ENOSPC, EIO) is fatal for the writer: add() and finish() throw std::system_error and
 // later calls throw too; the partial file is the caller's to delete (abort()).
@@ -126,9 +128,9 @@ private:
         bool final = false;
     };
 
-    static constexpr size_t kMaxAhead = 256;
-    static constexpr size_t kMaxBytesAhead = size_t{64} << 20;
-    static constexpr size_t kFlushBytes = size_t{8} << 20;
+    static constexpr size_t kMaxAhead = 64;
+    static constexpr size_t kMaxBytesAhead = size_t{2} << 20;
+    static constexpr size_t kFlushBytes = size_t{512} << 10;
     static constexpr size_t kMaxIov = 512;
 
     void worker_loop();
@@ -145,7 +147,6 @@ private:
     std::string path_;
     int fd_ = -1;
     std::atomic<uint64_t> pos_{0};  // read by bytes_written() from any thread
-    uint64_t synced_ = 0;  // bytes handed to sync_file_range (writeback started)
     bool failed_ = false;
     bool finished_ = false;
 

@@ -34,6 +34,7 @@ the next image would pass the shard size, as pack/run.py does; `write_shards` be
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, NamedTuple, Sequence, Union
 
 from fastfeed import _native
@@ -195,6 +196,17 @@ def write_shards(samples: Sequence[WdsSample], folder: str, shard_size: int = 1 
     writer: NativeTarShardWriter | None = None
     planned = 0  # bytes the current shard will hold after `pending`
     index = first_index
+    # finish() (fsync, .idx, rename) runs on a helper thread while the next shard is written, as in pack/run.py;
+    # one helper, waited for before the next, keeps the shards' completion in order.
+    finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastfeed-native-finish")
+    finishing: Future | None = None
+
+    def close_shard() -> None:
+        nonlocal finishing, writer, planned
+        flush()
+        if finishing is not None:
+            shards.append(finishing.result())
+        finishing, writer, planned = finisher.submit(writer.finish), None, 0
 
     def flush() -> None:
         if pending:
@@ -206,9 +218,7 @@ def write_shards(samples: Sequence[WdsSample], folder: str, shard_size: int = 1 
         for s in samples:
             first = _size(s.members[0][1])
             if writer is not None and (writer.num_samples or pending) and planned + first > shard_size:
-                flush()
-                shards.append(writer.finish())
-                writer, planned = None, 0
+                close_shard()
             if writer is None:
                 writer = NativeTarShardWriter(folder, index, num_threads)
                 index += 1
@@ -216,13 +226,16 @@ def write_shards(samples: Sequence[WdsSample], folder: str, shard_size: int = 1 
             planned += sum(512 + -(-_size(src) // 512) * 512 for _, src in s.members)
             if len(pending) >= chunk:
                 flush()
-        flush()
         if writer is not None:
-            shards.append(writer.finish())
+            close_shard()
+        if finishing is not None:
+            shards.append(finishing.result())
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
+    finally:
+        finisher.shutdown()
     return shards, results
 
 
