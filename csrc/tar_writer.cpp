@@ -237,44 +237,81 @@ void TarWriter::worker_loop() {
     while (true) {
         work_cv_.wait(lock, [this] {
             if (stop_) return true;
-            if (!job_.samples || next_task_ >= job_.n) return false;
-            if (next_task_ == next_write_) return true;  // the sample the caller waits for always proceeds
+            if (abort_job_ || !job_.samples || next_task_ >= job_.n) return false;
+            if (next_task_ == next_write_) return true;  // the sample to write next always proceeds
             return next_task_ < next_write_ + kMaxAhead && bytes_ahead_ < kMaxBytesAhead;
         });
         if (stop_) return;
         const size_t j = next_task_++;
-        Job job = job_;
+        const Job job = job_;
         lock.unlock();
         Work& w = (*job.work)[j];
-        prepare((*job.samples)[j], (*job.results)[j], w.buf);
+        TarSampleResult& r = (*job.results)[j];
+        prepare((*job.samples)[j], r, w.buf);
         lock.lock();
         w.done = true;
+        if (job.has_check) done_cv_.notify_all();
+        // Our turn: every earlier sample is written (and this one checked). This thread read the bytes, so they
+        // are still in this core's cache for the copy into the page cache.
+        work_cv_.wait(lock, [&] { return stop_ || abort_job_ || (next_write_ == j && (!job.has_check || w.checked)); });
+        Buf b = std::move(w.buf);
+        int err = 0;
+        if (!stop_ && !abort_job_ && r.ok) {
+            lock.unlock();
+            for (auto& mr : r.members) mr.offset += static_cast<int64_t>(pos_.load());
+            err = write_fully(b.p.get(), b.len);
+            if (!err) {
+                pos_ += b.len;
+                push_hash(std::move(b));
+            }
+            lock.lock();
+        }
+        if (b.p) {  // not written: a failed sample, an aborted job or a failed write
+            bytes_ahead_ -= std::min(bytes_ahead_, b.cap);
+            put_buf(std::move(b));
+        }
+        if (err) {
+            abort_job_ = true;
+            failed_ = true;
+            write_errno_ = err;
+        }
+        if (next_write_ == j) next_write_ = j + 1;
+        ++job_finished_;
+        work_cv_.notify_all();
         done_cv_.notify_all();
     }
 }
 
-void TarWriter::write_all(std::vector<Buf>& bufs) {
-    std::vector<iovec> iov;
-    iov.reserve(bufs.size());
-    for (auto& b : bufs)
-        if (b.len) iov.push_back({b.p.get(), b.len});
-    size_t k = 0;
-    while (k < iov.size()) {
-        ssize_t n = ::writev(fd_, iov.data() + k, static_cast<int>(std::min<size_t>(iov.size() - k, 1024)));
-        if (n < 0) {
+int TarWriter::write_fully(const uint8_t* p, size_t n) {
+    while (n) {
+        ssize_t k = ::write(fd_, p, n);
+        if (k < 0) {
             if (errno == EINTR) continue;
-            failed_ = true;
-            throw std::system_error(errno, std::generic_category(), "write to " + path_ + " failed");
+            return errno;
         }
-        if (n == 0) {
+        if (k == 0) return EIO;
+        p += k;
+        n -= static_cast<size_t>(k);
+    }
+    return 0;
+}
+
+void TarWriter::push_hash(Buf b) {
+    HashBatch batch;
+    batch.bufs.push_back(std::move(b));
+    {
+        std::lock_guard<std::mutex> lock(hash_mu_);
+        hash_q_.push_back(std::move(batch));
+    }
+    hash_cv_.notify_one();
+}
+
+void TarWriter::write_all(std::vector<Buf>& bufs) {
+    for (auto& b : bufs) {
+        const int err = write_fully(b.p.get(), b.len);
+        if (err) {
             failed_ = true;
-            throw std::system_error(EIO, std::generic_category(), "write to " + path_ + " wrote nothing");
-        }
-        size_t left = static_cast<size_t>(n);
-        while (k < iov.size() && left >= iov[k].iov_len) left -= iov[k++].iov_len;
-        if (left) {
-            iov[k].iov_base = static_cast<uint8_t*>(iov[k].iov_base) + left;
-            iov[k].iov_len -= left;
+            throw std::system_error(err, std::generic_category(), "write to " + path_ + " failed");
         }
     }
 }
@@ -336,63 +373,54 @@ std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& sample
     std::vector<Work> work(n);
     {
         std::lock_guard<std::mutex> lock(mu_);
-        job_ = Job{&samples, &results, &work, n};
-        next_task_ = 0;
-        next_write_ = 0;
+        job_ = Job{&samples, &results, &work, n, static_cast<bool>(check)};
+        next_task_ = next_write_ = job_finished_ = 0;
+        abort_job_ = false;
     }
     work_cv_.notify_all();
-    std::vector<Buf> pending;
-    size_t pending_bytes = 0;
-    try {
+    std::exception_ptr check_error;
+    if (check) {
+        // The workers wait for each sample's decision before writing it; the check runs here, on the caller's
+        // thread, in order, while they read ahead.
         for (size_t j = 0; j < n; ++j) {
             {
                 std::unique_lock<std::mutex> lock(mu_);
-                done_cv_.wait(lock, [&] { return work[j].done || stop_; });
-                if (stop_) throw std::runtime_error("the tar writer was stopped");
+                done_cv_.wait(lock, [&] { return work[j].done || abort_job_ || stop_; });
+                if (abort_job_ || stop_) break;
             }
             TarSampleResult& r = results[j];
-            Buf b = std::move(work[j].buf);
-            if (r.ok && check && !r.members.empty()) {
-                TarCheck c;
-                check(j, b.p, static_cast<size_t>(r.members[0].offset), static_cast<size_t>(r.members[0].size), c);
-                apply_check(samples[j], r, b, c);
+            try {
+                if (r.ok && !r.members.empty()) {
+                    TarCheck c;
+                    check(j, work[j].buf.p, static_cast<size_t>(r.members[0].offset),
+                          static_cast<size_t>(r.members[0].size), c);
+                    apply_check(samples[j], r, work[j].buf, c);
+                }
+            } catch (...) {
+                check_error = std::current_exception();
             }
-            if (r.ok) {
-                for (auto& mr : r.members) mr.offset += static_cast<int64_t>(pos_);
-                pos_ += b.len;
-                pending_bytes += b.len;
-                pending.push_back(std::move(b));
-            } else if (b.p) {
-                const size_t cap = b.cap;
-                put_buf(std::move(b));
-                std::lock_guard<std::mutex> lock(mu_);
-                bytes_ahead_ -= cap;
+            std::lock_guard<std::mutex> lock(mu_);
+            if (check_error) {
+                abort_job_ = true;
+                failed_ = true;
             }
-            {
-                std::lock_guard<std::mutex> lock(mu_);
-                next_write_ = j + 1;
-            }
+            work[j].checked = true;
             work_cv_.notify_all();
-            if (pending_bytes >= kFlushBytes || pending.size() >= kMaxIov) flush(pending, pending_bytes, false);
+            if (check_error) break;
         }
-        flush(pending, pending_bytes, false);
-    } catch (...) {
-        // Workers may still be inside this call's samples: take the job away only after they are done with it.
-        std::unique_lock<std::mutex> lock(mu_);
-        next_write_ = n;  // no flow limit: let them finish quickly
-        job_.n = next_task_;
-        work_cv_.notify_all();
-        done_cv_.wait(lock, [&] {
-            for (size_t j = 0; j < job_.n; ++j)
-                if (!work[j].done) return stop_;
-            return true;
-        });
-        job_ = Job{};
-        failed_ = true;
-        throw;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = Job{};  // every task was taken and done (the loop above waited for each)
+    int write_errno = 0;
+    {
+        // Every task taken is finished (written or dropped) before the job's vectors go out of scope.
+        std::unique_lock<std::mutex> lock(mu_);
+        done_cv_.wait(lock, [&] { return stop_ || (job_finished_ == next_task_ && (next_task_ == n || abort_job_)); });
+        job_ = Job{};
+        write_errno = write_errno_;
+        if (stop_ && !abort_job_) failed_ = true;
+    }
+    if (check_error) std::rethrow_exception(check_error);
+    if (write_errno) throw std::system_error(write_errno, std::generic_category(), "write to " + path_ + " failed");
+    if (failed_) throw std::runtime_error("the tar writer was stopped during add(): " + path_);
     return results;
 }
 
