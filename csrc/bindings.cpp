@@ -324,6 +324,7 @@ static void bind_jpeg(py::module_& m) {
 
 #include <deque>
 #include <mutex>
+#include <system_error>
 
 namespace tar_bindings {
 
@@ -371,6 +372,16 @@ std::string member_name(py::handle name) {
 static void bind_tar(py::module_& m) {
     using namespace tar_bindings;
     m.attr("HAVE_TAR_WRITER") = fastfeed::have_tar_writer();
+    // A failed create/write/fsync (std::system_error) is an OSError with its errno, as from Python's own I/O.
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const std::system_error& e) {
+            py::object err = py::reinterpret_steal<py::object>(
+                PyObject_CallFunction(PyExc_OSError, "is", e.code().value(), e.what()));
+            if (err) PyErr_SetObject(PyExc_OSError, err.ptr());
+        }
+    });
     py::class_<TarData>(m, "TarMemberData", py::buffer_protocol()).def_buffer([](TarData& d) {
         return py::buffer_info(d.buf.get() + d.offset, 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(d.size)}, {1}, /*readonly=*/true);

@@ -248,3 +248,19 @@ def test_a_check_that_raises_propagates_and_the_writer_refuses_more(images, tmp_
         w.add_samples([wds_sample("x", images[0], "jpg", 0)])
     w.abort()
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_failed_write_raises_and_the_writer_refuses_more(images):
+    """Writes to /dev/full fail with ENOSPC: add() raises it (workers mid-flight drop their samples), then refuses."""
+    import errno
+
+    from fastfeed import _native
+
+    w = _native.TarWriter("/dev/full", 3)
+    with pytest.raises(OSError) as info:
+        w.add([[(f"{i:04d}.jpg", images[i % len(images)])] for i in range(100)])
+    assert info.value.errno == errno.ENOSPC
+    with pytest.raises(RuntimeError, match="unusable"):
+        w.add([[("x.jpg", images[0])]])
+    w.abort()
