@@ -8,16 +8,17 @@
     for r in results:
         if r.ok:  r.image.offset, r.image.size, r.image.xxh3, r.meta (None without meta)
         else:     r.error (names the file), r.errno: nothing of that sample was written
-    info = w.finish()                                          # ShardInfo(name, size, sha256, num_samples)
+    info = w.finish()                                          # ShardInfo(path, bytes, sha256, num_samples)
 
 Output is byte-identical to fastfeed/pack/writers.py `TarShardWriter` for the same samples in the same order (tar,
 `.idx` in DALI's wds2idx format, sha256), so either writer can produce or resume a dataset; tests/test_pack_native.py
 checks that. `image.xxh3` is the `checksum` column of samples.npz (CONTRACTS item 1: xxh3_64 of the stored bytes).
 
 How it is fast (csrc/tar_writer.h, NOTE [ Native tar writer ]): one `add_samples` call fans the files out to native
-threads (read whole into pooled, already-faulted buffers; headers, padding and xxh3 written around them), writes
-them in order with one writev per ~8 MiB, and hashes the written bytes on another native thread. Python costs one
-tuple per sample, so pass many samples per call (hundreds to thousands); the call blocks until they are written.
+threads; each reads a file whole into a pooled, already-faulted buffer, frames it (headers, padding, xxh3) and, in
+turn, writes it itself while the bytes are still in its cache; another native thread hashes the written bytes
+(sha256). Python costs one tuple per sample, so pass many samples per call (hundreds to thousands); the call
+blocks until they are written.
 
 Validation stays in Python (pack/validate.py) through `add_samples(..., check=fn)`: fn sees each sample's image bytes
 in the native buffer (no copy) before it is written and keeps, drops or replaces it (e.g. a transcoded JPEG), e.g.
