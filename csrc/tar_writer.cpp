@@ -234,39 +234,57 @@ void TarWriter::prepare(const TarSample& s, TarSampleResult& r, Buf& buf) {
 
 void TarWriter::worker_loop() {
     std::unique_lock<std::mutex> lock(mu_);
+    std::vector<iovec> iov;
     while (true) {
         work_cv_.wait(lock, [this] {
             if (stop_) return true;
-            if (abort_job_ || !job_.samples || next_task_ >= job_.n) return false;
-            if (next_task_ == next_write_) return true;  // the sample to write next always proceeds
+            if (abort_job_ || !job_.samples || next_task_ >= job_.chunks) return false;
+            if (next_task_ == next_write_) return true;  // the chunk to write next always proceeds
             return next_task_ < next_write_ + kMaxAhead && bytes_ahead_ < kMaxBytesAhead;
         });
         if (stop_) return;
-        const size_t j = next_task_++;
+        const size_t c = next_task_++;
         const Job job = job_;
         lock.unlock();
-        Work& w = (*job.work)[j];
-        TarSampleResult& r = (*job.results)[j];
-        prepare((*job.samples)[j], r, w.buf);
+        const size_t begin = c * kChunk, end = std::min(job.n, begin + kChunk);
+        for (size_t j = begin; j < end; ++j) prepare((*job.samples)[j], (*job.results)[j], (*job.work)[j].buf);
         lock.lock();
-        w.done = true;
+        for (size_t j = begin; j < end; ++j) (*job.work)[j].done = true;
         if (job.has_check) done_cv_.notify_all();
-        // Our turn: every earlier sample is written (and this one checked). This thread read the bytes, so they
+        // Our turn: every earlier chunk is written (and this one checked). This thread read the bytes, so they
         // are still in this core's cache for the copy into the page cache.
-        work_cv_.wait(lock, [&] { return stop_ || abort_job_ || (next_write_ == j && (!job.has_check || w.checked)); });
-        Buf b = std::move(w.buf);
+        work_cv_.wait(lock, [&] {
+            return stop_ || abort_job_ || (next_write_ == c && (!job.has_check || (*job.work)[end - 1].checked));
+        });
+        std::vector<Buf> written, dropped;
         int err = 0;
-        if (!stop_ && !abort_job_ && r.ok) {
+        if (!stop_ && !abort_job_) {
             lock.unlock();
-            for (auto& mr : r.members) mr.offset += static_cast<int64_t>(pos_.load());
-            err = write_fully(b.p.get(), b.len);
+            iov.clear();
+            uint64_t pos = pos_.load();
+            for (size_t j = begin; j < end; ++j) {
+                TarSampleResult& r = (*job.results)[j];
+                Buf& b = (*job.work)[j].buf;
+                if (!r.ok) continue;
+                for (auto& mr : r.members) mr.offset += static_cast<int64_t>(pos);
+                pos += b.len;
+                iov.push_back({b.p.get(), b.len});
+            }
+            err = write_fully(iov);
+            for (size_t j = begin; j < end; ++j) {
+                Buf& b = (*job.work)[j].buf;
+                if (b.p) ((*job.results)[j].ok && !err ? written : dropped).push_back(std::move(b));
+            }
             if (!err) {
-                pos_ += b.len;
-                push_hash(std::move(b));
+                pos_ = pos;
+                if (!written.empty()) push_hash(std::move(written));
             }
             lock.lock();
+        } else {
+            for (size_t j = begin; j < end; ++j)
+                if ((*job.work)[j].buf.p) dropped.push_back(std::move((*job.work)[j].buf));
         }
-        if (b.p) {  // not written: a failed sample, an aborted job or a failed write
+        for (auto& b : dropped) {  // not written: failed samples, an aborted job or a failed write
             bytes_ahead_ -= std::min(bytes_ahead_, b.cap);
             put_buf(std::move(b));
         }
@@ -275,30 +293,35 @@ void TarWriter::worker_loop() {
             failed_ = true;
             write_errno_ = err;
         }
-        if (next_write_ == j) next_write_ = j + 1;
+        if (next_write_ == c) next_write_ = c + 1;
         ++job_finished_;
         work_cv_.notify_all();
         done_cv_.notify_all();
     }
 }
 
-int TarWriter::write_fully(const uint8_t* p, size_t n) {
-    while (n) {
-        ssize_t k = ::write(fd_, p, n);
-        if (k < 0) {
+int TarWriter::write_fully(std::vector<iovec>& iov) {
+    size_t k = 0;
+    while (k < iov.size()) {
+        ssize_t n = ::writev(fd_, iov.data() + k, static_cast<int>(std::min<size_t>(iov.size() - k, 1024)));
+        if (n < 0) {
             if (errno == EINTR) continue;
             return errno;
         }
-        if (k == 0) return EIO;
-        p += k;
-        n -= static_cast<size_t>(k);
+        if (n == 0) return EIO;
+        size_t left = static_cast<size_t>(n);
+        while (k < iov.size() && left >= iov[k].iov_len) left -= iov[k++].iov_len;
+        if (left) {
+            iov[k].iov_base = static_cast<uint8_t*>(iov[k].iov_base) + left;
+            iov[k].iov_len -= left;
+        }
     }
     return 0;
 }
 
-void TarWriter::push_hash(Buf b) {
+void TarWriter::push_hash(std::vector<Buf> bufs) {
     HashBatch batch;
-    batch.bufs.push_back(std::move(b));
+    batch.bufs = std::move(bufs);
     {
         std::lock_guard<std::mutex> lock(hash_mu_);
         hash_q_.push_back(std::move(batch));
@@ -307,12 +330,13 @@ void TarWriter::push_hash(Buf b) {
 }
 
 void TarWriter::write_all(std::vector<Buf>& bufs) {
-    for (auto& b : bufs) {
-        const int err = write_fully(b.p.get(), b.len);
-        if (err) {
-            failed_ = true;
-            throw std::system_error(err, std::generic_category(), "write to " + path_ + " failed");
-        }
+    std::vector<iovec> iov;
+    for (auto& b : bufs)
+        if (b.len) iov.push_back({b.p.get(), b.len});
+    const int err = write_fully(iov);
+    if (err) {
+        failed_ = true;
+        throw std::system_error(err, std::generic_category(), "write to " + path_ + " failed");
     }
 }
 
@@ -373,7 +397,7 @@ std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& sample
     std::vector<Work> work(n);
     {
         std::lock_guard<std::mutex> lock(mu_);
-        job_ = Job{&samples, &results, &work, n, static_cast<bool>(check)};
+        job_ = Job{&samples, &results, &work, n, (n + kChunk - 1) / kChunk, static_cast<bool>(check)};
         next_task_ = next_write_ = job_finished_ = 0;
         abort_job_ = false;
     }
@@ -382,38 +406,42 @@ std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& sample
     if (check) {
         // The workers wait for each sample's decision before writing it; the check runs here, on the caller's
         // thread, in order, while they read ahead.
-        for (size_t j = 0; j < n; ++j) {
+        for (size_t begin = 0; begin < n && !check_error; begin += kChunk) {
+            const size_t end = std::min(n, begin + kChunk);
             {
                 std::unique_lock<std::mutex> lock(mu_);
-                done_cv_.wait(lock, [&] { return work[j].done || abort_job_ || stop_; });
+                done_cv_.wait(lock, [&] { return work[end - 1].done || abort_job_ || stop_; });
                 if (abort_job_ || stop_) break;
             }
-            TarSampleResult& r = results[j];
-            try {
-                if (r.ok && !r.members.empty()) {
-                    TarCheck c;
-                    check(j, work[j].buf.p, static_cast<size_t>(r.members[0].offset),
-                          static_cast<size_t>(r.members[0].size), c);
-                    apply_check(samples[j], r, work[j].buf, c);
+            for (size_t j = begin; j < end && !check_error; ++j) {
+                TarSampleResult& r = results[j];
+                try {
+                    if (r.ok && !r.members.empty()) {
+                        TarCheck c;
+                        check(j, work[j].buf.p, static_cast<size_t>(r.members[0].offset),
+                              static_cast<size_t>(r.members[0].size), c);
+                        apply_check(samples[j], r, work[j].buf, c);
+                    }
+                } catch (...) {
+                    check_error = std::current_exception();
                 }
-            } catch (...) {
-                check_error = std::current_exception();
             }
             std::lock_guard<std::mutex> lock(mu_);
             if (check_error) {
                 abort_job_ = true;
                 failed_ = true;
             }
-            work[j].checked = true;
+            for (size_t j = begin; j < end; ++j) work[j].checked = true;
             work_cv_.notify_all();
-            if (check_error) break;
         }
     }
     int write_errno = 0;
     {
         // Every task taken is finished (written or dropped) before the job's vectors go out of scope.
         std::unique_lock<std::mutex> lock(mu_);
-        done_cv_.wait(lock, [&] { return stop_ || (job_finished_ == next_task_ && (next_task_ == n || abort_job_)); });
+        done_cv_.wait(lock, [&] {
+            return stop_ || (job_finished_ == next_task_ && (next_task_ == job_.chunks || abort_job_));
+        });
         job_ = Job{};
         write_errno = write_errno_;
         if (stop_ && !abort_job_) failed_ = true;
