@@ -186,6 +186,7 @@ def main() -> int:
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--peers-python", default=None, help="python of a venv with the peers installed")
     ap.add_argument("--scratch", default=None)
+    ap.add_argument("--json", default=None, help="write every round's seconds and CPU seconds here")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -238,6 +239,12 @@ def main() -> int:
         print(f"{tool:14s} {statistics.median(mbs):11.0f} {f'({min(mbs):.0f}-{max(mbs):.0f})':>13s} "
               f"{n / statistics.median(secs[tool]):8.0f} {statistics.median(rt):12.2f} "
               f"{f'({min(rt):.2f}-{max(rt):.2f})':>11s} {statistics.median(cpus[tool]) / (total / 1e9):9.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"files": n, "bytes": total, "workers": args.workers, "shard_size": args.shard_size,
+                       "cpus": os.cpu_count(), "seconds": secs, "cpu_seconds": cpus,
+                       "ratio_to_tar": ratios, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, f,
+                      indent=1)
     if args.scratch is None:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
