@@ -1,5 +1,6 @@
 // See NOTE [ Native tar writer ] in tar_writer.h.
 #include "tar_writer.h"
+#include "ustar.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -23,8 +24,6 @@
 namespace fastfeed {
 namespace {
 
-constexpr uint64_t kMaxUstarSize = (uint64_t{1} << 33) - 1;  // 11 octal digits
-
 struct Fd {
     int fd = -1;
     ~Fd() {
@@ -47,29 +46,6 @@ bool have_tar_writer() {
 }
 
 uint64_t xxh3_64(const uint8_t* data, size_t size) { return XXH3_64bits(data, size); }
-
-void TarWriter::put_header(uint8_t* h, const std::string& name, uint64_t size) {
-    std::memset(h, 0, kBlock);
-    std::memcpy(h, name.data(), std::min(name.size(), size_t{100}));
-    std::memcpy(h + 100, "0000644", 8);  // mode, uid, gid: 7 octal digits + NUL
-    std::memcpy(h + 108, "0000000", 8);
-    std::memcpy(h + 116, "0000000", 8);
-    char field[16];
-    std::snprintf(field, sizeof field, "%011llo", static_cast<unsigned long long>(size));
-    std::memcpy(h + 124, field, 12);  // 11 digits + NUL
-    std::memcpy(h + 136, "00000000000", 12);  // mtime 0: fixed, so shards are reproducible
-    std::memset(h + 148, ' ', 8);
-    h[156] = '0';
-    std::memcpy(h + 257, "ustar", 6);
-    h[263] = '0';
-    h[264] = '0';
-    unsigned sum = 0;
-    for (size_t i = 0; i < kBlock; ++i) sum += h[i];
-    std::snprintf(field, sizeof field, "%06o", sum);
-    std::memcpy(h + 148, field, 6);
-    h[154] = 0;
-    h[155] = ' ';
-}
 
 TarWriter::TarWriter(const std::string& path, size_t num_threads) : path_(path) {
     if (!have_tar_writer()) throw std::runtime_error("fastfeed._native was built without OpenSSL (sha256)");
@@ -178,7 +154,7 @@ void TarWriter::prepare(const TarSample& s, TarSampleResult& r, Buf& buf) {
     }
     size_t total = 1;  // one spare byte: a read of size + 1 tells a file that grew since fstat
     for (size_t i = 0; i < m; ++i) {
-        if (sizes[i] > kMaxUstarSize) {
+        if (sizes[i] > ustar::kMaxSize) {
             r.err = EFBIG;
             r.error = reason(s.members[i].path.empty() ? s.members[i].name : s.members[i].path,
                              "too large for a ustar member (8 GiB)", 0);
@@ -221,7 +197,7 @@ void TarWriter::prepare(const TarSample& s, TarSampleResult& r, Buf& buf) {
                 return;
             }
         }
-        put_header(buf.p.get() + pos, mem.name, sizes[i]);
+        ustar::put_header(buf.p.get() + pos, mem.name, sizes[i]);
         std::memset(data + want, 0, padded(want) - want);
         r.members[i].offset = static_cast<int64_t>(pos + kBlock);  // relative to the record; the caller rebases
         r.members[i].size = static_cast<int64_t>(want);
@@ -319,9 +295,10 @@ int TarWriter::write_fully(std::vector<iovec>& iov) {
     return 0;
 }
 
-void TarWriter::push_hash(std::vector<Buf> bufs) {
+void TarWriter::push_hash(std::vector<Buf> bufs, bool final) {
     HashBatch batch;
     batch.bufs = std::move(bufs);
+    batch.final = final;
     {
         std::lock_guard<std::mutex> lock(hash_mu_);
         hash_q_.push_back(std::move(batch));
@@ -340,22 +317,7 @@ void TarWriter::write_all(std::vector<Buf>& bufs) {
     }
 }
 
-void TarWriter::flush(std::vector<Buf>& pending, size_t& pending_bytes, bool final) {
-    if (pending.empty() && !final) return;
-    write_all(pending);
-    HashBatch batch;
-    batch.bufs = std::move(pending);
-    batch.final = final;
-    pending.clear();
-    pending_bytes = 0;
-    {
-        std::lock_guard<std::mutex> lock(hash_mu_);
-        hash_q_.push_back(std::move(batch));
-    }
-    hash_cv_.notify_one();
-}
-
-void TarWriter::apply_check(const TarSample& s, TarSampleResult& r, Buf& buf, TarCheck& c) {
+void TarWriter::apply_check(TarSampleResult& r, Buf& buf, TarCheck& c) {
     if (c.kind == TarCheck::Keep) return;
     if (c.kind == TarCheck::Drop) {
         r = TarSampleResult{};
@@ -366,12 +328,12 @@ void TarWriter::apply_check(const TarSample& s, TarSampleResult& r, Buf& buf, Ta
     // no absolute offsets, so they move as a block).
     if (c.name.empty() || c.name.size() > 100 || c.name.find('\0') != std::string::npos)
         throw std::invalid_argument("replacement member name must be 1..100 bytes without NUL: " + c.name);
-    if (c.data.size() > kMaxUstarSize) throw std::invalid_argument("replacement too large for ustar: " + c.name);
+    if (c.data.size() > ustar::kMaxSize) throw std::invalid_argument("replacement too large for ustar: " + c.name);
     const size_t old_first = kBlock + padded(static_cast<size_t>(r.members[0].size));
     const size_t rest = buf.len - old_first;
     const size_t first = kBlock + padded(c.data.size());
     Buf nb = get_buf(first + rest);
-    put_header(nb.p.get(), c.name, c.data.size());
+    ustar::put_header(nb.p.get(), c.name, c.data.size());
     if (!c.data.empty()) std::memcpy(nb.p.get() + kBlock, c.data.data(), c.data.size());
     std::memset(nb.p.get() + kBlock + c.data.size(), 0, first - kBlock - c.data.size());
     if (rest) std::memcpy(nb.p.get() + first, buf.p.get() + old_first, rest);
@@ -380,7 +342,6 @@ void TarWriter::apply_check(const TarSample& s, TarSampleResult& r, Buf& buf, Ta
     r.members[0].xxh3 = XXH3_64bits(c.data.data(), c.data.size());
     for (size_t k = 1; k < r.members.size(); ++k)
         r.members[k].offset += static_cast<int64_t>(first) - static_cast<int64_t>(old_first);
-    (void)s;
     {
         std::lock_guard<std::mutex> lock(mu_);
         bytes_ahead_ += nb.cap;
@@ -420,7 +381,7 @@ std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& sample
                         TarCheck c;
                         check(j, work[j].buf.p, static_cast<size_t>(r.members[0].offset),
                               static_cast<size_t>(r.members[0].size), c);
-                        apply_check(samples[j], r, work[j].buf, c);
+                        apply_check(r, work[j].buf, c);
                     }
                 } catch (...) {
                     check_error = std::current_exception();
@@ -507,9 +468,9 @@ std::string TarWriter::finish(bool sync) {
         std::lock_guard<std::mutex> lock(mu_);
         bytes_ahead_ += end[0].cap;
     }
-    size_t ignored = 0;
+    write_all(end);
     pos_ += 2 * kBlock;
-    flush(end, ignored, true);
+    push_hash(std::move(end), true);
     std::string hex, err;
     {
         std::unique_lock<std::mutex> lock(hash_mu_);

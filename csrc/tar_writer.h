@@ -110,8 +110,6 @@ public:
     size_t num_threads() const { return workers_.size(); }
 
     static size_t padded(size_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
-    // One ustar header, exactly as writers.py's _put_header; `out` has 512 bytes.
-    static void put_header(uint8_t* out, const std::string& name, uint64_t size);
 
 private:
     struct Buf {
@@ -146,13 +144,12 @@ private:
     void worker_loop();
     void hash_loop();
     void prepare(const TarSample& s, TarSampleResult& r, Buf& buf);
-    void apply_check(const TarSample& s, TarSampleResult& r, Buf& buf, TarCheck& c);
+    void apply_check(TarSampleResult& r, Buf& buf, TarCheck& c);
     Buf get_buf(size_t need);
     void put_buf(Buf b);
-    void flush(std::vector<Buf>& pending, size_t& pending_bytes, bool final);
     void write_all(std::vector<Buf>& bufs);
     int write_fully(std::vector<iovec>& iov);  // 0 or errno; consumes iov
-    void push_hash(std::vector<Buf> bufs);
+    void push_hash(std::vector<Buf> bufs, bool final = false);
     void check_usable() const;
     void stop_threads();
 
