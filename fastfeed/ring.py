@@ -11,8 +11,10 @@ available it is page-locked with `cudaHostRegister` (through torch's cudart) so 
 directly; a failure to pin warns (`RingPinWarning`) and `stats()["pinned"]` is False. A batch bigger than a slot still
 works: that slot grows a private, unpinned overflow buffer (kept for the ring's lifetime; `stats()` counts it).
 
-Errors: a failed or short read raises `RingReadError` (an OSError naming file and offset) from the `next_batch()` call
-of the batch that hit it; the failed batch is released and the next call returns the following batch.
+Errors: a failed or short read raises `RingReadError` (an OSError naming file and offset; also `.offset`, `.length`,
+`.sample_index`, `.batch_index`) from the `next_batch()` call of the batch that hit it; the failed batch is released
+and the next call returns the following batch. (Below this file the binding returns a `RingStatus` enum and a
+`RingReadFailure` with named fields; see csrc/bindings.cpp.)
 
 Shutdown: `close()` (idempotent; also via `with`, garbage collection and interpreter exit) stops and joins the
 producer threads, wakes a consumer blocked in `next_batch()` in another thread (it raises `RingClosedError`), and
