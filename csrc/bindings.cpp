@@ -80,6 +80,30 @@ py::array_t<T> copy_array(const T* p, size_t n) {
 
 static void bind_ring(py::module_& m) {
     using namespace ring_bindings;
+    // next()'s outcome as a typed value: ring.py compares members, so a renamed or added state is a Python
+    // AttributeError at import/first use rather than a string that silently matches nothing.
+    py::enum_<fastfeed::NextStatus>(m, "RingStatus")
+        .value("ok", fastfeed::NextStatus::Ok)
+        .value("end_of_epoch", fastfeed::NextStatus::EndOfEpoch)
+        .value("timeout", fastfeed::NextStatus::Timeout)
+        .value("closed", fastfeed::NextStatus::Closed)
+        .value("not_started", fastfeed::NextStatus::NotStarted)
+        .value("all_slots_held", fastfeed::NextStatus::AllSlotsHeld);
+
+    // Why a batch failed, with named fields (ring.py turns it into RingReadError).
+    py::class_<fastfeed::ReadError>(m, "RingReadFailure")
+        .def_readonly("sample_index", &fastfeed::ReadError::sample)
+        .def_readonly("path", &fastfeed::ReadError::path)
+        .def_readonly("offset", &fastfeed::ReadError::offset)
+        .def_readonly("length", &fastfeed::ReadError::length)
+        .def_readonly("errno", &fastfeed::ReadError::err)
+        .def_readonly("message", &fastfeed::ReadError::message)
+        .def("__repr__", [](const fastfeed::ReadError& e) {
+            return "RingReadFailure(sample_index=" + std::to_string(e.sample) + ", path='" + e.path +
+                   "', offset=" + std::to_string(e.offset) + ", length=" + std::to_string(e.length) +
+                   ", errno=" + std::to_string(e.err) + ", message='" + e.message + "')";
+        });
+
     py::class_<NativeBatch>(m, "RingBatchHandle", py::buffer_protocol())
         .def_buffer([](NativeBatch& b) {
             if (b.released) throw py::value_error("the batch was released; its views are invalid");
@@ -96,8 +120,7 @@ static void bind_ring(py::module_& m) {
         .def_property_readonly("sizes", [](const NativeBatch& b) { return copy_array(b.view.sizes, b.view.count); })
         .def_property_readonly("error", [](const NativeBatch& b) -> py::object {
             if (!b.view.failed) return py::none();
-            return py::make_tuple(b.view.error_errno, b.view.error, b.view.error_path, b.view.error_offset,
-                                  b.view.error_sample);
+            return py::cast(b.view.error);
         });
 
     py::class_<PyRing>(m, "Ring")
@@ -110,9 +133,16 @@ static void bind_ring(py::module_& m) {
                  cfg.num_threads = num_threads;
                  cfg.num_slots = num_slots;
                  cfg.slot_bytes = slot_bytes;
+                 auto fi = to_vector(file_index, "file_index");
+                 auto off = to_vector(offset, "offset");
+                 auto sz = to_vector(size, "size");
                  auto r = std::make_unique<PyRing>();
-                 r->core = std::make_unique<fastfeed::Ring>(std::move(paths), to_vector(file_index, "file_index"),
-                                                            to_vector(offset, "offset"), to_vector(size, "size"), cfg);
+                 {
+                     // Allocating and prefaulting the arena (GBs for big batches) must not stall Python threads.
+                     py::gil_scoped_release nogil;
+                     r->core = std::make_unique<fastfeed::Ring>(std::move(paths), std::move(fi), std::move(off),
+                                                                std::move(sz), cfg);
+                 }
                  return r;
              }),
              py::arg("paths"), py::arg("file_index"), py::arg("offset"), py::arg("size"), py::arg("batch_size"),
@@ -123,7 +153,7 @@ static void bind_ring(py::module_& m) {
                  py::gil_scoped_release nogil;
                  r.core->start(std::move(v));
              })
-        // Returns (status, handle): status is "ok", "end", "timeout", "closed", "not_started" or "all_slots_held".
+        // Returns (RingStatus, handle); handle is None unless the status is RingStatus.ok.
         .def("next",
              [](py::object self, double timeout) -> py::tuple {
                  PyRing& r = self.cast<PyRing&>();
@@ -146,18 +176,10 @@ static void bind_ring(py::module_& m) {
                      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
                      if (timeout >= 0 && Clock::now() >= deadline) break;
                  }
-                 switch (st) {
-                     case fastfeed::NextStatus::Ok:
-                         b->owner = self;
-                         b->core = r.core.get();
-                         return py::make_tuple("ok", py::cast(std::move(b)));
-                     case fastfeed::NextStatus::EndOfEpoch: return py::make_tuple("end", py::none());
-                     case fastfeed::NextStatus::Timeout: return py::make_tuple("timeout", py::none());
-                     case fastfeed::NextStatus::Closed: return py::make_tuple("closed", py::none());
-                     case fastfeed::NextStatus::NotStarted: return py::make_tuple("not_started", py::none());
-                     case fastfeed::NextStatus::AllSlotsHeld: return py::make_tuple("all_slots_held", py::none());
-                 }
-                 return py::make_tuple("closed", py::none());
+                 if (st != fastfeed::NextStatus::Ok) return py::make_tuple(st, py::none());
+                 b->owner = self;
+                 b->core = r.core.get();
+                 return py::make_tuple(st, py::cast(std::move(b)));
              },
              py::arg("timeout"))
         .def("stop",
@@ -294,8 +316,208 @@ static void bind_jpeg(py::module_& m) {
         "entry per input: bytes on success, str (the error message) on failure.");
 }
 
+// ---- tar writer bindings (owner: pack) ---------------------------------------------------------------------
+// GIL: arguments are converted (names validated, paths encoded, bytes pinned as buffer views) with the GIL held;
+// add(), finish() and the destructor (which joins the threads) run with it released. One call at a time per
+// writer: a second thread calling in while one is inside gets a RuntimeError rather than interleaved records.
+#include "tar_writer.h"
+
+#include <deque>
+#include <mutex>
+#include <system_error>
+
+namespace tar_bindings {
+
+struct PyTarWriter {
+    std::unique_ptr<fastfeed::TarWriter> core;
+    std::mutex busy;
+
+    ~PyTarWriter() {
+        if (!core) return;
+        py::gil_scoped_release nogil;
+        core.reset();
+    }
+    fastfeed::TarWriter& live() {
+        if (!core) throw py::value_error("the tar writer is closed");
+        return *core;
+    }
+};
+
+// The first member's bytes as a read-only buffer for a check function; holding the shared buffer keeps the memory
+// alive (and out of the writer's pool) for as long as any view of it exists.
+struct TarData {
+    fastfeed::SharedBytes buf;
+    size_t offset = 0, size = 0;
+};
+
+struct PyCheckFailed {};  // the check raised; its Python error was restored on this thread
+
+struct Busy {
+    std::unique_lock<std::mutex> lock;
+    explicit Busy(PyTarWriter& w) : lock(w.busy, std::try_to_lock) {
+        if (!lock.owns_lock()) throw std::runtime_error("TarWriter used from two threads at once");
+    }
+};
+
+std::string member_name(py::handle name) {
+    if (!py::isinstance<py::str>(name)) throw py::type_error("a tar member name must be a str");
+    std::string s = name.cast<std::string>();
+    if (s.empty() || s.size() > 100 || s.find('\0') != std::string::npos)
+        throw py::value_error("tar member name must be 1..100 UTF-8 bytes without NUL: " + py::repr(name).cast<std::string>());
+    return s;
+}
+
+}  // namespace tar_bindings
+
+static void bind_tar(py::module_& m) {
+    using namespace tar_bindings;
+    m.attr("HAVE_TAR_WRITER") = fastfeed::have_tar_writer();
+    // A failed create/write/fsync (std::system_error) is an OSError with its errno, as from Python's own I/O.
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const std::system_error& e) {
+            py::object err = py::reinterpret_steal<py::object>(
+                PyObject_CallFunction(PyExc_OSError, "is", e.code().value(), e.what()));
+            if (err) PyErr_SetObject(PyExc_OSError, err.ptr());
+        }
+    });
+    py::class_<TarData>(m, "TarMemberData", py::buffer_protocol()).def_buffer([](TarData& d) {
+        return py::buffer_info(d.buf.get() + d.offset, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(d.size)}, {1}, /*readonly=*/true);
+    });
+    py::class_<PyTarWriter>(m, "TarWriter")
+        .def(py::init([](const std::string& path, size_t num_threads) {
+                 auto w = std::make_unique<PyTarWriter>();
+                 py::gil_scoped_release nogil;
+                 w->core = std::make_unique<fastfeed::TarWriter>(path, num_threads);
+                 return w;
+             }),
+             py::arg("path"), py::arg("num_threads") = 0)
+        .def(
+            "add",
+            [](PyTarWriter& w, py::iterable samples, py::object check) {
+                Busy busy(w);
+                fastfeed::TarWriter& core = w.live();
+                std::vector<fastfeed::TarSample> in;
+                std::deque<ReadOnlyBuffer> held;  // keeps every stored bytes object's memory put while unlocked
+                for (py::handle sample : samples) {
+                    fastfeed::TarSample ts;
+                    for (py::handle member : py::reinterpret_borrow<py::iterable>(sample)) {
+                        auto pair = py::reinterpret_borrow<py::sequence>(member);
+                        if (pair.size() != 2) throw py::value_error("a tar member is (name, source)");
+                        fastfeed::TarMember tm;
+                        tm.name = member_name(pair[0]);
+                        py::object src = pair[1];
+                        if (py::hasattr(src, "__fspath__")) src = py::module_::import("os").attr("fspath")(src);
+                        if (py::isinstance<py::str>(src)) {
+                            // the filesystem encoding with surrogateescape, as os.fsencode: any name os.listdir gave
+                            py::object enc = py::reinterpret_steal<py::object>(PyUnicode_EncodeFSDefault(src.ptr()));
+                            if (!enc) throw py::error_already_set();
+                            tm.path = enc.cast<std::string>();
+                            if (tm.path.empty()) throw py::value_error("empty source path for " + tm.name);
+                        } else {
+                            held.emplace_back(src);
+                            const auto span = held.back().span();
+                            tm.data = span.data;
+                            tm.size = span.size;
+                        }
+                        ts.members.push_back(std::move(tm));
+                    }
+                    in.push_back(std::move(ts));
+                }
+                fastfeed::TarCheckFn hook;
+                if (!check.is_none()) {
+                    hook = [&check](size_t j, const fastfeed::SharedBytes& buf, size_t off, size_t size,
+                                    fastfeed::TarCheck& c) {
+                        py::gil_scoped_acquire gil;
+                        try {
+                            py::object data = py::cast(TarData{buf, off, size});
+                            py::object view = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(data.ptr()));
+                            if (!view) throw py::error_already_set();
+                            py::object res = check(j, view);
+                            if (res.is_none()) {
+                                c.kind = fastfeed::TarCheck::Keep;
+                            } else if (py::isinstance<py::str>(res)) {
+                                c.kind = fastfeed::TarCheck::Drop;
+                                c.reason = res.cast<std::string>();
+                            } else {
+                                auto t = py::reinterpret_borrow<py::sequence>(res);
+                                if (!py::isinstance<py::tuple>(res) || t.size() != 2)
+                                    throw py::type_error("check must return None, a reason (str) or (name, bytes)");
+                                c.kind = fastfeed::TarCheck::Replace;
+                                c.name = member_name(t[0]);
+                                ReadOnlyBuffer rb(t[1]);
+                                const auto sp = rb.span();
+                                c.data.assign(sp.data, sp.data + sp.size);
+                            }
+                        } catch (py::error_already_set& e) {
+                            e.restore();
+                            throw PyCheckFailed{};
+                        }
+                    };
+                }
+                std::vector<fastfeed::TarSampleResult> res;
+                try {
+                    py::gil_scoped_release nogil;
+                    res = core.add(in, hook);
+                } catch (PyCheckFailed&) {
+                    throw py::error_already_set();
+                }
+                py::list out(res.size());
+                for (size_t i = 0; i < res.size(); ++i) {
+                    const auto& r = res[i];
+                    if (!r.ok) {
+                        out[i] = py::make_tuple(py::none(), r.error, r.err);
+                        continue;
+                    }
+                    py::list members(r.members.size());
+                    for (size_t k = 0; k < r.members.size(); ++k)
+                        members[k] = py::make_tuple(r.members[k].offset, r.members[k].size, r.members[k].xxh3);
+                    out[i] = py::make_tuple(members, py::none(), 0);
+                }
+                return out;
+            },
+            py::arg("samples"), py::arg("check") = py::none(),
+            "Append samples, each a list of (name, source) members; source is a str/PathLike (a file read whole) "
+            "or bytes-like (stored as is). Returns per sample (members, None, 0) with members = [(data offset, "
+            "size, xxh3_64)], or (None, error message, errno) for a sample that was not written (errno 0: the "
+            "check rejected it). check(index, memoryview of the first member's bytes) runs in order before each "
+            "readable sample is written and returns None (keep), a reason str (drop the sample) or (name, bytes) "
+            "(store these as the first member instead); the view stays valid as long as it is referenced.")
+        .def(
+            "finish",
+            [](PyTarWriter& w, bool sync) {
+                Busy busy(w);
+                fastfeed::TarWriter& core = w.live();
+                py::gil_scoped_release nogil;
+                return core.finish(sync);
+            },
+            py::arg("sync") = true, "End marker, sha256 (hex), fsync when sync, close.")
+        .def("abort",
+             [](PyTarWriter& w) {
+                 Busy busy(w);
+                 if (!w.core) return;
+                 py::gil_scoped_release nogil;
+                 w.core->abort();
+             })
+        .def_property_readonly("bytes_written", [](PyTarWriter& w) { return w.live().bytes_written(); })
+        .def_property_readonly("num_threads", [](PyTarWriter& w) { return w.live().num_threads(); });
+
+    m.def(
+        "xxh3_64",
+        [](py::handle data) {
+            ReadOnlyBuffer buf(data);
+            const auto span = buf.span();
+            py::gil_scoped_release nogil;
+            return fastfeed::xxh3_64(span.data, span.size);
+        },
+        py::arg("data"), "XXH3_64bits (seed 0) of a bytes-like object: equals xxhash.xxh3_64_intdigest.");
+}
+
 PYBIND11_MODULE(_native, m) {
-    m.doc() = "fastfeed native core: prefetch ring and JPEG transcoder";
+    m.doc() = "fastfeed native core: prefetch ring, JPEG transcoder, tar shard writer";
     bind_ring(m);
     bind_jpeg(m);
+    bind_tar(m);
 }

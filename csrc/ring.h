@@ -37,6 +37,13 @@
 // batch in another thread) and joins the producers; it is idempotent and safe from any thread. Every wait is on a
 // condition variable that stop_ breaks, and a producer finishes at most one chunk after stop_, so join is prompt.
 //
+// Arena memory is never zero-filled, only prefaulted. Nothing depends on zeroed bytes: the consumer sees exactly
+// [0, nbytes) of a batch, every byte of which a producer wrote before the slot became Ready; a failed batch is
+// released by the binding's caller before any view of it exists (ring.py), and the slack past nbytes is never
+// exposed. The constructor still touches one byte per page (the kernel hands out zeroed pages anyway) so the
+// producers do not pay a page fault per 4 KiB on the first epoch (a third of the warm-cache throughput); the
+// binding runs the constructor with the GIL released, so a multi-GB arena does not stall other Python threads.
+//
 // Fork. A child process inherits the memory of the ring but not its threads; its mutexes and condition variables
 // may be mid-use by threads that no longer exist. The owning pid is recorded; in any other process stop() and the
 // destructor touch none of them and deliberately leak the threads' handles (destroying a condition variable that
@@ -73,6 +80,16 @@ struct RingStats {
     uint64_t overflow_bytes = 0;  // currently held by grown slots
 };
 
+// Why a batch failed: the lowest failing sample of the batch (so the report is deterministic).
+struct ReadError {
+    int64_t sample = -1;   // dataset index of the sample
+    std::string path;      // the file it lives in
+    int64_t offset = -1;   // its byte offset in that file
+    int64_t length = -1;   // its byte length
+    int err = 0;           // errno (EIO for a short read)
+    std::string message;   // names file, offset and sample
+};
+
 // What next() hands to the consumer. Pointers stay valid until release(slot, ticket).
 struct BatchView {
     int64_t batch = -1;  // position within the epoch
@@ -86,11 +103,7 @@ struct BatchView {
     size_t nbytes = 0;
     bool in_arena = true;  // false when the batch sits in the slot's (unpinned) overflow buffer
     bool failed = false;
-    int error_errno = 0;
-    std::string error;       // names file and offset
-    std::string error_path;
-    int64_t error_offset = -1;
-    int64_t error_sample = -1;
+    ReadError error;  // meaningful when failed
 };
 
 enum class NextStatus { Ok, EndOfEpoch, Timeout, Closed, NotStarted, AllSlotsHeld };
@@ -128,9 +141,7 @@ private:
 
     struct ReadFailure {
         int64_t position = -1;  // sample position within the batch; lowest wins
-        int err = 0;
-        std::string message, path;
-        int64_t offset = -1, sample = -1;
+        ReadError error;
     };
 
     struct Slot {

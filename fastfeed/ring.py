@@ -11,8 +11,10 @@ available it is page-locked with `cudaHostRegister` (through torch's cudart) so 
 directly; a failure to pin warns (`RingPinWarning`) and `stats()["pinned"]` is False. A batch bigger than a slot still
 works: that slot grows a private, unpinned overflow buffer (kept for the ring's lifetime; `stats()` counts it).
 
-Errors: a failed or short read raises `RingReadError` (an OSError naming file and offset) from the `next_batch()` call
-of the batch that hit it; the failed batch is released and the next call returns the following batch.
+Errors: a failed or short read raises `RingReadError` (an OSError naming file and offset; also `.offset`, `.length`,
+`.sample_index`, `.batch_index`) from the `next_batch()` call of the batch that hit it; the failed batch is released
+and the next call returns the following batch. (Below this file the binding returns a `RingStatus` enum and a
+`RingReadFailure` with named fields; see csrc/bindings.cpp.)
 
 Shutdown: `close()` (idempotent; also via `with`, garbage collection and interpreter exit) stops and joins the
 producer threads, wakes a consumer blocked in `next_batch()` in another thread (it raises `RingClosedError`), and
@@ -34,16 +36,30 @@ from fastfeed import _native
 __all__ = ["PrefetchRing", "RingBatch", "RingReadError", "RingClosedError", "RingPinWarning", "auto_slot_bytes"]
 
 _PAGE = 4096
+_Status = _native.RingStatus
 
 
 class RingReadError(OSError):
-    """A sample of the batch could not be read (missing file, truncated shard, I/O error)."""
+    """A sample of the batch could not be read (missing file, truncated shard, I/O error).
 
-    def __init__(self, errno_: int, message: str, filename: str, offset: int, sample_index: int, batch_index: int):
+    `errno`, `strerror` (the message) and `filename` as for any OSError, plus `offset` and `length` of the sample's
+    bytes in that file, `sample_index` (dataset index) and `batch_index` (position in the epoch). The sample is the
+    lowest failing one of its batch.
+    """
+
+    def __init__(self, errno_: int, message: str, filename: str, offset: int, sample_index: int, batch_index: int,
+                 length: int = -1):
         super().__init__(errno_, message, filename)
         self.offset = offset
+        self.length = length
         self.sample_index = sample_index
         self.batch_index = batch_index
+
+    @classmethod
+    def from_failure(cls, failure, batch_index: int) -> "RingReadError":
+        """From the native core's `RingReadFailure` (named fields, see csrc/ring.h `ReadError`)."""
+        return cls(failure.errno, failure.message, failure.path, failure.offset, failure.sample_index, batch_index,
+                   failure.length)
 
 
 class RingClosedError(RuntimeError):
@@ -158,22 +174,21 @@ class PrefetchRing:
         """The next batch of the epoch, strictly in order; None at the end of the epoch."""
         native = self._live()
         status, handle = native.next(-1.0 if timeout is None else max(0.0, float(timeout)))
-        if status == "ok":
-            error = handle.error
-            if error is not None:
-                handle.release()
-                errno_, message, path, offset, sample = error
-                raise RingReadError(errno_, message, path, offset, sample, handle.batch)
+        if status == _Status.ok:
+            failure = handle.error
+            if failure is not None:
+                handle.release()  # before any view of the batch exists: its unread bytes are never seen
+                raise RingReadError.from_failure(failure, handle.batch)
             return RingBatch(handle, self.pinned)
-        if status == "end":
+        if status == _Status.end_of_epoch:
             return None
-        if status == "timeout":
+        if status == _Status.timeout:
             raise TimeoutError(f"no batch ready within {timeout} s")
-        if status == "closed":
+        if status == _Status.closed:
             raise RingClosedError("the ring was closed")
-        if status == "not_started":
+        if status == _Status.not_started:
             raise RuntimeError("call start(order) before next_batch()")
-        if status == "all_slots_held":
+        if status == _Status.all_slots_held:
             raise RuntimeError(
                 f"all {native.num_slots} slots hold batches that were not released; release() the batches you "
                 "are done with (or use more slots)")

@@ -228,7 +228,7 @@ def test_bad_arguments_raise():
 # ---- errors: raised at the batch that hit them, naming file and offset; the ring goes on -------------------------
 
 
-def _expect_error_then_continue(ring, ext, payloads, order, bad_batch, err_no, match, path, offset):
+def _expect_error_then_continue(ring, ext, payloads, order, bad_batch, err_no, match, path, offset, sample):
     for position in range(-(-len(order) // 2)):
         if position == bad_batch:
             with pytest.raises(RingReadError, match=match) as info:
@@ -236,6 +236,7 @@ def _expect_error_then_continue(ring, ext, payloads, order, bad_batch, err_no, m
             e = info.value
             assert isinstance(e, OSError) and e.errno == err_no
             assert e.filename == path and e.offset == offset and e.batch_index == bad_batch
+            assert e.sample_index == sample and e.length == int(ext.size[sample])
             assert path in str(e) and str(offset) in str(e)
             continue
         with ring.next_batch(timeout=10) as b:
@@ -252,7 +253,7 @@ def test_deleted_file(num_threads):
             order = np.array([0, 2, 3, 5, 7, 6, 8, 9, 11, 0])
             ring.start(order)
             _expect_error_then_continue(ring, ext, payloads, order, 2, errno.ENOENT, "cannot open",
-                                        ext.paths[1], int(ext.offset[7]))
+                                        ext.paths[1], int(ext.offset[7]), 7)
 
 
 def test_truncated_shard():
@@ -263,7 +264,7 @@ def test_truncated_shard():
             order = np.array([0, 1, 2, 5, 3, 4])
             ring.start(order)
             _expect_error_then_continue(ring, ext, payloads, order, 1, errno.EIO, "short read.*got 10",
-                                        ext.paths[0], int(ext.offset[5]))
+                                        ext.paths[0], int(ext.offset[5]), 5)
 
 
 def test_extent_past_end_of_file_is_a_short_read():
@@ -274,7 +275,7 @@ def test_extent_past_end_of_file_is_a_short_read():
             order = np.array([3, 0, 1, 2])
             ring.start(order)
             _expect_error_then_continue(ring, far, payloads, order, 0, errno.EIO, "short read.*got 0",
-                                        ext.paths[0], 10**9)
+                                        ext.paths[0], 10**9, 3)
 
 
 def test_read_error_from_the_kernel():
@@ -286,4 +287,4 @@ def test_read_error_from_the_kernel():
             order = np.arange(4)
             ring.start(order)
             _expect_error_then_continue(ring, mixed, payloads, order, 1, errno.EISDIR, "read failed", root,
-                                        int(ext.offset[2]))
+                                        int(ext.offset[2]), 2)

@@ -14,8 +14,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$root/.venv/bin/python}
 [ -x "$py" ] || py=python3
 which=${1:-all}
-# the native core: the ring, and the JPEG transcoder (transcode_many runs its own threads)
-tests=("$root/tests/test_ring.py" "$root/tests/test_ring_shutdown.py" "$root/tests/test_jpeg_transcode.py")
+# the native core: the ring, the JPEG transcoder (transcode_many runs its own threads), the tar writer
+tests=("$root/tests/test_ring.py" "$root/tests/test_ring_binding.py" "$root/tests/test_ring_shutdown.py"
+       "$root/tests/test_jpeg_transcode.py" "$root/tests/test_pack_native.py")
 
 run_variant() {
     local name=$1 flags=$2 runtime tmp log status
