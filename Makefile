@@ -34,7 +34,9 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 build: $(NATIVE)
 
-$(NATIVE): $(VENV)/.installed setup.py $(wildcard csrc/*)
+# The venv is an order-only prerequisite: the editable install above already built the core in place, so a fresh
+# setup compiles csrc/ once, not twice.
+$(NATIVE): setup.py $(wildcard csrc/*) | $(VENV)/.installed
 	$(BIN)/python setup.py -q build_ext --inplace
 	touch $@
 
