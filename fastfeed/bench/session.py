@@ -195,7 +195,7 @@ def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | Non
         except Exception as e:  # the baseline may fail in many ways (a worker's decode error, OOM, ...)
             if i == 0:
                 raise
-            errors[name] = f"{type(e).__name__}: {e}"
+            errors[name] = _one_line(e)
             if log:
                 log(f"{name} failed, the report has the other loaders' numbers: {errors[name]}")
 
@@ -206,6 +206,15 @@ def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | Non
     config = {**asdict(cfg), "device": device}
     return build_report(config, results, cfg.consumer, compute, cfg.batch_size, errors=errors, notes=notes,
                         baseline_source=os.fspath(images) if images is not None else None)
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as one report line; a DataLoader worker's multi-line message keeps its first and last lines
+    ("Caught ValueError in DataLoader worker process 0" ... "ValueError: <the sample that failed>")."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if len(lines) > 1:
+        return f"{type(e).__name__}: {lines[0].rstrip('.')}: {lines[-1]}"
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
 def _measure(name: str, factory: Callable[[], Iterable], consumer, cfg: BenchConfig, gpu_index: int | None,
