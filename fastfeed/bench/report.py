@@ -177,8 +177,12 @@ def format_table(report: dict) -> str:
 
     w0 = max(len(label) for label, _ in rows)
     widths = [max(len(n), *(len(vals[i]) for _, vals in rows)) for i, n in enumerate(names)]
-    lines = ["  ".join([" " * w0] + [n.rjust(w) for n, w in zip(names, widths)])]
-    lines.append("-" * len(lines[0]))
+    cfg = report.get("config") or {}
+    lines = [f"batch {cfg.get('batch_size')}, {cfg.get('image_size')} px, {cfg.get('dtype')}, "
+             f"{'train' if cfg.get('train', True) else 'eval'} transform, device {cfg.get('device')}, "
+             f"consumer {report['consumer']['name']}"]
+    lines.append("  ".join([" " * w0] + [n.rjust(w) for n, w in zip(names, widths)]))
+    lines.append("-" * len(lines[1]))
     for label, vals in rows:
         lines.append("  ".join([label.ljust(w0)] + [v.rjust(w) for v, w in zip(vals, widths)]))
     cons = report["consumer"]
