@@ -35,3 +35,14 @@ def test_every_option_shows_its_default(name, capsys):
     with pytest.raises(SystemExit) as e:
         main([name, "--help"])
     assert e.value.code == 0 and capsys.readouterr().out.startswith(f"usage: fastfeed {name}")
+
+
+def test_bench_names_the_missing_extra_before_measuring(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    # matplotlib hidden: the run stops at once, naming the extra (the dataset is not even opened)
+    assert main(["bench", str(tmp_path), "--plot", str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err
+    assert "matplotlib not installed" in err and "pip install 'fastfeed[bench]'" in err

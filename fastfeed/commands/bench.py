@@ -58,7 +58,24 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def missing_extras(args: argparse.Namespace) -> list[str]:
+    """Modules of the `[bench]` extra this run needs but cannot import (checked before minutes of measuring)."""
+    import importlib.util
+
+    needed = []
+    if args.consumer != "none" or args.compare:
+        needed.append("torchvision")  # the ResNet consumers and the DataLoader baseline's transforms
+    if args.plot:
+        needed.append("matplotlib")
+    return [m for m in needed if importlib.util.find_spec(m) is None]
+
+
 def run(args: argparse.Namespace) -> int:
+    missing = missing_extras(args)
+    if missing:
+        print(f"fastfeed bench: {' and '.join(missing)} not installed; install the bench extra: "
+              "pip install 'fastfeed[bench]' (or -e '.[bench]' in a clone)", file=sys.stderr)
+        return 2
     from fastfeed.bench.report import format_table, write_json
     from fastfeed.bench.session import run_bench
 
