@@ -50,13 +50,15 @@ def bottleneck(r: dict) -> str:
     wall = r.get("wall_s") or 0.0
     read_wait = (stages.get("read_wait") or {}).get("seconds", 0.0)
     fastfeed = bool(info)
-    if iowait is not None and iowait > 0.20:
-        more = f" or raise --reader-threads (now {info['reader_threads']})" if "reader_threads" in info else ""
-        return (f"storage-bound (iowait {iowait:.0%}): put the dataset on local SSD or let the page cache warm"
-                f"{more}")
+    # Storage is blamed only on evidence: for fastfeed its own ring timer (decode threads waiting for reads); for
+    # a loader without stage timers the machine's iowait, which counts every process's I/O, so it is named as such.
     if fastfeed and wall > 0 and read_wait > 0.25 * wall:
-        return (f"reads lag decoding ({read_wait:.1f} s of {wall:.1f} s waiting for the ring): raise --reader-threads "
-                f"(now {info.get('reader_threads')}) or move the data to faster storage")
+        io = f", machine iowait {iowait:.0%}" if iowait else ""
+        return (f"reads lag decoding ({read_wait:.1f} s of {wall:.1f} s waiting for the ring{io}): raise "
+                f"--reader-threads (now {info.get('reader_threads')}) or move the data to faster storage")
+    if not fastfeed and iowait is not None and iowait > 0.20:
+        return (f"storage-bound (machine iowait {iowait:.0%}): put the images on local SSD or let the page cache "
+                "warm, or pack them (`fastfeed pack`) for large sequential reads")
     if busy >= _SATURATED * cpus:
         if not fastfeed:
             return (f"CPU-bound ({busy:.1f} of {cpus} cores busy in PIL decode + transforms): "
