@@ -36,6 +36,16 @@ def image_folder(tmp_path_factory):
     return root
 
 
+@pytest.fixture
+def one_torch_thread():
+    """ResNet steps on tiny CPU batches run several times faster on one intra-op thread on a small shared machine
+    (two threads spin against each other and every other process); the same setting for runs and ceiling."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _check_result(r: dict, steps: int, batch: int) -> None:
     assert tuple(r) == RESULT_KEYS
     assert r["steps"] == steps
@@ -123,7 +133,7 @@ def test_empty_loader_raises_clear_error():
         run_loader([], lambda x, y: None, name="empty", steps=2, warmup=0, progress=False)
 
 
-def test_resnet_consumer_and_compute_ceiling_and_plot(image_folder, tmp_path):
+def test_resnet_consumer_and_compute_ceiling_and_plot(image_folder, tmp_path, one_torch_thread):
     cfg = BenchConfig(dataset=None, batch_size=4, image_size=32, steps=3, warmup=1, device="cpu", dtype="float16",
                       consumer="resnet18")
     loaders = {name: (lambda: make_torch_loader(image_folder, batch_size=4, image_size=32, device="cpu",
@@ -406,7 +416,7 @@ class _Batches:
             self._stop.set()
 
 
-def test_verdict_end_to_end_on_the_cpu_with_a_real_model():
+def test_verdict_end_to_end_on_the_cpu_with_a_real_model(one_torch_thread):
     from fastfeed.bench.consumers import synthetic_batch
 
     batch = synthetic_batch(2, 32, "cpu", torch.float32, num_classes=2)
