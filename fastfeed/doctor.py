@@ -15,9 +15,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fastfeed.readprobe import SLOW_DIRECT_MB_S, read_probe
+
 __all__ = [
     "Check", "OK", "WARN", "FAIL", "DOCTOR_SCHEMA_VERSION",
     "check_dali", "check_gpu", "check_memlock", "check_shm", "check_cpus", "check_storage", "check_small_files",
+    "read_probe", "SLOW_DIRECT_MB_S",
     "check_manifest", "check_torchrun", "run_checks", "format_checks", "to_json",
 ]
 
@@ -189,11 +192,19 @@ def _virtual(name: str, block: Path) -> str | None:
     return vendor.title() if vendor.startswith(_VIRTUAL_VENDORS) else None
 
 
-def check_storage(path: str, mounts: str = "/proc/mounts", sys_block: str = "/sys/block") -> Check:
+def _measured(probe: dict | None) -> str:
+    if not probe:
+        return ""
+    return (f"; {probe['reads']} random {probe['block'] // 1024} KiB direct reads: {probe['mb_per_s']:.0f} MB/s, "
+            f"p50 {probe['p50_ms']:.1f} ms")
+
+
+def check_storage(path: str, mounts: str = "/proc/mounts", sys_block: str = "/sys/block",
+                  probe: dict | None = None) -> Check:
     """The filesystem under `path`: network and rotational disks warn; a virtual disk's flag is not evidence.
 
     A hypervisor's disk (virtio /dev/vda, Xen, a cloud's emulated SCSI) commonly reports rotational=1 whatever
-    backs it; only a measurement (`fastfeed bench`'s iowait) tells whether reads are slow, so it is no warning.
+    backs it, so only a measurement counts there: `probe` (from `read_probe`) warns when direct reads are slow.
     The fix depends on whether `path` is already packed: packing a packed dataset again changes nothing.
     """
     m = mount_for(path, mounts)
@@ -201,26 +212,31 @@ def check_storage(path: str, mounts: str = "/proc/mounts", sys_block: str = "/sy
         return Check("storage", WARN, f"cannot tell which filesystem holds {path}")
     dev, mnt, fstype = m
     packed = (Path(path) / "fastfeed.json").is_file()
+    measured = _measured(probe)
     if fstype in NETWORK_FS or fstype.startswith("fuse."):
-        fix = ("raise --reader-threads (Loader reader_threads), use order='shard' for sequential reads, or copy the "
-               "dataset to local NVMe before training") if packed else \
+        fix = ("raise the Loader's reader_threads, use order='shard' for sequential reads, or copy the dataset to "
+               "local NVMe before training") if packed else \
             ("pack into shards (`fastfeed pack`), raise reader threads, or copy the packed dataset to local NVMe "
              "before training")
         return Check("storage", WARN, f"{path} is on a network filesystem ({fstype} at {mnt}): per-file latency "
-                     "dominates small reads", fix)
+                     f"dominates small reads{measured}", fix)
     if not dev.startswith("/dev/"):
-        return Check("storage", OK, f"{path} on {fstype} ({dev} at {mnt})")
+        return Check("storage", OK, f"{path} on {fstype} ({dev} at {mnt}){measured}")
     disk, rot, virtual = _disk(dev, sys_block)
+    slow_fix = ("keep the dataset in the page cache (enough RAM: it is read once, then served from memory) or on "
+                "a faster volume; order='shard' makes reads sequential") if packed else \
+        "pack into shards (`fastfeed pack`: large sequential reads) and keep the dataset on SSD or in page cache"
     if virtual:
-        return Check("storage", OK, f"{path} on a virtual disk ({virtual}, {dev} at {mnt}): its rotational flag says "
-                     "nothing about the storage behind it; `fastfeed bench` reports iowait if reads are slow")
+        what = f"{path} on a virtual disk ({virtual}, {dev} at {mnt})"
+        if probe and probe["mb_per_s"] < SLOW_DIRECT_MB_S:
+            return Check("storage", WARN, f"{what}: measured slow{measured}", slow_fix)
+        note = "" if probe else "; its rotational flag says nothing about the storage behind it (not measured)"
+        return Check("storage", OK, what + (measured or note))
     if rot:
-        fix = ("packed shards already read sequentially: keep the dataset in the page cache (enough RAM) or move "
-               "it to SSD; order='shard' makes reads fully sequential") if packed else \
-            "pack into shards (`fastfeed pack`: large sequential reads) and keep the dataset on SSD or in page cache"
-        return Check("storage", WARN, f"{path} is on a rotational disk ({dev}): random reads cost a seek each", fix)
+        return Check("storage", WARN, f"{path} is on a rotational disk ({dev}): random reads cost a seek each"
+                     f"{measured}", slow_fix)
     kind = "SSD/NVMe" if rot is False else fstype
-    return Check("storage", OK, f"{path} on {kind} ({dev} at {mnt})")
+    return Check("storage", OK, f"{path} on {kind} ({dev} at {mnt}){measured}")
 
 
 def check_small_files(path: str, max_scan: int = 20000, min_count: int = SMALL_FILE_COUNT,
@@ -415,7 +431,7 @@ def run_checks(dataset: str | None = None, num_threads: int | None = None,
         if not os.path.exists(dataset):
             checks.append(Check("dataset", FAIL, f"{dataset} does not exist", "check the path"))
         else:
-            checks.append(check_storage(dataset))
+            checks.append(check_storage(dataset, probe=read_probe(dataset)))
             small = check_small_files(dataset)
             checks.extend([small] if small is not None else check_manifest(dataset, gpu=bool(names)))
     checks.extend(check_torchrun(env))

@@ -239,3 +239,36 @@ def test_doctor_on_a_packed_dataset_never_suggests_packing_it(packed, capsys):
         assert main(["doctor", str(path)]) in (0, 1)
         out = capsys.readouterr().out
         assert "fastfeed pack" not in out, out
+
+
+def test_read_probe_measures_direct_reads(tmp_path):
+    import os
+
+    from fastfeed.doctor import read_probe
+
+    (tmp_path / "shard-000000.tar").write_bytes(os.urandom(4 << 20))
+    probe = read_probe(str(tmp_path), reads=8)
+    try:  # tmpfs and some filesystems refuse O_DIRECT: then there is no evidence, and None says so
+        os.close(os.open(tmp_path / "shard-000000.tar", os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        assert probe is None
+        return
+    assert probe["reads"] == 8 and probe["block"] == 1 << 20
+    assert probe["mb_per_s"] > 0 and probe["p50_ms"] >= 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert read_probe(str(empty)) is None
+
+
+def test_virtual_disk_warns_only_on_measured_slowness(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    sys_block = tmp_path / "sys_block"
+    _sys_disk(sys_block, "vda", 1)
+    mounts = _fake_mounts(tmp_path, data, "/dev/vda1", "ext4")
+    fast = {"reads": 32, "block": 1 << 20, "mb_per_s": 900.0, "p50_ms": 1.1}
+    c = check_storage(str(data), mounts, str(sys_block), probe=fast)
+    assert c.status == OK and "900 MB/s" in c.message
+    slow = {**fast, "mb_per_s": 12.0, "p50_ms": 80.0}
+    c = check_storage(str(data), mounts, str(sys_block), probe=slow)
+    assert c.status == WARN and "measured slow" in c.message and "12 MB/s" in c.message
