@@ -376,6 +376,12 @@ def test_every_flag_the_advice_names_exists():
                  "host": {**_host(busy, 16, machine), "iowait_frac": iowait}, "loader_stats": stats}
             for consumer, ceiling in (("resnet50", 100.0), ("none", None)):
                 lines += verdicts({"x": r}, ceiling, consumer)
+    # on a machine without a GPU the advice never sends the user to one
+    no_gpu = [v for info in infos if info is None or info["device"] == "cpu" for v in verdicts(
+        {"x": {"wait_fraction": 0.5, "samples_per_s": 50, "wall_s": 10.0, "step_s": {"p50": 0.1},
+               "host": _host(15.9, 16, 0.5), "loader_stats": {"info": info} if info else None}},
+        100.0, "resnet50", gpu=False)]
+    assert no_gpu and not any("cuda" in v or "GPU" in v for v in no_gpu), no_gpu
     named = set()
     for line in lines:
         line = re.sub(r"`fastfeed pack[^`]*`", "", line)  # pack's own flags, quoted as a command

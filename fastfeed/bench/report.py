@@ -45,16 +45,22 @@ def _machine(device: str | None) -> dict:
     return {"cpu_count": cpus, "torch_version": torch.__version__, "cuda_device": cuda}
 
 
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def verdicts(loaders: dict[str, dict], ceiling_samples_per_s: float | None,
-             consumer: str | None = None) -> list[str]:
+             consumer: str | None = None, gpu: bool = True) -> list[str]:
     """One sentence per loader: how far below the resident-data ceiling it trains, why, and what to change next."""
     out = []
     for name, r in loaders.items():
         if consumer == "none":
             out.append(f"{name}: {r['samples_per_s']:,.1f} samples/s with no training step (pure loader "
-                       f"throughput: the most a step can get from it); {bottleneck(r)}.")
+                       f"throughput: the most a step can get from it); {bottleneck(r, gpu)}.")
         else:
-            out.append(loader_verdict(name, r, ceiling_samples_per_s))
+            out.append(loader_verdict(name, r, ceiling_samples_per_s, gpu))
     return out
 
 
@@ -122,7 +128,7 @@ def build_report(config: dict, loaders: dict[str, dict], consumer: str, compute_
         },
         "loaders": loaders,
         "comparison": comparison,
-        "verdict": verdicts(loaders, ceiling, consumer),
+        "verdict": verdicts(loaders, ceiling, consumer, gpu=_has_gpu()),
         "attribution": attribution,
         "errors": errors,
         "notes": list(notes or ()),

@@ -40,8 +40,11 @@ def _info(r: dict) -> dict:
     return (r.get("loader_stats") or {}).get("info") or {}
 
 
-def bottleneck(r: dict) -> str:
-    """Why a loader cannot deliver faster, from its resource use and stage timers, with the one change to try."""
+def bottleneck(r: dict, gpu: bool = True) -> str:
+    """Why a loader cannot deliver faster, from its resource use and stage timers, with the one change to try.
+
+    gpu: whether this machine has a CUDA GPU; without one, advice to decode on it is left out.
+    """
     host = r.get("host") or {}
     info = _info(r)
     stages = (r.get("loader_stats") or {}).get("stages") or {}
@@ -62,13 +65,14 @@ def bottleneck(r: dict) -> str:
     if busy >= _SATURATED * cpus:
         if not fastfeed:
             return (f"CPU-bound ({busy:.1f} of {cpus} cores busy in PIL decode + transforms): "
-                    "fastfeed.Loader decodes on the GPU with --device cuda")
+                    + ("fastfeed.Loader decodes on the GPU with --device cuda" if gpu else
+                       "give the job more cores"))
         if info.get("decoder") == "dali":
             return (f"CPU-bound ({busy:.1f} of {cpus} cores busy): raise --hw-decoder-load (now "
                     f"{info.get('hw_decoder_load')}) to move more JPEGs onto the GPU's hardware decoder")
-        return (f"CPU-bound ({busy:.1f} of {cpus} cores busy decoding on the CPU): decode on the GPU "
-                "(--device cuda --decoder dali), give the job more cores, or pack smaller images "
-                "(`fastfeed pack --max-side 512`)")
+        on_gpu = "decode on the GPU (--device cuda --decoder dali), " if gpu else ""
+        return (f"CPU-bound ({busy:.1f} of {cpus} cores busy decoding on the CPU): {on_gpu}give the job more cores, "
+                "or pack smaller images (`fastfeed pack --max-side 512`)")
     if machine is not None and machine > 0.90:
         return (f"other processes hold the CPU (machine {machine:.0%} busy, this loader {busy:.1f} of {cpus} "
                 "cores): numbers are low; measure again on an idle machine")
@@ -78,14 +82,15 @@ def bottleneck(r: dict) -> str:
             f"--pipelines (now {info.get('pipelines')}) or --prefetch (now {info.get('prefetch')})")
 
 
-def slowdown_advice(r: dict) -> str:
+def slowdown_advice(r: dict, gpu: bool = True) -> str:
     """What to try when the loader keeps up but its own work makes the training step slower."""
     info = _info(r)
     host = r.get("host") or {}
     busy, cpus = host.get("cpu_cores_busy") or 0.0, host.get("cpu_count") or 1
     if not info:
+        other = ", or fastfeed.Loader with GPU decode" if gpu else ""
         return (f"its worker processes and host-to-device copies compete with the training process ({busy:.1f} of "
-                f"{cpus} cores busy): try fewer --torch-workers, or fastfeed.Loader with GPU decode")
+                f"{cpus} cores busy): try fewer --torch-workers{other}")
     device = str(info.get("device", ""))
     if info.get("decoder") == "dali" and device.startswith("cuda"):
         return (f"its GPU decode shares the device with the model: try fewer --pipelines (now "
@@ -93,18 +98,18 @@ def slowdown_advice(r: dict) -> str:
                 "which moves work from the GPU's cores to its hardware JPEG decoder")
     threads = info.get("num_threads")
     fewer = f"try fewer --num-threads (now {threads}), or " if isinstance(threads, int) and threads > 1 else ""
-    where = "give the job more cores" if device.startswith("cpu") else "--decoder dali to decode on the GPU"
+    where = "give the job more cores" if device.startswith("cpu") or not gpu else "--decoder dali to decode on the GPU"
     return f"its decode threads take CPU from the model ({busy:.1f} of {cpus} cores busy): {fewer}{where}"
 
 
-def loader_verdict(name: str, r: dict, ceiling_samples_per_s: float | None) -> str:
+def loader_verdict(name: str, r: dict, ceiling_samples_per_s: float | None, gpu: bool = True) -> str:
     """One sentence: the measured rate against the ceiling, where the gap goes, and what to change next."""
     rate = r["samples_per_s"]
     wf = r["wait_fraction"]
     if not ceiling_samples_per_s:
         s = f"{name}: data-wait {100 * wf:.0f}%"
         if wf > INPUT_BOUND:
-            return s + f": the loader can't keep up; {bottleneck(r)}."
+            return s + f": the loader can't keep up; {bottleneck(r, gpu)}."
         return s + " (no resident-data ceiling measured, so a slowed step cannot be ruled out)."
     if not rate > 0:
         return f"{name}: no samples measured."
@@ -118,11 +123,11 @@ def loader_verdict(name: str, r: dict, ceiling_samples_per_s: float | None) -> s
         return (head + split + ": compute-bound, the model sets the pace; a faster loader will not speed this "
                 "step up.")
     if a["wait_share"] >= a["slowed_share"]:
-        why = bottleneck(r)
+        why = bottleneck(r, gpu)
         caveat = "" if "other processes" in why else _contention(r)
         return head + split + f": input-bound, the loader can't keep up; {why}{caveat}."
     return (head + split + f": the loader keeps up (data wait {_pct(a['wait_share'])}) but its own work slows the "
-            f"step; {slowdown_advice(r)}{_contention(r)}.")
+            f"step; {slowdown_advice(r, gpu)}{_contention(r)}.")
 
 
 def _contention(r: dict) -> str:
