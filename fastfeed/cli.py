@@ -24,16 +24,37 @@ def _module(name: str):
     return importlib.import_module(f"fastfeed.commands.{name.replace('-', '_')}")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default once, from the parser itself (help texts must not repeat it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        # ArgumentDefaultsHelpFormatter skips defaults of None; store_true flags' False says nothing either
+        if action.default is None or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def _version() -> str:
+    from fastfeed import __version__
+
+    return f"fastfeed {__version__}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="fastfeed", description="Keep GPUs fed during PyTorch training.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser = argparse.ArgumentParser(prog="fastfeed", description="Keep GPUs fed during PyTorch training.",
+                                     epilog="`fastfeed COMMAND --help` describes a command's options.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = argv[0] if argv and argv[0] in COMMANDS else None
     for name, help_text in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
         if name == wanted:  # configure only the command being run: the others may have heavy imports
             _module(name).configure(p)
     args = parser.parse_args(argv)
+    if args.command is None:  # `fastfeed` alone: the overview, as a successful answer
+        parser.print_help()
+        return 0
     try:
         return int(_module(args.command).run(args) or 0)
     except KeyboardInterrupt:

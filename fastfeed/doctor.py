@@ -15,9 +15,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fastfeed.readprobe import SLOW_DIRECT_MB_S, read_probe
+
 __all__ = [
     "Check", "OK", "WARN", "FAIL", "DOCTOR_SCHEMA_VERSION",
     "check_dali", "check_gpu", "check_memlock", "check_shm", "check_cpus", "check_storage", "check_small_files",
+    "read_probe", "SLOW_DIRECT_MB_S",
     "check_manifest", "check_torchrun", "run_checks", "format_checks", "to_json",
 ]
 
@@ -81,16 +84,18 @@ def check_gpu(device_names: list[str], error: str | None = None, visible_env: st
 
 
 # ------------------------------------------------------------------------------------------------ host limits
-def check_memlock(soft: int, hard: int, wanted: int = MEMLOCK_WANTED) -> Check:
-    """RLIMIT_MEMLOCK (`ulimit -l`), in bytes; resource.RLIM_INFINITY means unlimited."""
+def check_memlock(soft: int, hard: int, wanted: int = MEMLOCK_WANTED, gpu: bool = True) -> Check:
+    """RLIMIT_MEMLOCK (`ulimit -l`), in bytes; resource.RLIM_INFINITY means unlimited. Only GPUs use pinned memory."""
+    shown = "unlimited" if soft == resource.RLIM_INFINITY else (_gib(soft) if soft >= 2**20 else f"{soft // 1024} KiB")
     if soft == resource.RLIM_INFINITY or soft >= wanted:
-        shown = "unlimited" if soft == resource.RLIM_INFINITY else _gib(soft)
         return Check("memlock", OK, f"page-locked memory limit {shown}")
+    if not gpu:
+        return Check("memlock", OK, f"page-locked memory limit {shown} (no GPU here: nothing is pinned)")
     fix = ("ulimit -l unlimited (raise the hard limit in /etc/security/limits.conf: '* - memlock unlimited'); "
            "docker: --ulimit memlock=-1:-1")
     if hard != resource.RLIM_INFINITY and hard < wanted:
         fix = "hard limit too low: " + fix
-    return Check("memlock", WARN, f"page-locked memory limit is {_gib(soft) if soft >= 2**20 else f'{soft // 1024} KiB'}"
+    return Check("memlock", WARN, f"page-locked memory limit is {shown}"
                  f" (< {_gib(wanted)}): pinning and NCCL/InfiniBand registration may fail or fall back to pageable "
                  "copies", fix)
 
@@ -120,7 +125,8 @@ def cgroup_cpu_limit(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> float | None:
     return None if quota == "max" else int(quota) / int(period)
 
 
-def check_cpus(usable: int, online: int, requested: int | None = None, quota: float | None = None) -> Check:
+def check_cpus(usable: int, online: int, requested: int | None = None, quota: float | None = None,
+               gpu: bool = True) -> Check:
     """usable = len(os.sched_getaffinity(0)); quota from cgroup_cpu_limit(); requested = --num-threads."""
     limit = min(usable, quota) if quota else usable
     desc = f"{usable} usable CPU(s) of {online}" + (f", cgroup quota {quota:g} CPUs" if quota else "")
@@ -128,6 +134,9 @@ def check_cpus(usable: int, online: int, requested: int | None = None, quota: fl
         return Check("cpus", WARN, f"{requested} threads requested but {desc}: threads will time-slice",
                      f"use --num-threads {max(1, int(limit))} (or 'auto')")
     if limit < 4:
+        if not gpu:
+            return Check("cpus", WARN, f"{desc}: CPU decoding, the only path without a GPU, runs on these",
+                         "request more CPUs for this job")
         return Check("cpus", WARN, f"{desc}: too few for CPU decoding at GPU speed",
                      "use GPU decode (decoder='dali') or request more CPUs for this job")
     return Check("cpus", OK, desc)
@@ -153,32 +162,81 @@ def mount_for(path: str, mounts: str = "/proc/mounts") -> tuple[str, str, str] |
     return best
 
 
-def _rotational(dev: str, sys_block: str) -> bool | None:
+_VIRTUAL_VENDORS = ("QEMU", "VMWARE", "MSFT", "GOOGLE", "AMAZON", "XEN", "VBOX", "VIRTUAL")
+
+
+def _disk(dev: str, sys_block: str) -> tuple[str, bool | None, str | None]:
+    """(disk name, rotational flag or None, why it is a virtual disk or None) for a /dev partition or disk."""
     name = os.path.basename(dev)
     candidates = [name, re.sub(r"p\d+$", "", name) if re.search(r"\d+p\d+$", name) else re.sub(r"\d+$", "", name)]
     for c in candidates:
+        queue = Path(sys_block, c, "queue", "rotational")
         try:
-            return Path(sys_block, c, "queue", "rotational").read_text().strip() == "1"
+            rot = queue.read_text().strip() == "1"
         except OSError:
             continue
-    return None
+        return c, rot, _virtual(c, Path(sys_block, c))
+    return name, None, None
 
 
-def check_storage(path: str, mounts: str = "/proc/mounts", sys_block: str = "/sys/block") -> Check:
+def _virtual(name: str, block: Path) -> str | None:
+    """Why `name` is a hypervisor's disk, whose rotational flag describes nothing real; None if it looks physical."""
+    if name.startswith(("vd", "xvd")):
+        return "virtio" if name.startswith("vd") else "Xen"
+    if "virtio" in os.path.realpath(block):
+        return "virtio"
+    try:
+        vendor = (block / "device" / "vendor").read_text().strip().upper()
+    except OSError:
+        return None
+    return vendor.title() if vendor.startswith(_VIRTUAL_VENDORS) else None
+
+
+def _measured(probe: dict | None) -> str:
+    if not probe:
+        return ""
+    return (f"; {probe['reads']} random {probe['block'] // 1024} KiB direct reads: {probe['mb_per_s']:.0f} MB/s, "
+            f"p50 {probe['p50_ms']:.1f} ms")
+
+
+def check_storage(path: str, mounts: str = "/proc/mounts", sys_block: str = "/sys/block",
+                  probe: dict | None = None) -> Check:
+    """The filesystem under `path`: network and rotational disks warn; a virtual disk's flag is not evidence.
+
+    A hypervisor's disk (virtio /dev/vda, Xen, a cloud's emulated SCSI) commonly reports rotational=1 whatever
+    backs it, so only a measurement counts there: `probe` (from `read_probe`) warns when direct reads are slow.
+    The fix depends on whether `path` is already packed: packing a packed dataset again changes nothing.
+    """
     m = mount_for(path, mounts)
     if m is None:
         return Check("storage", WARN, f"cannot tell which filesystem holds {path}")
     dev, mnt, fstype = m
+    packed = (Path(path) / "fastfeed.json").is_file()
+    measured = _measured(probe)
     if fstype in NETWORK_FS or fstype.startswith("fuse."):
+        fix = ("raise the Loader's reader_threads, use order='shard' for sequential reads, or copy the dataset to "
+               "local NVMe before training") if packed else \
+            ("pack into shards (`fastfeed pack`), raise reader threads, or copy the packed dataset to local NVMe "
+             "before training")
         return Check("storage", WARN, f"{path} is on a network filesystem ({fstype} at {mnt}): per-file latency "
-                     "dominates small reads", "pack into shards (`fastfeed pack`), raise reader threads, or copy "
-                     "the packed dataset to local NVMe before training")
-    rot = _rotational(dev, sys_block) if dev.startswith("/dev/") else None
+                     f"dominates small reads{measured}", fix)
+    if not dev.startswith("/dev/"):
+        return Check("storage", OK, f"{path} on {fstype} ({dev} at {mnt}){measured}")
+    disk, rot, virtual = _disk(dev, sys_block)
+    slow_fix = ("keep the dataset in the page cache (enough RAM: it is read once, then served from memory) or on "
+                "a faster volume; order='shard' makes reads sequential") if packed else \
+        "pack into shards (`fastfeed pack`: large sequential reads) and keep the dataset on SSD or in page cache"
+    if virtual:
+        what = f"{path} on a virtual disk ({virtual}, {dev} at {mnt})"
+        if probe and probe["mb_per_s"] < SLOW_DIRECT_MB_S:
+            return Check("storage", WARN, f"{what}: measured slow{measured}", slow_fix)
+        note = "" if probe else "; its rotational flag says nothing about the storage behind it (not measured)"
+        return Check("storage", OK, what + (measured or note))
     if rot:
-        return Check("storage", WARN, f"{path} is on a rotational disk ({dev}): random reads cost a seek each",
-                     "use packed shards (large sequential reads) and keep the dataset in page cache or on SSD")
+        return Check("storage", WARN, f"{path} is on a rotational disk ({dev}): random reads cost a seek each"
+                     f"{measured}", slow_fix)
     kind = "SSD/NVMe" if rot is False else fstype
-    return Check("storage", OK, f"{path} on {kind} ({dev} at {mnt})")
+    return Check("storage", OK, f"{path} on {kind} ({dev} at {mnt}){measured}")
 
 
 def check_small_files(path: str, max_scan: int = 20000, min_count: int = SMALL_FILE_COUNT,
@@ -211,8 +269,12 @@ def check_small_files(path: str, max_scan: int = 20000, min_count: int = SMALL_F
     return Check("dataset", WARN, msg + "; fastfeed.Loader reads packed datasets", cmd)
 
 
-def check_manifest(path: str) -> list[Check]:
-    """A packed dataset: manifest readable, shard files present with the recorded sizes, JPEG mix advice."""
+def check_manifest(path: str, gpu: bool = True) -> list[Check]:
+    """A packed dataset: manifest readable, shard files present with the recorded sizes, JPEG mix advice.
+
+    gpu: whether a CUDA GPU is visible; the JPEG mix matters only for the GPU's hardware decoder, so without one
+    there is nothing to re-pack for.
+    """
     from fastfeed.types import Manifest  # no torch; raises DatasetError on a bad manifest
 
     root = Path(path)
@@ -242,6 +304,9 @@ def check_manifest(path: str) -> list[Check]:
         note = f", {man.rejected} source files rejected at pack time" if man.rejected else ""
         out.append(Check("manifest", OK, f"{man.num_samples} samples, {len(man.classes)} classes, {man.kind}, "
                          f"{len(man.shards)} shard(s){note}"))
+    if not gpu:
+        out.append(Check("jpeg_mix", OK, "no GPU here: the JPEG mix matters only for a GPU's hardware decoder"))
+        return out
     try:
         from fastfeed.jpeg import hw_decoder_advice
 
@@ -358,17 +423,17 @@ def run_checks(dataset: str | None = None, num_threads: int | None = None,
     checks = [
         check_dali(version, major, driver, err),
         check_gpu(names, gpu_err, env.get("CUDA_VISIBLE_DEVICES")),
-        check_memlock(soft, hard),
+        check_memlock(soft, hard, gpu=bool(names)),
         check_shm(),
-        check_cpus(usable, os.cpu_count() or usable, num_threads, cgroup_cpu_limit()),
+        check_cpus(usable, os.cpu_count() or usable, num_threads, cgroup_cpu_limit(), gpu=bool(names)),
     ]
     if dataset is not None:
         if not os.path.exists(dataset):
             checks.append(Check("dataset", FAIL, f"{dataset} does not exist", "check the path"))
         else:
-            checks.append(check_storage(dataset))
+            checks.append(check_storage(dataset, probe=read_probe(dataset)))
             small = check_small_files(dataset)
-            checks.extend([small] if small is not None else check_manifest(dataset))
+            checks.extend([small] if small is not None else check_manifest(dataset, gpu=bool(names)))
     checks.extend(check_torchrun(env))
     return checks
 

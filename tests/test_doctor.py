@@ -188,3 +188,87 @@ def test_run_checks_and_cli_exit_status(tmp_path, capsys):
     capsys.readouterr()
     assert main(["doctor", "--json"]) in (0, 1)
     assert json.loads(capsys.readouterr().out)["schema_version"] == 1
+
+
+def _sys_disk(sys_block, name, rotational, vendor=None):
+    q = sys_block / name / "queue"
+    q.mkdir(parents=True)
+    (q / "rotational").write_text(f"{rotational}\n")
+    if vendor is not None:
+        (sys_block / name / "device").mkdir()
+        (sys_block / name / "device" / "vendor").write_text(f"{vendor}\n")
+
+
+def test_virtual_disk_rotational_flag_is_not_evidence(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    sys_block = tmp_path / "sys_block"
+    _sys_disk(sys_block, "vda", 1)  # virtio-blk reports rotational=1 whatever backs it
+    c = check_storage(str(data), _fake_mounts(tmp_path, data, "/dev/vda1", "ext4"), str(sys_block))
+    assert c.status == OK and "virtual disk (virtio" in c.message and "pack" not in c.message
+    _sys_disk(sys_block, "sdc", 1, vendor="QEMU")  # an emulated SCSI disk
+    c = check_storage(str(data), _fake_mounts(tmp_path, data, "/dev/sdc1", "ext4"), str(sys_block))
+    assert c.status == OK and "virtual disk (Qemu" in c.message
+    _sys_disk(sys_block, "sdd", 1, vendor="ATA")  # a real spinning disk still warns
+    assert check_storage(str(data), _fake_mounts(tmp_path, data, "/dev/sdd1", "ext4"), str(sys_block)).status == WARN
+
+
+def test_storage_fix_for_a_packed_dataset_does_not_say_pack_it(tmp_path):
+    packed = tmp_path / "packed"
+    _write_packed(packed, {"baseline": 2})
+    sys_block = tmp_path / "sys_block"
+    _sys_disk(sys_block, "sdb", 1)
+    c = check_storage(str(packed), _fake_mounts(tmp_path, packed, "/dev/sdb1", "ext4"), str(sys_block))
+    assert c.status == WARN and "fastfeed pack" not in c.fix and "page cache" in c.fix
+    c = check_storage(str(packed), _fake_mounts(tmp_path, packed, "server:/x", "nfs4"), str(sys_block))
+    assert c.status == WARN and "fastfeed pack" not in c.fix and "reader" in c.fix
+
+
+def test_without_a_gpu_gpu_only_advice_is_not_given(tmp_path):
+    prog = tmp_path / "prog"
+    _write_packed(prog, {"baseline": 1, "progressive": 1})
+    man, mix = check_manifest(str(prog), gpu=False)
+    assert mix.status == OK and "no GPU" in mix.message
+    assert check_memlock(64 * 1024, 64 * 1024, gpu=False).status == OK
+    c = check_cpus(usable=2, online=2, gpu=False)
+    assert "dali" not in c.fix and "more CPUs" in c.fix
+
+
+def test_doctor_on_a_packed_dataset_never_suggests_packing_it(packed, capsys):
+    for path in packed.values():
+        assert main(["doctor", str(path)]) in (0, 1)
+        out = capsys.readouterr().out
+        assert "fastfeed pack" not in out, out
+
+
+def test_read_probe_measures_direct_reads(tmp_path):
+    import os
+
+    from fastfeed.doctor import read_probe
+
+    (tmp_path / "shard-000000.tar").write_bytes(os.urandom(4 << 20))
+    probe = read_probe(str(tmp_path), reads=8)
+    try:  # tmpfs and some filesystems refuse O_DIRECT: then there is no evidence, and None says so
+        os.close(os.open(tmp_path / "shard-000000.tar", os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        assert probe is None
+        return
+    assert probe["reads"] == 8 and probe["block"] == 1 << 20
+    assert probe["mb_per_s"] > 0 and probe["p50_ms"] >= 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert read_probe(str(empty)) is None
+
+
+def test_virtual_disk_warns_only_on_measured_slowness(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    sys_block = tmp_path / "sys_block"
+    _sys_disk(sys_block, "vda", 1)
+    mounts = _fake_mounts(tmp_path, data, "/dev/vda1", "ext4")
+    fast = {"reads": 32, "block": 1 << 20, "mb_per_s": 900.0, "p50_ms": 1.1}
+    c = check_storage(str(data), mounts, str(sys_block), probe=fast)
+    assert c.status == OK and "900 MB/s" in c.message
+    slow = {**fast, "mb_per_s": 12.0, "p50_ms": 80.0}
+    c = check_storage(str(data), mounts, str(sys_block), probe=slow)
+    assert c.status == WARN and "measured slow" in c.message and "12 MB/s" in c.message

@@ -2,9 +2,11 @@
 
     runner.py         warm-up + fixed steps of any (images, labels) iterable; the timing rules
     consumers.py      simulated training steps (none / resnet18 / resnet50), synchronised per step
-    torch_baseline.py the DataLoader + ImageFolder + PIL baseline (make_torch_loader), reused by benchmarks/
+    torch_baseline.py the DataLoader + PIL baseline over a packed dataset or an ImageFolder tree (make_torch_loader),
+                      reused by benchmarks/
     sysmon.py         CPU, iowait, memory and NVML GPU sampling in a background thread
     session.py        one run: loaders x consumer -> report
+    verdict.py        the step against the resident-data ceiling: data wait / slowed step / model, and the advice
     report.py         JSON schema (BENCH_SCHEMA_VERSION) and the final table
     plot.py           throughput and wait-distribution PNG
 """

@@ -6,8 +6,15 @@ JSON document (schema_version 1; keys never renamed or removed without bumping B
     machine:    {cpu_count, torch_version, cuda_device (name or null)}
     consumer:   {name, compute_only_step_s: {p50,p90,p99,mean} | null, compute_only_samples_per_s | null}
     loaders:    {name: LoaderResult (fastfeed/bench/runner.py RESULT_KEYS)}: "fastfeed" and, with --compare, "torch"
-    comparison: {baseline, samples_per_s_ratio, step_s_p50_ratio} | null
-    verdict:    [str]: one sentence per loader answering "is the device waiting for data, and what could it gain?"
+    comparison: {baseline, source, samples_per_s_ratio, step_s_p50_ratio, error} | null: with --compare; `source`
+                is what the baseline read (the packed dataset, or --images DIR); ratios are null and `error` says
+                why when the baseline failed
+    verdict:    [str]: one sentence per loader: how far below the resident-data ceiling it trains, where the gap
+                goes (data wait / the loader's work slowing the step / the model), what to change next
+    attribution: {name: {below_ceiling, wait_share, slowed_share, model_share}} | null (fastfeed/bench/verdict.py;
+                null without a consumer)
+    errors:     {name: "ExceptionType: message"} for loaders that failed (their results are absent from `loaders`)
+    notes:      [str]: adjustments the run made (e.g. a batch size clamped to a small dataset)
 Each loader result: steps, samples, wall_s, samples_per_s, step_s/wait_s {p50,p90,p99,mean(,total)},
 wait_fraction in [0, 1], host {cpu_cores_busy, cpu_count, system_cpu_busy_frac, iowait_frac, rss_peak_bytes},
 gpu {util_mean_pct, util_max_pct, power_mean_w, power_max_w, samples} | null, gpu_error, loader_stats, per_step.
@@ -18,12 +25,14 @@ import json
 import os
 import time
 
+from fastfeed.bench.verdict import attribute, bottleneck, loader_verdict
+
 __all__ = ["BENCH_SCHEMA_VERSION", "REPORT_KEYS", "build_report", "format_table", "settings_lines", "verdicts",
            "write_json"]
 
 BENCH_SCHEMA_VERSION = 1
 REPORT_KEYS = ("schema_version", "fastfeed_version", "created_unix", "config", "machine", "consumer", "loaders",
-               "comparison", "verdict")
+               "comparison", "verdict", "attribution", "errors", "notes")
 
 
 def _machine(device: str | None) -> dict:
@@ -36,71 +45,27 @@ def _machine(device: str | None) -> dict:
     return {"cpu_count": cpus, "torch_version": torch.__version__, "cuda_device": cuda}
 
 
-_INPUT_BOUND = 0.10  # data-wait share above which the step is called input-bound
-_SATURATED = 0.85  # share of the usable cores above which a loader is called CPU-bound
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def verdicts(loaders: dict[str, dict], ceiling_samples_per_s: float | None,
+             consumer: str | None = None, gpu: bool = True) -> list[str]:
+    """One sentence per loader: how far below the resident-data ceiling it trains, why, and what to change next."""
+    out = []
+    for name, r in loaders.items():
+        if consumer == "none":
+            out.append(f"{name}: {r['samples_per_s']:,.1f} samples/s with no training step (pure loader "
+                       f"throughput: the most a step can get from it); {bottleneck(r, gpu)}.")
+        else:
+            out.append(loader_verdict(name, r, ceiling_samples_per_s, gpu))
+    return out
 
 
 def _info(r: dict) -> dict:
     return (r.get("loader_stats") or {}).get("info") or {}
-
-
-def _bottleneck(r: dict) -> str:
-    """Where a loader's time goes, from its resource use and stage timers, with the one change to try next."""
-    host = r.get("host") or {}
-    info = _info(r)
-    stages = (r.get("loader_stats") or {}).get("stages") or {}
-    busy, cpus = host.get("cpu_cores_busy") or 0.0, host.get("cpu_count") or 1
-    iowait, machine = host.get("iowait_frac"), host.get("system_cpu_busy_frac")
-    wall = r.get("wall_s") or 0.0
-    read_wait = (stages.get("read_wait") or {}).get("seconds", 0.0)
-    fastfeed = bool(info)
-    if iowait is not None and iowait > 0.20:
-        more = f" or raise reader_threads (now {info['reader_threads']})" if "reader_threads" in info else ""
-        return (f"storage-bound (iowait {iowait:.0%}): put the dataset on local SSD or let the page cache warm"
-                f"{more}")
-    if fastfeed and wall > 0 and read_wait > 0.25 * wall:
-        return (f"reads lag decoding ({read_wait:.1f} s of {wall:.1f} s waiting for the ring): raise reader_threads "
-                f"(now {info.get('reader_threads')}) or move the data to faster storage")
-    if busy >= _SATURATED * cpus:
-        if not fastfeed:
-            return (f"CPU-bound ({busy:.1f} of {cpus} cores busy in PIL decode + transforms): pack the folder "
-                    "(`fastfeed pack`) and use fastfeed.Loader")
-        if info.get("decoder") == "dali":
-            return (f"CPU-bound ({busy:.1f} of {cpus} cores busy): raise hw_decoder_load (now "
-                    f"{info.get('hw_decoder_load')}) to move more JPEGs onto the GPU's hardware decoder")
-        return (f"CPU-bound ({busy:.1f} of {cpus} cores busy decoding on the CPU): decode on the GPU "
-                "(device='cuda', decoder='dali'), give the job more cores, or pack smaller images "
-                "(`fastfeed pack --max-side 512`)")
-    if machine is not None and machine > 0.90:
-        return (f"other processes hold the CPU (machine {machine:.0%} busy, this loader {busy:.1f} of {cpus} "
-                "cores): numbers are low; measure again on an idle machine")
-    if not fastfeed:
-        return f"only {busy:.1f} of {cpus} cores busy: raise --torch-workers"
-    return (f"only {busy:.1f} of {cpus} cores busy: raise num_threads (now {info.get('num_threads')}), "
-            f"pipelines (now {info.get('pipelines')}) or prefetch (now {info.get('prefetch')})")
-
-
-def verdicts(loaders: dict[str, dict], compute_step_p50: float | None, consumer: str | None = None) -> list[str]:
-    """One sentence per loader: is the step waiting for data, what it could gain, and what to change next."""
-    out = []
-    for name, r in loaders.items():
-        wf = r["wait_fraction"]
-        if consumer == "none" or (consumer is None and not compute_step_p50):
-            out.append(f"{name}: {r['samples_per_s']:,.0f} samples/s with no training step (pure loader "
-                       f"throughput: the most a step can get from it); {_bottleneck(r)}.")
-            continue
-        s = f"{name}: data-wait {100 * wf:.0f}%"
-        if wf > _INPUT_BOUND:
-            s += ": the loader can't keep up"
-            if compute_step_p50 and compute_step_p50 > 0:
-                gain = r["step_s"]["p50"] / compute_step_p50
-                s += (f"; with resident data the step would be {gain:.2f}x faster (p50 {r['step_s']['p50'] * 1e3:.1f}"
-                      f" ms vs {compute_step_p50 * 1e3:.1f} ms)")
-            s += f"; {_bottleneck(r)}."
-        else:
-            s += ": compute-bound, the loader keeps up; a faster loader will not speed this step up."
-        out.append(s)
-    return out
 
 
 def settings_lines(loaders: dict[str, dict]) -> list[str]:
@@ -128,19 +93,28 @@ def settings_lines(loaders: dict[str, dict]) -> list[str]:
     return lines
 
 
-def build_report(config: dict, loaders: dict[str, dict], consumer: str,
-                 compute_only_step_s: dict | None, batch_size: int) -> dict:
+def build_report(config: dict, loaders: dict[str, dict], consumer: str, compute_only_step_s: dict | None,
+                 batch_size: int, errors: dict[str, str] | None = None, notes: list[str] | None = None,
+                 baseline_source: str | None = None) -> dict:
     from fastfeed import __version__
 
+    errors = dict(errors or {})
     comparison = None
-    if "fastfeed" in loaders and "torch" in loaders:
-        ff, tb = loaders["fastfeed"], loaders["torch"]
+    if "fastfeed" in loaders and ("torch" in loaders or "torch" in errors):
+        ff, tb = loaders["fastfeed"], loaders.get("torch")
         comparison = {
             "baseline": "torch",
-            "samples_per_s_ratio": ff["samples_per_s"] / tb["samples_per_s"] if tb["samples_per_s"] else None,
-            "step_s_p50_ratio": tb["step_s"]["p50"] / ff["step_s"]["p50"] if ff["step_s"]["p50"] else None,
+            "source": baseline_source,
+            "samples_per_s_ratio": ff["samples_per_s"] / tb["samples_per_s"] if tb and tb["samples_per_s"] else None,
+            "step_s_p50_ratio": tb["step_s"]["p50"] / ff["step_s"]["p50"] if tb and ff["step_s"]["p50"] else None,
+            "error": errors.get("torch"),
         }
     p50 = compute_only_step_s["p50"] if compute_only_step_s else None
+    ceiling = batch_size / p50 if p50 else None
+    attribution = None
+    if ceiling and consumer != "none":
+        attribution = {name: attribute(r["samples_per_s"], r["wait_fraction"], ceiling)
+                       for name, r in loaders.items() if r["samples_per_s"] > 0}
     report = {
         "schema_version": BENCH_SCHEMA_VERSION,
         "fastfeed_version": __version__,
@@ -150,11 +124,14 @@ def build_report(config: dict, loaders: dict[str, dict], consumer: str,
         "consumer": {
             "name": consumer,
             "compute_only_step_s": compute_only_step_s,
-            "compute_only_samples_per_s": batch_size / p50 if p50 else None,
+            "compute_only_samples_per_s": ceiling,
         },
         "loaders": loaders,
         "comparison": comparison,
-        "verdict": verdicts(loaders, p50, consumer),
+        "verdict": verdicts(loaders, ceiling, consumer, gpu=_has_gpu()),
+        "attribution": attribution,
+        "errors": errors,
+        "notes": list(notes or ()),
     }
     return report
 
@@ -193,11 +170,25 @@ def format_table(report: dict) -> str:
     row("machine CPU / iowait", lambda r: _fmt(r["host"]["system_cpu_busy_frac"], ".0%") + " / "
         + _fmt(r["host"]["iowait_frac"], ".1%"))
     row("peak memory (PSS)", lambda r: f"{r['host']['rss_peak_bytes'] / 2**20:,.0f} MiB")
+    attribution = report.get("attribution") or {}
+    if attribution:
+        def split(name: str) -> str:
+            a = attribution.get(name)
+            return "-" if a is None else (f"{100 * a['wait_share']:.0f}/{100 * a['slowed_share']:.0f}/"
+                                          f"{100 * a['model_share']:.0f}%")
+
+        rows.append(("below ceiling", [_fmt(attribution.get(n) and 100 * attribution[n]["below_ceiling"], ".1f")
+                                       + ("%" if attribution.get(n) else "") for n in names]))
+        rows.append(("wait/slowed/model", [split(n) for n in names]))
 
     w0 = max(len(label) for label, _ in rows)
     widths = [max(len(n), *(len(vals[i]) for _, vals in rows)) for i, n in enumerate(names)]
-    lines = ["  ".join([" " * w0] + [n.rjust(w) for n, w in zip(names, widths)])]
-    lines.append("-" * len(lines[0]))
+    cfg = report.get("config") or {}
+    lines = [f"batch {cfg.get('batch_size')}, {cfg.get('image_size')} px, {cfg.get('dtype')}, "
+             f"{'train' if cfg.get('train', True) else 'eval'} transform, device {cfg.get('device')}, "
+             f"consumer {report['consumer']['name']}"]
+    lines.append("  ".join([" " * w0] + [n.rjust(w) for n, w in zip(names, widths)]))
+    lines.append("-" * len(lines[1]))
     for label, vals in rows:
         lines.append("  ".join([label.ljust(w0)] + [v.rjust(w) for v, w in zip(vals, widths)]))
     cons = report["consumer"]
@@ -208,5 +199,10 @@ def format_table(report: dict) -> str:
     cmp = report["comparison"]
     if cmp and cmp["samples_per_s_ratio"] is not None:
         lines.append(f"fastfeed / torch throughput: {cmp['samples_per_s_ratio']:.2f}x")
+    if cmp and cmp.get("source"):
+        lines.append(f"torch baseline read: {cmp['source']}")
     lines.extend(report["verdict"])
+    for name, err in (report.get("errors") or {}).items():
+        lines.append(f"{name}: FAILED, not measured: {err}")
+    lines.extend(f"note: {n}" for n in report.get("notes") or ())
     return "\n".join(lines)

@@ -101,8 +101,8 @@ class _Epochs:
                 return item
             except StopIteration:
                 if self._yielded == 0:
-                    raise RuntimeError("the loader yielded no batch in a whole epoch (dataset smaller than one "
-                                       "batch with drop_last?)") from None
+                    raise RuntimeError("the loader yielded no batch in a whole epoch (fewer samples than one "
+                                       "batch? training drops the last partial batch)") from None
                 self.epoch += 1
                 self._start()
 

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["BenchConfig", "run_bench", "resolve_images_dir", "DTYPES"]
+__all__ = ["BenchConfig", "run_bench", "resolve_images_dir", "fit_batch_size", "DTYPES"]
 
-DTYPES = ("float16", "bfloat16", "float32", "uint8")
+DTYPES = ("float32", "float16", "bfloat16", "uint8")
 
 
 @dataclass
@@ -26,7 +26,7 @@ class BenchConfig:
     image_size: int = 224
     decoder: str = "auto"
     device: str | None = None
-    dtype: str = "float16"
+    dtype: str = "float32"
     channels_last: bool = False
     num_threads: int | str | None = None
     prefetch: int | None = None
@@ -59,24 +59,37 @@ class BenchConfig:
 
 
 def resolve_images_dir(dataset: str | None, images: str | None) -> Path:
-    """The unpacked image folder for the torch baseline: `images` if given, else the manifest's `source`."""
+    """What the torch baseline reads: `images` (an unpacked ImageFolder tree) if given, else the packed dataset.
+
+    By default the baseline reads the packed samples (through fastfeed.open_dataset), so both loaders measure the
+    same images: the source folder may hold files pack rejected, or be gone.
+    """
     if images:
         p = Path(images)
         if not p.is_dir():
             raise FileNotFoundError(f"--images {images}: not a directory")
         return p
     if not dataset:
-        raise ValueError("the torch baseline needs the unpacked images: pass --images DIR")
+        raise ValueError("the torch baseline needs a packed DATASET or --images DIR")
     manifest = Path(dataset) / "fastfeed.json"
-    try:
-        raw = json.loads(manifest.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {manifest} ({e}); pass --images DIR for the torch baseline") from None
-    source = raw.get("source") if isinstance(raw, dict) else None
-    if not isinstance(source, str) or not Path(source).is_dir():
-        raise ValueError(f"{manifest}: source {source!r} is not an image folder on this machine (packed from a "
-                         "list file, or moved); pass --images DIR for the torch baseline")
-    return Path(source)
+    if not manifest.is_file():
+        raise ValueError(f"{dataset}: no fastfeed.json, not a packed dataset (`fastfeed pack` writes one); "
+                         "pass --images DIR to give the baseline an image folder")
+    return Path(dataset)
+
+
+def fit_batch_size(batch_size: int, num_samples: int) -> tuple[int, str | None]:
+    """The batch size a run can use on `num_samples` images, and a note when it had to be lowered.
+
+    Both loaders drop the last partial batch when training; a dataset smaller than one batch would give none.
+    """
+    if num_samples < 1:
+        raise ValueError("the dataset holds no samples")
+    if num_samples >= batch_size:
+        return batch_size, None
+    return num_samples, (f"the dataset holds {num_samples} samples, fewer than --batch-size {batch_size}: measured "
+                         f"with batch size {num_samples} (one batch per epoch, so every step also starts an "
+                         "epoch; pass a smaller --batch-size to measure steady state)")
 
 
 def _torch_dtype(name: str):
@@ -130,19 +143,36 @@ def _num_classes(cfg: BenchConfig, images: Path | None) -> int:
     return 1000
 
 
+def _num_samples(dataset: str) -> int:
+    from fastfeed.formats.base import load_manifest
+
+    return load_manifest(dataset).num_samples
+
+
 def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | None = None,
-              progress: bool = True) -> dict:
-    """Measure every loader (default: fastfeed, plus torch with compare='torch') and return the report dict."""
+              progress: bool = True, log: Callable[[str], None] | None = None) -> dict:
+    """Measure every loader (default: fastfeed, plus torch with compare='torch') and return the report dict.
+
+    The first loader is the one being measured: its failure raises. A later one (the baseline) that fails is
+    reported under `errors` and the run goes on, so the first loader's numbers are never lost. `log` receives
+    notes as they happen (the CLI prints them to stderr).
+    """
     from fastfeed.bench.consumers import make_consumer, synthetic_batch
     from fastfeed.bench.report import build_report
-    from fastfeed.bench.runner import percentiles, run_compute_only, run_loader
+    from fastfeed.bench.runner import percentiles, run_compute_only
 
     cfg.validate()
     device = _default_device(cfg.device)
     images = None
+    notes: list[str] = []
     if loaders is None:
         if not cfg.dataset:
             raise ValueError("a packed DATASET is required")
+        cfg.batch_size, note = fit_batch_size(cfg.batch_size, _num_samples(cfg.dataset))
+        if note:
+            notes.append(note)
+            if log:
+                log(note)
         loaders = {"fastfeed": _fastfeed_factory(cfg, device)}
         if cfg.compare == "torch":
             images = resolve_images_dir(cfg.dataset, cfg.images)
@@ -156,22 +186,46 @@ def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | Non
         gpu_index = torch.device(device).index
         gpu_index = torch.cuda.current_device() if gpu_index is None else gpu_index
 
-    results = {}
-    for name, factory in loaders.items():
-        loader = factory()
+    results, errors = {}, {}
+    for i, (name, factory) in enumerate(loaders.items()):
         try:
-            res = run_loader(loader, consumer, name=name, steps=cfg.steps, warmup=cfg.warmup, gpu_index=gpu_index,
-                             progress=progress)
-        finally:
-            if hasattr(loader, "close"):
-                loader.close()
-        results[name] = res.to_dict()
+            results[name] = _measure(name, factory, consumer, cfg, gpu_index, progress)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # the baseline may fail in many ways (a worker's decode error, OOM, ...)
+            if i == 0:
+                raise
+            errors[name] = _one_line(e)
+            if log:
+                log(f"{name} failed, the report has the other loaders' numbers: {errors[name]}")
 
     compute = None
     if cfg.consumer != "none":
         batch = synthetic_batch(cfg.batch_size, cfg.image_size, device, _torch_dtype(cfg.dtype), num_classes)
         compute = percentiles(run_compute_only(consumer, batch, steps=cfg.steps, warmup=min(cfg.warmup, 5) or 1))
     config = {**asdict(cfg), "device": device}
-    if images is not None:
-        config["images"] = os.fspath(images)
-    return build_report(config, results, cfg.consumer, compute, cfg.batch_size)
+    return build_report(config, results, cfg.consumer, compute, cfg.batch_size, errors=errors, notes=notes,
+                        baseline_source=os.fspath(images) if images is not None else None)
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as one report line; a DataLoader worker's multi-line message keeps its first and last lines
+    ("Caught ValueError in DataLoader worker process 0" ... "ValueError: <the sample that failed>")."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if len(lines) > 1:
+        return f"{type(e).__name__}: {lines[0].rstrip('.')}: {lines[-1]}"
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def _measure(name: str, factory: Callable[[], Iterable], consumer, cfg: BenchConfig, gpu_index: int | None,
+             progress: bool) -> dict:
+    from fastfeed.bench.runner import run_loader
+
+    loader = factory()
+    try:
+        res = run_loader(loader, consumer, name=name, steps=cfg.steps, warmup=cfg.warmup, gpu_index=gpu_index,
+                         progress=progress)
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+    return res.to_dict()

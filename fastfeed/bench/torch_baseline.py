@@ -1,4 +1,8 @@
-"""The baseline fastfeed is measured against: torch DataLoader + torchvision ImageFolder + PIL + transforms.
+"""The baseline fastfeed is measured against: torch DataLoader + PIL + torchvision transforms.
+
+It reads either an ImageFolder tree (torchvision's `ImageFolder`) or, given a folder written by `fastfeed pack`,
+the packed samples themselves through `fastfeed.open_dataset` (`PackedImages`): then both loaders see exactly the
+same images, not the source folder with the files pack rejected.
 
 Configured the way a careful user would (num_workers = usable cores, pin_memory when CUDA, persistent_workers,
 prefetch_factor 4) and producing the same output as `fastfeed.Loader`: [B, 3, S, S] normalised images of `dtype`
@@ -7,12 +11,14 @@ Resize(S / 0.875) + CenterCrop(S). Reused by benchmarks/bench_loader.py and the 
 """
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
 import torch
 
-__all__ = ["TorchBaseline", "make_torch_loader", "default_num_workers", "EVAL_CROP_RATIO"]
+__all__ = ["TorchBaseline", "PackedImages", "make_torch_loader", "default_num_workers", "is_packed",
+           "EVAL_CROP_RATIO"]
 
 EVAL_CROP_RATIO = 0.875  # the usual ImageNet eval: resize the short side to S/0.875, centre-crop S
 _MEAN = (0.485, 0.456, 0.406)
@@ -21,6 +27,55 @@ _STD = (0.229, 0.224, 0.225)
 
 def default_num_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def is_packed(path: str | os.PathLike) -> bool:
+    """A folder written by `fastfeed pack` (it holds the manifest), as opposed to an image tree."""
+    return (Path(path) / "fastfeed.json").is_file()
+
+
+class PackedImages(torch.utils.data.Dataset):
+    """A map-style dataset over a packed folder: sample i -> (transform(PIL image), label), as ImageFolder gives.
+
+    The reader is opened lazily in each process that reads (DataLoader workers fork: an LMDB environment must not
+    cross a fork), and never pickled. A sample PIL cannot decode raises naming the dataset, index and key.
+    """
+
+    def __init__(self, root: str | os.PathLike, transform=None):
+        from fastfeed.formats import open_dataset
+
+        self.root = os.fspath(root)
+        self.transform = transform
+        with open_dataset(self.root) as ds:
+            self.labels = ds.labels.astype("int64", copy=True)
+            self.keys = ds.keys.copy()
+            self.classes = list(ds.classes)
+        self._ds, self._pid = None, None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _reader(self):
+        if self._pid != os.getpid():
+            from fastfeed.formats import open_dataset
+
+            self._ds, self._pid = open_dataset(self.root), os.getpid()
+        return self._ds
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        data = self._reader().read(i)
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                img = im.convert("RGB")
+        except Exception as e:  # PIL raises many types for bad bytes; the report needs which sample it was
+            raise ValueError(f"{self.root}: sample {i} ({self.keys[i]}): PIL cannot decode it: "
+                             f"{type(e).__name__}: {e}") from e
+        return (self.transform(img) if self.transform is not None else img), int(self.labels[i])
+
+    def __getstate__(self):
+        return {**self.__dict__, "_ds": None, "_pid": None}
 
 
 class TorchBaseline:
@@ -39,6 +94,7 @@ class TorchBaseline:
         root = Path(images_dir)
         if not root.is_dir():
             raise FileNotFoundError(f"baseline image folder not found: {root}")
+        self.source = os.fspath(root)
         if batch_size < 1 or image_size < 1:
             raise ValueError("batch_size and image_size must be >= 1")
         self.device = torch.device(device) if device is not None else (
@@ -51,7 +107,7 @@ class TorchBaseline:
         else:
             tf = T.Compose([T.Resize(int(round(image_size / EVAL_CROP_RATIO))), T.CenterCrop(image_size),
                             T.ToTensor(), T.Normalize(_MEAN, _STD)])
-        self.dataset = ImageFolder(str(root), transform=tf)
+        self.dataset = PackedImages(root, tf) if is_packed(root) else ImageFolder(str(root), transform=tf)
         self.num_workers = default_num_workers() if num_workers is None else int(num_workers)
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
@@ -90,7 +146,7 @@ class TorchBaseline:
 
 
 def make_torch_loader(images_dir: str | os.PathLike, **kwargs) -> TorchBaseline:
-    """Build the torch baseline over an ImageFolder tree (`images_dir/<class>/<image>`).
+    """Build the torch baseline over an ImageFolder tree (`images_dir/<class>/<image>`) or a packed dataset folder.
 
     Keyword args: batch_size=256, image_size=224, train=True, device=None (cuda if available), dtype=float16,
     channels_last=False, num_workers=None (usable cores), seed=0, drop_last=True, prefetch_factor=4, shuffle=None

@@ -11,13 +11,13 @@ __all__ = ["configure", "run"]
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out_dir", metavar="DIR", help="output folder (DIR/class_XXX/img_XXXXXXX.jpg)")
-    parser.add_argument("--num-images", type=int, default=2000, help="number of JPEGs (default 2000)")
-    parser.add_argument("--num-classes", type=int, default=10, help="number of class folders (default 10)")
-    parser.add_argument("--seed", type=int, default=0, help="same seed -> byte-identical files (default 0)")
+    parser.add_argument("--num-images", type=int, default=2000, help="number of JPEGs")
+    parser.add_argument("--num-classes", type=int, default=10, help="number of class folders")
+    parser.add_argument("--seed", type=int, default=0, help="same seed -> byte-identical files")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
     parser.add_argument(
         "--progressive-fraction", type=float, default=0.0,
-        help="fraction of images written as progressive JPEGs (default 0)",
+        help="fraction of images written as progressive JPEGs",
     )
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 __all__ = ["configure", "run"]
@@ -14,9 +15,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="ImageFolder tree, flat folder of images, or a .csv/.jsonl list (path,label[,metadata])")
     p.add_argument("out", help="output folder")
     p.add_argument("--format", choices=("wds", "lmdb"), default="wds", help="WebDataset tar shards or LMDB")
-    p.add_argument("--source", choices=SOURCE_KINDS, default="auto", help="how to read SRC (default: guess)")
-    p.add_argument("--shard-size", default="1GiB", help="target shard size for wds, e.g. 64MB, 1GiB (default 1GiB)")
-    p.add_argument("--shuffle-seed", type=int, default=0, help="pack-time shuffle seed (default 0)")
+    p.add_argument("--source", choices=SOURCE_KINDS, default="auto", help="how to read SRC (auto: guess from SRC)")
+    p.add_argument("--shard-size", default="1GiB", help="target shard size for wds, e.g. 64MB, 1GiB")
+    p.add_argument("--shuffle-seed", type=int, default=0, help="pack-time shuffle seed")
     p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
     p.add_argument("--workers", type=int, default=None, help="reader threads (default: all cores)")
     p.add_argument("--jpeg", choices=("keep", "baseline", "reencode"), default=None,
@@ -24,7 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "arithmetic JPEGs to baseline for the GPU hardware decoder (identical pixels); keep: store "
                         "bytes untouched; reencode: also re-encode, lossily, what that decoder cannot take "
                         "(see fastfeed/jpeg.py)")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality for re-encoded images (default 90)")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality for re-encoded images")
     p.add_argument("--max-side", type=int, default=None,
                    help="re-encode images whose longer side exceeds N pixels to JPEG at --quality")
     p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
@@ -35,6 +36,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace fastfeed's files in OUT")
     p.add_argument("--strict", action="store_true", help="exit with status 1 if any file was rejected")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+
+
+def _demo_marker(src: str) -> int:
+    """1 when SRC is a `fastfeed demo-data` folder: its own marker file is hidden on purpose, not worth a notice."""
+    from fastfeed.demo_data import MARKER_NAME
+
+    return int(os.path.isfile(os.path.join(src, MARKER_NAME)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
         print(result.summary())
         if result.rejected:
             print(f"rejected files are listed with reasons in {result.folder}/rejected.jsonl", file=sys.stderr)
-        if result.hidden_skipped:
-            print(f"skipped {result.hidden_skipped} hidden entries (names starting with '.')", file=sys.stderr)
+        hidden = result.hidden_skipped - _demo_marker(args.src)
+        if hidden:
+            print(f"skipped {hidden} hidden entries (names starting with '.')", file=sys.stderr)
     if args.strict and result.rejected:
         print(f"fastfeed pack: --strict: {len(result.rejected)} file(s) rejected", file=sys.stderr)
         return 1
