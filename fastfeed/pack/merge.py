@@ -117,7 +117,7 @@ def _merge_lmdb(out: str, sources: list[str]) -> None:
     if os.path.exists(dest):
         raise PackError(f"{dest} exists from an earlier merge attempt; delete it and merge again")
     total = sum(os.path.getsize(os.path.join(s, "data.mdb")) for s in sources)
-    env = lmdb.open(dest, map_size=max(1 << 30, 2 * total), subdir=True, meminit=False, readahead=False)
+    env = lmdb.open(dest, map_size=max(1 << 30, 2 * total), subdir=True, meminit=True, readahead=False)
     try:
         for src in sources:
             senv = lmdb.open(src, readonly=True, lock=False, subdir=True)

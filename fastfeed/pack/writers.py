@@ -340,7 +340,7 @@ class LmdbWriter:
 
         self._lmdb = lmdb
         self.path = os.path.join(folder, "data.lmdb")
-        self._env = lmdb.open(self.path, map_size=initial_map_size, subdir=True, meminit=False,
+        self._env = lmdb.open(self.path, map_size=initial_map_size, subdir=True, meminit=True,
                               max_dbs=0, readahead=False)
         self._pending: list[tuple[bytes, bytes]] = []
         self.pending_bytes = 0

@@ -125,7 +125,7 @@ def upload_dataset(folder: str, url: str, storage_options: dict | None = None,
     for d, dirs, names in os.walk(folder):
         dirs[:] = [x for x in dirs if x != _JOURNAL]
         files.extend(os.path.relpath(os.path.join(d, n), folder) for n in names
-                     if not n.endswith((".tmp", ".part")))
+                     if not n.endswith((".tmp", ".part")) and n != "lock.mdb")  # LMDB runtime state, not data
 
     def rank(rel: str) -> tuple:
         name = os.path.basename(rel)
