@@ -257,3 +257,36 @@ def test_server_stopped_mid_epoch_raises_dataset_error_within_a_bounded_time(dem
     # retry_timeout of retrying plus one attempt of the client (1 s connect, 1 attempt) per shard in flight
     assert elapsed < 30, elapsed
     ds.close()
+
+
+def test_epoch_fetch_streams_shards_through_the_native_ring(s3, remote_wds, wds_path, tmp_path):
+    """The hook the epoch runner calls (fastfeed/remote/epoch.py) with the real ring: nothing is local when the
+    ring starts except the first window, and every batch read equals the local dataset's bytes."""
+    from fastfeed.remote import epoch_fetch
+    from fastfeed.ring import PrefetchRing
+
+    batch_size, slots = 8, 3
+    with open_dataset(remote_wds, cache_dir=str(tmp_path / "c"), fetch="on_demand") as ds, \
+            open_dataset(wds_path) as local:
+        order = np.argsort(ds._table["shard"], kind="stable")  # order="shard": shard by shard
+        with PrefetchRing(ds.extents(), batch_size, num_threads=2, num_slots=slots, pin_memory=False) as ring:
+            assert ds.cache_stats()["downloads"] == 0  # extents() of an on_demand dataset fetches nothing
+            fetch = epoch_fetch(ds, order, batch_size, slots)  # the first window is local after this
+            ring.start(order)
+            for k in range(fetch.num_batches):
+                fetch.before_batch(k)
+                with ring.next_batch(timeout=60) as b:
+                    assert [bytes(x) for x in b.samples()] == [local.read(int(i)) for i in b.indices]
+            assert ring.next_batch(timeout=60) is None
+        assert ds.cache_stats()["downloads"] == len(ds.manifest.shards)
+    with open_dataset(wds_path) as local:
+        assert epoch_fetch(local, order, batch_size, slots) is None  # local datasets: no hook
+
+
+def test_cli_inspect_verify_doctor_accept_a_url(s3, remote_wds, cache_dir):
+    proc = _cli("inspect", remote_wds)
+    assert proc.returncode == 0 and "samples:" in proc.stdout, proc.stderr
+    proc = _cli("verify", remote_wds)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _cli("doctor", remote_wds)
+    assert "does not exist" not in proc.stdout and "samples" in proc.stdout, proc.stdout

@@ -133,14 +133,14 @@ class ShardCache:
         errors name the shard. `wait_timeout` bounds the wait for another process's download of it."""
         self.pin(path)
         if _complete(path, size):
-            self.stats.hits += 1
+            self._count(hits=1)
             _touch(path)
             return path
         fd = os.open(path + ".dl", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             _flock_wait(fd, fcntl.LOCK_EX, wait_timeout, name)
             if _complete(path, size):  # someone else downloaded it while we waited
-                self.stats.hits += 1
+                self._count(hits=1)
                 _touch(path)
                 return path
             _remove_parts(path)
@@ -156,12 +156,15 @@ class ShardCache:
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-            self.stats.downloads += 1
-            self.stats.bytes_downloaded += size
-            self.stats.download_seconds += time.perf_counter() - t0
+            self._count(downloads=1, bytes_downloaded=size, download_seconds=time.perf_counter() - t0)
             return path
         finally:
             os.close(fd)
+
+    def _count(self, **deltas) -> None:
+        with self._lock:  # downloads run on several threads
+            for k, v in deltas.items():
+                setattr(self.stats, k, getattr(self.stats, k) + v)
 
     # ------------------------------------------------------------------ eviction
     def usage(self) -> int:
@@ -177,7 +180,7 @@ class ShardCache:
                 return
             if path != exclude and _try_evict(path):
                 total -= size
-                self.stats.evictions += 1
+                self._count(evictions=1)
         if total + incoming > self.max_bytes:
             raise DatasetError(
                 f"{name}: the shard cache at {self.cache_dir} is full: {incoming} more bytes do not fit its "

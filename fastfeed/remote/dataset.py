@@ -29,7 +29,7 @@ from fastfeed.remote.cache import ShardCache
 from fastfeed.remote.store import DEFAULT_RETRY_TIMEOUT, join, retrying, url_to_fs
 from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, DatasetError, Extents, Manifest
 
-__all__ = ["open_remote", "RemoteWdsDataset", "RemoteLmdbDataset", "FETCH_MODES"]
+__all__ = ["open_remote", "read_manifest", "RemoteWdsDataset", "RemoteLmdbDataset", "FETCH_MODES"]
 
 FETCH_MODES = ("all", "on_demand")
 DEFAULT_PARALLEL = 4  # shard downloads in flight per dataset
@@ -84,6 +84,33 @@ class _Remote:
                                  f"{self.url}/{shard.path}", wait_timeout)
 
 
+def read_manifest(path: str, storage_options: dict | None = None,
+                  retry_timeout: float = DEFAULT_RETRY_TIMEOUT) -> Manifest:
+    """The manifest of a dataset folder or URL, without fetching data (for inspect/doctor). A local folder goes
+    through `load_manifest` (which also checks its data files); a URL only reads fastfeed.json."""
+    from fastfeed.formats.base import load_manifest
+    from fastfeed.remote.store import is_url, local_path
+
+    if not is_url(path):
+        return load_manifest(local_path(path))
+    fs, base = url_to_fs(path.rstrip("/"), storage_options)
+    return Manifest.from_json(_manifest_text(path.rstrip("/"), fs, base, retry_timeout),
+                              where=f"{path.rstrip('/')}/{MANIFEST_NAME}")
+
+
+def _manifest_text(url: str, fs, base: str, retry_timeout: float) -> str:
+    name = f"{url}/{MANIFEST_NAME}"
+    try:
+        return retrying(lambda: fs.cat_file(join(base, MANIFEST_NAME)), name, retry_timeout).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{name}: unreadable ({e})") from None
+    except DatasetError as e:
+        if isinstance(e.__cause__, FileNotFoundError):
+            raise DatasetError(f"{url}: no {MANIFEST_NAME}, so this is not a complete fastfeed dataset "
+                               f"(an unfinished upload, or parts not merged yet)") from None
+        raise
+
+
 def open_remote(url: str, storage_options: dict | None = None, *, cache_dir: str | None = None,
                 cache_size: int | None = None, fetch: str = "all", parallel: int = DEFAULT_PARALLEL,
                 retry_timeout: float = DEFAULT_RETRY_TIMEOUT):
@@ -95,15 +122,7 @@ def open_remote(url: str, storage_options: dict | None = None, *, cache_dir: str
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     cache = ShardCache(cache_dir, cache_size)
     remote = _Remote(url, storage_options, cache, retry_timeout)
-    try:
-        text = remote.cat(MANIFEST_NAME).decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{remote.url}/{MANIFEST_NAME}: unreadable ({e})") from None
-    except DatasetError as e:
-        if isinstance(e.__cause__, FileNotFoundError):
-            raise DatasetError(f"{remote.url}: no {MANIFEST_NAME}, so this is not a complete fastfeed dataset "
-                               f"(an unfinished upload, or parts not merged yet)") from None
-        raise
+    text = _manifest_text(remote.url, remote.fs, remote.base, remote.retry_timeout)
     manifest = Manifest.from_json(text, where=f"{remote.url}/{MANIFEST_NAME}")
     mirror = cache.mirror(remote.url, text)
     remote.fetch_small(mirror, SAMPLES_NAME)
