@@ -290,3 +290,75 @@ def test_cli_inspect_verify_doctor_accept_a_url(s3, remote_wds, cache_dir):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = _cli("doctor", remote_wds)
     assert "does not exist" not in proc.stdout and "samples" in proc.stdout, proc.stdout
+
+
+def test_a_reader_never_sees_the_manifest_before_the_files_it_lists(s3, wds_path, tmp_path):
+    """Readers poll the URL while a dataset uploads: each sees either no dataset or a complete, verified one."""
+    import threading
+
+    from fastfeed.remote.pack import upload_dataset
+
+    url = f"s3://{BUCKET}/racing"
+    done = threading.Event()
+    errors = []
+
+    def upload():
+        try:
+            upload_dataset(str(wds_path), url)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=upload)
+    t.start()
+    missing = complete = 0
+    while not done.is_set() or complete == 0:
+        try:
+            with open_dataset(url, cache_dir=str(tmp_path / f"c{complete}-{missing}"), retry_timeout=2) as ds:
+                ds.extents()  # every shard fetched and sha256-checked
+                complete += 1
+        except DatasetError as e:
+            assert "no fastfeed.json" in str(e), e  # never a half-uploaded dataset
+            missing += 1
+        if complete:
+            break
+    t.join()
+    assert errors == [] and missing > 0 and complete == 1
+
+
+def test_killed_pack_to_a_url_uploads_nothing_and_resumes_from_staging(s3, src_small, tmp_path, cache_dir):
+    import signal
+
+    url = f"s3://{BUCKET}/killed"
+    staging = tmp_path / "stage"
+    cmd = [sys.executable, "-m", "fastfeed.cli", "pack", str(src_small), url, "--staging", str(staging),
+           "--shard-size", "40KB", "--max-side", "200", "--workers", "1", "--quiet"]
+    journal = staging / ".fastfeed-pack" / "journal.jsonl"
+    proc = subprocess.Popen(cmd)
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if journal.exists() and journal.read_bytes().count(b"\n") >= 3:
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, "the pack finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert not s3.fs().exists(f"{BUCKET}/killed/fastfeed.json")
+    with pytest.raises(DatasetError, match="no fastfeed.json"):
+        open_dataset(url)
+    assert subprocess.run(cmd + ["--resume"], capture_output=True).returncode == 0
+    ref = tmp_path / "ref"
+    assert subprocess.run(cmd[:5] + [str(ref)] + cmd[8:], capture_output=True).returncode == 0
+    with open_dataset(url) as a, open_dataset(ref) as b:
+        assert len(a) == len(b) > 0
+        assert [a.read(i) for i in range(len(a))] == [b.read(i) for i in range(len(b))]
+
+
+@pytest.fixture(scope="module")
+def src_small(tmp_path_factory):
+    from fastfeed.demo_data import make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("small") / "src", num_images=48, num_classes=3, seed=1, workers=1)

@@ -54,14 +54,16 @@ def default_cache_dir() -> str:
 
 
 def default_cache_size(cache_dir: str) -> int:
-    """$FASTFEED_CACHE_SIZE (e.g. 200GiB), else half of the free space of the cache's filesystem now."""
+    """$FASTFEED_CACHE_SIZE (e.g. 200GiB), else half of (free space + what the cache already holds) of the
+    cache's filesystem: a limit that does not shrink as the cache itself fills the disk."""
     env = os.environ.get("FASTFEED_CACHE_SIZE")
     if env:
         from fastfeed.pack import parse_size
 
         return parse_size(env)
     os.makedirs(cache_dir, exist_ok=True)
-    return shutil.disk_usage(cache_dir).free // 2
+    held = sum(size for _, size, _ in _data_files(cache_dir))
+    return (shutil.disk_usage(cache_dir).free + held) // 2
 
 
 @dataclass
