@@ -23,6 +23,7 @@ from fastfeed.pack import PackOptions, merge, pack  # noqa: E402
 from fastfeed.remote.pack import pack_ray  # noqa: E402
 
 SHARD = 1 << 20
+pytestmark = pytest.mark.slow  # starts a Ray cluster (~10 s)
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +85,24 @@ def test_cli_engine_ray_on_an_existing_cluster(ray_cluster, demo_tree, tmp_path)
     pack(str(demo_tree), str(single), PackOptions(shard_size=SHARD))
     assert sorted(n for n in os.listdir(out) if n.startswith("part-")) == ["part-00000", "part-00001"]
     assert _samples(out) == _samples(single)
+
+
+def test_engine_ray_packs_to_a_url_merged_before_upload(ray_cluster, demo_tree, tmp_path, monkeypatch):
+    """memory:// (fsspec's in-process store) stands in for object storage: the Ray tasks run in other
+    processes, but only the driver uploads, after the merge."""
+    import fsspec
+
+    from fastfeed.remote.pack import pack_any
+
+    monkeypatch.setenv("FASTFEED_CACHE", str(tmp_path / "cache"))
+    url = "memory://ray-bucket/ds"
+    pack_any(str(demo_tree), url, PackOptions(shard_size=SHARD, num_parts=2), engine="ray")
+    names = sorted(p.split("/ds/", 1)[1] for p in fsspec.filesystem("memory").find("/ray-bucket/ds"))
+    assert "fastfeed.json" in names and "part-00001/shard-000000.tar" in names
+    assert _samples(url) == _samples_of_single(demo_tree, tmp_path)
+
+
+def _samples_of_single(src, tmp_path):
+    single = tmp_path / "single"
+    pack(str(src), str(single), PackOptions(shard_size=SHARD))
+    return _samples(single)

@@ -144,9 +144,18 @@ def test_remote_src_is_downloaded_then_packed_like_the_local_tree(s3, demo_tree,
         assert [s.sha256 for s in a.manifest.shards] == [s.sha256 for s in b.manifest.shards]
 
 
-def test_pack_refuses_an_existing_remote_dataset_and_overwrite_replaces_it(s3, demo_tree, remote_wds, tmp_path):
-    proc = _cli("pack", str(demo_tree), remote_wds, "--quiet", "--shard-size", "4MB")
+def test_pack_refuses_an_existing_remote_dataset_and_overwrite_replaces_it(s3, demo_tree, wds_path, cache_dir):
+    url = f"s3://{BUCKET}/overwrite"
+    assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "2MB").returncode == 0
+    proc = _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "4MB")
     assert proc.returncode == 2 and "already holds a packed dataset" in proc.stderr
+    proc = _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "4MB", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    with open_dataset(url) as ds, open_dataset(wds_path) as local:  # wds_path: the same tree at 4MB shards
+        assert [s.sha256 for s in ds.manifest.shards] == [s.sha256 for s in local.manifest.shards]
+        listed = {s.path for s in ds.manifest.shards}
+    tars = {p.rsplit("/", 1)[-1] for p in s3.fs().find(f"{BUCKET}/overwrite") if p.endswith(".tar")}
+    assert tars == listed  # the 2MB pack's extra shards are gone
     fs = s3.fs()
     fs.pipe(f"{BUCKET}/strangers/notes.txt", b"mine")
     proc = _cli("pack", str(demo_tree), f"s3://{BUCKET}/strangers", "--quiet", "--overwrite")
@@ -186,6 +195,7 @@ ds.close()
 """
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_cache_and_download_each_shard_once(s3, remote_wds, tmp_path):
     cache = tmp_path / "shared-cache"
     procs = [subprocess.Popen([sys.executable, "-c", _SHARE_CHILD, remote_wds, str(cache)], stdout=subprocess.PIPE,
@@ -327,6 +337,7 @@ def test_a_reader_never_sees_the_manifest_before_the_files_it_lists(s3, wds_path
     assert errors == [] and missing > 0 and complete == 1
 
 
+@pytest.mark.slow
 def test_killed_pack_to_a_url_uploads_nothing_and_resumes_from_staging(s3, src_small, tmp_path, cache_dir):
     import signal
 

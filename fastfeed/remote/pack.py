@@ -58,6 +58,10 @@ def pack_any(src: str, out: str, o: PackOptions, *, engine: str = "local", ray_a
             temps.append(local_src)
             _download_tree(src, local_src, storage_options, retry_timeout)
         local_out = out
+        if is_url(out) and o.num_parts > 1 and engine != "ray":
+            raise PackError("--num-parts/--part with a URL as OUT: the parts could not be merged there; use "
+                            "--engine ray (parts are merged before the upload), or pack the parts into a shared "
+                            "folder, `fastfeed merge` it, then upload (README: Packing on a cluster)")
         if is_url(out):
             _check_remote_out(out, o, storage_options)
             if staging is None:
@@ -70,13 +74,10 @@ def pack_any(src: str, out: str, o: PackOptions, *, engine: str = "local", ray_a
             _set_source(local_out, src)
             result = replace(result, manifest=replace(result.manifest, source=src))
         if is_url(out):
-            folder = result.folder
-            rel = os.path.relpath(folder, local_out)
-            dest = out if rel == "." else join(out, rel)
             if o.overwrite:
-                _clear_remote(dest, storage_options, retry_timeout)
-            upload_dataset(folder, dest, storage_options, retry_timeout)
-            result = replace(result, folder=dest)
+                _clear_remote(out, storage_options, retry_timeout)
+            upload_dataset(result.folder, out, storage_options, retry_timeout)
+            result = replace(result, folder=out)
         return result
     finally:
         for t in temps:
@@ -87,8 +88,10 @@ def pack_ray(src: str, out: str, o: PackOptions, address: str | None = None) -> 
     """Run every part of a `num_parts` pack as a Ray task into OUT/part-NNNNN, then merge into OUT."""
     import time
 
-    import ray
-
+    try:
+        import ray
+    except ImportError:
+        raise PackError("--engine ray needs the `ray` package (pip install ray)") from None
     t0 = time.perf_counter()
     started = False
     if not ray.is_initialized():
@@ -147,9 +150,6 @@ def _check_remote_out(url: str, o: PackOptions, storage_options: dict | None) ->
         return  # the staging folder holds the interrupted pack; the upload happens at the end
     fs, base = url_to_fs(url, storage_options)
     names = _remote_names(fs, base)
-    if o.num_parts > 1:
-        part = f"part-{o.part:05d}"
-        names = {n[len(part) + 1:] for n in names if n.startswith(part + "/")}
     if not names or o.overwrite:
         strangers = sorted(n for n in names if not _owned(n))
         if strangers:
