@@ -163,6 +163,12 @@ def test_pack_refuses_an_existing_remote_dataset_and_overwrite_replaces_it(s3, d
     assert fs.cat(f"{BUCKET}/strangers/notes.txt") == b"mine"
 
 
+def test_pack_to_a_missing_bucket_fails_before_packing(s3, demo_tree, tmp_path):
+    proc = _cli("pack", str(demo_tree), "s3://no-such-bucket/ds", "--staging", str(tmp_path / "stage"))
+    assert proc.returncode == 2 and "bucket 'no-such-bucket' does not exist" in proc.stderr
+    assert not (tmp_path / "stage").exists()
+
+
 def test_missing_manifest_is_a_clear_dataset_error(s3, cache_dir):
     s3.fs().pipe(f"{BUCKET}/half/shard-000000.tar", b"x" * 10)
     with pytest.raises(DatasetError, match="no fastfeed.json"):

@@ -149,6 +149,7 @@ def _check_remote_out(url: str, o: PackOptions, storage_options: dict | None) ->
     if o.resume:
         return  # the staging folder holds the interrupted pack; the upload happens at the end
     fs, base = url_to_fs(url, storage_options)
+    _check_bucket(fs, url, base)
     names = _remote_names(fs, base)
     if not names or o.overwrite:
         strangers = sorted(n for n in names if not _owned(n))
@@ -159,6 +160,19 @@ def _check_remote_out(url: str, o: PackOptions, storage_options: dict | None) ->
     if MANIFEST_NAME in names:
         raise PackError(f"{url} already holds a packed dataset; pass --overwrite to replace it")
     raise PackError(f"{url} is not empty; pass --overwrite (only fastfeed's own objects are deleted)")
+
+
+def _check_bucket(fs, url: str, base: str) -> None:
+    """Fail before packing, not at the upload, when the bucket of an s3:// or gs:// URL does not exist."""
+    if url.split("://", 1)[0] not in ("s3", "s3a", "gs", "gcs"):
+        return
+    bucket = base.strip("/").split("/", 1)[0]
+    try:
+        exists = fs.exists(bucket)
+    except PermissionError:  # allowed to write objects but not to look at the bucket: let the upload decide
+        return
+    if not exists:
+        raise PackError(f"{url}: bucket {bucket!r} does not exist (or these credentials cannot see it)")
 
 
 def _remote_names(fs, base: str) -> set[str]:
