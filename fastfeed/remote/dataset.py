@@ -245,12 +245,17 @@ class RemoteWdsDataset(WdsDataset):
         DatasetError naming the shard on a failed fetch, or when `timeout` seconds pass first."""
         import concurrent.futures as cf
 
-        for s in self.shards_of(sample_ids):
+        for s, fut in self.fetch_futures(sample_ids):
             try:
-                self._submit(s).result(timeout=timeout)
+                fut.result(timeout=timeout)
             except cf.TimeoutError:
                 raise DatasetError(f"{self.url}/{self.manifest.shards[s].path}: not fetched within {timeout:g} s"
                                    ) from None
+
+    def fetch_futures(self, sample_ids) -> list[tuple[int, Future]]:
+        """(shard, future) for the shards of `sample_ids`, fetches started if needed; a future's result()
+        raises DatasetError naming the shard when it cannot be fetched."""
+        return [(s, self._submit(s)) for s in self.shards_of(sample_ids)]
 
     def fetch_all(self) -> None:
         self.prepare_epoch(np.arange(len(self)), wait=True)

@@ -46,8 +46,11 @@ def url_to_fs(url: str, storage_options: dict | None = None):
     client package (e.g. s3fs for s3://), with the package to install."""
     import fsspec
 
+    # fsspec caches filesystem instances by their arguments (per thread), not by the environment they read:
+    # without this, a process that changes AWS_ENDPOINT_URL or credentials would keep talking to the old ones.
+    options = {"skip_instance_cache": True, **(storage_options or {})}
     try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+        return fsspec.core.url_to_fs(url, **options)
     except ImportError as e:
         raise DatasetError(f"{url}: the fsspec client for this protocol is not installed ({e})") from None
     except ValueError as e:
