@@ -1,7 +1,7 @@
 """images/s of `fastfeed.Loader` on the CPU from an S3-compatible server: first epoch (cold cache) vs cached vs local.
 
     python benchmarks/bench_remote.py [--workdir DIR] [--num-images 2000] [--shard-size 16MB] [--batch 64]
-                                      [--decoder cpu] [--rounds 2] [--json FILE]
+                                      [--decoder cpu] [--rounds 2] [--order global|shard] [--json FILE]
 
 Data: `fastfeed.demo_data.make_dataset` JPEGs (~120 KB) packed by the real CLI into WORKDIR/wds, uploaded with
 `fastfeed.remote.pack.upload_dataset` to moto's S3 server, started here as a separate process on 127.0.0.1 (so
@@ -9,9 +9,11 @@ the server's CPU is not the loader's GIL; on this 2-core machine it still compet
 keeps objects in memory: the numbers are a loopback store, an upper bound for a real one; what they show is the
 cost fastfeed adds (download, sha256, rename) and that a cached epoch runs at local speed.
 
-Each round, one after the other: local folder; URL with an empty cache (Loader construction downloads every
-shard, `fetch="all"`, then the epoch); URL with the cache kept. "end-to-end" = (construction + one epoch), the
-figure a user sees for the first epoch; "epoch" = the iteration alone. Train mode, RandomResizedCrop 224 + flip,
+Each round, one after the other: local folder; URL with an empty cache; URL with the cache kept. Without the
+Loader hooks (docs/remote-loader-hooks.patch) the Loader's construction downloads every shard (`fetch="all"`);
+with them the first epoch streams (shards fetched in the epoch's order, `parallel` at a time, while it runs). "end-to-end" = (construction + one epoch), the
+figure a user sees for the first epoch; "epoch" = the iteration alone; "first batch" = from the Loader() call
+to the first batch in hand. Train mode, RandomResizedCrop 224 + flip,
 float32 on the CPU, shuffle, every sample once (drop_last False).
 """
 from __future__ import annotations
@@ -60,15 +62,20 @@ def _epoch(path, args, cache_dir=None) -> dict:
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     loader = fastfeed.Loader(str(path), batch_size=args.batch, train=True, image_size=224, device="cpu",
-                             decoder=args.decoder, dtype=torch.float32, shuffle=True, drop_last=False)
+                             decoder=args.decoder, dtype=torch.float32, shuffle=True, drop_last=False,
+                             order=args.order)
     t1 = time.perf_counter()
     n = 0
+    first = None
     for images, _ in loader:
         n += images.shape[0]
+        if first is None:
+            first = time.perf_counter() - t0
     t2 = time.perf_counter()
     stats = loader.dataset.cache_stats() if hasattr(loader.dataset, "cache_stats") else {}
+    stats["fetch"] = getattr(loader.dataset, "fetch", None)
     loader.close()
-    return {"images": n, "setup_s": t1 - t0, "epoch_s": t2 - t1, "end_to_end_img_s": n / (t2 - t0),
+    return {"images": n, "first_batch_s": first, "setup_s": t1 - t0, "epoch_s": t2 - t1, "end_to_end_img_s": n / (t2 - t0),
             "epoch_img_s": n / (t2 - t1), "cpu_s": time.process_time() - cpu0, "cache": stats}
 
 
@@ -80,6 +87,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--decoder", default="cpu")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--order", choices=("global", "shard"), default="global")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
@@ -114,14 +122,15 @@ def main() -> int:
             rows.append({"round": r, "kind": "remote, first epoch (empty cache)", **_epoch(url, args, cache)})
             rows.append({"round": r, "kind": "remote, cached", **_epoch(url, args, cache)})
             for row in rows[-3:]:
-                print(f"round {r} {row['kind']:<36} setup {row['setup_s']:6.2f} s  epoch {row['epoch_s']:6.2f} s  "
+                print(f"round {r} {row['kind']:<36} first batch {row['first_batch_s']:5.2f} s  "
+                      f"epoch {row['epoch_s']:6.2f} s  "
                       f"end-to-end {row['end_to_end_img_s']:7.0f} img/s  epoch {row['epoch_img_s']:7.0f} img/s  "
                       f"img/CPU-s {row['images'] / row['cpu_s']:5.0f}  downloads {row['cache'].get('downloads', '-')}",
                       flush=True)
     finally:
         server.terminate()
         server.wait(timeout=30)
-    report = {"date": time.strftime("%Y-%m-%d"), "images": args.num_images, "dataset_bytes": total,
+    report = {"order": args.order, "date": time.strftime("%Y-%m-%d"), "images": args.num_images, "dataset_bytes": total,
               "upload_s": upload_s, "upload_MB_s": total / 1e6 / upload_s, "rows": rows, "load": os.getloadavg(),
               "argv": sys.argv[1:]}
     print(f"upload {total / 1e6:.0f} MB in {upload_s:.2f} s ({total / 1e6 / upload_s:.0f} MB/s); "
