@@ -33,7 +33,6 @@ __all__ = ["open_remote", "read_manifest", "RemoteWdsDataset", "RemoteLmdbDatase
 
 FETCH_MODES = ("all", "on_demand")
 DEFAULT_PARALLEL = 4  # shard downloads in flight per dataset
-_CHUNK = 8 << 20
 
 
 class _Remote:
@@ -50,15 +49,10 @@ class _Remote:
         return retrying(lambda: self.fs.cat_file(path), f"{self.url}/{name}", self.retry_timeout)
 
     def download_to(self, name: str, dest: str) -> None:
-        """Stream the object to `dest` (truncating it on every attempt)."""
+        """The object into the file `dest`, rewritten whole on every attempt (one streamed GET for s3fs/gcsfs,
+        not ranged reads)."""
         path = join(self.base, name)
-
-        def attempt():
-            with self.fs.open(path, "rb", block_size=_CHUNK) as src, open(dest, "wb") as out:
-                while chunk := src.read(_CHUNK):
-                    out.write(chunk)
-
-        retrying(attempt, f"{self.url}/{name}", self.retry_timeout)
+        retrying(lambda: self.fs.get_file(path, dest), f"{self.url}/{name}", self.retry_timeout)
 
     def fetch_small(self, mirror: str, name: str, required: bool = True) -> None:
         """samples.npz / rejected.jsonl into the mirror, by atomic rename (the mirror is per manifest, so a
