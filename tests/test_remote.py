@@ -299,6 +299,34 @@ def test_epoch_fetch_streams_shards_through_the_native_ring(s3, remote_wds, wds_
         assert epoch_fetch(local, order, batch_size, slots) is None  # local datasets: no hook
 
 
+def test_streaming_with_a_cache_smaller_than_the_dataset_stays_under_its_limit(s3, demo_tree, wds_path, tmp_path):
+    """order="shard" through the ring with a cache that holds about half the dataset: shards whose batches the
+    ring is done with are released and evicted (LRU), every byte read is right, the limit always holds."""
+    from fastfeed.remote.epoch import EpochFetch
+    from fastfeed.ring import PrefetchRing
+
+    url = f"s3://{BUCKET}/small-shards"
+    assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "1MB").returncode == 0
+    batch_size, slots = 8, 3
+    with open_dataset(url, cache_dir=str(tmp_path / "probe"), cache_size=1, fetch="on_demand") as probe:
+        sizes = [s.bytes for s in probe.manifest.shards]
+    limit = 10 * max(sizes)
+    assert limit < sum(sizes) * 0.7
+    with open_dataset(url, cache_dir=str(tmp_path / "c"), cache_size=limit, fetch="on_demand") as ds, \
+            open_dataset(wds_path) as local:
+        order = np.argsort(ds.shard_index, kind="stable")
+        with PrefetchRing(ds.extents(), batch_size, num_threads=2, num_slots=slots, pin_memory=False) as ring:
+            fetch = EpochFetch(ds, order, batch_size, slots, lookahead=1)
+            ring.start(order)
+            for k in range(fetch.num_batches):
+                assert fetch.before_batch(k)
+                with ring.next_batch(timeout=60) as b:
+                    assert [bytes(x) for x in b.samples()] == [local.read(int(i)) for i in b.indices]
+                assert ds.cache.usage() <= limit
+        stats = ds.cache_stats()
+        assert stats["downloads"] == len(sizes) and stats["evictions"] > 0
+
+
 def test_cli_inspect_verify_doctor_accept_a_url(s3, remote_wds, cache_dir):
     proc = _cli("inspect", remote_wds)
     assert proc.returncode == 0 and "samples:" in proc.stdout, proc.stderr

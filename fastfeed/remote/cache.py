@@ -7,8 +7,9 @@ samples.npz, shard files at their manifest paths, data.lmdb/data.mdb). A re-pack
 another manifest, so another folder: a cached file is never stale. Next to each data file F live two lock files,
 `F.dl` and `F.pin` (empty, kept forever; a few bytes per shard).
 
-Invariant: F exists only complete and verified. It is written as `F.<pid>.<random>.part` in the same folder,
-checked against the manifest's size and sha256, fsynced and renamed onto F with os.replace (atomic on POSIX).
+Invariant: F exists only complete and verified. It is written as `F.<pid>.<random>.<size>.part` in the same
+folder, checked against the manifest's size and sha256, fsynced and renamed onto F with os.replace (atomic on
+POSIX).
 
 Download: `fcntl.flock(F.dl, LOCK_EX)` around "F missing? -> download, verify, rename". A second process (or
 thread: flock locks belong to an open file description, and each caller opens its own) blocks on the lock, then
@@ -19,8 +20,10 @@ Pins and eviction: a reader holds `flock(F.pin, LOCK_SH)` for as long as it may 
 epoch, or until close()). Eviction takes `flock(F.pin, LOCK_EX | LOCK_NB)` and unlinks F only when that succeeds,
 so a pinned shard is never removed. LRU by shard: F's mtime is set on every use; before a download the cache
 removes unpinned shards, oldest first, until the new one fits `max_bytes` (summed over every dataset under
-`cache_dir`). If pinned shards alone leave no room, the download fails with DatasetError (raise the limit) —
-the cache never silently exceeds its bound. A reader that already has F open keeps reading the old inode even
+`cache_dir`), counting downloads in progress at their full size (the size in the .part name is the reservation).
+Choosing victims and reserving room happen under one cache-wide `flock(.room.lock)`, so concurrent downloads
+(threads or processes) cannot overrun the limit together. If pinned shards alone leave no room, the download
+fails with DatasetError (raise the limit) — the cache never silently exceeds its bound. A reader that already has F open keeps reading the old inode even
 if F is evicted (POSIX unlink semantics), so eviction never tears a read.
 """
 from __future__ import annotations
@@ -146,8 +149,11 @@ class ShardCache:
                 _touch(path)
                 return path
             _remove_parts(path)
-            self._make_room(size, exclude=path, name=name)
-            tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.part"
+            # The size in the name is the reservation: every process counts it as used until the rename.
+            tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.{size}.part"
+            with self._room_lock():
+                self._make_room(size, exclude=path, name=name)
+                open(tmp, "wb").close()
             t0 = time.perf_counter()
             try:
                 download(tmp)
@@ -170,11 +176,28 @@ class ShardCache:
 
     # ------------------------------------------------------------------ eviction
     def usage(self) -> int:
-        return sum(size for _, size, _ in _data_files(self.cache_dir))
+        """Bytes of cached shards plus the full size of the downloads in progress (their reservations)."""
+        return sum(size for _, size, _ in _data_files(self.cache_dir)) + _reserved(self.cache_dir)
+
+    def _room_lock(self):
+        """One process at a time decides what to evict and reserves room (a cache-wide flock), so two
+        downloads can never both take the last free bytes."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def held():
+            fd = os.open(os.path.join(self.cache_dir, ".room.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                _flock_wait(fd, fcntl.LOCK_EX, None, self.cache_dir)
+                yield
+            finally:
+                os.close(fd)
+
+        return held()
 
     def _make_room(self, incoming: int, exclude: str, name: str) -> None:
         files = sorted(_data_files(self.cache_dir), key=lambda f: f[2])  # oldest use first
-        total = sum(size for _, size, _ in files)
+        total = sum(size for _, size, _ in files) + _reserved(self.cache_dir)
         if total + incoming <= self.max_bytes:
             return
         for path, size, _ in files:
@@ -231,6 +254,37 @@ def _remove_parts(path: str) -> None:
                 os.unlink(os.path.join(d, n))
             except FileNotFoundError:
                 pass
+
+
+def _reserved(root: str) -> int:
+    """Sum of the sizes reserved by downloads in progress (`F.<pid>.<token>.<size>.part`); the reservations of
+    processes that no longer exist are removed (the cache is per host, so a pid is meaningful)."""
+    total = 0
+    for d, _, names in os.walk(root):
+        for n in names:
+            if not n.endswith(".part"):
+                continue
+            fields = n[:-len(".part")].rsplit(".", 3)
+            if len(fields) != 4 or not (fields[1].isdigit() and fields[3].isdigit()):
+                continue
+            if not _alive(int(fields[1])):
+                try:
+                    os.unlink(os.path.join(d, n))
+                except FileNotFoundError:
+                    pass
+                continue
+            total += int(fields[3])
+    return total
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _data_files(root: str):

@@ -26,7 +26,7 @@ from fastfeed.formats.base import TableDataset, load_table
 from fastfeed.formats.lmdb import LmdbDataset
 from fastfeed.formats.wds import WdsDataset
 from fastfeed.remote.cache import ShardCache
-from fastfeed.remote.store import DEFAULT_RETRY_TIMEOUT, join, retrying, url_to_fs
+from fastfeed.remote.store import join, resolve_retry_timeout, retrying, url_to_fs
 from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, DatasetError, Extents, Manifest
 
 __all__ = ["open_remote", "read_manifest", "RemoteWdsDataset", "RemoteLmdbDataset", "FETCH_MODES"]
@@ -38,11 +38,11 @@ DEFAULT_PARALLEL = 4  # shard downloads in flight per dataset
 class _Remote:
     """Where a dataset's files are and how to fetch one of them into the cache."""
 
-    def __init__(self, url: str, storage_options: dict | None, cache: ShardCache, retry_timeout: float):
+    def __init__(self, url: str, storage_options: dict | None, cache: ShardCache, retry_timeout: float | None):
         self.url = url.rstrip("/")
         self.fs, self.base = url_to_fs(self.url, storage_options)
         self.cache = cache
-        self.retry_timeout = float(retry_timeout)
+        self.retry_timeout = resolve_retry_timeout(retry_timeout)
 
     def cat(self, name: str) -> bytes:
         path = join(self.base, name)
@@ -79,7 +79,7 @@ class _Remote:
 
 
 def read_manifest(path: str, storage_options: dict | None = None,
-                  retry_timeout: float = DEFAULT_RETRY_TIMEOUT) -> Manifest:
+                  retry_timeout: float | None = None) -> Manifest:
     """The manifest of a dataset folder or URL, without fetching data (for inspect/doctor). A local folder goes
     through `load_manifest` (which also checks its data files); a URL only reads fastfeed.json."""
     from fastfeed.formats.base import load_manifest
@@ -92,7 +92,7 @@ def read_manifest(path: str, storage_options: dict | None = None,
                               where=f"{path.rstrip('/')}/{MANIFEST_NAME}")
 
 
-def _manifest_text(url: str, fs, base: str, retry_timeout: float) -> str:
+def _manifest_text(url: str, fs, base: str, retry_timeout: float | None) -> str:
     name = f"{url}/{MANIFEST_NAME}"
     try:
         return retrying(lambda: fs.cat_file(join(base, MANIFEST_NAME)), name, retry_timeout).decode("utf-8")
@@ -107,7 +107,7 @@ def _manifest_text(url: str, fs, base: str, retry_timeout: float) -> str:
 
 def open_remote(url: str, storage_options: dict | None = None, *, cache_dir: str | None = None,
                 cache_size: int | None = None, fetch: str = "all", parallel: int = DEFAULT_PARALLEL,
-                retry_timeout: float = DEFAULT_RETRY_TIMEOUT):
+                retry_timeout: float | None = None):
     """Open the dataset at `url` (see the module docstring). Raises DatasetError when it is not a complete
     dataset or cannot be reached within `retry_timeout` seconds of retries."""
     if fetch not in FETCH_MODES:
@@ -178,6 +178,7 @@ class RemoteWdsDataset(WdsDataset):
         self.root = mirror
         self.manifest = manifest
         self.fetch = fetch
+        self.parallel = parallel
         self._remote = remote
         self._table = load_table(mirror, manifest, TableDataset.REQUIRED + ("shard", "offset", "meta_offset",
                                                                            "meta_size"))
@@ -194,7 +195,7 @@ class RemoteWdsDataset(WdsDataset):
     def _submit(self, shard: int) -> Future:
         with self._flock:
             fut = self._futures.get(shard)
-            if fut is None or (fut.done() and fut.exception() is not None):  # a failed fetch is tried again
+            if fut is None or fut.cancelled() or (fut.done() and fut.exception() is not None):  # tried again
                 fut = self._futures[shard] = self._pool.submit(self._remote.ensure, self.manifest.shards[shard],
                                                                self.root)
             return fut
@@ -210,25 +211,42 @@ class RemoteWdsDataset(WdsDataset):
 
     def prefetch(self, shards: list[int]) -> list[Future]:
         """Start fetching these shards (in this order, `parallel` at a time); returns their futures."""
-        return [self._submit(s) for s in shards]
+        return [self._submit(int(s)) for s in shards]
+
+    @property
+    def shard_index(self) -> np.ndarray:
+        """The shard of every sample (int32[N])."""
+        return self._table["shard"]
+
+    def retain(self, shards) -> None:
+        """Keep these shards pinned (once fetched); unpin every other shard this dataset holds (evictable)."""
+        wanted = {int(s) for s in shards}
+        keep = {list.__getitem__(self._paths, s) for s in wanted}
+        for p in self.cache.pinned():
+            if p not in keep:
+                self.cache.unpin(p)
+        with self._flock:  # an unpinned shard may be evicted: fetch it again if it is needed later
+            self._futures = {s: f for s, f in self._futures.items() if s in wanted}
+
+    def release(self, shards) -> None:
+        """Unpin these shards: nothing will read them through this dataset's ring any more."""
+        for s in shards:
+            with self._flock:
+                self._futures.pop(int(s), None)
+            self.cache.unpin(list.__getitem__(self._paths, int(s)))
 
     def prepare_epoch(self, indices, wait: bool = True) -> None:
         """Fetch the shards of an epoch's sample `indices`, in the order the epoch first reads them; shards
         pinned for an earlier epoch and not needed now are unpinned (evictable). With `wait`, returns once all
         are local (raises DatasetError naming a shard that cannot be fetched); without, use `ensure_local`
-        before each batch is read."""
+        before each batch is read. The epoch's shards must fit the cache (streaming with a smaller cache:
+        fastfeed/remote/epoch.py)."""
         shards = self.shards_of(indices)
         need = sum(self.manifest.shards[s].bytes for s in shards)
         if need > self.cache.max_bytes:
             raise DatasetError(f"{self.url}: this epoch reads {len(shards)} shards, {need} bytes, more than the "
                                f"shard cache limit of {self.cache.max_bytes} bytes; raise cache_size")
-        wanted = set(shards)
-        keep = {list.__getitem__(self._paths, s) for s in wanted}
-        for p in self.cache.pinned():
-            if p not in keep:
-                self.cache.unpin(p)
-        with self._flock:  # an unpinned shard may be evicted: fetch it again if a later epoch needs it
-            self._futures = {s: f for s, f in self._futures.items() if s in wanted}
+        self.retain(shards)
         futures = self.prefetch(shards)
         if wait:
             for f in futures:

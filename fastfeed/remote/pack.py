@@ -25,7 +25,7 @@ from dataclasses import asdict, replace
 
 from fastfeed.pack import PackError, PackOptions, PackResult, merge, pack
 from fastfeed.pack.run import OWNED_NAMES
-from fastfeed.remote.store import DEFAULT_RETRY_TIMEOUT, is_url, join, local_path, retrying, url_to_fs
+from fastfeed.remote.store import is_url, join, local_path, retrying, url_to_fs
 from fastfeed.types import MANIFEST_NAME, Manifest
 
 __all__ = ["add_arguments", "pack_any", "pack_ray", "upload_dataset", "ENGINES"]
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def pack_any(src: str, out: str, o: PackOptions, *, engine: str = "local", ray_address: str | None = None,
              staging: str | None = None, storage_options: dict | None = None,
-             retry_timeout: float = DEFAULT_RETRY_TIMEOUT) -> PackResult:
+             retry_timeout: float | None = None) -> PackResult:
     """`pack` (or `pack_ray`) with SRC and OUT each a local path or an fsspec URL."""
     if engine not in ENGINES:
         raise PackError(f"--engine must be one of {ENGINES}, got {engine!r}")
@@ -121,7 +121,7 @@ def _pack_part(src: str, out: str, opts: dict) -> dict:
 
 # ---------------------------------------------------------------------- remote folders
 def upload_dataset(folder: str, url: str, storage_options: dict | None = None,
-                   retry_timeout: float = DEFAULT_RETRY_TIMEOUT) -> None:
+                   retry_timeout: float | None = None) -> None:
     """Upload a finished dataset folder: data files, then tables, then part manifests, the manifest last."""
     fs, base = url_to_fs(url, storage_options)
     files = []
@@ -189,7 +189,7 @@ def _owned(rel: str) -> bool:
     return top in OWNED_NAMES or top.startswith(("shard-", "part-"))
 
 
-def _clear_remote(url: str, storage_options: dict | None, retry_timeout: float) -> None:
+def _clear_remote(url: str, storage_options: dict | None, retry_timeout: float | None) -> None:
     fs, base = url_to_fs(url, storage_options)
     names = _remote_names(fs, base)
     if MANIFEST_NAME in names:  # first: from here on readers see "not a dataset", not a mix of old and new
@@ -199,7 +199,7 @@ def _clear_remote(url: str, storage_options: dict | None, retry_timeout: float) 
             retrying(lambda: fs.rm_file(join(base, n)), f"delete {url}/{n}", retry_timeout)
 
 
-def _download_tree(url: str, dest: str, storage_options: dict | None, retry_timeout: float) -> None:
+def _download_tree(url: str, dest: str, storage_options: dict | None, retry_timeout: float | None) -> None:
     fs, base = url_to_fs(url, storage_options)
     if not retrying(lambda: fs.isdir(base), f"list {url}", retry_timeout):
         raise PackError(f"{url}: a remote SRC must be a folder (ImageFolder tree or flat folder of images)")

@@ -5,7 +5,8 @@ AWS_ENDPOINT_URL, ~/.aws, GOOGLE_APPLICATION_CREDENTIALS, ...) or the caller's `
 to `fsspec.core.url_to_fs`. No HTTP is written here.
 
 Retries: the clients retry some errors themselves; on top of that `retrying()` repeats an operation with
-exponential backoff (0.2 s doubling to 5 s) until `timeout` seconds have passed since the first attempt, then
+exponential backoff (0.2 s doubling to 5 s) until `timeout` seconds (default $FASTFEED_RETRY_TIMEOUT, else 60)
+have passed since the first attempt, then
 raises `DatasetError` naming what it was doing. The total time is bounded by `timeout` plus one attempt (whose
 own length is bounded by the client's connect/read timeouts). Errors that retrying cannot fix (missing object,
 access denied) are raised at once.
@@ -19,7 +20,8 @@ from typing import Callable, TypeVar
 
 from fastfeed.types import DatasetError
 
-__all__ = ["is_url", "url_to_fs", "join", "retrying", "DEFAULT_RETRY_TIMEOUT", "PERMANENT_ERRORS"]
+__all__ = ["is_url", "url_to_fs", "join", "retrying", "resolve_retry_timeout", "DEFAULT_RETRY_TIMEOUT",
+           "PERMANENT_ERRORS"]
 
 T = TypeVar("T")
 
@@ -61,9 +63,20 @@ def join(base: str, *names: str) -> str:
     return "/".join([base.rstrip("/"), *(n.strip("/") for n in names)])
 
 
-def retrying(op: Callable[[], T], what: str, timeout: float = DEFAULT_RETRY_TIMEOUT,
+def resolve_retry_timeout(timeout: float | None) -> float:
+    """`timeout`, else $FASTFEED_RETRY_TIMEOUT (seconds), else DEFAULT_RETRY_TIMEOUT."""
+    if timeout is None:
+        timeout = float(os.environ.get("FASTFEED_RETRY_TIMEOUT", DEFAULT_RETRY_TIMEOUT))
+    if not timeout >= 0:
+        raise ValueError(f"retry timeout must be >= 0 seconds, got {timeout}")
+    return float(timeout)
+
+
+def retrying(op: Callable[[], T], what: str, timeout: float | None = None,
              permanent: tuple[type[BaseException], ...] = PERMANENT_ERRORS) -> T:
-    """Run `op()` until it succeeds or `timeout` seconds have passed; then DatasetError naming `what`."""
+    """Run `op()` until it succeeds or `timeout` seconds (None: `resolve_retry_timeout`) have passed; then
+    DatasetError naming `what`."""
+    timeout = resolve_retry_timeout(timeout)
     start = time.monotonic()
     delay = 0.2
     attempts = 0
