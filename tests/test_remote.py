@@ -407,3 +407,24 @@ def src_small(tmp_path_factory):
     from fastfeed.demo_data import make_dataset
 
     return make_dataset(tmp_path_factory.mktemp("small") / "src", num_images=48, num_classes=3, seed=1, workers=1)
+
+
+def test_a_dataset_served_over_http_reads_like_the_local_one(wds_path, tmp_path):
+    """https:// works the same way (fsspec's HTTP filesystem); a plain local http.server stands in for a CDN."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(wds_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with open_dataset(url, cache_dir=str(tmp_path / "c")) as ds, open_dataset(wds_path) as local:
+            ds.extents()
+            assert ds.cache_stats()["downloads"] == len(local.manifest.shards)
+            assert [ds.read(i) for i in range(len(ds))] == [local.read(i) for i in range(len(local))]
+    finally:
+        server.shutdown()
+        server.server_close()

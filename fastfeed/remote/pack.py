@@ -49,6 +49,9 @@ def pack_any(src: str, out: str, o: PackOptions, *, engine: str = "local", ray_a
     """`pack` (or `pack_ray`) with SRC and OUT each a local path or an fsspec URL."""
     if engine not in ENGINES:
         raise PackError(f"--engine must be one of {ENGINES}, got {engine!r}")
+    import time
+
+    t0 = time.perf_counter()
     src, out = local_path(src), local_path(out)
     temps: list[str] = []
     try:
@@ -78,6 +81,8 @@ def pack_any(src: str, out: str, o: PackOptions, *, engine: str = "local", ray_a
                 _clear_remote(out, storage_options, retry_timeout)
             upload_dataset(result.folder, out, storage_options, retry_timeout)
             result = replace(result, folder=out)
+        if is_url(src) or is_url(out):  # the summary's rate covers the transfers too
+            result = replace(result, seconds=time.perf_counter() - t0)
         return result
     finally:
         for t in temps:
