@@ -106,3 +106,12 @@ def _samples_of_single(src, tmp_path):
     single = tmp_path / "single"
     pack(str(src), str(single), PackOptions(shard_size=SHARD))
     return _samples(single)
+
+
+def test_a_failing_part_is_a_pack_error_not_a_ray_traceback(ray_cluster, demo_tree, tmp_path):
+    from fastfeed.pack import PackError
+
+    out = tmp_path / "twice"
+    pack_ray(str(demo_tree), str(out), PackOptions(shard_size=SHARD, num_parts=2))
+    with pytest.raises(PackError, match="already holds a packed dataset"):
+        pack_ray(str(demo_tree), str(out), PackOptions(shard_size=SHARD, num_parts=2))

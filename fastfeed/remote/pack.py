@@ -109,7 +109,11 @@ def pack_ray(src: str, out: str, o: PackOptions, address: str | None = None) -> 
         opts = asdict(replace(o, num_parts=k, progress=False, workers=o.workers or 2))
         task = ray.remote(num_cpus=1, max_retries=0)(_pack_part)
         refs = [task.remote(os.path.abspath(src), out, dict(opts, part=i)) for i in range(k)]
-        results = ray.get(refs)
+        try:
+            results = ray.get(refs)
+        except ray.exceptions.RayTaskError as e:  # the part's own error (e.g. PackError), not Ray's traceback
+            cause = getattr(e, "cause", None) or e
+            raise PackError(f"a Ray pack task failed: {cause}") from None
     finally:
         if started:
             ray.shutdown()
