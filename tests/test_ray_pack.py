@@ -115,3 +115,14 @@ def test_a_failing_part_is_a_pack_error_not_a_ray_traceback(ray_cluster, demo_tr
     pack_ray(str(demo_tree), str(out), PackOptions(shard_size=SHARD, num_parts=2))
     with pytest.raises(PackError, match="already holds a packed dataset"):
         pack_ray(str(demo_tree), str(out), PackOptions(shard_size=SHARD, num_parts=2))
+
+
+def test_an_unreachable_ray_address_is_a_clear_error_in_bounded_time(demo_tree, tmp_path):
+    import time
+
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "fastfeed.cli", "pack", str(demo_tree), str(tmp_path / "out"),
+                           "--engine", "ray", "--ray-address", "127.0.0.1:1", "--quiet"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "--ray-address 127.0.0.1:1: cannot connect" in proc.stderr
+    assert time.monotonic() - t0 < 60

@@ -55,23 +55,23 @@ def pack_any(src: str, out: str, o: PackOptions, *, engine: str = "local", ray_a
     src, out = local_path(src), local_path(out)
     temps: list[str] = []
     try:
-        local_src = src
-        if is_url(src):
-            local_src = tempfile.mkdtemp(prefix="fastfeed-src-")
-            temps.append(local_src)
-            _download_tree(src, local_src, storage_options, retry_timeout)
         local_out = out
         if is_url(out) and o.num_parts > 1 and engine != "ray":
             raise PackError("--num-parts/--part with a URL as OUT: the parts could not be merged there; use "
                             "--engine ray (parts are merged before the upload), or pack the parts into a shared "
                             "folder, `fastfeed merge` it, then upload (README: Packing on a cluster)")
-        if is_url(out):
+        if is_url(out):  # before any download or packing: refuse early
             _check_remote_out(out, o, storage_options)
             if staging is None:
                 local_out = tempfile.mkdtemp(prefix="fastfeed-stage-")
                 temps.append(local_out)
             else:
                 local_out = os.path.abspath(staging)
+        local_src = src
+        if is_url(src):
+            local_src = tempfile.mkdtemp(prefix="fastfeed-src-")
+            temps.append(local_src)
+            _download_tree(src, local_src, storage_options, retry_timeout)
         result = pack_ray(local_src, local_out, o, ray_address) if engine == "ray" else pack(local_src, local_out, o)
         if is_url(src):
             _set_source(local_out, src)
@@ -101,7 +101,12 @@ def pack_ray(src: str, out: str, o: PackOptions, address: str | None = None) -> 
     started = False
     if not ray.is_initialized():
         kwargs = {} if address else {"num_cpus": os.cpu_count() or 1, "object_store_memory": 80 << 20}
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, **kwargs)
+        _probe(address)
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, **kwargs)
+        except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
+            raise PackError(f"cannot {'connect to Ray at ' + address if address else 'start a local Ray'}: "
+                            f"{type(e).__name__}: {e}") from None
         started = True
     try:
         k = o.num_parts if o.num_parts > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -120,6 +125,19 @@ def pack_ray(src: str, out: str, o: PackOptions, address: str | None = None) -> 
     rejected = [r for part in results for r in part["rejected"]]
     manifest = merge(out)
     return PackResult(out, manifest, rejected, time.perf_counter() - t0, sum(r["hidden_skipped"] for r in results))
+
+
+def _probe(address: str | None, timeout: float = 10.0) -> None:
+    """ray.init keeps retrying an unreachable `host:port` for minutes: find out first, in bounded time."""
+    import socket
+
+    if not address or "://" in address or ":" not in address:
+        return  # local Ray, "auto", or a ray:// client address: Ray's own checks apply
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        raise PackError(f"--ray-address {address}: cannot connect ({e}); is the Ray head running there?") from None
 
 
 def _pack_part(src: str, out: str, opts: dict) -> dict:
