@@ -28,6 +28,7 @@ if F is evicted (POSIX unlink semantics), so eviction never tears a read.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -179,21 +180,16 @@ class ShardCache:
         """Bytes of cached shards plus the full size of the downloads in progress (their reservations)."""
         return sum(size for _, size, _ in _data_files(self.cache_dir)) + _reserved(self.cache_dir)
 
+    @contextlib.contextmanager
     def _room_lock(self):
         """One process at a time decides what to evict and reserves room (a cache-wide flock), so two
         downloads can never both take the last free bytes."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def held():
-            fd = os.open(os.path.join(self.cache_dir, ".room.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                _flock_wait(fd, fcntl.LOCK_EX, None, self.cache_dir)
-                yield
-            finally:
-                os.close(fd)
-
-        return held()
+        fd = os.open(os.path.join(self.cache_dir, ".room.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            _flock_wait(fd, fcntl.LOCK_EX, None, self.cache_dir)
+            yield
+        finally:
+            os.close(fd)
 
     def _make_room(self, incoming: int, exclude: str, name: str) -> None:
         files = sorted(_data_files(self.cache_dir), key=lambda f: f[2])  # oldest use first
