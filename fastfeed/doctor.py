@@ -428,7 +428,11 @@ def run_checks(dataset: str | None = None, num_threads: int | None = None,
         check_cpus(usable, os.cpu_count() or usable, num_threads, cgroup_cpu_limit(), gpu=bool(names)),
     ]
     if dataset is not None:
-        if not os.path.exists(dataset):
+        from fastfeed.remote.checks import check_remote, is_url  # hook: s3://, gs://... (fastfeed/remote/)
+
+        if is_url(dataset):
+            checks.extend(check_remote(dataset))
+        elif not os.path.exists(dataset):
             checks.append(Check("dataset", FAIL, f"{dataset} does not exist", "check the path"))
         else:
             checks.append(check_storage(dataset, probe=read_probe(dataset)))

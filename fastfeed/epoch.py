@@ -68,7 +68,7 @@ class EpochRun:
     decoders to another run.
     """
 
-    def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats):
+    def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats, fetch_shards=None):
         self.plan = plan
         self.ring = ring
         self.decoders = decoders
@@ -85,8 +85,14 @@ class EpochRun:
         self.threads: list[threading.Thread] = []
         self.joined = True
         self._logged: set[str] = set()
+        # fetch_shards(indices, stop) -> a remote dataset's EpochFetch (or None): it keeps the shards of the ring's
+        # read-ahead window in the local cache (fastfeed/remote/epoch.py states the rule this relies on).
+        self._fetch_shards = fetch_shards
+        self.fetch = None
 
     def begin(self) -> None:
+        if self._fetch_shards is not None:
+            self.fetch = self._fetch_shards(self.plan.indices, self.stop_flag)
         self.ring.start(np.ascontiguousarray(self.plan.indices, dtype=np.int64))
         for w, decoder in enumerate(self.decoders):
             t = threading.Thread(target=self._work, args=(decoder,), name=f"fastfeed-decode-{w}", daemon=True)
@@ -126,6 +132,13 @@ class EpochRun:
                 return None, None
             k = self.dispatched
             with self.stats.timed("read_wait"):
+                if self.fetch is not None:
+                    try:
+                        if not self.fetch.before_batch(k, self.stop_flag):
+                            return None, None
+                    except Exception as exc:  # noqa: BLE001 - DatasetError naming the shard: fatal, at batch k
+                        self.dispatched += 1
+                        return k, exc
                 while not self.stop_flag.is_set():
                     try:
                         slot = self.ring.next_batch(timeout=_POLL_S)

@@ -69,7 +69,8 @@ class Loader:
     """Iterate a packed dataset as decoded, augmented, normalised batches on the device.
 
     Args:
-        path: a folder written by `fastfeed pack` (WebDataset shards or LMDB).
+        path: a folder written by `fastfeed pack` (WebDataset shards or LMDB), or its fsspec URL (s3://, gs://,
+            https://): shards are fetched ahead into a local cache as the epoch needs them (README, "Data in S3/GCS").
         batch_size: samples per batch on this rank.
         train: RandomResizedCrop(0.08-1, 3/4-4/3) + horizontal flip, shuffled, full batches if True; resize to
             S/0.875 + centre crop, in dataset order, every sample once (last batch short) if False. Either way
@@ -97,6 +98,9 @@ class Loader:
             CutMix, ...), with torch's, numpy's and `random`'s generators seeded from (seed, epoch, batch) so it is
             deterministic and resume-exact.
         log_every: log a one-line stats summary every N batches (and at the end of each epoch).
+        storage_options: for a dataset at a URL: passed to fsspec (endpoint, credentials); the environment
+            (AWS_ENDPOINT_URL, ...) is read as s3fs does. cache_dir, cache_size: the local shard cache
+            (default $FASTFEED_CACHE or ~/.cache/fastfeed, $FASTFEED_CACHE_SIZE; see fastfeed/remote/cache.py).
         **dataloader_kwargs: DataLoader arguments given out of habit: num_workers (-> decode threads),
             prefetch_factor (-> prefetch), pin_memory and persistent_workers (always on here); the others are
             ignored with one warning.
@@ -115,7 +119,8 @@ class Loader:
                  num_threads: int | str | None = "auto", reader_threads: int | None = None,
                  prefetch: int | None = None, hw_decoder_load: float | None = None, pipelines: int | None = None,
                  on_error: str = "skip", orientation: str = DEFAULT_ORIENTATION, verify_checksums: bool = True,
-                 batch_transform=None, log_every: int | None = None, **dataloader_kwargs):
+                 batch_transform=None, log_every: int | None = None, storage_options: dict | None = None,
+                 cache_dir: str | None = None, cache_size: int | None = None, **dataloader_kwargs):
         self._closed = True  # until fully built: close() and __del__ then have nothing to undo
         self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
         self.settings: LoaderSettings = resolve_settings(
@@ -128,7 +133,9 @@ class Loader:
         if batch_transform is not None and not callable(batch_transform):
             raise ValueError(f"batch_transform must be callable(images, labels), got {batch_transform!r}")
         self._batch_transform = batch_transform
-        self.dataset = open_dataset(path)
+        remote = {k: v for k, v in (("cache_dir", cache_dir), ("cache_size", cache_size)) if v is not None}
+        # A URL opens with fetch="on_demand": each epoch makes its shards local through remote.epoch_fetch.
+        self.dataset = open_dataset(path, storage_options=storage_options, fetch="on_demand", **remote)
         if len(self.dataset) == 0:
             raise ValueError(f"{path}: the dataset has no samples")
         s = self.settings
@@ -265,7 +272,7 @@ class Loader:
         if self._decoders is None:  # the last run could not free them: see the NOTE
             self._decoders = self._build_decoders()
         self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
-                                table=self._table, stats=self._stats)
+                                table=self._table, stats=self._stats, fetch_shards=self._fetch_shards())
         return self._active
 
     def _stop_active(self) -> None:
@@ -368,6 +375,15 @@ class Loader:
     def _build_decoders(self) -> list:
         """One decoder per pipeline."""
         return [build_decoder(self.settings) for _ in range(self.settings.pipelines)]
+
+    def _fetch_shards(self):
+        """For a dataset at a URL: what keeps the ring's read-ahead window in the local cache; None for a folder."""
+        if getattr(self.dataset, "fetch", None) != "on_demand":
+            return None
+        from fastfeed.remote import epoch_fetch
+
+        ds, batch, slots = self.dataset, self.settings.batch_size, self._ring.num_slots
+        return lambda indices, stop: epoch_fetch(ds, indices, batch, slots, stop)
 
     def _publish_settings(self) -> None:
         info = self.settings.describe()

@@ -9,7 +9,7 @@ __all__ = ["configure", "run", "summarize"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a packed dataset folder")
+    p.add_argument("path", help="a packed dataset folder or URL")
     p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
 
 
@@ -47,7 +47,7 @@ def summarize(m) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastfeed.formats.base import load_manifest
+    from fastfeed.remote import read_manifest as load_manifest  # hook: also fsspec URLs (fastfeed/remote/)
     from fastfeed.types import DatasetError
 
     try:

@@ -11,9 +11,10 @@ __all__ = ["configure", "run"]
 def configure(p: argparse.ArgumentParser) -> None:
     from fastfeed.pack.sources import SOURCE_KINDS
     from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
+    from fastfeed.remote.pack import add_arguments as remote_arguments
 
     p.add_argument("src", help="ImageFolder tree, flat folder of images, or a .csv/.jsonl list (path,label[,metadata])")
-    p.add_argument("out", help="output folder")
+    p.add_argument("out", help="output folder or fsspec URL (s3://bucket/prefix, gs://...)")
     p.add_argument("--format", choices=("wds", "lmdb"), default="wds", help="WebDataset tar shards or LMDB")
     p.add_argument("--source", choices=SOURCE_KINDS, default="auto", help="how to read SRC (auto: guess from SRC)")
     p.add_argument("--shard-size", default="1GiB", help="target shard size for wds, e.g. 64MB, 1GiB")
@@ -36,6 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace fastfeed's files in OUT")
     p.add_argument("--strict", action="store_true", help="exit with status 1 if any file was rejected")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+    remote_arguments(p)  # hook: --engine, --ray-address, --staging (fastfeed/remote/pack.py)
 
 
 def _demo_marker(src: str) -> int:
@@ -46,7 +48,8 @@ def _demo_marker(src: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastfeed.pack import PackError, PackOptions, pack, parse_size
+    from fastfeed.pack import PackError, PackOptions, parse_size
+    from fastfeed.remote.pack import pack_any as _remote_pack
 
     try:
         opts = PackOptions(
@@ -65,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=not args.quiet and sys.stderr.isatty(),
         )
-        result = pack(args.src, args.out, opts)
+        result = _remote_pack(args.src, args.out, opts, engine=args.engine, ray_address=args.ray_address,
+                              staging=args.staging)  # hook: URLs and --engine ray (fastfeed/remote/pack.py)
     except (PackError, ValueError, OSError) as e:
         print(f"fastfeed pack: error: {e}", file=sys.stderr)
         return 2

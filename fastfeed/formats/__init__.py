@@ -19,7 +19,13 @@ __all__ = ["open_dataset", "Dataset", "DatasetError", "READERS"]
 READERS: dict[str, type] = {"wds": WdsDataset, "lmdb": LmdbDataset}
 
 
-def open_dataset(path: str | os.PathLike) -> Dataset:
-    """Open a folder written by `fastfeed pack`; raises DatasetError when it is not a complete, intact dataset."""
+def open_dataset(path: str | os.PathLike, storage_options: dict | None = None, **remote) -> Dataset:
+    """Open a folder written by `fastfeed pack`; raises DatasetError when it is not a complete, intact dataset.
+    An fsspec URL (s3://, gs://, https://, ...) opens through the shard cache: fastfeed/remote/dataset.py
+    (`storage_options` go to fsspec; `remote` keywords: cache_dir, cache_size, fetch, parallel, retry_timeout)."""
+    from fastfeed.remote import is_url, open_remote  # hook: remote datasets (fastfeed/remote/)
+    if is_url(path):
+        return open_remote(path, storage_options, **remote)
+
     root = os.fspath(path)
     return READERS[load_manifest(root).kind](root)

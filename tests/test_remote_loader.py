@@ -1,0 +1,79 @@
+"""fastfeed.Loader on a dataset at a URL, streaming (shards fetched per epoch through remote.epoch_fetch): needs
+the Loader/epoch hooks (storage_options=, EpochRun.fetch). The server is moto's, on 127.0.0.1."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("moto.server")
+pytest.importorskip("s3fs")
+
+import fastfeed  # noqa: E402
+from fastfeed.epoch import LoaderError  # noqa: E402
+from fastfeed.formats import DatasetError, open_dataset  # noqa: E402
+from tests.test_remote import BUCKET, FAST_FAIL, S3Server, _cli  # noqa: E402
+
+
+def _loader(path, **kw):
+    args = dict(batch_size=16, train=False, image_size=64, device="cpu", decoder="cpu-pil", dtype=torch.uint8,
+                shuffle=False, drop_last=False, num_threads=1)
+    args.update(kw)
+    return fastfeed.Loader(path, **args)
+
+
+@pytest.mark.parametrize("order", ["shard", "global"])
+def test_streaming_epochs_equal_the_local_pack_and_later_epochs_read_the_cache(demo_tree, wds_path, tmp_path,
+                                                                             monkeypatch, order):
+    server = S3Server()
+    try:
+        for k, v in server.env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("FASTFEED_CACHE", str(tmp_path / "cache"))
+        url = f"s3://{BUCKET}/stream-{order}"
+        assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "4MB").returncode == 0
+        with _loader(url, order=order, shuffle=True) as remote, _loader(str(wds_path), order=order,
+                                                                        shuffle=True) as local:
+            assert remote.dataset.cache_stats()["downloads"] == 0  # nothing fetched before the first epoch
+            for epoch in range(2):
+                got = [(x.clone(), y.clone()) for x, y in remote]
+                want = list(local)
+                assert len(got) == len(want) > 0
+                for (a, la), (b, lb) in zip(got, want):
+                    assert torch.equal(la, lb) and torch.equal(a, b)
+                stats = remote.dataset.cache_stats()
+                assert stats["downloads"] == len(remote.dataset.manifest.shards)  # epoch 2 downloaded nothing
+    finally:
+        server.stop()
+
+
+def test_server_stopped_mid_epoch_is_a_loader_error_naming_the_shard_within_a_bounded_time(
+        demo_tree, tmp_path, monkeypatch):
+    server = S3Server()
+    try:
+        for k, v in server.env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("FASTFEED_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setenv("FASTFEED_RETRY_TIMEOUT", "3")
+        url = f"s3://{BUCKET}/stream-stopped"
+        # ~40 small shards: streaming fetches only the window plus a few ahead, so most are remote when it stops
+        assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "512KB").returncode == 0
+        loader = _loader(url, order="shard", shuffle=False, storage_options=FAST_FAIL, batch_size=4)
+        n_batches = len(loader)
+        it = iter(loader)
+        next(it)
+        server.stop()
+        t0 = time.monotonic()
+        got = 1
+        with pytest.raises(LoaderError) as info:
+            for _ in it:
+                got += 1
+        elapsed = time.monotonic() - t0
+        loader.close()
+    finally:
+        server.stop()
+    assert got < n_batches
+    assert isinstance(info.value.__cause__, DatasetError) and "shard-" in str(info.value)
+    assert elapsed < 30, elapsed
