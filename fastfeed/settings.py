@@ -16,31 +16,22 @@ from dataclasses import dataclass
 
 import torch
 
+from fastfeed.constants import DEFAULT_DALI_PIPELINES, DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD, DTYPE_NAMES
+from fastfeed.decode import KINDS as DECODERS
+from fastfeed.decode.base import ON_ERROR
 from fastfeed.decode.crop import ORIENTATIONS
 from fastfeed.world import World
 
 __all__ = ["LoaderSettings", "resolve_settings", "DTYPES", "ORIENTATIONS", "ON_ERROR", "DEFAULT_HW_DECODER_LOAD",
            "DEFAULT_READER_THREADS", "DEFAULT_PREFETCH", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE"]
 
-DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.uint8: "uint8"}
-ON_ERROR = ("skip", "raise")
-DECODERS = ("auto", "dali", "cpu", "cpu-dali", "cpu-pil")
+DTYPES = {getattr(torch, name): name for name in DTYPE_NAMES}
 
-# DALI's defaults are the setting that trained fastest on an H200 (benchmarks/RESULTS.md, 2026-11-30: ResNet-18
-# 9,680-10,275 img/s, ResNet-50 within 1-4% of the best fixed setting, 2.3 s to the first batch, 2.8 cores): the
-# hardware JPEG decoder takes every JPEG it can (1.0 was never slower than 0.9 in training and needs fewer CPU
-# threads), two threads per pipeline, two pipelines side by side (while one waits for its GPU work the other
-# parses and submits the next batch). More pipelines decode faster on the loader alone (3: 18.2k img/s) but slow
-# the training step that shares the GPU (ResNet-50 12.6% below its ceiling, against 5-10%), and measuring
-# settings at start-up on the loader alone chose them and cost 6-7 s before the first batch: no start-up tuning.
-DEFAULT_HW_DECODER_LOAD = 1.0
+
 # Native ring reader threads: enough in-flight preads for local NVMe; cold or network storage wants more.
 DEFAULT_READER_THREADS = 4
 # Decoded batches queued ahead of the training step.
 DEFAULT_PREFETCH = 2
-# CPU decoders already spread a batch over a thread pool: one pipeline.
-DEFAULT_DALI_PIPELINES = 2
-DEFAULT_DALI_THREADS = 2
 # More CPU decode threads than this stop paying on the machines measured (the pool's hand-off dominates).
 MAX_DEFAULT_DECODE_THREADS = 8
 
@@ -157,6 +148,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         drop_last=drop_last, seed=seed, order=order, on_error=on_error, orientation=orientation,
         verify_checksums=_bool("verify_checksums", verify_checksums),
         decode_threads=_default_decode_threads(kind, world) if auto else num_threads,
+        # CPU decoders spread a batch over their own thread pool: one pipeline.
         pipelines=pipelines or (DEFAULT_DALI_PIPELINES if kind == "dali" else 1),
         hw_decoder_load=DEFAULT_HW_DECODER_LOAD if hw_decoder_load is None else float(hw_decoder_load),
         prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),

@@ -11,9 +11,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fastfeed.constants import DTYPE_NAMES
+
 __all__ = ["BenchConfig", "run_bench", "resolve_images_dir", "fit_batch_size", "DTYPES"]
 
-DTYPES = ("float32", "float16", "bfloat16", "uint8")
+DTYPES = DTYPE_NAMES  # the names `--dtype` takes
 
 
 @dataclass

@@ -9,6 +9,7 @@ when DALI and CUDA are there and device is cuda, else "cpu"). DALI is imported o
 """
 from __future__ import annotations
 
+from fastfeed.constants import DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD
 from fastfeed.decode.base import CorruptSampleError, DecodeResult, Replaced
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, crop_windows, oriented_size
 
@@ -36,7 +37,7 @@ def resolve_kind(kind: str, device: str) -> str:
 
 def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0, image_size: int = 224,
                  dtype=None, channels_last: bool = False, mean=None, std=None, batch_size: int = 256,
-                 num_threads: int = 4, hw_decoder_load: float = 0.9, on_error: str = "skip", draft: bool = False,
+                 num_threads: int = DEFAULT_DALI_THREADS, hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD, on_error: str = "skip", draft: bool = False,
                  zero_copy: bool = False, orientation: str = DEFAULT_ORIENTATION):
     """Build a decoder. `device` is where the images go ("cuda" | "cuda:N" | "cpu"); device_id is the GPU DALI
     decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy and

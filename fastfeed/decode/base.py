@@ -11,6 +11,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from fastfeed.constants import DTYPE_NAMES
+
 __all__ = ["DecodeResult", "Replaced", "CorruptSampleError", "ON_ERROR", "DTYPES", "NOT_IMAGE", "DECODE_ERROR",
            "replacement_map", "check_common", "is_image"]
 
@@ -94,7 +96,7 @@ def _torch_dtypes():
     return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.uint8: "uint8"}
 
 
-DTYPES = ("float16", "bfloat16", "float32", "uint8")
+DTYPES = DTYPE_NAMES
 
 
 def check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads, orientation="ignore") -> str:

@@ -111,7 +111,7 @@ class PilDecoder:
                  orientation=DEFAULT_ORIENTATION):
         import torch
 
-        dtype = torch.float16 if dtype is None else dtype
+        dtype = torch.float32 if dtype is None else dtype  # what the Loader gives by default
         mean = IMAGENET_MEAN if mean is None else tuple(mean)
         std = IMAGENET_STD if std is None else tuple(std)
         self._dtype_name = check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads, orientation)

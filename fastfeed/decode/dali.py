@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
+from fastfeed.constants import DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD
 from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common,
                                   is_image, replaced_list, resolve_errors)
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
@@ -96,11 +97,12 @@ class DaliDecoder:
     """
 
     def __init__(self, *, device_id=0, image_size=224, dtype=None, channels_last=False, mean=None, std=None,
-                 batch_size=256, num_threads=4, hw_decoder_load=0.9, on_error="skip", zero_copy=False,
+                 batch_size=256, num_threads=DEFAULT_DALI_THREADS, hw_decoder_load=DEFAULT_HW_DECODER_LOAD,
+                 on_error="skip", zero_copy=False,
                  orientation=DEFAULT_ORIENTATION):
         import torch
 
-        dtype = torch.float16 if dtype is None else dtype
+        dtype = torch.float32 if dtype is None else dtype  # what the Loader gives by default
         mean = IMAGENET_MEAN if mean is None else tuple(mean)
         std = IMAGENET_STD if std is None else tuple(std)
         self._dtype_name = check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads, orientation)
