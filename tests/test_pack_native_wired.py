@@ -88,3 +88,41 @@ def test_parts_and_merge_identical(tree, tmp_path):
                        capture_output=True)
     py, nat = _files(tmp_path / "py"), _files(tmp_path / "native")
     assert sorted(py) == sorted(nat) and all(py[n] == nat[n] for n in py)
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("first_native", [True, False])
+def test_interrupted_pack_resumed_by_the_other_writer(tree, tmp_path, monkeypatch, first_native):
+    """Both writers journal the same commits: a pack stopped mid-way by one is finished by the other, and the
+    result is the uninterrupted pack's, byte for byte."""
+    from dataclasses import replace
+
+    from fastfeed.pack import PackOptions, pack, reader, wds_native
+
+    o = PackOptions(format="wds", shard_size=300_000)
+    monkeypatch.setattr(wds_native, "ENABLED", False)
+    pack(str(tree), str(tmp_path / "whole"), o)
+
+    module = wds_native if first_native else reader  # where the first writer calls the validator
+    real, calls = module.check_image, [0]
+
+    def stopping(data, opts):
+        calls[0] += 1
+        if calls[0] > 40:
+            raise _Stop()
+        return real(data, opts)
+
+    monkeypatch.setattr(wds_native, "ENABLED", first_native)
+    monkeypatch.setattr(module, "check_image", stopping)
+    out = tmp_path / "resumed"
+    with pytest.raises(_Stop):
+        pack(str(tree), str(out), o)
+    assert any(n.startswith("shard-") and n.endswith(".tar") for n in os.listdir(out))  # some shards committed
+    monkeypatch.setattr(module, "check_image", real)
+    monkeypatch.setattr(wds_native, "ENABLED", not first_native)
+    pack(str(tree), str(out), replace(o, resume=True))
+    whole, resumed = _files(tmp_path / "whole"), _files(out)
+    assert sorted(whole) == sorted(resumed) and all(whole[n] == resumed[n] for n in whole)

@@ -218,7 +218,10 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
             _pack_python(writer, src, plan, start, key_width, load_opts, bar, workers, batch)
         writer.close(len(plan))
     except BaseException:
-        writer.abort()
+        try:
+            writer.abort()
+        finally:
+            journal.close()
         raise
     finally:
         if bar is not None:
