@@ -8,6 +8,8 @@ and by `--resume`, which is what makes parts mergeable and resumes byte-identica
 Files are read and checked on a thread pool in batches of up to 32 (fastfeed/pack/reader.py: reads, libjpeg and
 PIL release the GIL; the tar records are built there too) and written by this thread strictly in plan order, one
 writev per batch; a helper thread hashes the shards (writers.ShardHasher), another fsyncs finished shards.
+WebDataset packs go through the native tar writer instead when the core has it (pack/wds_native.py: native
+threads read, frame and hash; the same validation runs in its check hook; the same files, byte for byte).
 
 JPEG mode: `jpeg_mode=None` (the default) means 'baseline' when the native core has libjpeg
 (`fastfeed.jpeg.HAVE_TRANSCODE`) and 'keep' otherwise. Measured on an H200 (issue 8): 20% progressive JPEGs stored

@@ -151,6 +151,7 @@ def pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, bar
         pos += done
         if bar is not None and done:
             bar.update(done)
+            bar.set_postfix_str(f"{w.bytes_in / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.0f} MB/s", refresh=False)
 
 
 def _read_reason(path: str, size: int) -> str | None:
