@@ -4,7 +4,6 @@ odd-image corpus (trimmed, converted, transcoded, rejected files) plus real demo
 enough that many shards end mid-call; and the `checksum` column is the xxh3 of the bytes stored in the tar."""
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys

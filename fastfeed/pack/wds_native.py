@@ -19,7 +19,7 @@ from dataclasses import asdict, replace
 
 from fastfeed.pack.native import HAVE_NATIVE_WRITER, NativeTarShardWriter, wds_sample
 from fastfeed.pack.reader import _read_into
-from fastfeed.pack.validate import Loaded, LoadOptions, Rejected, check_image, stat_size
+from fastfeed.pack.validate import LoadOptions, Rejected, check_image, stat_size
 from fastfeed.pack.wds import WdsWriter
 from fastfeed.pack.writers import meta_bytes, record_size
 
