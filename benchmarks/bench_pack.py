@@ -4,7 +4,8 @@
 
 Tools (each writes shards of --shard-size from the same listing; MB/s = source image bytes / wall seconds):
   tar            `tar -cf OUT -C SRC .`                (no checksum, no fsync: the reference, not a competitor)
-  pack           fastfeed.pack.pack(--jpeg keep)       (today's pipeline: Python reads + validation + sha256)
+  pack           fastfeed.pack.pack(--jpeg keep)       (`fastfeed pack`: the native writer + validation, wds_native)
+  pack-py        the same with the Python writer        (pack as on main before 2026-11-30: Python reads + sha256)
   native         fastfeed.pack.native.write_shards     (native reads, framing, xxh3 per sample, sha256; no validation)
   native+check   the same with pack/validate.check_image run on each image through the writer's check hook
   mds            MosaicML Streaming MDSWriter          ({'jpg': bytes, 'cls': int}, no compression, no hashes)
@@ -34,7 +35,7 @@ import tempfile
 import time
 
 PEERS = ("mds", "litdata", "wds")
-TOOLS = ("tar", "pack", "native", "native+check") + PEERS
+TOOLS = ("tar", "pack-py", "pack", "native", "native+check") + PEERS
 
 
 def _listing(src: str) -> list[tuple[str, int]]:
@@ -57,8 +58,10 @@ def _stop(t: tuple[float, float]) -> tuple[float, float]:
 
 
 def _run_one(tool: str, src: str, out: str, shard_size: int, workers: int) -> tuple[float, float]:
-    if tool == "pack":
-        from fastfeed.pack import PackOptions, pack
+    if tool in ("pack", "pack-py"):
+        from fastfeed.pack import PackOptions, pack, wds_native
+
+        wds_native.ENABLED = tool == "pack"  # its private switch: pack-py is the Python writer (the fallback)
 
         t = _start()
         pack(src, out, PackOptions(format="wds", shard_size=shard_size, workers=workers, jpeg_mode="keep",

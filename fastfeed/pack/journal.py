@@ -70,8 +70,12 @@ class Journal:
         self._f.flush()
         os.fsync(self._f.fileno())
 
-    def remove(self) -> None:
+    def close(self) -> None:
+        """Close the append handle (an interrupted pack keeps its journal for --resume)."""
         if self._f is not None:
             self._f.close()
             self._f = None
+
+    def remove(self) -> None:
+        self.close()
         shutil.rmtree(self.dir, ignore_errors=True)

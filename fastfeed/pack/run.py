@@ -8,6 +8,8 @@ and by `--resume`, which is what makes parts mergeable and resumes byte-identica
 Files are read and checked on a thread pool in batches of up to 32 (fastfeed/pack/reader.py: reads, libjpeg and
 PIL release the GIL; the tar records are built there too) and written by this thread strictly in plan order, one
 writev per batch; a helper thread hashes the shards (writers.ShardHasher), another fsyncs finished shards.
+WebDataset packs go through the native tar writer instead when the core has it (pack/wds_native.py: native
+threads read, frame and hash; the same validation runs in its check hook; the same files, byte for byte).
 
 JPEG mode: `jpeg_mode=None` (the default) means 'baseline' when the native core has libjpeg
 (`fastfeed.jpeg.HAVE_TRANSCODE`) and 'keep' otherwise. Measured on an H200 (issue 8): 20% progressive JPEGs stored
@@ -36,6 +38,7 @@ from fastfeed.pack.journal import JOURNAL_DIR, Journal
 from fastfeed.pack.reader import BatchItem, BatchResult
 from fastfeed.pack.sources import Source, scan_source
 from fastfeed.pack.validate import DEFAULT_MAX_PIXELS, LoadOptions, Loaded
+from fastfeed.pack.wds_native import NativeWdsWriter, pack_native, use_native
 from fastfeed.pack.writers import meta_bytes
 from fastfeed.types import MANIFEST_NAME, Manifest, ShardInfo
 
@@ -202,7 +205,8 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     shards = [ShardInfo(**c["shard"]) for c in commits if c.get("shard")]
     WRITERS[o.format].drop_stale(folder, len(shards))
 
-    writer = _Writer(folder, o, journal, len(shards))
+    native = use_native(o.format)
+    writer = _Writer(folder, o, journal, len(shards), native)
     load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels)
     bar = _progress(len(plan), start, o.progress)
     workers = o.workers or os.cpu_count() or 1
@@ -210,23 +214,16 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     # more wall time on 2 cores than ~0.5 MB ones); small packs still spread over every worker.
     batch = max(1, min(_BATCH_FILES, (len(plan) - start) // (4 * workers)))
     try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastfeed-pack-read") as pool:
-            pending: collections.deque = collections.deque()
-            pos = start
-            while pos < len(plan) or pending:
-                while pos < len(plan) and len(pending) < 2 * workers:
-                    idxs = [int(i) for i in plan[pos : pos + batch]]
-                    pending.append((pos, idxs, pool.submit(writer.load, src, idxs, key_width, load_opts)))
-                    pos += len(idxs)
-                first, idxs, fut = pending.popleft()
-                writer.put_batch(src, idxs, key_width, first, fut.result())
-                if bar is not None:
-                    bar.update(len(idxs))
-                    bar.set_postfix_str(f"{writer.bytes_in / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.0f} MB/s",
-                                        refresh=False)
+        if native:  # the native tar writer reads, frames and hashes on its own threads (pack/wds_native.py)
+            pack_native(writer, src, plan, start, key_width, load_opts, bar)
+        else:
+            _pack_python(writer, src, plan, start, key_width, load_opts, bar, workers, batch)
         writer.close(len(plan))
     except BaseException:
-        writer.abort()
+        try:
+            writer.abort()
+        finally:
+            journal.close()
         raise
     finally:
         if bar is not None:
@@ -236,6 +233,25 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     result = _finish(folder, src, o, commits, t0, jpeg_note)
     journal.remove()
     return result
+
+
+def _pack_python(writer: "_Writer", src: Source, plan, start: int, key_width: int, load_opts: LoadOptions, bar,
+                 workers: int, batch: int) -> None:
+    """The Python writers: a pool reads and checks batches, this thread writes them in plan order."""
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastfeed-pack-read") as pool:
+        pending: collections.deque = collections.deque()
+        pos = start
+        while pos < len(plan) or pending:
+            while pos < len(plan) and len(pending) < 2 * workers:
+                idxs = [int(i) for i in plan[pos : pos + batch]]
+                pending.append((pos, idxs, pool.submit(writer.load, src, idxs, key_width, load_opts)))
+                pos += len(idxs)
+            first, idxs, fut = pending.popleft()
+            writer.put_batch(src, idxs, key_width, first, fut.result())
+            if bar is not None:
+                bar.update(len(idxs))
+                bar.set_postfix_str(f"{writer.bytes_in / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.0f} MB/s",
+                                    refresh=False)
 
 
 def _progress(total: int, initial: int, enabled: bool):
@@ -250,12 +266,13 @@ class _Writer:
     """Feeds loaded samples into the format's writer (pack/base.py FormatWriter), gathers the samples.npz rows
     and journals each durable commit the format writer announces through `cut`."""
 
-    def __init__(self, folder: str, o: PackOptions, journal: Journal, next_shard: int):
+    def __init__(self, folder: str, o: PackOptions, journal: Journal, next_shard: int, native: bool = False):
         self.o, self.journal = o, journal
         self.bytes_in = 0
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastfeed-shard-finish")
         self._finishing = None
-        self.fmt: FormatWriter = WRITERS[o.format](folder, o.shard_size, next_shard, self.cut)
+        self.fmt: FormatWriter = (NativeWdsWriter(folder, o.shard_size, next_shard, self.cut, o.workers or 0) if native
+                                  else WRITERS[o.format](folder, o.shard_size, next_shard, self.cut))
         self.rows = tbl.new_rows(self.fmt.columns)
         self.rejected: list[dict] = []
         self.notes: list[dict] = []  # stored untouched although the mode asked for a change (transcode_failed)
@@ -273,24 +290,32 @@ class _Writer:
 
     def put(self, entry, key: str, res, done_pos: int, rec=None) -> None:
         if not isinstance(res, Loaded):
-            self.rejected.append({"path": entry.path, "reason": res.reason})
+            self.reject(entry, res.reason)
             return
-        if res.note is not None:
-            self.notes.append({"source": entry.rel, "reason": res.note})
-        self.bytes_in += len(res.data)
         self.fmt.start_sample(len(res.data), done_pos - 1)
         meta = meta_bytes(entry.metadata) if rec is None else None
         extra = self.fmt.add(key, res.ext, res.data, entry.label, meta, rec)
+        self.row(entry, key, res, len(res.data), checksum(res.data), extra)
+        self.fmt.end_sample(done_pos)
+
+    def reject(self, entry, reason: str) -> None:
+        self.rejected.append({"path": entry.path, "reason": reason})
+
+    def row(self, entry, key: str, res: Loaded, size: int, xxh3: int, extra: dict) -> None:
+        """Record one stored sample: `size` and `xxh3` (the checksum column) are of the bytes stored."""
+        # After start_sample: the note belongs to the commit that holds the sample (a resume redoes it otherwise).
+        if res.note is not None:
+            self.notes.append({"source": entry.rel, "reason": res.note})
+        self.bytes_in += size
         # `orientation` and `change` come from the validator (pack/validate.py); older validators lack them.
         change = getattr(res, "change", None)
         r = self.rows
         for col, v in (("key", key), ("label", entry.label), ("width", res.width), ("height", res.height),
                        ("jpeg", res.jpeg_kind), ("transcoded", res.transcoded), ("hw_decodable", res.hw_decodable),
-                       ("size", len(res.data)), ("source", entry.rel), ("checksum", checksum(res.data)),
+                       ("size", size), ("source", entry.rel), ("checksum", xxh3),
                        ("orientation", int(getattr(res, "orientation", 1) or 1)), ("change", change or ""),
                        *extra.items()):
             r[col].append(v)
-        self.fmt.end_sample(done_pos)
 
     def cut(self, pos: int, finish=None, background: bool = False) -> None:
         """Journal everything gathered so far as one commit reaching plan position `pos`, after `finish()` (the
