@@ -171,22 +171,37 @@ def test_batch_transform_is_deterministic_resume_exact_and_leaves_global_rngs_al
         assert not torch.equal(next(iter(plain))[0], full[0][0])  # the transform really ran
 
 
-def test_a_batch_of_only_bad_samples_is_filled_from_the_epoch(tmp_path, pack_cli):
+def _pack_and_damage(tmp_path, pack_cli, *, num_images: int, seed: int, i: int, damage) -> tuple:
+    """A fresh WebDataset of `num_images` demo JPEGs whose sample i's stored bytes went through damage(bytearray
+    view of them) after packing; returns (dataset folder, key of sample i)."""
     from fastfeed.demo_data import make_dataset
 
-    tree = make_dataset(tmp_path / "src", num_images=9, num_classes=1, seed=4, workers=1)
+    tree = make_dataset(tmp_path / "src", num_images=num_images, num_classes=1, seed=seed, workers=1)
     out = tmp_path / "wds"
     pack_cli(tree, out, "--format", "wds")
     shard = next(out.glob("*.tar"))
     with fastfeed.open_dataset(out) as ds:
         ext = ds.extents()
-        i = 4
         off, size = int(ext.offset[i]), int(ext.size[i])
         key = str(ds.keys[i])
     data = bytearray(shard.read_bytes())
-    data[off:off + size] = b"\0" * size  # the record is now no image at all
-    shard.unlink()
+    damage(memoryview(data)[off:off + size])
+    shard.unlink()  # a new file: the session's datasets may share this one's inode
     shard.write_bytes(bytes(data))
+    return out, key
+
+
+def _zero(record) -> None:
+    record[:] = b"\0" * len(record)  # no image at all any more
+
+
+def _flip_one_byte(record) -> None:
+    record[len(record) // 2] ^= 0x55  # inside the entropy-coded data: still "a JPEG"
+
+
+def test_a_batch_of_only_bad_samples_is_filled_from_the_epoch(tmp_path, pack_cli):
+    i = 4
+    out, key = _pack_and_damage(tmp_path, pack_cli, num_images=9, seed=4, i=i, damage=_zero)
     for train in (True, False):
         with make(out, batch_size=1, train=train, shuffle=False, drop_last=False, verify_checksums=False) as L:
             batches = list(L)
@@ -253,21 +268,7 @@ def test_a_forked_child_can_exit_or_build_its_own_loader(wds_path, decoder):
 
 
 def test_a_sample_whose_bytes_changed_after_packing_is_caught_by_its_checksum(tmp_path, pack_cli):
-    from fastfeed.demo_data import make_dataset
-
-    tree = make_dataset(tmp_path / "src", num_images=12, num_classes=1, seed=5, workers=1)
-    out = tmp_path / "wds"
-    pack_cli(tree, out, "--format", "wds")
-    shard = next(out.glob("*.tar"))
-    with fastfeed.open_dataset(out) as ds:
-        ext = ds.extents()
-        i = 7
-        off, size = int(ext.offset[i]), int(ext.size[i])
-        key = str(ds.keys[i])
-    data = bytearray(shard.read_bytes())
-    data[off + size // 2] ^= 0x55  # one flipped byte inside the entropy-coded data: still "a JPEG"
-    shard.unlink()
-    shard.write_bytes(bytes(data))
+    out, key = _pack_and_damage(tmp_path, pack_cli, num_images=12, seed=5, i=7, damage=_flip_one_byte)
     with make(out, batch_size=4, train=False, verify_checksums=True) as L:
         list(L)
         skipped = L.stats()["skipped"]
