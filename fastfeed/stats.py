@@ -8,7 +8,7 @@
     stats.record("read", seconds, n=64)  # a duration measured elsewhere (e.g. by the native ring)
     stats.add("samples", 64)             # plain counters ("samples", "bytes_read", "batches" by convention)
     stats.skip("decode_error", key="n01440764/x.JPEG")
-    stats.set_info("num_threads", 6)     # choices made at start-up (auto-tuning) to show with the numbers
+    stats.set_info("num_threads", 6)     # the settings in use, to show with the numbers
     stats.snapshot()                     # JSON-serialisable dict, see SNAPSHOT_KEYS
     stats.summary_line(since=prev)       # one line for the per-epoch `log_every` log (delta against `prev`)
 

@@ -69,7 +69,7 @@ def _info(r: dict) -> dict:
 
 
 def settings_lines(loaders: dict[str, dict]) -> list[str]:
-    """The settings each fastfeed loader ran with (from `loader.stats()["info"]`), and its autotune table."""
+    """The settings each fastfeed loader ran with (from `loader.stats()["info"]`)."""
     lines = []
     for name, r in loaders.items():
         info = _info(r)
@@ -80,16 +80,6 @@ def settings_lines(loaders: dict[str, dict]) -> list[str]:
             keys.insert(4, "hw_decoder_load")  # meaningful for the GPU decoder only
         parts = [f"{k}={info[k]}" for k in keys if k in info]
         lines.append(f"{name} settings: {' '.join(parts)}")
-        table = info.get("autotune")
-        if table:
-            chosen = (info.get("hw_decoder_load"), info.get("num_threads"), info.get("pipelines"))
-            for row in table:
-                rate = row.get("images_per_s")
-                what = f"{rate:,.0f} img/s" if rate is not None else f"failed: {row.get('error')}"
-                mark = "  <- chosen" if (row.get("hw_decoder_load"), row.get("num_threads"),
-                                          row.get("pipelines")) == chosen else ""
-                lines.append(f"  autotune hw_decoder_load={row.get('hw_decoder_load')} "
-                             f"num_threads={row.get('num_threads')} pipelines={row.get('pipelines')}: {what}{mark}")
     return lines
 
 
