@@ -16,7 +16,6 @@ rate schedule's final step.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 
 import fastfeed
-from common import batch_digest, row_fingerprint_ints, tiny_net, write_json
+from common import batch_digest, client_parser, row_fingerprint_ints, tiny_net, write_json
 
 
 class Probe:
@@ -50,14 +49,7 @@ class Probe:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--train", required=True)
-    p.add_argument("--val", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--tag", default="run")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--image-size", type=int, default=32)
+    p = client_parser(batch_size=4)
     p.add_argument("--save-every", type=int, default=1000, help="save_state every N global steps")
     p.add_argument("--resume", default=None, help="a folder written by save_state, named step_N")
     args = p.parse_args()

@@ -7,6 +7,7 @@ own bookkeeping.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import subprocess
@@ -16,6 +17,19 @@ from pathlib import Path
 import numpy as np
 
 TINY_CLASSES = 4
+
+
+def client_parser(batch_size: int) -> argparse.ArgumentParser:
+    """The arguments every client script takes; each adds its own."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--train", required=True)
+    p.add_argument("--val", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--tag", default="run")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--image-size", type=int, default=32)
+    return p
 
 
 def make_tiny_tree(root: Path, num_images: int, num_classes: int = TINY_CLASSES, seed: int = 0) -> Path:

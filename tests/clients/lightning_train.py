@@ -12,7 +12,6 @@ training batch (global step, labels, hash of the image bytes) and every validati
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import lightning as L
@@ -20,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import fastfeed
-from common import batch_digest, row_fingerprints, tiny_net, write_json
+from common import batch_digest, client_parser, row_fingerprints, tiny_net, write_json
 
 
 # --- recipe: lightning ---
@@ -86,15 +85,8 @@ class Recorder(L.Callback):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--train", required=True)
-    p.add_argument("--val", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--tag", default="run")
+    p = client_parser(batch_size=8)
     p.add_argument("--devices", type=int, default=1)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--ckpt-every", type=int, default=0, help="ModelCheckpoint every N training steps")
     p.add_argument("--ckpt-path", default=None, help="resume from this Lightning checkpoint")
     args = p.parse_args()

@@ -16,7 +16,6 @@ evaluation the all-reduced count and the fingerprints of the samples scored (gat
 """
 from __future__ import annotations
 
-import argparse
 import builtins
 import os
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch.nn as nn
 from torchvision.transforms import v2
 
 import fastfeed
-from common import batch_digest, row_fingerprints, tiny_net, write_json
+from common import batch_digest, client_parser, row_fingerprints, tiny_net, write_json
 
 
 def setup_for_distributed(is_master):
@@ -118,14 +117,7 @@ def evaluate(model, criterion, data_loader, device):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--train", required=True)
-    p.add_argument("--val", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--tag", default="run")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--image-size", type=int, default=32)
+    p = client_parser(batch_size=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--mixup-alpha", type=float, default=0.2)
     p.add_argument("--cutmix-alpha", type=float, default=1.0)
