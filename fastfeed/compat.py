@@ -57,7 +57,7 @@ class EpochSampler:
         return self._loader.settings.seed
 
     def __len__(self) -> int:
-        return len(self._loader.epoch_plan().indices)
+        return self._loader.samples_per_epoch
 
     def __iter__(self):
         return iter(self._loader.epoch_plan().indices.tolist())

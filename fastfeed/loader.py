@@ -158,7 +158,7 @@ class Loader:
         self._batches_done = 0  # batches of self._plan handed to the consumer
         self._iterated = False  # an iteration of self._epoch began: a plain `for` again runs the next epoch
         self._active: EpochRun | None = None
-        self._full_len: int | None = None
+        self._full_epoch: tuple[int, int] | None = None  # (batches, samples) of a full epoch for this rank
         self._forked = False
         self.end_of_dataloader = False  # Accelerate's dataloader-state protocol (fastfeed/compat.py)
         self.remainder = -1
@@ -190,9 +190,18 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches in a full epoch for this rank (the same on every rank, and for every epoch)."""
-        if self._full_len is None:  # planning 10M samples takes ~0.3 s: once
-            self._full_len = self._make_plan(0, None).num_batches
-        return self._full_len
+        return self._full_epoch_sizes()[0]
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples this rank reads in a full epoch, padding included (what `len(DistributedSampler)` counts)."""
+        return self._full_epoch_sizes()[1]
+
+    def _full_epoch_sizes(self) -> tuple[int, int]:
+        if self._full_epoch is None:  # the same for every epoch; planning 10M samples takes ~0.3 s: once
+            plan = self._make_plan(0, None)
+            self._full_epoch = (plan.num_batches, len(plan.indices))
+        return self._full_epoch
 
     @property
     def batches_left(self) -> int:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fastfeed import sampling
 from fastfeed.constants import DEFAULT_DALI_PIPELINES, DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD, DTYPE_NAMES
 from fastfeed.decode import KINDS as DECODERS
+from fastfeed.decode import resolve_kind
 from fastfeed.decode.base import ON_ERROR
 from fastfeed.decode.crop import ORIENTATIONS
 from fastfeed.world import World
@@ -105,9 +107,6 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
                      pipelines, on_error, orientation, verify_checksums, log_every,
                      dataloader_kwargs: dict | None = None) -> LoaderSettings:
     """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults."""
-    from fastfeed import sampling
-    from fastfeed.decode import resolve_kind
-
     batch_size = _int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
     train = _bool("train", train)
     image_size = _int("image_size", image_size, 1, MAX_IMAGE_SIZE)
