@@ -194,3 +194,23 @@ def test_check_image_on_a_memoryview_trims_without_copying_the_rest(corpus):
     res = check_image(memoryview(raw), LoadOptions(jpeg_mode="keep"))
     assert res.change == "trimmed_trailing_data" and bytes(res.data).endswith(b"\xff\xd9")
     assert jpeg.jpeg_end(bytes(res.data)) == len(res.data)
+
+
+@pytest.mark.parametrize("policy", ["ignore", "exif"])
+def test_whole_image_dali_pipeline_matches_the_cropped_one(accepted, policy, monkeypatch):
+    """The pipeline the GPU path builds with nvJPEG < 13.3 (whole image decoded, the window cut by resize's ROI,
+    decode/dali.py chroma_mode "full") gives the same pixels as the cropped decode, run on DALI's CPU backend."""
+    from fastfeed.decode.dali import chroma_mode
+
+    stored = [bytes(r.data) for _, _, r in accepted]
+    dims = (np.array([r.width for _, _, r in accepted]), np.array([r.height for _, _, r in accepted]),
+            np.array([r.orientation for _, _, r in accepted], dtype=np.uint8))
+    pil = _decode_all("cpu-pil", stored, *dims, policy, False, train=True, seed=5)
+    monkeypatch.setenv("FASTFEED_DALI_CHROMA", "full")
+    assert chroma_mode(gpu=True) == "full"
+    full = _decode_all("cpu-dali", stored, *dims, policy, False, train=True, seed=5)
+    per_image = np.abs(pil - full).mean(axis=(1, 2, 3))
+    assert per_image.max() < TOL, dict(zip([c.name for c, _, _ in accepted], per_image.round(2)))
+    monkeypatch.setenv("FASTFEED_DALI_CHROMA", "sideways")
+    with pytest.raises(ValueError, match="FASTFEED_DALI_CHROMA"):
+        chroma_mode(gpu=True)

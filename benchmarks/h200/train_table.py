@@ -9,6 +9,7 @@ step ends with a device synchronise, so the loader's GPU work is paid inside the
 All loaders: train mode (RandomResizedCrop + flip + normalise), float16 output, batch 256 (default), on cuda:0.
 Rows:
   ff-default       fastfeed.Loader as the installed code defaults it (num_threads="auto" etc.)
+  ff-default chroma=M   the same under FASTFEED_DALI_CHROMA=M (how JPEG chroma is upsampled, decode/dali.py)
   ff pP hwH tT     fastfeed.Loader(pipelines=P, hw_decoder_load=H, num_threads=T), channels_last
   ff-prefetchD     ONE DALI pipeline with DALI's own prefetch (depth D) fed by fastfeed's ring (ring_dali_prefetch)
   ff-best+hiprio   the best ff row of this consumer, with the training step on a high-priority CUDA stream
@@ -139,6 +140,8 @@ def main(argv=None) -> int:
                    help="also run ff-default after this many untimed steps (the online tuner settled)")
     p.add_argument("--switch-grid", default="", help="pipelines:hw:threads rows run with sys.setswitchinterval 0.5 ms")
     p.add_argument("--extra-ff", default="", help="name=python-kwargs;... extra fastfeed rows, e.g. new=dict()")
+    p.add_argument("--chroma", default="",
+                   help="comma list of FASTFEED_DALI_CHROMA modes (roi,full,plain): ff-default once under each")
     p.add_argument("--torch-workers", type=int, default=16)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -201,6 +204,12 @@ def main(argv=None) -> int:
             add("ff-default", ff())
             if args.long_warmup:
                 add(f"ff-default after {args.long_warmup} steps", ff(), warmup=args.long_warmup)
+        for mode in filter(None, args.chroma.split(",")):
+            os.environ["FASTFEED_DALI_CHROMA"] = mode
+            try:
+                add(f"ff-default chroma={mode}", ff())
+            finally:
+                del os.environ["FASTFEED_DALI_CHROMA"]
         for g in filter(None, args.switch_grid.split(",")):
             pp, hw, t = g.split(":")
             add(f"ff p{pp} hw{hw} t{t} switch0.5ms", ff(pipelines=int(pp), hw_decoder_load=float(hw),

@@ -5,7 +5,9 @@ Pipeline (one per decoder, batch_size = the largest batch it accepts; smaller ba
     raw  --decoders.image_slice(anchor, shape: whole-pixel ROI, "WH")--> RGB uint8 HWC (only the ROI is decoded)
          --resize(S x S, linear, antialias, roi = the exact float box inside the ROI)-->
          --crop_mirror_normalize(mirror, mean*255, std*255, dtype, CHW | HWC)--> output
-The exact float box makes eval match torchvision's Resize+CenterCrop (see params.py) without rounding.
+The exact float box makes eval match torchvision's Resize+CenterCrop (see crop.py) without rounding. With an
+nvJPEG older than 13.3 the GPU pipeline decodes whole images instead (decoders.image) and the resize's ROI is the
+box itself: see chroma_mode, the rule that keeps 4:2:0 chroma equal to libjpeg-turbo's on every path.
 
 Input lifetime (what the caller must guarantee): with no_copy=True DALI reads the sample arrays in place; they
 must stay valid and unmodified until __call__ returns. __call__ runs the pipeline with prefetch_queue_depth=1 and
@@ -50,7 +52,7 @@ def dali_available() -> bool:
 
 
 def _build(batch_size, num_threads, device_id, image_size, dtype_name, channels_last, mean, std, hw_decoder_load,
-           adjust_orientation):
+           adjust_orientation, chroma):
     from nvidia.dali import fn, pipeline_def, types
 
     dali_dtype = {"float16": types.FLOAT16, "bfloat16": types.FLOAT16, "float32": types.FLOAT,
@@ -65,18 +67,24 @@ def _build(batch_size, num_threads, device_id, image_size, dtype_name, channels_
                   prefetch_queue_depth=1, exec_dynamic=True)
     def pipe():
         raw = fn.external_source(name="raw", no_copy=True, dtype=types.UINT8, ndim=1)
-        anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)
-        shape = fn.external_source(name="shape", dtype=types.INT32, ndim=1)
         roi_start = fn.external_source(name="roi_start", dtype=types.FLOAT, ndim=1)
         roi_end = fn.external_source(name="roi_end", dtype=types.FLOAT, ndim=1)
         mirror = fn.external_source(name="mirror", dtype=types.INT32, ndim=0)
-        extra = {"hw_decoder_load": float(hw_decoder_load)} if gpu else {}
-        img = fn.decoders.image_slice(
-            raw, anchor, shape, device="mixed" if gpu else "cpu", output_type=types.RGB, axis_names="WH",
-            # libjpeg-turbo's (and so PIL's) default chroma upsampling matches the CPU path, but on the GPU it makes
-            # nvJPEG (< 13.2) refuse ROI decodes, and DALI falls back to the CPU: measured 8x slower on an H200.
-            # Plain upsampling on the GPU stays within 0.5/255 of torchvision (tools/gpu_selftest.py).
-            jpeg_fancy_upsampling=not gpu, adjust_orientation=bool(adjust_orientation), **extra)
+        common = dict(device="mixed" if gpu else "cpu", output_type=types.RGB,
+                      adjust_orientation=bool(adjust_orientation),
+                      # Interpolated ("fancy") chroma upsampling is what libjpeg-turbo, and so PIL and torchvision,
+                      # do by default; without it 4:2:0 JPEGs differ by up to ~2.6/255 on sharp colour edges.
+                      jpeg_fancy_upsampling=chroma != "plain")
+        if gpu:
+            common["hw_decoder_load"] = float(hw_decoder_load)
+        if chroma == "full":
+            # The whole image decoded, the crop taken by resize's ROI (then in absolute coordinates): exact pixels
+            # where nvJPEG refuses ROI decodes with fancy upsampling (see chroma_mode).
+            img = fn.decoders.image(raw, **common)
+        else:
+            anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)
+            shape = fn.external_source(name="shape", dtype=types.INT32, ndim=1)
+            img = fn.decoders.image_slice(raw, anchor, shape, axis_names="WH", **common)
         img = fn.resize(img, size=[image_size, image_size], roi_start=roi_start, roi_end=roi_end,
                         interp_type=types.INTERP_LINEAR, antialias=True)
         return fn.crop_mirror_normalize(img, dtype=dali_dtype, output_layout="HWC" if channels_last else "CHW",
@@ -128,25 +136,26 @@ class DaliDecoder:
 
             self._lut = make_lut(self._dtype_name, mean, std)
             pipe_dtype, pipe_hwc = "uint8", True
+        self.chroma = chroma_mode(device_id is not None)
         self._args = (self.batch_size, int(num_threads), device_id, self.image_size, pipe_dtype,
-                      pipe_hwc, mean, std, hw_decoder_load, orientation == "exif")
+                      pipe_hwc, mean, std, hw_decoder_load, orientation == "exif", self.chroma)
         self._pipe = _build(*self._args)
 
     # -- running ---------------------------------------------------------------------------------------------
     def _feed(self, samples, windows: Windows):
         box = windows.box
-        x = windows.x.astype(np.float64)
-        y = windows.y.astype(np.float64)
-        # resize's ROI is relative to the decoded ROI, in tensor order (H, W).
-        roi_start = np.stack([box[:, 1] - y, box[:, 0] - x], axis=1).astype(np.float32)
-        roi_end = np.stack([box[:, 3] - y, box[:, 2] - x], axis=1).astype(np.float32)
-        return dict(
-            raw=list(samples),
-            anchor=np.ascontiguousarray(np.stack([windows.x, windows.y], axis=1), dtype=np.int32),
-            shape=np.ascontiguousarray(np.stack([windows.w, windows.h], axis=1), dtype=np.int32),
-            roi_start=roi_start, roi_end=roi_end,
-            mirror=windows.flip.astype(np.int32),
-        )
+        feed = dict(raw=list(samples), mirror=windows.flip.astype(np.int32))
+        if self.chroma == "full":
+            x = y = np.zeros(len(box))  # resize's ROI on the whole decoded image
+        else:
+            x = windows.x.astype(np.float64)
+            y = windows.y.astype(np.float64)
+            feed["anchor"] = np.ascontiguousarray(np.stack([windows.x, windows.y], axis=1), dtype=np.int32)
+            feed["shape"] = np.ascontiguousarray(np.stack([windows.w, windows.h], axis=1), dtype=np.int32)
+        # resize's ROI is relative to what was decoded, in tensor order (H, W).
+        feed["roi_start"] = np.stack([box[:, 1] - y, box[:, 0] - x], axis=1).astype(np.float32)
+        feed["roi_end"] = np.stack([box[:, 3] - y, box[:, 2] - x], axis=1).astype(np.float32)
+        return feed
 
     def _run(self, samples, windows: Windows):
         import torch
@@ -250,6 +259,56 @@ class DaliDecoder:
 
     def __exit__(self, *exc):
         self.close()
+
+
+CHROMA_MODES = ("roi", "full", "plain")
+
+
+def chroma_mode(gpu: bool) -> str:
+    """How the pipeline decodes JPEGs so that 4:2:0 chroma matches libjpeg-turbo's (PIL's, torchvision's):
+      "roi"   only the crop window is decoded, interpolated ("fancy") chroma upsampling. DALI's CPU backend always;
+              on the GPU from nvJPEG 13.3 (older nvJPEG refuses ROI decodes with interpolated upsampling and DALI
+              then decodes on the CPU, measured 8x slower; 13.3 fixed its ROI boundary handling).
+      "full"  the whole image decoded with interpolated upsampling, the window cut by resize: older nvJPEG.
+      "plain" ROI decode with plain (replicated) chroma: up to ~2.6/255 off the CPU path on sharp colour edges,
+              outside the decode contract; only through FASTFEED_DALI_CHROMA, for measurements.
+    FASTFEED_DALI_CHROMA=roi|full|plain overrides the choice (benchmarks compare them)."""
+    import os
+
+    forced = os.environ.get("FASTFEED_DALI_CHROMA")
+    if forced:
+        if forced not in CHROMA_MODES:
+            raise ValueError(f"FASTFEED_DALI_CHROMA must be one of {CHROMA_MODES}, got {forced!r}")
+        return forced
+    if not gpu:
+        return "roi"
+    version = nvjpeg_version()
+    return "roi" if version is not None and version >= (13, 3) else "full"
+
+
+def nvjpeg_version() -> tuple[int, int, int] | None:
+    """The version of the nvJPEG library DALI's decoders load (nvimgcodec finds it in the nvidia wheels' cu13/lib,
+    else by soname), or None when it cannot be loaded."""
+    import ctypes
+    from pathlib import Path
+
+    import nvidia.dali
+
+    wheel_lib = Path(nvidia.dali.__file__).resolve().parents[1] / "cu13" / "lib" / "libnvjpeg.so.13"
+    for name in (str(wheel_lib), "libnvjpeg.so.13"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        parts = []
+        for prop in (0, 1, 2):  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            value = ctypes.c_int(-1)
+            if lib.nvjpegGetProperty(prop, ctypes.byref(value)) != 0:
+                break
+            parts.append(value.value)
+        if len(parts) == 3:
+            return tuple(parts)
+    return None
 
 
 def _clamp_displayed(samples, windows: Windows, positions) -> Windows:
