@@ -148,8 +148,10 @@ class Loader:
         extents = self.dataset.extents()
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
         self._decoders = self._build_decoders()
+        # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
+        # a CUDA process (see the NOTE on fork) touching CUDA at all fails.
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=self.settings.reader_threads,
-                                  num_slots=self.settings.ring_slots)
+                                  num_slots=self.settings.ring_slots, pin_memory=s.device.type == "cuda")
         self._publish_settings()
 
         self._epoch = 0

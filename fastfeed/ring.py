@@ -257,9 +257,9 @@ def _pin(native, pin_memory: bool | None) -> bool:
             warnings.warn("pin_memory=True but CUDA is not available: the ring's memory is not pinned",
                           RingPinWarning, stacklevel=3)
         return False
-    cudart = torch.cuda.cudart()
     ptr, nbytes = native.arena_address, native.arena_bytes
     try:
+        cudart = torch.cuda.cudart()  # initialises CUDA: raises e.g. in a child forked from a CUDA process
         err = int(cudart.cudaHostRegister(ptr, nbytes, 0))
     except Exception as e:  # noqa: BLE001 - any failure must become the warning below, not pass silently
         err, detail = -1, repr(e)

@@ -198,7 +198,7 @@ def test_check_image_on_a_memoryview_trims_without_copying_the_rest(corpus):
 
 @pytest.mark.parametrize("policy", ["ignore", "exif"])
 def test_whole_image_dali_pipeline_matches_the_cropped_one(accepted, policy, monkeypatch):
-    """The pipeline the GPU path builds with nvJPEG < 13.3 (whole image decoded, the window cut by resize's ROI,
+    """The pipeline the GPU path builds (whole image decoded, the window cut by resize's ROI,
     decode/dali.py chroma_mode "full") gives the same pixels as the cropped decode, run on DALI's CPU backend."""
     from fastfeed.decode.dali import chroma_mode
 

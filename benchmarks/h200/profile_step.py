@@ -88,8 +88,9 @@ def summarise(trace_path: str, train_stream: int | None):
     return train_stream, med, top, {str(s): len(ks) for s, ks in by_stream.items()}
 
 
-def profile(name, batches, consumer, steps, warmup, train_stream=None):
-    """batches: an iterator of (images, labels). Returns the summary dict."""
+def profile(name, batches, consumer, steps, warmup, train_stream=None, keep_trace=None):
+    """batches: an iterator of (images, labels). Returns the summary dict; keep_trace: a .json.gz path to keep the
+    whole timeline (CPU ops, Python threads' CUDA calls, kernels) for reading offline."""
     from torch.profiler import ProfilerActivity, profile as tprofile, record_function
 
     for _ in range(warmup):
@@ -107,6 +108,12 @@ def profile(name, batches, consumer, steps, warmup, train_stream=None):
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         stream, med, top, counts = summarise(path, train_stream)
+        if keep_trace:
+            import gzip
+            import shutil
+
+            with open(path, "rb") as src, gzip.open(keep_trace, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst)
     out = dict(name=name, steps=steps, wall_s=wall, train_stream=stream, median_ms=med,
                top_loader_kernels_ms_per_step=top, kernels_per_stream=counts)
     print(f"{name:28s} " + "  ".join(f"{k} {v:6.2f}" for k, v in med.items()) + f"   ({wall / steps * 1e3:.1f} ms/step)",
@@ -126,7 +133,15 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--rows", default="ceiling,ff,dali")
     p.add_argument("--json", default=None)
+    p.add_argument("--trace-dir", default=None, help="keep each row's timeline here as <consumer>-<row>.json.gz")
     a = p.parse_args(argv)
+
+    def keep(row):
+        if not a.trace_dir:
+            return None
+        Path(a.trace_dir).mkdir(parents=True, exist_ok=True)
+        return str(Path(a.trace_dir) / f"{a.consumer}-{row}.json.gz")
+
     import fastfeed
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -142,7 +157,7 @@ def main(argv=None) -> int:
             while True:
                 yield synth
 
-        r = profile("ceiling", resident(), consumer, a.steps, a.warmup)
+        r = profile("ceiling", resident(), consumer, a.steps, a.warmup, keep_trace=keep("ceiling"))
         train_stream = r["train_stream"]
         report["rows"].append(r)
 
@@ -157,13 +172,15 @@ def main(argv=None) -> int:
     if "ff" in rows:
         make = lambda: fastfeed.Loader(a.data, batch_size=bs, train=True, device=dev, channels_last=True,  # noqa: E731
                                        dtype=torch.float16 if dev == "cuda" else torch.float32)
-        report["rows"].append(profile("fastfeed default", epochs(make), consumer, a.steps, a.warmup, train_stream))
+        report["rows"].append(profile("fastfeed default", epochs(make), consumer, a.steps, a.warmup, train_stream,
+                                      keep_trace=keep("ff")))
     if "dali" in rows and dev == "cuda":
         from dali_reference import DaliReference
 
         make = lambda: DaliReference("file", a.images, batch_size=bs, num_threads=2, device_id=0,  # noqa: E731
                                      hw_decoder_load=1.0, image_size=224)
-        report["rows"].append(profile("dali-file hw1.0 t2", epochs(make), consumer, a.steps, a.warmup, train_stream))
+        report["rows"].append(profile("dali-file hw1.0 t2", epochs(make), consumer, a.steps, a.warmup, train_stream,
+                                      keep_trace=keep("dali")))
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
     return 0

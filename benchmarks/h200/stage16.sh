@@ -19,11 +19,17 @@ case $K in
   python3 -m pip install -q --no-index --no-deps --target /tmp/nvj133 .carry/p5/extra/nvidia_nvjpeg-13.3*.whl
   cp /tmp/nvj133/nvidia/cu13/lib/libnvjpeg.so.13 /tmp/site/nvidia/cu13/lib/libnvjpeg.so.13
   nvidia-smi --query-gpu=index,name --format=csv,noheader
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -4 | tee $OUT/pytest-gpu.log
-  for c in resnet18 resnet50; do
+  python3 -c "from fastfeed.decode.dali import chroma_mode as c; print('GPU chroma mode', c(True))"
+  timeout 120 python3 tools/odd_corpus_gpu.py 2>&1 | quiet > $OUT/odd-corpus.log; tail -1 $OUT/odd-corpus.log
+  grep "over threshold" $OUT/odd-corpus.log | sort | uniq -c | head -5
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > $OUT/pytest-gpu.log 2>&1
+  grep -vE "ROI decode|nvjpeg2k|nvtiff" $OUT/pytest-gpu.log | tail -30
+  for c in resnet50 resnet18; do
     CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/h200/profile_step.py --data $W/base-wds \
-        --images $W/base-images --consumer $c --steps 12 --json $OUT/profile-$c.json 2>&1 | quiet
+        --images $W/base-images --consumer $c --steps 10 --json $OUT/profile-$c.json --trace-dir $OUT/traces \
+        2>&1 | grep -E "^[a-z]|^    " | quiet
   done
+  ls -la $OUT/traces
   ;;
 6)
   for n in 1 2; do

@@ -5,9 +5,9 @@ Pipeline (one per decoder, batch_size = the largest batch it accepts; smaller ba
     raw  --decoders.image_slice(anchor, shape: whole-pixel ROI, "WH")--> RGB uint8 HWC (only the ROI is decoded)
          --resize(S x S, linear, antialias, roi = the exact float box inside the ROI)-->
          --crop_mirror_normalize(mirror, mean*255, std*255, dtype, CHW | HWC)--> output
-The exact float box makes eval match torchvision's Resize+CenterCrop (see crop.py) without rounding. With an
-nvJPEG older than 13.3 the GPU pipeline decodes whole images instead (decoders.image) and the resize's ROI is the
-box itself: see chroma_mode, the rule that keeps 4:2:0 chroma equal to libjpeg-turbo's on every path.
+The exact float box makes eval match torchvision's Resize+CenterCrop (see crop.py) without rounding. On the GPU
+the pipeline decodes whole images instead (decoders.image) and the resize's ROI is the box itself: see chroma_mode,
+the rule that keeps 4:2:0 chroma equal to libjpeg-turbo's on every path.
 
 Input lifetime (what the caller must guarantee): with no_copy=True DALI reads the sample arrays in place; they
 must stay valid and unmodified until __call__ returns. __call__ runs the pipeline with prefetch_queue_depth=1 and
@@ -78,8 +78,8 @@ def _build(batch_size, num_threads, device_id, image_size, dtype_name, channels_
         if gpu:
             common["hw_decoder_load"] = float(hw_decoder_load)
         if chroma == "full":
-            # The whole image decoded, the crop taken by resize's ROI (then in absolute coordinates): exact pixels
-            # where nvJPEG refuses ROI decodes with fancy upsampling (see chroma_mode).
+            # The whole image decoded, the crop taken by resize's ROI (then in absolute coordinates): exact chroma
+            # on the GPU, where nvJPEG may refuse ROI decodes with interpolated upsampling (see chroma_mode).
             img = fn.decoders.image(raw, **common)
         else:
             anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)
@@ -261,18 +261,21 @@ class DaliDecoder:
         self.close()
 
 
-CHROMA_MODES = ("roi", "full", "plain")
+CHROMA_MODES = ("full", "roi", "plain")
 
 
 def chroma_mode(gpu: bool) -> str:
     """How the pipeline decodes JPEGs so that 4:2:0 chroma matches libjpeg-turbo's (PIL's, torchvision's):
-      "roi"   only the crop window is decoded, interpolated ("fancy") chroma upsampling. DALI's CPU backend always;
-              on the GPU from nvJPEG 13.3 (older nvJPEG refuses ROI decodes with interpolated upsampling and DALI
-              then decodes on the CPU, measured 8x slower; 13.3 fixed its ROI boundary handling).
-      "full"  the whole image decoded with interpolated upsampling, the window cut by resize: older nvJPEG.
-      "plain" ROI decode with plain (replicated) chroma: up to ~2.6/255 off the CPU path on sharp colour edges,
-              outside the decode contract; only through FASTFEED_DALI_CHROMA, for measurements.
-    FASTFEED_DALI_CHROMA=roi|full|plain overrides the choice (benchmarks compare them)."""
+      "full"  the whole image decoded with interpolated ("fancy") chroma upsampling, the window cut by the resize:
+              the GPU. nvJPEG refuses cropped (ROI) decodes with interpolated upsampling before its version 13.2
+              (DALI then decodes those images on the CPU), and which libnvjpeg a process ends up with depends on
+              what loaded one first (torchvision links its own): measured on an H200, a cropped decode fell back
+              to the CPU in one process and not in another with the same files. Whole-image decodes train as
+              fast (ResNet-50 4,313 vs 4,324 img/s, benchmarks/RESULTS.md).
+      "roi"   only the window decoded, interpolated upsampling: DALI's CPU backend (libjpeg-turbo does it exactly).
+      "plain" ROI decode with plain (replicated) chroma: 2.64/255 off the CPU path on the corpus, outside the
+              decode contract; only through FASTFEED_DALI_CHROMA, for measurements.
+    FASTFEED_DALI_CHROMA=full|roi|plain overrides the choice (the benchmarks compare them)."""
     import os
 
     forced = os.environ.get("FASTFEED_DALI_CHROMA")
@@ -280,35 +283,7 @@ def chroma_mode(gpu: bool) -> str:
         if forced not in CHROMA_MODES:
             raise ValueError(f"FASTFEED_DALI_CHROMA must be one of {CHROMA_MODES}, got {forced!r}")
         return forced
-    if not gpu:
-        return "roi"
-    version = nvjpeg_version()
-    return "roi" if version is not None and version >= (13, 3) else "full"
-
-
-def nvjpeg_version() -> tuple[int, int, int] | None:
-    """The version of the nvJPEG library DALI's decoders load (nvimgcodec finds it in the nvidia wheels' cu13/lib,
-    else by soname), or None when it cannot be loaded."""
-    import ctypes
-    from pathlib import Path
-
-    import nvidia.dali
-
-    wheel_lib = Path(nvidia.dali.__file__).resolve().parents[1] / "cu13" / "lib" / "libnvjpeg.so.13"
-    for name in (str(wheel_lib), "libnvjpeg.so.13"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        parts = []
-        for prop in (0, 1, 2):  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
-            value = ctypes.c_int(-1)
-            if lib.nvjpegGetProperty(prop, ctypes.byref(value)) != 0:
-                break
-            parts.append(value.value)
-        if len(parts) == 3:
-            return tuple(parts)
-    return None
+    return "full" if gpu else "roi"
 
 
 def _clamp_displayed(samples, windows: Windows, positions) -> Windows:
