@@ -28,6 +28,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--json", default=None)
+    p.add_argument("--pipelines", type=int, default=None, help="Loader(pipelines=...); default: the Loader's own")
     args = p.parse_args()
     import torchvision
 
@@ -44,8 +45,9 @@ def main() -> int:
     loss_fn = torch.nn.CrossEntropyLoss()
     dist.barrier()
     t0 = time.perf_counter()
+    extra = {} if args.pipelines is None else {"pipelines": args.pipelines}
     loader = fastfeed.Loader(args.data, batch_size=args.batch_size, train=True, image_size=224, device=dev,
-                             dtype=torch.float16, channels_last=True)
+                             dtype=torch.float16, channels_last=True, **extra)
     it = iter(loader)
     batch = next(it)
     torch.cuda.synchronize()
