@@ -28,7 +28,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--json", default=None)
-    p.add_argument("--pipelines", type=int, default=None, help="Loader(pipelines=...); default: the Loader's own")
+    p.add_argument("--loader-kwargs", default="{}", help='extra Loader keywords as JSON, e.g. {"pipelines": 3}')
     args = p.parse_args()
     import torchvision
 
@@ -45,7 +45,7 @@ def main() -> int:
     loss_fn = torch.nn.CrossEntropyLoss()
     dist.barrier()
     t0 = time.perf_counter()
-    extra = {} if args.pipelines is None else {"pipelines": args.pipelines}
+    extra = json.loads(args.loader_kwargs)
     loader = fastfeed.Loader(args.data, batch_size=args.batch_size, train=True, image_size=224, device=dev,
                              dtype=torch.float16, channels_last=True, **extra)
     it = iter(loader)

@@ -25,5 +25,6 @@ timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > 
 ddp one 1
 ddp default 2
 OMP_NUM_THREADS=8 ddp omp8 2
-ddp pipelines3 2 --pipelines 3
-ddp one-pipelines3 1 --pipelines 3
+ddp pipelines3 2 --loader-kwargs '{"pipelines": 3}'
+ddp prefetch6 2 --loader-kwargs '{"prefetch": 6}'
+ddp one-pipelines3 1 --loader-kwargs '{"pipelines": 3}'
