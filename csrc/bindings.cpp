@@ -314,6 +314,34 @@ static void bind_jpeg(py::module_& m) {
         py::arg("items"), py::arg("num_threads") = 0,
         "transcode_to_baseline over many inputs on native threads (0: one per CPU), GIL released. Returns one "
         "entry per input: bytes on success, str (the error message) on failure.");
+
+    m.def(
+        "check_jpegs",
+        [](py::iterable items, int num_threads) {
+            if (num_threads < 0) throw py::value_error("num_threads must be >= 0");
+            std::vector<ReadOnlyBuffer> buffers;
+            for (py::handle item : items) buffers.emplace_back(item);
+            std::vector<fastfeed::ByteSpan> spans;
+            spans.reserve(buffers.size());
+            for (const auto& b : buffers) spans.push_back(b.span());
+            std::vector<std::string> results;
+            {
+                py::gil_scoped_release nogil;
+                results = fastfeed::check_jpeg_scans_many(spans, num_threads);
+            }
+            py::list out(results.size());
+            for (std::size_t i = 0; i < results.size(); ++i) {
+                if (results[i].empty())
+                    out[i] = py::none();
+                else
+                    out[i] = py::str(results[i]);
+            }
+            return out;
+        },
+        py::arg("items"), py::arg("num_threads") = 0,
+        "The scan check (csrc/jpeg_transcode.h check_jpeg_scans) over many JPEGs on native threads (0: one per "
+        "CPU), GIL released, no output. One entry per input: None when every pixel is coded, else libjpeg's "
+        "message. Raises JpegUnavailable when built without libjpeg.");
 }
 
 // ---- tar writer bindings (owner: pack) ---------------------------------------------------------------------

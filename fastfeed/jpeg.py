@@ -61,6 +61,8 @@ __all__ = [
     "prepare",
     "transcode_to_baseline",
     "transcode_many",
+    "HAVE_SCAN_CHECK",
+    "check_scans",
     "hw_decoder_advice",
 ]
 
@@ -159,6 +161,8 @@ def _have_transcode() -> bool:
 
 
 HAVE_TRANSCODE = _have_transcode()
+# The scan check needs libjpeg too (csrc/jpeg_transcode.h check_jpeg_scans).
+HAVE_SCAN_CHECK = HAVE_TRANSCODE
 
 
 # ---- probe ---------------------------------------------------------------------------------------------------
@@ -364,6 +368,19 @@ def transcode_many(items: Sequence[bytes], num_threads: int = 0) -> list[bytes |
         raise ValueError(f"num_threads must be >= 0, got {num_threads}")
     out = native.transcode_many(list(items), int(num_threads))
     return [JpegTranscodeError(r) if isinstance(r, str) else r for r in out]
+
+
+def check_scans(items: Sequence, num_threads: int = 0) -> list[str | None]:
+    """Decode every scan of each JPEG to its DCT coefficients (libjpeg's Huffman/arithmetic pass; no IDCT, no
+    output) on `num_threads` native threads (0: one per CPU), GIL released. One entry per input: None when every
+    pixel is coded in the file, else libjpeg's message (premature end of the scan data or file, a bad code, lost
+    restart markers, an unsupported or malformed header...). Decoders fill uncoded pixels differently (PIL grey,
+    nvJPEG otherwise), so such a file gives different pixels per decoder. See csrc/jpeg_transcode.h
+    check_jpeg_scans for which libjpeg warnings count. Raises TranscodeUnavailableError without libjpeg."""
+    native = _require_native()
+    if num_threads < 0:
+        raise ValueError(f"num_threads must be >= 0, got {num_threads}")
+    return native.check_jpegs(list(items), int(num_threads))
 
 
 def prepare(data: bytes, mode: str, quality: int = 90, info: ImageInfo | None = None) -> tuple[bytes, str]:
