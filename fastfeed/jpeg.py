@@ -55,6 +55,7 @@ __all__ = [
     "JpegTranscodeError",
     "TranscodeUnavailableError",
     "probe",
+    "jpeg_info",
     "exif_orientation",
     "displayed_size",
     "jpeg_end",
@@ -222,7 +223,7 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
             break
     if sof is None:
         raise ImageProbeError("JPEG: scan before any frame header (SOF)")
-    return _jpeg_info(sof[0], sof[1], jfif, adobe_transform, orientation)
+    return jpeg_info(sof[0], sof[1], jfif, adobe_transform, orientation)
 
 
 _HEADER_SCAN = 1 << 16  # a JPEG header larger than this (big EXIF thumbnail, ICC) is probed on the whole file
@@ -250,7 +251,9 @@ def displayed_size(data, orientation: int | None = None) -> tuple[int, int] | No
     return (h, w) if tag >= 5 else (w, h)
 
 
-def _jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None, orientation: int = 1) -> ImageInfo:
+def jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None, orientation: int = 1) -> ImageInfo:
+    """ImageInfo of a JPEG from its frame header (marker, payload) and the markers before the scan; raises
+    ImageProbeError on a malformed frame header. Also fed by the native reader threads' probe (validate.py)."""
     if len(seg) < 6:
         raise ImageProbeError("JPEG: frame header too short")
     precision, height, width, ncomp = struct.unpack_from(">BHHB", seg, 0)

@@ -121,11 +121,17 @@ def load_image(path: str, opts: LoadOptions) -> Loaded | Rejected:
     return check_image(data, opts)
 
 
-def check_image(data, opts: LoadOptions) -> Loaded | Rejected:
+def check_image(data, opts: LoadOptions, facts: tuple | None = None) -> Loaded | Rejected:
     """Validate (and, per `opts` and the module docstring, fix or convert) one image held in `data` (bytes or a
-    memoryview). Never raises on bad image bytes: every problem becomes a Rejected reason."""
+    memoryview). Never raises on bad image bytes: every problem becomes a Rejected reason.
+
+    `facts`: what the native reader threads found in this very `data` (pack/native.py `add_samples(probe=True)`:
+    csrc/image_probe.h, a mirror of the Python header walk, plus the scan check), given only for a JPEG whose
+    header walk succeeded; the decision is the same as without it, only the bytes are not walked again here."""
     if not len(data):
         return Rejected("empty file (0 bytes)")
+    if facts is not None:
+        return _check_jpeg(data, opts, None, facts)
     fmt = _sniff(bytes(data[:16]))
     if fmt is None and bytes(data[:2]) == b"\xff\xd8":  # SOI, then junk before the first marker
         return _check_jpeg(data, opts, None)
@@ -144,21 +150,44 @@ def check_image(data, opts: LoadOptions) -> Loaded | Rejected:
     return _convert(data, fmt, opts, None)
 
 
-def _check_jpeg(data, opts: LoadOptions, change: str | None) -> Loaded | Rejected:
-    try:
-        info = _probe(data)
-    except jpeg.ImageProbeError as e:
-        fixed = _drop_junk_after_soi(data)
-        if fixed is None:
-            return Rejected(f"bad image header: {e}")
-        data, change = fixed, DROPPED_JUNK
+def _check_jpeg(data, opts: LoadOptions, change: str | None, facts: tuple | None = None) -> Loaded | Rejected:
+    info = scan = None
+    if facts is not None:
+        marker, sof, jfif, adobe, orientation, ends_with_eoi, scan = facts
+        try:
+            info = jpeg.jpeg_info(marker, sof, jfif, adobe, orientation)
+        except jpeg.ImageProbeError:
+            facts = scan = None  # the walk below raises the same error and tries the junk fix
+    if info is None:
         try:
             info = _probe(data)
-        except jpeg.ImageProbeError as e2:
-            return Rejected(f"bad image header: {e2}")
+        except jpeg.ImageProbeError as e:
+            return _check_jpeg_unreadable(data, opts, e)
+    return _check_jpeg_info(data, opts, change, info, facts[5] if facts is not None else None, scan)
+
+
+def _check_jpeg_unreadable(data, opts: LoadOptions, e: jpeg.ImageProbeError) -> Loaded | Rejected:
+    """The header walk failed: junk between SOI and the first marker is dropped, else the file is rejected."""
+    fixed = _drop_junk_after_soi(data)
+    if fixed is None:
+        return Rejected(f"bad image header: {e}")
+    data, change = fixed, DROPPED_JUNK
+    try:
+        info = _probe(data)
+    except jpeg.ImageProbeError as e2:
+        return Rejected(f"bad image header: {e2}")
+    return _check_jpeg_info(data, opts, change, info, None, None)
+
+
+def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.ImageInfo, ends_with_eoi: bool | None,
+                     scan: str | None) -> Loaded | Rejected:
+    """The rest of the JPEG decision once the header is read; `ends_with_eoi` / `scan` (the scan check's answer
+    for these very bytes: '' clean, else libjpeg's message) when the native readers found them, else None."""
     if info.width * info.height > opts.max_pixels:
         return _bomb(info, opts)
-    if not _tail(data).endswith(b"\xff\xd9"):
+    if ends_with_eoi is None:
+        ends_with_eoi = _tail(data).endswith(b"\xff\xd9")
+    if not ends_with_eoi:
         end = jpeg_end(data)
         if end is None:
             return Rejected("truncated JPEG (no end-of-image marker)")
@@ -169,7 +198,7 @@ def _check_jpeg(data, opts: LoadOptions, change: str | None) -> Loaded | Rejecte
                 f"{info.colorspace.upper()} JPEG" if info.colorspace in ("cmyk", "ycck") else "lossless/extended JPEG")
         return _convert(data, "jpeg", opts, change, what=what)
     if opts.scan_check and jpeg.HAVE_SCAN_CHECK:
-        err = jpeg.check_scans([data], 1)[0]
+        err = (scan or None) if scan is not None and change is None else jpeg.check_scans([data], 1)[0]
         if err is not None:
             return _convert(data, "jpeg", opts, change, what=f"JPEG with corrupt scan data ({err})", code=REPAIRED)
     if info.jpeg_kind == jpeg.KIND_ARITHMETIC and opts.jpeg_mode == "keep":
