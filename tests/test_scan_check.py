@@ -180,3 +180,47 @@ def test_loader_agrees_with_the_reference_on_repaired_files(packed_lies, decoder
     for i, p in enumerate(sources):
         diff = float(np.abs(got[i] - refs[i]).mean())
         assert diff < TOL, (p.name, decoder, diff)
+
+
+def test_native_writer_threads_probe_and_check_each_file(tmp_path, lies):
+    """The tar writer's reader threads (4 of them, many small chunks) hand each sample's facts to the check, in
+    order: the lie's scan error, '' for a clean JPEG, None for a PNG; the probe never changes what is written."""
+    from fastfeed.pack.native import HAVE_NATIVE_WRITER, NativeTarShardWriter, wds_sample
+
+    if not HAVE_NATIVE_WRITER:
+        pytest.skip("native core built without the tar writer")
+    png = io.BytesIO()
+    Image.fromarray(photo(32, 24, seed=9)).save(png, "PNG")
+    files = []
+    for i in range(40):
+        kind = i % 3
+        data = (list(lies.values())[i % len(lies)] if kind == 0 else _jpeg(20 + i, 64, 48) if kind == 1
+                else png.getvalue())
+        p = tmp_path / f"{i:03d}.img"
+        p.write_bytes(data)
+        files.append((p, kind))
+    seen = {}
+
+    def check(i, data, facts):
+        seen[i] = facts
+        return None
+
+    out = {}
+    for probe in (True, False):
+        folder = tmp_path / f"probe{probe}"
+        folder.mkdir()
+        w = NativeTarShardWriter(str(folder), 0, num_threads=4)
+        res = w.add_samples([wds_sample(f"{i:03d}", str(p), "jpg", 0) for i, (p, _) in enumerate(files)],
+                            check if probe else None, probe=probe, scan_check=probe)
+        assert all(r.ok for r in res)
+        w.finish()
+        out[probe] = (folder / "shard-000000.tar").read_bytes()
+    assert out[True] == out[False]
+    assert sorted(seen) == list(range(len(files)))
+    for i, (_, kind) in enumerate(files):
+        if kind == 2:
+            assert seen[i] is None
+        else:
+            marker, sof, jfif, adobe, orientation, ends_with_eoi, scan = seen[i]
+            assert marker in (0xC0, 0xC2) and sof[0] == 8 and ends_with_eoi and orientation == 1
+            assert (scan != "") if kind == 0 else (scan == ""), (i, scan)
