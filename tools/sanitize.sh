@@ -53,7 +53,10 @@ run_variant() {
         f'sanitize: imported {n.__file__}, not the instrumented build in $tmp')")
     echo "== sanitize [$flags]: ${tests[*]#$root/}"
     status=0
-    (cd "$tmp" && env "${env[@]}" "$py" -m pytest -q -p no:cacheprovider "${tests[@]}") >"$log" 2>&1 || status=$?
+    # DALI's decoder does not load under the sanitizer runtime (its dlopen of libnvimgcodec fails): its cases are
+    # left out; the native code they would exercise (the tar writer, the probe) runs in the other cases.
+    (cd "$tmp" && env "${env[@]}" "$py" -m pytest -q -p no:cacheprovider -k "not cpu-dali" "${tests[@]}") \
+        >"$log" 2>&1 || status=$?
     cat "$log"
     if grep -qE "(Address|Thread|UndefinedBehavior|Leak)Sanitizer|runtime error:" "$log"; then
         echo "== sanitize [$flags]: sanitizer reported problems (see above)" >&2
