@@ -15,7 +15,9 @@ reads the same way (README "Decode contract"):
   Huffman code, lost restart markers: the scan check, jpeg.check_scans) but that PIL loads: decoded by the
   contract as PIL (and so torchvision) sees them, uncoded rows filled as PIL fills them, and stored as PNG
   ("repaired_corrupt_scan"): stored as they are, nvJPEG would fill the gap with other pixels. The check needs the
-  native core's libjpeg; without it (`jpeg.HAVE_SCAN_CHECK` False) it is skipped and pack says so in its note;
+  native core's libjpeg; without it (`jpeg.HAVE_SCAN_CHECK` False) it is skipped and pack says so in its note
+  (a PIL decode cannot stand in: PIL fills the missing rows silently). A JPEG too large for the check's 1 GiB of
+  coefficient memory (4:4:4 near the default pixel limit) fails it too and is stored as PNG: PIL's pixels, larger;
 - the rest is rejected with the reason (not an image, truncated, decompression bomb, PIL cannot decode it).
 Each fix or conversion is named by a code on `Loaded.change` (CHANGES) that the manifest counts.
 
