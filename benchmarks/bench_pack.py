@@ -4,7 +4,9 @@
 
 Tools (each writes shards of --shard-size from the same listing; MB/s = source image bytes / wall seconds):
   tar            `tar -cf OUT -C SRC .`                (no checksum, no fsync: the reference, not a competitor)
-  pack           fastfeed.pack.pack(--jpeg keep)       (`fastfeed pack`: the native writer + validation, wds_native)
+  pack           fastfeed.pack.pack(--jpeg keep)       (`fastfeed pack`: the native writer + validation, wds_native,
+                                                        with the JPEG scan check: the default)
+  pack-nocheck   the same with --no-scan-check         (header probe, trim, conversions; no entropy-decoding pass)
   pack-py        the same with the Python writer        (pack as on main before 2026-11-30: Python reads + sha256)
   native         fastfeed.pack.native.write_shards     (native reads, framing, xxh3 per sample, sha256; no validation)
   native+check   the same with pack/validate.check_image run on each image through the writer's check hook
@@ -35,7 +37,7 @@ import tempfile
 import time
 
 PEERS = ("mds", "litdata", "wds")
-TOOLS = ("tar", "pack-py", "pack", "native", "native+check") + PEERS
+TOOLS = ("tar", "pack-py", "pack", "pack-nocheck", "native", "native+check") + PEERS
 
 
 def _listing(src: str) -> list[tuple[str, int]]:
@@ -58,14 +60,14 @@ def _stop(t: tuple[float, float]) -> tuple[float, float]:
 
 
 def _run_one(tool: str, src: str, out: str, shard_size: int, workers: int) -> tuple[float, float]:
-    if tool in ("pack", "pack-py"):
+    if tool in ("pack", "pack-py", "pack-nocheck"):
         from fastfeed.pack import PackOptions, pack, wds_native
 
-        wds_native.ENABLED = tool == "pack"  # its private switch: pack-py is the Python writer (the fallback)
+        wds_native.ENABLED = tool != "pack-py"  # its private switch: pack-py is the Python writer (the fallback)
 
         t = _start()
         pack(src, out, PackOptions(format="wds", shard_size=shard_size, workers=workers, jpeg_mode="keep",
-                                   shuffle_seed=None))
+                                   shuffle_seed=None, scan_check=tool != "pack-nocheck"))
         return _stop(t)
     if tool in ("native", "native+check"):
         from fastfeed.pack.native import wds_sample, write_shards

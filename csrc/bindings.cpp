@@ -314,6 +314,34 @@ static void bind_jpeg(py::module_& m) {
         py::arg("items"), py::arg("num_threads") = 0,
         "transcode_to_baseline over many inputs on native threads (0: one per CPU), GIL released. Returns one "
         "entry per input: bytes on success, str (the error message) on failure.");
+
+    m.def(
+        "check_jpegs",
+        [](py::iterable items, int num_threads) {
+            if (num_threads < 0) throw py::value_error("num_threads must be >= 0");
+            std::vector<ReadOnlyBuffer> buffers;
+            for (py::handle item : items) buffers.emplace_back(item);
+            std::vector<fastfeed::ByteSpan> spans;
+            spans.reserve(buffers.size());
+            for (const auto& b : buffers) spans.push_back(b.span());
+            std::vector<std::string> results;
+            {
+                py::gil_scoped_release nogil;
+                results = fastfeed::check_jpeg_scans_many(spans, num_threads);
+            }
+            py::list out(results.size());
+            for (std::size_t i = 0; i < results.size(); ++i) {
+                if (results[i].empty())
+                    out[i] = py::none();
+                else
+                    out[i] = py::str(results[i]);
+            }
+            return out;
+        },
+        py::arg("items"), py::arg("num_threads") = 0,
+        "The scan check (csrc/jpeg_transcode.h check_jpeg_scans) over many JPEGs on native threads (0: one per "
+        "CPU), GIL released, no output. One entry per input: None when every pixel is coded, else libjpeg's "
+        "message. Raises JpegUnavailable when built without libjpeg.");
 }
 
 // ---- tar writer bindings (owner: pack) ---------------------------------------------------------------------
@@ -367,6 +395,18 @@ std::string member_name(py::handle name) {
     return s;
 }
 
+// SampleProbe as the Python check receives it (see the add() docstring).
+py::object probe_facts(const fastfeed::SampleProbe& p) {
+    if (!p.jpeg) return py::none();
+    const auto& f = p.facts;
+    py::object scan = p.scan == fastfeed::SampleProbe::Unchecked ? py::object(py::none())
+                      : p.scan == fastfeed::SampleProbe::Clean ? py::object(py::str(""))
+                                                               : py::object(py::str(p.scan_error));
+    return py::make_tuple(f.sof_marker, py::bytes(f.sof_segment), f.jfif,
+                          f.adobe_transform < 0 ? py::object(py::none()) : py::object(py::int_(f.adobe_transform)),
+                          f.orientation, f.ends_with_eoi, scan);
+}
+
 }  // namespace tar_bindings
 
 static void bind_tar(py::module_& m) {
@@ -396,7 +436,7 @@ static void bind_tar(py::module_& m) {
              py::arg("path"), py::arg("num_threads") = 0)
         .def(
             "add",
-            [](PyTarWriter& w, py::iterable samples, py::object check) {
+            [](PyTarWriter& w, py::iterable samples, py::object check, bool probe, bool scan_check) {
                 Busy busy(w);
                 fastfeed::TarWriter& core = w.live();
                 std::vector<fastfeed::TarSample> in;
@@ -429,13 +469,13 @@ static void bind_tar(py::module_& m) {
                 fastfeed::TarCheckFn hook;
                 if (!check.is_none()) {
                     hook = [&check](size_t j, const fastfeed::SharedBytes& buf, size_t off, size_t size,
-                                    fastfeed::TarCheck& c) {
+                                    const fastfeed::SampleProbe* probe, fastfeed::TarCheck& c) {
                         py::gil_scoped_acquire gil;
                         try {
                             py::object data = py::cast(TarData{buf, off, size});
                             py::object view = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(data.ptr()));
                             if (!view) throw py::error_already_set();
-                            py::object res = check(j, view);
+                            py::object res = probe ? check(j, view, probe_facts(*probe)) : check(j, view);
                             if (res.is_none()) {
                                 c.kind = fastfeed::TarCheck::Keep;
                             } else if (py::isinstance<py::str>(res)) {
@@ -458,9 +498,12 @@ static void bind_tar(py::module_& m) {
                     };
                 }
                 std::vector<fastfeed::TarSampleResult> res;
+                fastfeed::TarProbe tp;
+                tp.enabled = probe;
+                tp.scan_check = scan_check;
                 try {
                     py::gil_scoped_release nogil;
-                    res = core.add(in, hook);
+                    res = core.add(in, hook, tp);
                 } catch (PyCheckFailed&) {
                     throw py::error_already_set();
                 }
@@ -478,13 +521,18 @@ static void bind_tar(py::module_& m) {
                 }
                 return out;
             },
-            py::arg("samples"), py::arg("check") = py::none(),
+            py::arg("samples"), py::arg("check") = py::none(), py::kw_only(), py::arg("probe") = false,
+            py::arg("scan_check") = false,
             "Append samples, each a list of (name, source) members; source is a str/PathLike (a file read whole) "
             "or bytes-like (stored as is). Returns per sample (members, None, 0) with members = [(data offset, "
             "size, xxh3_64)], or (None, error message, errno) for a sample that was not written (errno 0: the "
             "check rejected it). check(index, memoryview of the first member's bytes) runs in order before each "
             "readable sample is written and returns None (keep), a reason str (drop the sample) or (name, bytes) "
-            "(store these as the first member instead); the view stays valid as long as it is referenced.")
+            "(store these as the first member instead); the view stays valid as long as it is referenced. With probe=True "
+            "the reader threads probe the first member (csrc/image_probe.h; with scan_check also the JPEG scan check) "
+            "and check is called as check(index, view, facts): facts None when it is not a JPEG whose header walk "
+            "succeeds, else (sof_marker, sof_segment bytes, jfif, adobe_transform or None, orientation, "
+            "ends_with_eoi, scan) with scan None (not checked), '' (clean) or libjpeg's message.")
         .def(
             "finish",
             [](PyTarWriter& w, bool sync) {
@@ -503,6 +551,22 @@ static void bind_tar(py::module_& m) {
              })
         .def_property_readonly("bytes_written", [](PyTarWriter& w) { return w.live().bytes_written(); })
         .def_property_readonly("num_threads", [](PyTarWriter& w) { return w.live().num_threads(); });
+
+    m.def(
+        "probe_jpeg",
+        [](py::handle data) {
+            ReadOnlyBuffer buf(data);
+            const auto span = buf.span();
+            fastfeed::SampleProbe p;
+            {
+                py::gil_scoped_release nogil;
+                p.jpeg = fastfeed::probe_jpeg(span.data, span.size, p.facts);
+            }
+            return probe_facts(p);
+        },
+        py::arg("data"),
+        "The tar writer's probe (csrc/image_probe.h) on one buffer: the facts tuple of TarWriter.add's check "
+        "(scan None), or None where jpeg.py's header walk would fail.");
 
     m.def(
         "xxh3_64",

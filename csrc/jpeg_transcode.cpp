@@ -37,7 +37,14 @@ struct ErrorManager {
     jpeg_error_mgr pub;  // first member: libjpeg sees a jpeg_error_mgr*
     Failure* failure;
     bool strict;
+    bool ignore_benign = false;  // the scan check: warnings that leave every pixel coded are not errors
 };
+
+// Warnings after which every pixel is still coded in the file and decoded identically (see check_jpeg_scans).
+bool is_benign_warning(int code) {
+    return code == JWRN_EXTRANEOUS_DATA || code == JWRN_ADOBE_XFORM || code == JWRN_JFIF_MAJOR ||
+           code == JWRN_BOGUS_ICC || code == JWRN_TOO_MUCH_DATA;
+}
 
 void on_error_exit(j_common_ptr cinfo) {
     auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
@@ -57,6 +64,7 @@ void on_emit_message(j_common_ptr cinfo, int level) {
     if (level >= 0) return;
     auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
     cinfo->err->num_warnings++;
+    if (err->ignore_benign && is_benign_warning(cinfo->err->msg_code)) return;
     if (err->strict) on_error_exit(cinfo);
 }
 
@@ -66,6 +74,7 @@ void init_error_manager(ErrorManager& err, Failure* failure, const TranscodeOpti
     err.pub.emit_message = on_emit_message;
     err.failure = failure;
     err.strict = options.strict;
+    err.ignore_benign = false;
 }
 
 struct ScanLimit {
@@ -195,9 +204,42 @@ bool run_libjpeg(Decompressor& d, Compressor& c, Failure& failure, ByteSpan inpu
     return true;
 }
 
+// The scan check's libjpeg calls, under their own setjmp (same rules as run_libjpeg).
+bool run_scan_check(Decompressor& d, Failure& failure, ByteSpan input, const ScanCheckOptions& options) {
+    if (setjmp(failure.jump)) return false;
+    d.created = true;
+    jpeg_create_decompress(&d.cinfo);
+    d.cinfo.mem->max_memory_to_use = static_cast<long>(options.max_memory);
+    d.scans.pub.progress_monitor = on_progress;
+    d.scans.max_scans = options.max_scans;
+    d.cinfo.progress = &d.scans.pub;
+    jpeg_mem_src(&d.cinfo, input.data, static_cast<unsigned long>(input.size));
+    jpeg_read_header(&d.cinfo, TRUE);
+    jpeg_read_coefficients(&d.cinfo);  // every scan, entropy-decoded into the coefficient buffers
+    jpeg_finish_decompress(&d.cinfo);  // up to the EOI marker
+    return true;
+}
+
 }  // namespace
 
 bool have_libjpeg() noexcept { return true; }
+
+std::string check_jpeg_scans(ByteSpan input, const ScanCheckOptions& options) {
+    if (input.size == 0) return "empty input";
+    if (input.size > (std::size_t(1) << 31)) return "input larger than 2 GiB";
+    Failure failure;
+    failure.message[0] = '\0';
+    Decompressor d;
+    jpeg_std_error(&d.err.pub);
+    d.err.pub.error_exit = on_error_exit;
+    d.err.pub.emit_message = on_emit_message;
+    d.err.failure = &failure;
+    d.err.strict = true;
+    d.err.ignore_benign = true;
+    d.cinfo.err = &d.err.pub;
+    if (run_scan_check(d, failure, input, options)) return std::string();
+    return failure.message[0] ? std::string(failure.message) : std::string("libjpeg failed");
+}
 
 std::vector<std::uint8_t> transcode_jpeg(ByteSpan input, const TranscodeOptions& options) {
     if (input.size == 0) throw JpegError("empty input");
@@ -230,7 +272,51 @@ std::vector<std::uint8_t> transcode_jpeg(ByteSpan, const TranscodeOptions&) {
     throw JpegUnavailable("fastfeed._native was built without libjpeg: JPEG transcoding is unavailable");
 }
 
+std::string check_jpeg_scans(ByteSpan, const ScanCheckOptions&) {
+    throw JpegUnavailable("fastfeed._native was built without libjpeg: the JPEG scan check is unavailable");
+}
+
 #endif
+
+namespace {
+
+// Runs fn(i) for i in [0, n) on up to num_threads threads (0: hardware concurrency), this one included; fn must not
+// throw. Returns when every index is done.
+template <typename Fn>
+void parallel_for(std::size_t n, int num_threads, Fn fn) {
+    std::atomic<std::size_t> next{0};
+    auto worker = [&]() {
+        for (std::size_t i = next++; i < n; i = next++) fn(i);
+    };
+    std::size_t threads = num_threads > 0 ? static_cast<std::size_t>(num_threads)
+                                          : std::max(1u, std::thread::hardware_concurrency());
+    threads = std::min(threads, n);
+    std::vector<std::thread> pool;
+    if (threads > 1) pool.reserve(threads - 1);
+    try {
+        for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+    } catch (const std::system_error&) {
+        // Could not start more threads: the ones running (and this one) still finish the work.
+    }
+    worker();
+    for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+std::vector<std::string> check_jpeg_scans_many(const std::vector<ByteSpan>& inputs, int num_threads,
+                                               const ScanCheckOptions& options) {
+    if (!have_libjpeg()) check_jpeg_scans(ByteSpan{nullptr, 0}, options);  // throws JpegUnavailable
+    std::vector<std::string> results(inputs.size());
+    parallel_for(inputs.size(), num_threads, [&](std::size_t i) {
+        try {
+            results[i] = check_jpeg_scans(inputs[i], options);
+        } catch (const std::bad_alloc&) {
+            results[i] = "out of memory";
+        }
+    });
+    return results;
+}
 
 std::vector<TranscodeResult> transcode_jpeg_many(const std::vector<ByteSpan>& inputs, int num_threads,
                                                  const TranscodeOptions& options) {

@@ -51,6 +51,24 @@ struct TranscodeResult {
 
 bool have_libjpeg() noexcept;
 
+// The scan check: every entropy-coded scan of a JPEG decoded to its DCT coefficients (jpeg_read_coefficients: the
+// Huffman/arithmetic pass, no IDCT, no output), with the warnings that mean "some pixels are not coded in the file"
+// treated as errors: premature end of the data or file (a frame header that claims more rows than the scans hold),
+// a bad Huffman/arithmetic code, lost restart markers, bogus progression. Decoders fill such gaps differently
+// (libjpeg/PIL with grey, nvJPEG with other values), so a file that trips one would give different pixels per
+// decoder. Warnings that leave every pixel coded (extraneous bytes before a marker, an unknown JFIF revision or
+// Adobe transform, a bad ICC marker) are ignored. Returns "" when clean, else libjpeg's message (fatal errors such
+// as an unsupported or malformed header included). Never throws for bad input.
+struct ScanCheckOptions {
+    int max_scans = 500;                            // as TranscodeOptions: more scans is an error
+    std::size_t max_memory = std::size_t(1) << 30;  // coefficient memory per image; beyond it: an error message
+};
+std::string check_jpeg_scans(ByteSpan input, const ScanCheckOptions& options = {});
+
+// check_jpeg_scans over many inputs on up to `num_threads` threads (0: hardware concurrency); one entry per input.
+std::vector<std::string> check_jpeg_scans_many(const std::vector<ByteSpan>& inputs, int num_threads,
+                                               const ScanCheckOptions& options = {});
+
 // Throws JpegError on corrupt input or input libjpeg cannot re-code (lossless/hierarchical/12-bit JPEGs).
 std::vector<std::uint8_t> transcode_jpeg(ByteSpan input, const TranscodeOptions& options = {});
 

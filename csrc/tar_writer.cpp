@@ -1,5 +1,6 @@
 // See NOTE [ Native tar writer ] in tar_writer.h.
 #include "tar_writer.h"
+#include "jpeg_transcode.h"
 #include "ustar.h"
 
 #include <fcntl.h>
@@ -122,7 +123,25 @@ void TarWriter::put_buf(Buf b) {
     pool_.push_back(std::move(b));
 }
 
-void TarWriter::prepare(const TarSample& s, TarSampleResult& r, Buf& buf) {
+namespace {
+
+void probe_first_member(const uint8_t* data, size_t size, const TarProbe& probe, SampleProbe& out) {
+    out.jpeg = probe_jpeg(data, size, out.facts);
+    // The scan check only where validate.py uses its answer: an 8-bit JPEG (SOF precision byte) ending in EOI.
+    if (!out.jpeg || !probe.scan_check || !have_libjpeg() || !out.facts.ends_with_eoi ||
+        out.facts.sof_segment.empty() || static_cast<uint8_t>(out.facts.sof_segment[0]) != 8)
+        return;
+    try {
+        out.scan_error = check_jpeg_scans(ByteSpan{data, size});
+        out.scan = out.scan_error.empty() ? SampleProbe::Clean : SampleProbe::Corrupt;
+    } catch (const std::exception&) {
+        out.scan = SampleProbe::Unchecked;  // out of memory: validate.py runs the check itself
+    }
+}
+
+}  // namespace
+
+void TarWriter::prepare(const TarSample& s, TarSampleResult& r, Buf& buf, const TarProbe& probe) {
     const size_t m = s.members.size();
     std::vector<Fd> fds(m);
     std::vector<uint64_t> sizes(m);
@@ -206,6 +225,8 @@ void TarWriter::prepare(const TarSample& s, TarSampleResult& r, Buf& buf) {
     }
     buf.len = pos;
     r.ok = true;
+    if (probe.enabled && m > 0)
+        probe_first_member(buf.p.get() + kBlock, static_cast<size_t>(r.members[0].size), probe, r.probe);
 }
 
 void TarWriter::worker_loop() {
@@ -223,7 +244,7 @@ void TarWriter::worker_loop() {
         const Job job = job_;
         lock.unlock();
         const size_t begin = c * kChunk, end = std::min(job.n, begin + kChunk);
-        for (size_t j = begin; j < end; ++j) prepare((*job.samples)[j], (*job.results)[j], (*job.work)[j].buf);
+        for (size_t j = begin; j < end; ++j) prepare((*job.samples)[j], (*job.results)[j], (*job.work)[j].buf, job.probe);
         lock.lock();
         for (size_t j = begin; j < end; ++j) (*job.work)[j].done = true;
         if (job.has_check) done_cv_.notify_all();
@@ -351,19 +372,21 @@ void TarWriter::apply_check(TarSampleResult& r, Buf& buf, TarCheck& c) {
     buf = std::move(nb);
 }
 
-std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& samples, const TarCheckFn& check) {
+std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& samples, const TarCheckFn& check,
+                                            const TarProbe& probe) {
     check_usable();
     const size_t n = samples.size();
     std::vector<TarSampleResult> results(n);
     std::vector<Work> work(n);
     {
         std::lock_guard<std::mutex> lock(mu_);
-        job_ = Job{&samples, &results, &work, n, (n + kChunk - 1) / kChunk, static_cast<bool>(check)};
+        job_ = Job{&samples, &results, &work, n, (n + kChunk - 1) / kChunk, static_cast<bool>(check), probe};
         next_task_ = next_write_ = job_finished_ = 0;
         abort_job_ = false;
     }
     work_cv_.notify_all();
     std::exception_ptr check_error;
+    const bool job_probe = probe.enabled;
     if (check) {
         // The workers wait for each sample's decision before writing it; the check runs here, on the caller's
         // thread, in order, while they read ahead.
@@ -380,7 +403,7 @@ std::vector<TarSampleResult> TarWriter::add(const std::vector<TarSample>& sample
                     if (r.ok && !r.members.empty()) {
                         TarCheck c;
                         check(j, work[j].buf.p, static_cast<size_t>(r.members[0].offset),
-                              static_cast<size_t>(r.members[0].size), c);
+                              static_cast<size_t>(r.members[0].size), job_probe ? &r.probe : nullptr, c);
                         apply_check(r, work[j].buf, c);
                     }
                 } catch (...) {

@@ -26,6 +26,12 @@
 // Checks. With a check, the calling thread runs it on each sample in order once its chunk is read; the chunk's
 // worker waits for the decisions before writing. Python (the binding's check) therefore only ever runs on the calling thread.
 //
+// Probe. With TarProbe::enabled, the worker that read a sample also reads its first member's JPEG header
+// (image_probe.h: SOF, JFIF/Adobe, EXIF orientation, ends in EOI) and, with scan_check, runs the JPEG scan check
+// (jpeg_transcode.h check_jpeg_scans) on it, and hands both to the check: the per-file byte work of pack's
+// validation runs on the parallel reader threads, the calling thread only decides. The scan check is run only where
+// its answer is used: a probed 8-bit JPEG that ends in EOI.
+//
 // Durability. finish(sync=true) fsyncs; it releases the GIL, so the Python side runs it on a helper thread while
 // the next shard is written (fastfeed/pack/native.py write_shards). Writeback is deliberately not started early
 // (sync_file_range after each write was tried): on a disk slower than packing, it blocks the writing thread in
@@ -51,6 +57,8 @@
 #include <thread>
 #include <vector>
 
+#include "image_probe.h"
+
 namespace fastfeed {
 
 struct TarMember {
@@ -70,7 +78,21 @@ struct TarMemberResult {
     uint64_t xxh3 = 0;    // XXH3_64bits of the stored data (seed 0): what xxhash.xxh3_64_intdigest returns
 };
 
+// What the workers found out about a sample's first member (TarProbe).
+struct SampleProbe {
+    bool jpeg = false;  // probe_jpeg succeeded: `facts` holds the header
+    JpegFacts facts;
+    enum Scan { Unchecked, Clean, Corrupt } scan = Unchecked;
+    std::string scan_error;  // Corrupt: libjpeg's message
+};
+
+struct TarProbe {
+    bool enabled = false;
+    bool scan_check = false;  // needs libjpeg (have_libjpeg()); ignored without it
+};
+
 struct TarSampleResult {
+    SampleProbe probe;  // when the add() call asked for it and the sample was read
     bool ok = false;
     int err = 0;        // errno of the failure (0 when ok)
     std::string error;  // names the file and says what went wrong
@@ -85,9 +107,10 @@ struct TarCheck {
     std::vector<uint8_t> data;   // Replace: the bytes to store instead
 };
 using SharedBytes = std::shared_ptr<uint8_t[]>;
-// (sample index, the buffer holding the first member's data, its offset and size in it, decision). A check may keep
-// its reference to the buffer past the call: a buffer it still holds is never reused, only released.
-using TarCheckFn = std::function<void(size_t, const SharedBytes&, size_t, size_t, TarCheck&)>;
+// (sample index, the buffer holding the first member's data, its offset and size in it, what the probe found (null
+// without a probe), decision). A check may keep its reference to the buffer past the call: a buffer it still holds
+// is never reused, only released.
+using TarCheckFn = std::function<void(size_t, const SharedBytes&, size_t, size_t, const SampleProbe*, TarCheck&)>;
 
 class TarWriter {
 public:
@@ -101,7 +124,8 @@ public:
 
     // `check` (may be empty) runs on the calling thread for each readable sample, in order, before it is written;
     // if it throws, the writer becomes unusable (some samples of this call were written, the rest not).
-    std::vector<TarSampleResult> add(const std::vector<TarSample>& samples, const TarCheckFn& check = {});
+    std::vector<TarSampleResult> add(const std::vector<TarSample>& samples, const TarCheckFn& check = {},
+                                     const TarProbe& probe = {});
     // End marker, wait for the hash, fsync (when asked), close. Returns the archive's sha256 as 64 hex digits.
     std::string finish(bool sync);
     void abort();
@@ -129,6 +153,7 @@ private:
         size_t n = 0;
         size_t chunks = 0;  // tasks: runs of kChunk consecutive samples
         bool has_check = false;
+        TarProbe probe;
     };
     struct HashBatch {
         std::vector<Buf> bufs;
@@ -143,7 +168,7 @@ private:
 
     void worker_loop();
     void hash_loop();
-    void prepare(const TarSample& s, TarSampleResult& r, Buf& buf);
+    void prepare(const TarSample& s, TarSampleResult& r, Buf& buf, const TarProbe& probe);
     void apply_check(TarSampleResult& r, Buf& buf, TarCheck& c);
     Buf get_buf(size_t need);
     void put_buf(Buf b);

@@ -55,12 +55,15 @@ __all__ = [
     "JpegTranscodeError",
     "TranscodeUnavailableError",
     "probe",
+    "jpeg_info",
     "exif_orientation",
     "displayed_size",
     "jpeg_end",
     "prepare",
     "transcode_to_baseline",
     "transcode_many",
+    "HAVE_SCAN_CHECK",
+    "check_scans",
     "hw_decoder_advice",
 ]
 
@@ -159,6 +162,8 @@ def _have_transcode() -> bool:
 
 
 HAVE_TRANSCODE = _have_transcode()
+# The scan check needs libjpeg too (csrc/jpeg_transcode.h check_jpeg_scans).
+HAVE_SCAN_CHECK = HAVE_TRANSCODE
 
 
 # ---- probe ---------------------------------------------------------------------------------------------------
@@ -218,7 +223,7 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
             break
     if sof is None:
         raise ImageProbeError("JPEG: scan before any frame header (SOF)")
-    return _jpeg_info(sof[0], sof[1], jfif, adobe_transform, orientation)
+    return jpeg_info(sof[0], sof[1], jfif, adobe_transform, orientation)
 
 
 _HEADER_SCAN = 1 << 16  # a JPEG header larger than this (big EXIF thumbnail, ICC) is probed on the whole file
@@ -246,7 +251,9 @@ def displayed_size(data, orientation: int | None = None) -> tuple[int, int] | No
     return (h, w) if tag >= 5 else (w, h)
 
 
-def _jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None, orientation: int = 1) -> ImageInfo:
+def jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None, orientation: int = 1) -> ImageInfo:
+    """ImageInfo of a JPEG from its frame header (marker, payload) and the markers before the scan; raises
+    ImageProbeError on a malformed frame header. Also fed by the native reader threads' probe (validate.py)."""
     if len(seg) < 6:
         raise ImageProbeError("JPEG: frame header too short")
     precision, height, width, ncomp = struct.unpack_from(">BHHB", seg, 0)
@@ -364,6 +371,19 @@ def transcode_many(items: Sequence[bytes], num_threads: int = 0) -> list[bytes |
         raise ValueError(f"num_threads must be >= 0, got {num_threads}")
     out = native.transcode_many(list(items), int(num_threads))
     return [JpegTranscodeError(r) if isinstance(r, str) else r for r in out]
+
+
+def check_scans(items: Sequence, num_threads: int = 0) -> list[str | None]:
+    """Decode every scan of each JPEG to its DCT coefficients (libjpeg's Huffman/arithmetic pass; no IDCT, no
+    output) on `num_threads` native threads (0: one per CPU), GIL released. One entry per input: None when every
+    pixel is coded in the file, else libjpeg's message (premature end of the scan data or file, a bad code, lost
+    restart markers, an unsupported or malformed header...). Decoders fill uncoded pixels differently (PIL grey,
+    nvJPEG otherwise), so such a file gives different pixels per decoder. See csrc/jpeg_transcode.h
+    check_jpeg_scans for which libjpeg warnings count. Raises TranscodeUnavailableError without libjpeg."""
+    native = _require_native()
+    if num_threads < 0:
+        raise ValueError(f"num_threads must be >= 0, got {num_threads}")
+    return native.check_jpegs(list(items), int(num_threads))
 
 
 def prepare(data: bytes, mode: str, quality: int = 90, info: ImageInfo | None = None) -> tuple[bytes, str]:

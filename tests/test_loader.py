@@ -392,7 +392,7 @@ def test_missing_shard_is_a_clear_error(wds_path, copy_dataset):
 
 def _break_huffman_selectors(data: bytes) -> bytes:
     """Point the scan's components at Huffman tables that do not exist: header, size and end marker stay valid
-    (pack accepts the file), but every decoder must fail."""
+    (pack accepts the file when its scan check is off), but every decoder must fail."""
     i = 2
     while True:
         if data[i] != 0xFF:
@@ -408,7 +408,9 @@ def _break_huffman_selectors(data: bytes) -> bytes:
 
 @pytest.fixture(scope="module")
 def corrupt_packed(tmp_path_factory, pack_cli):
-    """25 images (one with a broken scan header) packed as wds and lmdb; returns (folders, bad key)."""
+    """25 images (one with a broken scan header) packed as wds and lmdb; returns (folders, bad key). Packed with
+    --no-scan-check: with it, pack rejects the broken file (tests/test_scan_check.py), and this is about a bad
+    sample inside a dataset (packed without the check, or by an older fastfeed)."""
     root = tmp_path_factory.mktemp("corrupt")
     tree = make_dataset(root / "src", num_images=25, num_classes=2, seed=2, workers=1)
     victim = tree / "class_001" / "img_0000007.jpg"
@@ -417,7 +419,7 @@ def corrupt_packed(tmp_path_factory, pack_cli):
     out = {}
     for fmt in FORMATS:
         out[fmt] = root / fmt
-        pack_cli(tree, out[fmt], "--format", fmt)
+        pack_cli(tree, out[fmt], "--format", fmt, "--no-scan-check")
     with open_dataset(out["wds"]) as ds:
         assert len(ds) == 25, "pack rejected the damaged image; the test needs it inside the dataset"
         hits = [str(ds.keys[i]) for i in range(len(ds)) if ds.read(i) == bad]

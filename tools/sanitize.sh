@@ -14,9 +14,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$root/.venv/bin/python}
 [ -x "$py" ] || py=python3
 which=${1:-all}
-# the native core: the ring, the JPEG transcoder (transcode_many runs its own threads), the tar writer
+# the native core: the ring, the JPEG transcoder (transcode_many runs its own threads), the tar writer, the
+# JPEG probe and scan check (check_jpegs and the writer's reader threads run them)
 tests=("$root/tests/test_ring.py" "$root/tests/test_ring_binding.py" "$root/tests/test_ring_shutdown.py"
-       "$root/tests/test_jpeg_transcode.py" "$root/tests/test_pack_native.py")
+       "$root/tests/test_jpeg_transcode.py" "$root/tests/test_pack_native.py" "$root/tests/test_image_probe.py"
+       "$root/tests/test_scan_check.py")
 
 run_variant() {
     local name=$1 flags=$2 runtime tmp log status
@@ -51,7 +53,10 @@ run_variant() {
         f'sanitize: imported {n.__file__}, not the instrumented build in $tmp')")
     echo "== sanitize [$flags]: ${tests[*]#$root/}"
     status=0
-    (cd "$tmp" && env "${env[@]}" "$py" -m pytest -q -p no:cacheprovider "${tests[@]}") >"$log" 2>&1 || status=$?
+    # DALI's decoder does not load under the sanitizer runtime (its dlopen of libnvimgcodec fails): its cases are
+    # left out; the native code they would exercise (the tar writer, the probe) runs in the other cases.
+    (cd "$tmp" && env "${env[@]}" "$py" -m pytest -q -p no:cacheprovider -k "not cpu-dali" "${tests[@]}") \
+        >"$log" 2>&1 || status=$?
     cat "$log"
     if grep -qE "(Address|Thread|UndefinedBehavior|Leak)Sanitizer|runtime error:" "$log"; then
         echo "== sanitize [$flags]: sanitizer reported problems (see above)" >&2

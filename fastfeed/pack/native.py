@@ -125,7 +125,8 @@ class NativeTarShardWriter:
     def bytes_written(self) -> int:
         return self._w.bytes_written
 
-    def add_samples(self, samples: Sequence[WdsSample], check: Check | None = None) -> list[SampleResult]:
+    def add_samples(self, samples: Sequence[WdsSample], check: Check | None = None, probe: bool = False,
+                    scan_check: bool = False) -> list[SampleResult]:
         """Append samples in order (each all or nothing); one result per sample.
 
         `check(i, data)` (optional) runs on this thread, in order, for each sample i whose files were read, before
@@ -136,20 +137,26 @@ class NativeTarShardWriter:
         native threads keep reading the next files. If it raises, the exception propagates and the writer is
         unusable (call abort()).
 
+        `probe=True`: the reader threads also read each first member's JPEG header (csrc/image_probe.h) and, with
+        `scan_check`, run the JPEG scan check (jpeg.check_scans) on it; `check` is then called as
+        `check(i, data, facts)` with the facts tuple pack/validate.check_image takes (None when not a JPEG whose
+        header walk succeeds).
+
         Raises OSError when the shard cannot be written (disk full...): the writer is then unusable, call abort().
         """
         exts: dict[int, str] = {}
         native_check = None
         if check is not None:
-            def native_check(i, data):
-                res = check(i, data)
+            def native_check(i, data, *facts):
+                res = check(i, data, *facts)
                 if res is None or isinstance(res, str):
                     return res
                 ext, new = res
                 exts[i] = ext
                 return (f"{samples[i].key}.{ext}", new)
 
-        raw = self._w.add([[(f"{s.key}.{e}", src) for e, src in s.members] for s in samples], native_check)
+        raw = self._w.add([[(f"{s.key}.{e}", src) for e, src in s.members] for s in samples], native_check,
+                          probe=probe, scan_check=scan_check)
         out = []
         lines = self._idx_lines
         for i, (s, (members, error, err)) in enumerate(zip(samples, raw)):

@@ -52,12 +52,17 @@ NO_TRANSCODER_NOTE = ("lossless JPEG transcoding unavailable (fastfeed._native b
                       "stored original bytes (--jpeg keep); progressive JPEGs will miss the GPU hardware decoder")
 
 
+NO_SCAN_CHECK_NOTE = ("JPEG scan check skipped (fastfeed._native built without libjpeg): a JPEG whose scans code "
+                      "fewer rows than its header claims is stored as is and may decode differently per decoder")
+
+
 @dataclass(frozen=True)
 class PackOptions:
     """Args: format 'wds'|'lmdb'; shard_size in bytes (wds); shuffle_seed None keeps source order; workers
     threads (None = all cores); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.jpeg.prepare) or None for the
     default ('baseline' when fastfeed.jpeg.HAVE_TRANSCODE, else 'keep'); quality for re-encoding; max_side
-    re-encodes larger images as JPEG at `quality`; num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN."""
+    re-encodes larger images as JPEG at `quality`; scan_check False skips the JPEG scan check (validate.py);
+    num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN."""
 
     format: str = "wds"
     shard_size: int = 1 << 30
@@ -67,6 +72,7 @@ class PackOptions:
     quality: int = 90
     max_side: int | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
+    scan_check: bool = True  # validate.LoadOptions.scan_check: JPEGs whose scans miss pixels are stored as PNG
     source_kind: str = "auto"
     num_parts: int = 1
     part: int = 0
@@ -185,6 +191,8 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     _check_options(o)
     mode, jpeg_note = resolve_jpeg_mode(o.jpeg_mode, _jpeg.HAVE_TRANSCODE)
     o = replace(o, jpeg_mode=mode)
+    if o.scan_check and not _jpeg.HAVE_SCAN_CHECK:
+        jpeg_note = "; ".join(n for n in (jpeg_note, NO_SCAN_CHECK_NOTE) if n)
     t0 = time.perf_counter()
     src = scan_source(src_path, o.source_kind)
     folder = part_folder(out, o.part) if o.num_parts > 1 else os.path.abspath(out)
@@ -207,7 +215,7 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
 
     native = use_native(o.format)
     writer = _Writer(folder, o, journal, len(shards), native)
-    load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels)
+    load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels, o.scan_check)
     bar = _progress(len(plan), start, o.progress)
     workers = o.workers or os.cpu_count() or 1
     # Small batches keep the bytes in cache between read, write and hash (8 MB batches in flight cost ~30%

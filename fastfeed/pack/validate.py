@@ -11,11 +11,20 @@ reads the same way (README "Decode contract"):
   orientation tag (eXIf chunk): the pixels every decoder then delivers are the contract's pixels of the original
   file under either orientation policy;
 - arithmetic-coded JPEGs: transcoded losslessly to baseline (native core), else converted to PNG;
+- JPEGs whose scans do not code every pixel (the frame header claims more rows than the scans hold, a bad
+  Huffman code, lost restart markers: the scan check, jpeg.check_scans) but that PIL loads: decoded by the
+  contract as PIL (and so torchvision) sees them, uncoded rows filled as PIL fills them, and stored as PNG
+  ("repaired_corrupt_scan"): stored as they are, nvJPEG would fill the gap with other pixels. The check needs the
+  native core's libjpeg; without it (`jpeg.HAVE_SCAN_CHECK` False) it is skipped and pack says so in its note
+  (a PIL decode cannot stand in: PIL fills the missing rows silently). A JPEG too large for the check's 1 GiB of
+  coefficient memory (4:4:4 near the default pixel limit) fails it too and is stored as PNG: PIL's pixels, larger;
 - the rest is rejected with the reason (not an image, truncated, decompression bomb, PIL cannot decode it).
 Each fix or conversion is named by a code on `Loaded.change` (CHANGES) that the manifest counts.
 
-Cost: JPEGs (the bulk of any dataset) are checked from the header and the last bytes only (the benchmark target
-is 0.7x `tar -cf`'s MB/s); only a JPEG that does not end in EOI is scanned for the end of its first image. PNGs
+Cost: JPEGs (the bulk of any dataset) are checked from the header and the last bytes, plus the scan check (an
+entropy-decoding pass, no IDCT: the bulk of pack's CPU time, see benchmarks/RESULTS.md; `LoadOptions.scan_check`
+False, `fastfeed pack --no-scan-check`, skips it); only a JPEG that does not end in EOI is scanned for the end of
+its first image. PNGs
 get their compressed pixel data inflated and its length checked against the header (DALI refuses a PNG whose
 data is shorter than its header says while PIL silently accepts it). Converted files are fully decoded. Every
 failure becomes a reason string, never an exception.
@@ -33,7 +42,7 @@ from fastfeed import jpeg
 from fastfeed.headers import exif_orientation, jpeg_end, png_data_ok, png_facts
 
 __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS",
-           "CHANGES", "TRIMMED", "DROPPED_JUNK", "CONVERTED", "TRANSCODED", "REENCODED", "DOWNSCALED"]
+           "CHANGES", "TRIMMED", "DROPPED_JUNK", "CONVERTED", "REPAIRED", "TRANSCODED", "REENCODED", "DOWNSCALED"]
 
 # Formats stored as they are (after lossless fixes); every other image PIL opens is converted to PNG.
 SUPPORTED_FORMATS = ("jpeg", "png")
@@ -43,10 +52,12 @@ EXTENSIONS = {"jpeg": "jpg", "png": "png"}
 TRIMMED = "trimmed_trailing_data"  # bytes after the JPEG EOI / PNG IEND dropped (pixels identical)
 DROPPED_JUNK = "dropped_leading_junk"  # bytes before the JPEG SOI or between SOI and the first marker dropped
 CONVERTED = "converted_to_png"  # decoded by the decode contract and stored as 8-bit PNG (contract pixels identical)
+# A JPEG failing the scan check, decoded by PIL (the reference) and stored as PNG: PIL's pixels identical.
+REPAIRED = "repaired_corrupt_scan"
 TRANSCODED = "transcoded_baseline"  # JPEG entropy coding changed to baseline Huffman (pixels identical)
 REENCODED = "reencoded_jpeg"  # --jpeg reencode: lossy
 DOWNSCALED = "downscaled_max_side"  # --max-side: lossy
-CHANGES = (TRIMMED, DROPPED_JUNK, CONVERTED, TRANSCODED, REENCODED, DOWNSCALED)
+CHANGES = (TRIMMED, DROPPED_JUNK, CONVERTED, REPAIRED, TRANSCODED, REENCODED, DOWNSCALED)
 # When several apply to one file, the code reported is the one that changed the most (later in this order).
 _WEIGHT = {c: i for i, c in enumerate(CHANGES)}
 _JUNK_SCAN = 1 << 16  # junk between a JPEG's SOI and its first marker is looked for only this far in
@@ -71,6 +82,7 @@ class LoadOptions:
     quality: int = 90
     max_side: int | None = None  # re-encode images whose longer side exceeds this
     max_pixels: int = DEFAULT_MAX_PIXELS
+    scan_check: bool = True  # run the JPEG scan check (when the native core has libjpeg: jpeg.HAVE_SCAN_CHECK)
 
 
 @dataclass(frozen=True)
@@ -111,11 +123,17 @@ def load_image(path: str, opts: LoadOptions) -> Loaded | Rejected:
     return check_image(data, opts)
 
 
-def check_image(data, opts: LoadOptions) -> Loaded | Rejected:
+def check_image(data, opts: LoadOptions, facts: tuple | None = None) -> Loaded | Rejected:
     """Validate (and, per `opts` and the module docstring, fix or convert) one image held in `data` (bytes or a
-    memoryview). Never raises on bad image bytes: every problem becomes a Rejected reason."""
+    memoryview). Never raises on bad image bytes: every problem becomes a Rejected reason.
+
+    `facts`: what the native reader threads found in this very `data` (pack/native.py `add_samples(probe=True)`:
+    csrc/image_probe.h, a mirror of the Python header walk, plus the scan check), given only for a JPEG whose
+    header walk succeeded; the decision is the same as without it, only the bytes are not walked again here."""
     if not len(data):
         return Rejected("empty file (0 bytes)")
+    if facts is not None:
+        return _check_jpeg(data, opts, None, facts)
     fmt = _sniff(bytes(data[:16]))
     if fmt is None and bytes(data[:2]) == b"\xff\xd8":  # SOI, then junk before the first marker
         return _check_jpeg(data, opts, None)
@@ -134,21 +152,44 @@ def check_image(data, opts: LoadOptions) -> Loaded | Rejected:
     return _convert(data, fmt, opts, None)
 
 
-def _check_jpeg(data, opts: LoadOptions, change: str | None) -> Loaded | Rejected:
-    try:
-        info = _probe(data)
-    except jpeg.ImageProbeError as e:
-        fixed = _drop_junk_after_soi(data)
-        if fixed is None:
-            return Rejected(f"bad image header: {e}")
-        data, change = fixed, DROPPED_JUNK
+def _check_jpeg(data, opts: LoadOptions, change: str | None, facts: tuple | None = None) -> Loaded | Rejected:
+    info = scan = None
+    if facts is not None:
+        marker, sof, jfif, adobe, orientation, ends_with_eoi, scan = facts
+        try:
+            info = jpeg.jpeg_info(marker, sof, jfif, adobe, orientation)
+        except jpeg.ImageProbeError:
+            facts = scan = None  # the walk below raises the same error and tries the junk fix
+    if info is None:
         try:
             info = _probe(data)
-        except jpeg.ImageProbeError as e2:
-            return Rejected(f"bad image header: {e2}")
+        except jpeg.ImageProbeError as e:
+            return _check_jpeg_unreadable(data, opts, e)
+    return _check_jpeg_info(data, opts, change, info, facts[5] if facts is not None else None, scan)
+
+
+def _check_jpeg_unreadable(data, opts: LoadOptions, e: jpeg.ImageProbeError) -> Loaded | Rejected:
+    """The header walk failed: junk between SOI and the first marker is dropped, else the file is rejected."""
+    fixed = _drop_junk_after_soi(data)
+    if fixed is None:
+        return Rejected(f"bad image header: {e}")
+    data, change = fixed, DROPPED_JUNK
+    try:
+        info = _probe(data)
+    except jpeg.ImageProbeError as e2:
+        return Rejected(f"bad image header: {e2}")
+    return _check_jpeg_info(data, opts, change, info, None, None)
+
+
+def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.ImageInfo, ends_with_eoi: bool | None,
+                     scan: str | None) -> Loaded | Rejected:
+    """The rest of the JPEG decision once the header is read; `ends_with_eoi` / `scan` (the scan check's answer
+    for these very bytes: '' clean, else libjpeg's message) when the native readers found them, else None."""
     if info.width * info.height > opts.max_pixels:
         return _bomb(info, opts)
-    if not _tail(data).endswith(b"\xff\xd9"):
+    if ends_with_eoi is None:
+        ends_with_eoi = _tail(data).endswith(b"\xff\xd9")
+    if not ends_with_eoi:
         end = jpeg_end(data)
         if end is None:
             return Rejected("truncated JPEG (no end-of-image marker)")
@@ -158,6 +199,10 @@ def _check_jpeg(data, opts: LoadOptions, change: str | None) -> Loaded | Rejecte
         what = (f"{info.precision}-bit JPEG" if info.precision != 8 else
                 f"{info.colorspace.upper()} JPEG" if info.colorspace in ("cmyk", "ycck") else "lossless/extended JPEG")
         return _convert(data, "jpeg", opts, change, what=what)
+    if opts.scan_check and jpeg.HAVE_SCAN_CHECK:
+        err = (scan or None) if scan is not None and change is None else jpeg.check_scans([data], 1)[0]
+        if err is not None:
+            return _convert(data, "jpeg", opts, change, what=f"JPEG with corrupt scan data ({err})", code=REPAIRED)
     if info.jpeg_kind == jpeg.KIND_ARITHMETIC and opts.jpeg_mode == "keep":
         # Not every decoder of every path reads arithmetic coding: make it baseline (or PNG) even in keep mode.
         if jpeg.HAVE_TRANSCODE:
@@ -222,8 +267,10 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
 # ---- conversion ----------------------------------------------------------------------------------------------
 
 
-def _convert(data, fmt: str, opts: LoadOptions, change: str | None, what: str | None = None) -> Loaded | Rejected:
-    """Decode by the decode contract and store as an 8-bit grey or RGB PNG (or reject with the reason)."""
+def _convert(data, fmt: str, opts: LoadOptions, change: str | None, what: str | None = None,
+             code: str = CONVERTED) -> Loaded | Rejected:
+    """Decode by the decode contract and store as an 8-bit grey or RGB PNG (or reject with the reason); `code` is
+    the change reported."""
     from PIL import Image, UnidentifiedImageError
 
     from fastfeed.decode.contract import GREY_MODES, to_rgb, to_8bit
@@ -263,7 +310,7 @@ def _convert(data, fmt: str, opts: LoadOptions, change: str | None, what: str | 
     png = buf.getvalue()
     info = jpeg.ImageInfo("png", out.width, out.height, jpeg.KIND_NOT_JPEG, None,
                           "gray" if grey else "rgb", False, orientation=exif_orientation(png))
-    res = _maybe_convert(png, "png", info, opts, _worse(change, CONVERTED))
+    res = _maybe_convert(png, "png", info, opts, _worse(change, code))
     if isinstance(res, Loaded) and not res.transcoded:
         res = Loaded(res.data, res.ext, res.width, res.height, res.jpeg_kind, True, res.hw_decodable, res.note,
                      res.change, res.orientation)

@@ -4,7 +4,9 @@ Used by run.py when the native core has the tar writer (`HAVE_NATIVE_WRITER`); p
 fallback. The plan, the journal commits, the shard boundaries, the samples.npz rows and the rejection reasons are
 those of the Python path (tests/test_pack_native_wired.py packs the same trees both ways and compares every file):
 - validation is pack/validate.check_image, run through the writer's `check` hook on the bytes the native threads
-  read (no copy); a trimmed or converted image is handed back and stored instead;
+  read (no copy), with the facts those threads found in them (the JPEG header probe, the scan check: the per-file
+  byte work runs in parallel, the hook only decides); a trimmed or converted image is handed back and stored
+  instead;
 - a shard ends where the Python writer ends it (`bytes_written + stored size > shard_size` with samples in the
   shard), decided inside the hook, where the stored size is known: that sample and the rest of the call are left
   out ("deferred") and submitted again to the next shard. Calls are cut near the expected boundary from the stat
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, replace
 
+from fastfeed.jpeg import HAVE_SCAN_CHECK
 from fastfeed.pack.native import HAVE_NATIVE_WRITER, NativeTarShardWriter, wds_sample
 from fastfeed.pack.reader import _read_into
 from fastfeed.pack.validate import LoadOptions, Rejected, check_image, stat_size
@@ -104,11 +107,11 @@ def pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, bar
         if todo:
             tar = fmt.open()
 
-            def check(j, data):
+            def check(j, data, facts):
                 nonlocal deferred
                 if j >= deferred:
                     return _DEFER
-                res = check_image(data, opts)
+                res = check_image(data, opts, facts)
                 if isinstance(res, Rejected):
                     loaded[j] = res
                     return res.reason
@@ -124,7 +127,9 @@ def pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, bar
                     return None
                 return res.ext, bytes(res.data)
 
-            results = tar.add_samples([wds_sample(k, e.path, "jpg", e.label, m) for _, e, k, m, _ in todo], check)
+            # The reader threads probe each JPEG's header (and run the scan check): check_image decides from that.
+            results = tar.add_samples([wds_sample(k, e.path, "jpg", e.label, m) for _, e, k, m, _ in todo], check,
+                                      probe=True, scan_check=opts.scan_check and HAVE_SCAN_CHECK)
         j = 0
         stop = None
         for p, e, key, meta, size in chunk:

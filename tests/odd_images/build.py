@@ -84,6 +84,15 @@ def _rows(a: np.ndarray) -> bytes:
     return b"".join(b"\x00" + flat[i].tobytes() for i in range(h))
 
 
+def _scan_repair() -> str | None:
+    """The change code pack reports for a JPEG whose scans miss pixels: None when it cannot check scans."""
+    try:
+        from fastfeed.jpeg import HAVE_SCAN_CHECK
+    except ImportError:  # run standalone (the device's corpus tool): fastfeed's native core has libjpeg there
+        return "repaired_corrupt_scan"
+    return "repaired_corrupt_scan" if HAVE_SCAN_CHECK else None
+
+
 def _sof_patch(jpeg: bytes, marker: int | None = None, precision: int | None = None,
                height: int | None = None, width: int | None = None) -> bytes:
     """Rewrite fields of the first SOF segment in place (header-faked files)."""
@@ -171,8 +180,10 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     rej("jpeg_truncated.jpg", base[: len(base) // 2], "truncated")
     rej("jpeg_12bit_header.jpg", _sof_patch(base, marker=0xC1, precision=12), "12-bit")
     rej("jpeg_bomb_header.jpg", _sof_patch(base, height=40000, width=40000), "decompression bomb")
-    # The frame header claims 3x the rows the scan holds: libjpeg (PIL and DALI alike) fills the rest with grey.
-    acc("jpeg_header_lie.jpg", _sof_patch(base, height=H * 3))
+    # The frame header claims 3x the rows the scan holds: libjpeg (PIL, DALI's CPU decoder) fills the rest with grey,
+    # nvJPEG with other pixels (112/255 mean difference on an H200). Pack's scan check finds it and stores PIL's
+    # pixels as PNG (without libjpeg in fastfeed's native core the check is skipped and the file stored as is).
+    acc("jpeg_header_lie.jpg", _sof_patch(base, height=H * 3), change=_scan_repair())
 
     # -- PNG as stored
     acc("png_rgb.png", _enc(im, "PNG"))

@@ -1,0 +1,104 @@
+// See image_probe.h: every branch below has its twin in fastfeed/jpeg.py `_probe_jpeg`, fastfeed/headers.py
+// `tiff_orientation` or fastfeed/pack/validate.py `_tail`; change them together.
+#include "image_probe.h"
+
+#include <cstring>
+
+namespace fastfeed {
+namespace {
+
+bool is_standalone(int m) { return m == 0x01 || (m >= 0xD0 && m <= 0xD7); }
+
+bool is_sof(int m) {
+    return (m >= 0xC0 && m <= 0xC3) || (m >= 0xC5 && m <= 0xC7) || (m >= 0xC9 && m <= 0xCB) || (m >= 0xCD && m <= 0xCF);
+}
+
+std::uint32_t rd16(const std::uint8_t* p, bool le) {
+    return le ? (p[0] | (p[1] << 8)) : ((p[0] << 8) | p[1]);
+}
+
+std::uint32_t rd32(const std::uint8_t* p, bool le) {
+    return le ? (std::uint32_t(p[0]) | (std::uint32_t(p[1]) << 8) | (std::uint32_t(p[2]) << 16) |
+                 (std::uint32_t(p[3]) << 24))
+              : ((std::uint32_t(p[0]) << 24) | (std::uint32_t(p[1]) << 16) | (std::uint32_t(p[2]) << 8) |
+                 std::uint32_t(p[3]));
+}
+
+bool is_pad(std::uint8_t b) { return b == 0x00 || b == '\r' || b == '\n' || b == ' '; }
+
+// validate.py `_tail(data).endswith(b"\xff\xd9")`: the last 512 bytes without trailing padding (the whole file
+// when those 512 are all padding) end in FF D9.
+bool ends_with_eoi(const std::uint8_t* d, std::size_t n) {
+    constexpr std::size_t kTail = 512;
+    const std::size_t window = n > kTail ? n - kTail : 0;  // first byte of the last-512 window
+    std::size_t end = n;
+    while (end > window && is_pad(d[end - 1])) --end;
+    std::size_t lo = window;
+    if (end == window && n > kTail) {  // all padding: Python strips the whole file
+        while (end > 0 && is_pad(d[end - 1])) --end;
+        lo = 0;
+    }
+    return end >= lo + 2 && d[end - 2] == 0xFF && d[end - 1] == 0xD9;
+}
+
+}  // namespace
+
+int tiff_orientation(const std::uint8_t* t, std::size_t n) {
+    if (n < 8) return 1;
+    const bool le = std::memcmp(t, "II*\0", 4) == 0;
+    if (!le && std::memcmp(t, "MM\0*", 4) != 0) return 1;
+    const std::uint64_t ifd = rd32(t + 4, le);
+    if (ifd + 2 > n) return 1;
+    const std::uint32_t count = rd16(t + ifd, le);
+    for (std::uint32_t k = 0; k < count; ++k) {
+        const std::uint64_t at = ifd + 2 + 12 * std::uint64_t(k);
+        if (at + 12 > n) return 1;
+        const std::uint32_t tag = rd16(t + at, le), typ = rd16(t + at + 2, le), cnt = rd32(t + at + 4, le);
+        if (tag == 0x0112) {
+            if (typ != 3 || cnt < 1) return 1;
+            const std::uint32_t v = rd16(t + at + 8, le);
+            return v >= 1 && v <= 8 ? static_cast<int>(v) : 1;
+        }
+    }
+    return 1;
+}
+
+bool probe_jpeg(const std::uint8_t* d, std::size_t n, JpegFacts& out) {
+    out = JpegFacts{};
+    if (n < 3 || d[0] != 0xFF || d[1] != 0xD8 || d[2] != 0xFF) return false;
+    std::size_t pos = 2;
+    bool have_sof = false;
+    while (true) {
+        if (pos >= n || d[pos] != 0xFF) return false;
+        while (pos < n && d[pos] == 0xFF) ++pos;
+        if (pos >= n) return false;
+        const int marker = d[pos++];
+        if (is_standalone(marker)) continue;
+        if (marker == 0xD9 || marker == 0x00 || marker == 0xD8) return false;
+        if (pos + 2 > n) return false;
+        const std::size_t length = (std::size_t(d[pos]) << 8) | d[pos + 1];
+        if (length < 2 || pos + length > n) return false;
+        const std::uint8_t* seg = d + pos + 2;
+        const std::size_t seg_len = length - 2;
+        pos += length;
+        if (marker == 0xE0 && seg_len >= 5 && std::memcmp(seg, "JFIF\0", 5) == 0) {
+            out.jfif = true;
+        } else if (marker == 0xE1 && seg_len >= 6 && std::memcmp(seg, "Exif\0\0", 6) == 0 && out.orientation == 1) {
+            out.orientation = tiff_orientation(seg + 6, seg_len - 6);
+        } else if (marker == 0xEE && seg_len >= 12 && std::memcmp(seg, "Adobe", 5) == 0) {
+            out.adobe_transform = seg[11];
+        } else if (is_sof(marker)) {
+            if (have_sof) return false;  // more than one frame header
+            have_sof = true;
+            out.sof_marker = marker;
+            out.sof_segment.assign(reinterpret_cast<const char*>(seg), seg_len);
+        } else if (marker == 0xDA) {
+            break;
+        }
+    }
+    if (!have_sof) return false;
+    out.ends_with_eoi = ends_with_eoi(d, n);
+    return true;
+}
+
+}  // namespace fastfeed
