@@ -47,7 +47,6 @@ __all__ = ["PackOptions", "PackResult", "PackError", "pack", "part_folder", "res
 # Everything `--overwrite` may delete; anything else in OUT makes the pack refuse to touch the folder.
 OWNED_NAMES = ("fastfeed.json", "samples.npz", "rejected.jsonl", "data.lmdb", JOURNAL_DIR)
 _BATCH_FILES = 4
-_MAX_NOTES = 1000  # transcode_failed entries listed in the manifest (all are counted)
 NO_TRANSCODER_NOTE = ("lossless JPEG transcoding unavailable (fastfeed._native built without libjpeg): "
                       "stored original bytes (--jpeg keep); progressive JPEGs will miss the GPU hardware decoder")
 
@@ -378,10 +377,6 @@ def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: f
                      **({"jpeg_note": jpeg_note} if jpeg_note else {})),
         part={"index": o.part, "count": o.num_parts} if o.num_parts > 1 else None,
         created_by=f"fastfeed {__version__}",
-        extra={
-            # what --jpeg did, by action; samples.npz `transcoded` says which samples changed
-            "jpeg_actions": {"transcoded": int(table["transcoded"].sum()), "transcode_failed": len(notes)},
-            "transcode_failed": notes[:_MAX_NOTES],
-        },
+        extra=tbl.jpeg_extra(int(table["transcoded"].sum()), notes, len(notes)),
     )
     return PackResult(folder, manifest, rejected, time.perf_counter() - t0, src.hidden_skipped, src.symlink_note())

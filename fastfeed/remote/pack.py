@@ -24,11 +24,12 @@ import tempfile
 from dataclasses import asdict, replace
 
 from fastfeed.pack import PackError, PackOptions, PackResult, merge, pack
-from fastfeed.pack.run import OWNED_NAMES
+from fastfeed.pack.merge import part_names
+from fastfeed.pack.run import OWNED_NAMES, part_folder
 from fastfeed.remote.store import is_url, join, local_path, retrying, url_to_fs
 from fastfeed.types import MANIFEST_NAME, Manifest
 
-__all__ = ["add_arguments", "pack_any", "pack_ray", "upload_dataset", "ENGINES"]
+__all__ = ["add_arguments", "pack_any", "pack_ray", "merge_any", "upload_dataset", "ENGINES"]
 
 ENGINES = ("local", "ray")
 _JOURNAL = ".fastfeed-pack"
@@ -56,12 +57,14 @@ def pack_any(src: str, out: str, o: PackOptions, *, engine: str = "local", ray_a
     temps: list[str] = []
     try:
         local_out = out
+        # One part of a --num-parts pack (a Slurm array task) to a URL lands in OUT/part-NNNNN, with its own
+        # manifest last; `fastfeed merge OUT` joins the parts there. --engine ray merges before the upload.
+        target = out
         if is_url(out) and o.num_parts > 1 and engine != "ray":
-            raise PackError("--num-parts/--part with a URL as OUT: the parts could not be merged there; use "
-                            "--engine ray (parts are merged before the upload), or pack the parts into a shared "
-                            "folder, `fastfeed merge` it, then upload (README: Packing on a cluster)")
+            target = f"{out.rstrip('/')}/{part_folder('', o.part)}"
+            _check_not_merged(out, storage_options)
         if is_url(out):  # before any download or packing: refuse early
-            _check_remote_out(out, o, storage_options)
+            _check_remote_out(target, o, storage_options)
             if staging is None:
                 local_out = tempfile.mkdtemp(prefix="fastfeed-stage-")
                 temps.append(local_out)
@@ -78,9 +81,9 @@ def pack_any(src: str, out: str, o: PackOptions, *, engine: str = "local", ray_a
             result = replace(result, manifest=replace(result.manifest, source=src))
         if is_url(out):
             if o.overwrite:
-                _clear_remote(out, storage_options, retry_timeout)
-            upload_dataset(result.folder, out, storage_options, retry_timeout)
-            result = replace(result, folder=out)
+                _clear_remote(target, storage_options, retry_timeout)
+            upload_dataset(result.folder, target, storage_options, retry_timeout)
+            result = replace(result, folder=target)
         if is_url(src) or is_url(out):  # the summary's rate covers the transfers too
             result = replace(result, seconds=time.perf_counter() - t0)
         return result
@@ -146,6 +149,41 @@ def _pack_part(src: str, out: str, opts: dict) -> dict:
     return {"rejected": r.rejected, "hidden_skipped": r.hidden_skipped}
 
 
+def merge_any(out: str, *, staging: str | None = None, storage_options: dict | None = None,
+              retry_timeout: float | None = None) -> tuple[Manifest, int]:
+    """`fastfeed merge` with OUT a local folder or an fsspec URL; returns (the manifest, the number of parts).
+
+    A URL: the parts are downloaded into `staging` (default a temporary folder, removed afterwards), merged there
+    (fastfeed.pack.merge), the merged dataset is uploaded with its manifest last (upload_dataset), and only then
+    are the remote parts deleted: a reader sees the parts, or the parts and a complete dataset, or the dataset."""
+    out = local_path(out)
+    if not is_url(out):
+        count = len(part_names(os.listdir(out))) if os.path.isdir(out) else 0
+        return merge(out), count
+    fs, base = url_to_fs(out, storage_options)
+    names = retrying(lambda: _remote_names(fs, base), f"list {out}", retry_timeout)
+    if MANIFEST_NAME in names:
+        raise PackError(f"{out} already holds a merged dataset; delete {MANIFEST_NAME} there to merge again")
+    parts = part_names({n.split("/", 1)[0] for n in names if "/" in n})
+    if not parts:
+        raise PackError(f"{out}: no part-NNNNN folders to merge")
+    if staging is not None and os.path.isdir(staging) and os.listdir(staging):
+        raise PackError(f"--staging {staging} is not empty")
+    local = tempfile.mkdtemp(prefix="fastfeed-merge-") if staging is None else os.path.abspath(staging)
+    try:
+        for p in parts:
+            _download_tree(f"{out.rstrip('/')}/{p}", os.path.join(local, p), storage_options, retry_timeout)
+        manifest = merge(local)
+        upload_dataset(local, out, storage_options, retry_timeout)
+        for n in sorted(names):
+            if n.split("/", 1)[0] in parts:
+                retrying(lambda: fs.rm_file(join(base, n)), f"delete {out}/{n}", retry_timeout)
+        return manifest, len(parts)
+    finally:
+        if staging is None:
+            shutil.rmtree(local, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------- remote folders
 def upload_dataset(folder: str, url: str, storage_options: dict | None = None,
                    retry_timeout: float | None = None) -> None:
@@ -187,6 +225,12 @@ def _check_remote_out(url: str, o: PackOptions, storage_options: dict | None) ->
     if MANIFEST_NAME in names:
         raise PackError(f"{url} already holds a packed dataset; pass --overwrite to replace it")
     raise PackError(f"{url} is not empty; pass --overwrite (only fastfeed's own objects are deleted)")
+
+
+def _check_not_merged(url: str, storage_options: dict | None) -> None:
+    fs, base = url_to_fs(url, storage_options)
+    if fs.exists(join(base, MANIFEST_NAME)):
+        raise PackError(f"{url} already holds a packed dataset; a part cannot be added to it")
 
 
 def _check_bucket(fs, url: str, base: str) -> None:
