@@ -42,7 +42,8 @@ from fastfeed.pack.wds_native import NativeWdsWriter, pack_native, use_native
 from fastfeed.pack.writers import meta_bytes
 from fastfeed.types import MANIFEST_NAME, Manifest, ShardInfo
 
-__all__ = ["PackOptions", "PackResult", "PackError", "pack", "part_folder", "resolve_jpeg_mode", "OWNED_NAMES"]
+__all__ = ["PackOptions", "PackResult", "PackError", "pack", "part_folder", "clear_folder", "resolve_jpeg_mode",
+           "OWNED_NAMES"]
 
 # Everything `--overwrite` may delete; anything else in OUT makes the pack refuse to touch the folder.
 OWNED_NAMES = ("fastfeed.json", "samples.npz", "rejected.jsonl", "data.lmdb", JOURNAL_DIR)
@@ -137,15 +138,22 @@ def _check_options(o: PackOptions) -> None:
         raise PackError("--resume and --overwrite contradict each other")
 
 
+def clear_folder(folder: str) -> None:
+    """`--overwrite`: delete fastfeed's files (OWNED_NAMES, shards, parts) in `folder`; refuse if it holds others."""
+    if not os.path.isdir(folder):
+        return
+    strangers = [n for n in os.listdir(folder) if not _owned(n)]
+    if strangers:
+        raise PackError(f"{folder} holds files fastfeed did not write ({', '.join(sorted(strangers)[:3])}...); "
+                        f"refusing to overwrite it")
+    for n in os.listdir(folder):
+        p = os.path.join(folder, n)
+        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+
+
 def _prepare_folder(folder: str, o: PackOptions, journal: Journal) -> None:
-    if o.overwrite and os.path.isdir(folder):
-        strangers = [n for n in os.listdir(folder) if not _owned(n)]
-        if strangers:
-            raise PackError(f"{folder} holds files fastfeed did not write ({', '.join(sorted(strangers)[:3])}...); "
-                            f"refusing to overwrite it")
-        for n in os.listdir(folder):
-            p = os.path.join(folder, n)
-            shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+    if o.overwrite:
+        clear_folder(folder)
     os.makedirs(folder, exist_ok=True)
     if os.path.exists(os.path.join(folder, MANIFEST_NAME)):
         raise PackError(f"{folder} already holds a packed dataset; pass --overwrite to replace it")
@@ -187,6 +195,9 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     t0 = time.perf_counter()
     src = scan_source(src_path, o.source_kind)
     folder = part_folder(out, o.part) if o.num_parts > 1 else os.path.abspath(out)
+    if o.num_parts > 1 and os.path.exists(os.path.join(out, MANIFEST_NAME)):  # merged already: parts are gone
+        raise PackError(f"{os.path.abspath(out)} already holds a packed dataset; a part cannot be added to it "
+                        f"(delete it, or pack into another folder)")
     journal = Journal(folder)
     _prepare_folder(folder, o, journal)
     plan, key_width = _plan(src, o)

@@ -25,7 +25,7 @@ from dataclasses import asdict, replace
 
 from fastfeed.pack import PackError, PackOptions, PackResult, merge, pack
 from fastfeed.pack.merge import part_names
-from fastfeed.pack.run import OWNED_NAMES, part_folder
+from fastfeed.pack.run import OWNED_NAMES, clear_folder, part_folder
 from fastfeed.remote.store import is_url, join, local_path, retrying, url_to_fs
 from fastfeed.types import MANIFEST_NAME, Manifest
 
@@ -114,20 +114,38 @@ def pack_ray(src: str, out: str, o: PackOptions, address: str | None = None) -> 
     try:
         k = o.num_parts if o.num_parts > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
         out = os.path.abspath(out)
+        if o.overwrite:  # the merged dataset and every part go, here, before any task writes
+            clear_folder(out)
         opts = asdict(replace(o, num_parts=k, progress=False, workers=o.workers or 2))
         task = ray.remote(num_cpus=1, max_retries=0)(_pack_part)
         refs = [task.remote(os.path.abspath(src), out, dict(opts, part=i)) for i in range(k)]
-        try:
-            results = ray.get(refs)
-        except ray.exceptions.RayTaskError as e:  # the part's own error (e.g. PackError), not Ray's traceback
-            cause = getattr(e, "cause", None) or e
-            raise PackError(f"a Ray pack task failed: {cause}") from None
+        results = _gather(ray, refs)
     finally:
         if started:
             ray.shutdown()
     rejected = [r for part in results for r in part["rejected"]]
     manifest = merge(out)
     return PackResult(out, manifest, rejected, time.perf_counter() - t0, sum(r["hidden_skipped"] for r in results))
+
+
+def _gather(ray, refs: list) -> list:
+    """Every task's result; on the first failure, the other tasks are cancelled and waited for before the error
+    (the part's own, e.g. a PackError, not Ray's traceback) is raised: no task may still be writing into OUT
+    when pack_ray returns (a retry right after would find its part folders in use). A cancelled part keeps its
+    journal, so `--resume` finishes it."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(done[0])
+        except ray.exceptions.RayTaskError as e:
+            for r in pending:
+                ray.cancel(r)
+            if pending:
+                ray.wait(pending, num_returns=len(pending))
+            cause = getattr(e, "cause", None) or e
+            raise PackError(f"a Ray pack task failed: {cause}") from None
+    return ray.get(refs)
 
 
 def _probe(address: str | None, timeout: float = 10.0) -> None:
