@@ -10,9 +10,14 @@ local packer only ever sees the staging path.
 SRC a URL: the tree is downloaded to a temporary folder first (simple and correct); the manifests record the URL
 as `source`.
 
+`--num-parts K --part i` with OUT a URL (a Slurm array writing to object storage): the part is uploaded to
+OUT/part-NNNNN, its manifest last; `fastfeed merge OUT` (merge_any) downloads the parts, merges them locally,
+uploads the dataset with its manifest last, then deletes the remote parts.
+
 `--engine ray`: the K parts of the existing `--num-parts/--part` plan (K = --num-parts, or the cluster's CPUs
 when not given) run as Ray tasks (a local Ray started here, or `--ray-address`), each into OUT/part-NNNNN, then
-`fastfeed.pack.merge` joins them exactly as `fastfeed merge` would. On a multi-node cluster OUT (or --staging,
+`fastfeed.pack.merge` joins them exactly as `fastfeed merge` would: the result is byte-identical to a
+one-process pack with the same options (pack/merge.py says how). On a multi-node cluster OUT (or --staging,
 when OUT is a URL) must be a folder every node sees.
 """
 from __future__ import annotations
