@@ -9,6 +9,7 @@ manifest lists and readers never open), is left out.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from fastfeed.pack import PackError, PackOptions, merge, pack
 from odd_images.build import build_corpus
@@ -33,6 +35,12 @@ def tree(tmp_path_factory) -> Path:
     cases = build_corpus(str(root / "odd"))
     assert any(c.change for c in cases) and any(c.expect == "reject" for c in cases)
     (root / "odd" / "empty.jpg").write_bytes(b"")
+    for n, p in enumerate(sorted(root.glob("*/*.jpg"))[:3]):  # progressive JPEGs libjpeg refuses to transcode
+        buf = io.BytesIO()
+        Image.open(p).save(buf, "JPEG", progressive=True, quality=85)
+        good = buf.getvalue()
+        sos = good.index(b"\xff\xda")
+        (root / "odd" / f"corrupt{n}.jpg").write_bytes(good[: sos + 400] + bytes(300) + good[sos + 700 :])
     return root
 
 
@@ -76,6 +84,7 @@ def test_parts_plus_merge_are_byte_identical_to_one_pack(tree, tmp_path, monkeyp
     single = tmp_path / "single"
     m = pack(str(tree), str(single), PackOptions(format=fmt, **opts)).manifest
     assert m.rejected > 0 and m.changes
+    assert m.extra["jpeg_actions"]["transcode_failed"] == (3 if m.options["jpeg_mode"] == "baseline" else 0)
     assert fmt == "lmdb" or opts["shard_size"] > 1e6 or len(m.shards) >= 3
     out = tmp_path / "parts"
     for i in (2, 0, 1):  # any order, as a job array runs them
