@@ -11,7 +11,7 @@ import sys
 
 COMMANDS = {
     "pack": "pack an image folder or a CSV/JSONL list into WebDataset shards or LMDB",
-    "merge": "join the manifests of a pack split with --num-parts into one dataset",
+    "merge": "join the parts of a --num-parts pack (folder or URL) into the dataset one pack would write",
     "inspect": "print a packed dataset's manifest summary",
     "verify": "check shard checksums and decode every image; non-zero exit on corruption",
     "demo-data": "write a synthetic ImageNet-like JPEG folder tree",

@@ -12,6 +12,8 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,6 +162,37 @@ def test_pack_refuses_an_existing_remote_dataset_and_overwrite_replaces_it(s3, d
     proc = _cli("pack", str(demo_tree), f"s3://{BUCKET}/strangers", "--quiet", "--overwrite")
     assert proc.returncode == 2 and "did not write" in proc.stderr
     assert fs.cat(f"{BUCKET}/strangers/notes.txt") == b"mine"
+
+
+def _local_files(root) -> dict[str, bytes]:
+    root = Path(root)
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_parts_packed_to_s3_are_merged_there_into_the_one_process_pack(s3, demo_tree, wds_path, cache_dir,
+                                                                       tmp_path):
+    """A Slurm array writing to object storage: each part uploads to URL/part-NNNNN, then `fastfeed merge URL`
+    leaves exactly the files of a one-process pack there (every object compared byte for byte), the parts gone."""
+    from fastfeed.pack import PackOptions
+    from fastfeed.remote.pack import pack_any
+
+    url = f"s3://{BUCKET}/merged"
+    opts = PackOptions(shard_size=4_000_000, num_parts=3)  # wds_path: the same tree, options and shard size
+    for i in (0, 2):
+        pack_any(str(demo_tree), url, replace(opts, part=i))
+    proc = _cli("merge", url)
+    assert proc.returncode == 2 and "parts [1] of 3 are missing" in proc.stderr
+    pack_any(str(demo_tree), url, replace(opts, part=1))
+    fs = s3.fs()
+    assert {p.split("/merged/", 1)[1].split("/")[0] for p in fs.find(f"{BUCKET}/merged")} == {
+        "part-00000", "part-00001", "part-00002"}
+    proc = _cli("merge", url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("merged 3 parts: ")
+    fs.get(f"{BUCKET}/merged/", str(tmp_path / "down") + "/", recursive=True)
+    assert _local_files(tmp_path / "down") == _local_files(wds_path)
+    assert _cli("merge", url).stderr.endswith("already holds a merged dataset; delete fastfeed.json there to "
+                                              "merge again\n")
 
 
 def test_pack_to_a_missing_bucket_fails_before_packing(s3, demo_tree, tmp_path):

@@ -1,4 +1,5 @@
-"""`fastfeed merge OUT`: join OUT/part-NNNNN (from `pack --num-parts K --part i`) into one dataset."""
+"""`fastfeed merge OUT`: join OUT/part-NNNNN (from `pack --num-parts K --part i`) into one dataset; OUT may be an
+fsspec URL (fastfeed/remote/pack.py `merge_any`)."""
 from __future__ import annotations
 
 import argparse
@@ -8,17 +9,20 @@ __all__ = ["configure", "run"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("out", help="the OUT folder given to every `fastfeed pack --num-parts K --part i`")
+    p.add_argument("out", help="the OUT folder or URL given to every `fastfeed pack --num-parts K --part i`")
+    p.add_argument("--staging", default=None,
+                   help="when OUT is a URL: local folder to merge in before uploading (default: a temp folder)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastfeed.pack import PackError, merge
+    from fastfeed.pack import PackError
+    from fastfeed.remote.pack import merge_any
 
     try:
-        m = merge(args.out)
+        m, num_parts = merge_any(args.out, staging=args.staging)
     except (PackError, ValueError, OSError) as e:
         print(f"fastfeed merge: error: {e}", file=sys.stderr)
         return 2
-    print(f"merged {len(m.extra['merged_from'])} parts: {m.num_samples} samples, {len(m.shards)} file(s), "
+    print(f"merged {num_parts} parts: {m.num_samples} samples, {len(m.shards)} file(s), "
           f"{m.rejected} rejected -> {args.out}")
     return 0

@@ -1,7 +1,7 @@
 """`fastfeed pack`: scan a source, validate cheaply, write WebDataset shards or LMDB, then the manifest.
 
     pack(src, out, PackOptions(...)) -> PackResult        one pack (or one part of a --num-parts pack)
-    merge(out) -> Manifest                                join the parts in out/part-NNNNN into one dataset
+    merge(out) -> Manifest                                join out/part-NNNNN into the files one pack writes
     verify(path, quick=False) -> VerifyReport             checksums, cross-checks (+ full decode unless quick)
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ added so far is, or after `finish()` will be, durable; run.py then journals that
 """
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Protocol
+from typing import Callable, ClassVar, Iterator, NamedTuple, Protocol
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from fastfeed.pack.reader import BatchItem, BatchResult
 from fastfeed.pack.validate import LoadOptions
 from fastfeed.types import ShardInfo
 
-__all__ = ["FormatWriter", "Cut", "WRITERS", "writer_for", "PackError"]
+__all__ = ["FormatWriter", "Stored", "Cut", "WRITERS", "writer_for", "PackError"]
 
 
 class PackError(RuntimeError):
@@ -65,10 +65,18 @@ class FormatWriter(Protocol):
         """When every commit is in: the manifest's data files (and any table column only known now)."""
 
     @staticmethod
-    def merge(out: str, parts: list[tuple[str, dict[str, np.ndarray]]], shards: list[list[ShardInfo]]
-              ) -> tuple[list[dict[str, np.ndarray]], list[ShardInfo]]:
-        """Join parts (folder name, table) into `out`: the parts' tables as they must be concatenated, and the
-        merged dataset's data files."""
+    def stored(folder: str, table: dict[str, np.ndarray], shards: list[ShardInfo]) -> Iterator[Stored]:
+        """The samples of a finished dataset written by this format (its `samples.npz` table and manifest data
+        files), in table order, exactly as `add` was given them: what `fastfeed merge` feeds to `add` again."""
+
+
+class Stored(NamedTuple):
+    """One stored sample read back from a finished dataset: the image member's extension, the image bytes and
+    the `.json` metadata bytes (None when the sample has none)."""
+
+    ext: str
+    data: bytes | memoryview
+    meta: bytes | None
 
 
 WRITERS: dict[str, type] = {}

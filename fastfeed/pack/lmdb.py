@@ -14,7 +14,7 @@ import numpy as np
 
 from fastfeed.formats.integrity import sha256_file
 from fastfeed.formats.lmdb import DATA_FILE, cls_key, img_key, json_key, resolve_offsets
-from fastfeed.pack.base import WRITERS, Cut, PackError
+from fastfeed.pack.base import WRITERS, Cut, Stored
 from fastfeed.pack.reader import BatchItem, BatchResult
 from fastfeed.pack.validate import LoadOptions, load_image
 from fastfeed.types import ShardInfo
@@ -97,30 +97,23 @@ class LmdbWriter:
         return [ShardInfo(DATA_FILE, os.path.getsize(path), sha256_file(path), len(table["key"]))]
 
     @staticmethod
-    def merge(out, parts, shards):
-        """The parts' records are copied into one `OUT/data.lmdb` (the contract is one environment per dataset)."""
+    def stored(folder, table, shards):
         import lmdb
 
-        dest = os.path.join(out, "data.lmdb")
-        if os.path.exists(dest):
-            raise PackError(f"{dest} exists from an earlier merge attempt; delete it and merge again")
-        sources = [os.path.join(out, name, "data.lmdb") for name, _ in parts]
-        total = sum(os.path.getsize(os.path.join(s, "data.mdb")) for s in sources)
-        env = lmdb.open(dest, map_size=max(1 << 30, 2 * total), subdir=True, meminit=True, readahead=False)
+        path = os.path.join(folder, "data.lmdb")
+        env = lmdb.open(path, readonly=True, lock=False, subdir=True)
         try:
-            for src in sources:
-                senv = lmdb.open(src, readonly=True, lock=False, subdir=True)
-                try:
-                    with senv.begin(buffers=True) as rtxn, env.begin(write=True) as wtxn:
-                        for k, v in rtxn.cursor():
-                            wtxn.put(bytes(k), bytes(v))
-                finally:
-                    senv.close()
-            env.sync(True)
+            with env.begin(buffers=True) as txn:
+                for key in table["key"]:
+                    key = str(key)
+                    data = txn.get(img_key(key))
+                    if data is None:
+                        raise ValueError(f"{path}: sample {key}: no {img_key(key)!r} record")
+                    meta = txn.get(json_key(key))
+                    # copies: the buffers are valid only inside this transaction
+                    yield Stored("", bytes(data), None if meta is None else bytes(meta))
         finally:
             env.close()
-        tables = [dict(t) for _, t in parts]
-        return tables, []  # data_files() lists data.mdb once the tables are joined
 
 
 WRITERS["lmdb"] = LmdbWriter

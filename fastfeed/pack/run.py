@@ -42,12 +42,12 @@ from fastfeed.pack.wds_native import NativeWdsWriter, pack_native, use_native
 from fastfeed.pack.writers import meta_bytes
 from fastfeed.types import MANIFEST_NAME, Manifest, ShardInfo
 
-__all__ = ["PackOptions", "PackResult", "PackError", "pack", "part_folder", "resolve_jpeg_mode", "OWNED_NAMES"]
+__all__ = ["PackOptions", "PackResult", "PackError", "pack", "part_folder", "clear_folder", "resolve_jpeg_mode",
+           "OWNED_NAMES"]
 
 # Everything `--overwrite` may delete; anything else in OUT makes the pack refuse to touch the folder.
 OWNED_NAMES = ("fastfeed.json", "samples.npz", "rejected.jsonl", "data.lmdb", JOURNAL_DIR)
 _BATCH_FILES = 4
-_MAX_NOTES = 1000  # transcode_failed entries listed in the manifest (all are counted)
 NO_TRANSCODER_NOTE = ("lossless JPEG transcoding unavailable (fastfeed._native built without libjpeg): "
                       "stored original bytes (--jpeg keep); progressive JPEGs will miss the GPU hardware decoder")
 
@@ -144,15 +144,22 @@ def _check_options(o: PackOptions) -> None:
         raise PackError("--resume and --overwrite contradict each other")
 
 
+def clear_folder(folder: str) -> None:
+    """`--overwrite`: delete fastfeed's files (OWNED_NAMES, shards, parts) in `folder`; refuse if it holds others."""
+    if not os.path.isdir(folder):
+        return
+    strangers = [n for n in os.listdir(folder) if not _owned(n)]
+    if strangers:
+        raise PackError(f"{folder} holds files fastfeed did not write ({', '.join(sorted(strangers)[:3])}...); "
+                        f"refusing to overwrite it")
+    for n in os.listdir(folder):
+        p = os.path.join(folder, n)
+        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+
+
 def _prepare_folder(folder: str, o: PackOptions, journal: Journal) -> None:
-    if o.overwrite and os.path.isdir(folder):
-        strangers = [n for n in os.listdir(folder) if not _owned(n)]
-        if strangers:
-            raise PackError(f"{folder} holds files fastfeed did not write ({', '.join(sorted(strangers)[:3])}...); "
-                            f"refusing to overwrite it")
-        for n in os.listdir(folder):
-            p = os.path.join(folder, n)
-            shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+    if o.overwrite:
+        clear_folder(folder)
     os.makedirs(folder, exist_ok=True)
     if os.path.exists(os.path.join(folder, MANIFEST_NAME)):
         raise PackError(f"{folder} already holds a packed dataset; pass --overwrite to replace it")
@@ -196,6 +203,9 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     t0 = time.perf_counter()
     src = scan_source(src_path, o.source_kind)
     folder = part_folder(out, o.part) if o.num_parts > 1 else os.path.abspath(out)
+    if o.num_parts > 1 and os.path.exists(os.path.join(out, MANIFEST_NAME)):  # merged already: parts are gone
+        raise PackError(f"{os.path.abspath(out)} already holds a packed dataset; a part cannot be added to it "
+                        f"(delete it, or pack into another folder)")
     journal = Journal(folder)
     _prepare_folder(folder, o, journal)
     plan, key_width = _plan(src, o)
@@ -386,10 +396,6 @@ def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: f
                      **({"jpeg_note": jpeg_note} if jpeg_note else {})),
         part={"index": o.part, "count": o.num_parts} if o.num_parts > 1 else None,
         created_by=f"fastfeed {__version__}",
-        extra={
-            # what --jpeg did, by action; samples.npz `transcoded` says which samples changed
-            "jpeg_actions": {"transcoded": int(table["transcoded"].sum()), "transcode_failed": len(notes)},
-            "transcode_failed": notes[:_MAX_NOTES],
-        },
+        extra=tbl.jpeg_extra(int(table["transcoded"].sum()), notes, len(notes)),
     )
     return PackResult(folder, manifest, rejected, time.perf_counter() - t0, src.hidden_skipped, src.symlink_note())

@@ -30,7 +30,7 @@ from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, Manifest
 
 __all__ = ["COLUMNS", "new_rows", "rows_to_table", "write_table", "write_rejected", "write_manifest", "write_dataset",
            "table_bytes", "change_counts",
-           "image_stats", "jpeg_mix"]
+           "image_stats", "jpeg_mix", "jpeg_extra", "MAX_NOTES"]
 
 COLUMNS = {
     "key": None, "label": np.int64, "width": np.int32, "height": np.int32, "jpeg": np.uint8,
@@ -114,6 +114,16 @@ def change_counts(changes: np.ndarray | None) -> dict[str, int]:
         return {}
     codes, counts = np.unique(changes, return_counts=True)
     return {str(c): int(n) for c, n in zip(codes, counts) if c}
+
+
+MAX_NOTES = 1000  # transcode_failed entries listed in the manifest (all are counted)
+
+
+def jpeg_extra(transcoded: int, notes: list[dict], failed: int) -> dict:
+    """The manifest's `extra`: what --jpeg did, by action (samples.npz `transcoded` says which samples changed),
+    and the first MAX_NOTES of the `failed` files libjpeg found corrupt (stored untouched), in plan order."""
+    return {"jpeg_actions": {"transcoded": int(transcoded), "transcode_failed": int(failed)},
+            "transcode_failed": list(notes[:MAX_NOTES])}
 
 
 def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: list, rejected: list[dict], *,

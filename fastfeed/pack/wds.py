@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from fastfeed.pack.base import WRITERS, Cut
+from fastfeed.pack.base import WRITERS, Cut, Stored
 from fastfeed.pack.reader import BatchItem, BatchResult, BufferPool, read_batch
 from fastfeed.pack.validate import LoadOptions
 from fastfeed.pack.writers import ShardHasher, TarShardWriter, make_record
@@ -91,14 +91,43 @@ class WdsWriter:
         return shards
 
     @staticmethod
-    def merge(out, parts, shards):
-        """Shards stay in their part folders; the merged manifest lists them as `part-NNNNN/shard-MMMMMM.tar`."""
-        tables, merged = [], []
-        for (name, t), part_shards in zip(parts, shards):
-            t = dict(t, shard=t["shard"] + len(merged))
-            merged.extend(ShardInfo(f"{name}/{s.path}", s.bytes, s.sha256, s.num_samples) for s in part_shards)
-            tables.append(t)
-        return tables, merged
+    def stored(folder, table, shards):
+        """Each shard's members read back in ~8 MB preads (records lie back to back in table order); the image
+        extension comes from the image member's tar header name (`KEY.ext`)."""
+        shard_col, offset, size = table["shard"], table["offset"], table["size"]
+        meta_offset, meta_size = table["meta_offset"], table["meta_size"]
+        n = len(shard_col)
+        i = 0
+        for s_idx, shard in enumerate(shards):
+            path = os.path.join(folder, shard.path)
+            with open(path, "rb") as f:
+                while i < n and shard_col[i] == s_idx:
+                    j, start = i, int(offset[i]) - _HEADER
+                    end = start
+                    while j < n and shard_col[j] == s_idx and (j == i or end - start < _READ_BYTES):
+                        end = max(int(offset[j] + size[j]), int(meta_offset[j] + meta_size[j]))
+                        j += 1
+                    buf = memoryview(os.pread(f.fileno(), end - start, start))
+                    if len(buf) != end - start:
+                        raise ValueError(f"{path}: ends at {start + len(buf)}, the table has members up to {end}")
+                    for r in range(i, j):
+                        at = int(offset[r]) - start
+                        name = bytes(buf[at - _HEADER : at - _HEADER + 100]).rstrip(b"\0").decode("utf-8")
+                        key = str(table["key"][r])
+                        if not name.startswith(key + "."):
+                            raise ValueError(f"{path}: sample {key}: the tar member at {start + at} is {name!r}")
+                        meta = None
+                        if meta_offset[r] >= 0:
+                            mo = int(meta_offset[r]) - start
+                            meta = bytes(buf[mo : mo + int(meta_size[r])])
+                        yield Stored(name[len(key) + 1 :], buf[at : at + int(size[r])], meta)
+                    i = j
+        if i != n:
+            raise ValueError(f"{folder}: samples.npz row {i} names shard {int(shard_col[i])}, which is not listed")
+
+
+_HEADER = 512  # a ustar header precedes every member's data
+_READ_BYTES = 8 << 20
 
 
 WRITERS["wds"] = WdsWriter

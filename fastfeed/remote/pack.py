@@ -10,9 +10,14 @@ local packer only ever sees the staging path.
 SRC a URL: the tree is downloaded to a temporary folder first (simple and correct); the manifests record the URL
 as `source`.
 
+`--num-parts K --part i` with OUT a URL (a Slurm array writing to object storage): the part is uploaded to
+OUT/part-NNNNN, its manifest last; `fastfeed merge OUT` (merge_any) downloads the parts, merges them locally,
+uploads the dataset with its manifest last, then deletes the remote parts.
+
 `--engine ray`: the K parts of the existing `--num-parts/--part` plan (K = --num-parts, or the cluster's CPUs
 when not given) run as Ray tasks (a local Ray started here, or `--ray-address`), each into OUT/part-NNNNN, then
-`fastfeed.pack.merge` joins them exactly as `fastfeed merge` would. On a multi-node cluster OUT (or --staging,
+`fastfeed.pack.merge` joins them exactly as `fastfeed merge` would: the result is byte-identical to a
+one-process pack with the same options (pack/merge.py says how). On a multi-node cluster OUT (or --staging,
 when OUT is a URL) must be a folder every node sees.
 """
 from __future__ import annotations
@@ -24,11 +29,12 @@ import tempfile
 from dataclasses import asdict, replace
 
 from fastfeed.pack import PackError, PackOptions, PackResult, merge, pack
-from fastfeed.pack.run import OWNED_NAMES
+from fastfeed.pack.merge import part_names
+from fastfeed.pack.run import OWNED_NAMES, clear_folder, part_folder
 from fastfeed.remote.store import is_url, join, local_path, retrying, url_to_fs
 from fastfeed.types import MANIFEST_NAME, Manifest
 
-__all__ = ["add_arguments", "pack_any", "pack_ray", "upload_dataset", "ENGINES"]
+__all__ = ["add_arguments", "pack_any", "pack_ray", "merge_any", "upload_dataset", "ENGINES"]
 
 ENGINES = ("local", "ray")
 _JOURNAL = ".fastfeed-pack"
@@ -56,12 +62,14 @@ def pack_any(src: str, out: str, o: PackOptions, *, engine: str = "local", ray_a
     temps: list[str] = []
     try:
         local_out = out
+        # One part of a --num-parts pack (a Slurm array task) to a URL lands in OUT/part-NNNNN, with its own
+        # manifest last; `fastfeed merge OUT` joins the parts there. --engine ray merges before the upload.
+        target = out
         if is_url(out) and o.num_parts > 1 and engine != "ray":
-            raise PackError("--num-parts/--part with a URL as OUT: the parts could not be merged there; use "
-                            "--engine ray (parts are merged before the upload), or pack the parts into a shared "
-                            "folder, `fastfeed merge` it, then upload (README: Packing on a cluster)")
+            target = f"{out.rstrip('/')}/{part_folder('', o.part)}"
+            _check_not_merged(out, storage_options)
         if is_url(out):  # before any download or packing: refuse early
-            _check_remote_out(out, o, storage_options)
+            _check_remote_out(target, o, storage_options)
             if staging is None:
                 local_out = tempfile.mkdtemp(prefix="fastfeed-stage-")
                 temps.append(local_out)
@@ -78,9 +86,9 @@ def pack_any(src: str, out: str, o: PackOptions, *, engine: str = "local", ray_a
             result = replace(result, manifest=replace(result.manifest, source=src))
         if is_url(out):
             if o.overwrite:
-                _clear_remote(out, storage_options, retry_timeout)
-            upload_dataset(result.folder, out, storage_options, retry_timeout)
-            result = replace(result, folder=out)
+                _clear_remote(target, storage_options, retry_timeout)
+            upload_dataset(result.folder, target, storage_options, retry_timeout)
+            result = replace(result, folder=target)
         if is_url(src) or is_url(out):  # the summary's rate covers the transfers too
             result = replace(result, seconds=time.perf_counter() - t0)
         return result
@@ -111,20 +119,38 @@ def pack_ray(src: str, out: str, o: PackOptions, address: str | None = None) -> 
     try:
         k = o.num_parts if o.num_parts > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
         out = os.path.abspath(out)
+        if o.overwrite:  # the merged dataset and every part go, here, before any task writes
+            clear_folder(out)
         opts = asdict(replace(o, num_parts=k, progress=False, workers=o.workers or 2))
         task = ray.remote(num_cpus=1, max_retries=0)(_pack_part)
         refs = [task.remote(os.path.abspath(src), out, dict(opts, part=i)) for i in range(k)]
-        try:
-            results = ray.get(refs)
-        except ray.exceptions.RayTaskError as e:  # the part's own error (e.g. PackError), not Ray's traceback
-            cause = getattr(e, "cause", None) or e
-            raise PackError(f"a Ray pack task failed: {cause}") from None
+        results = _gather(ray, refs)
     finally:
         if started:
             ray.shutdown()
     rejected = [r for part in results for r in part["rejected"]]
     manifest = merge(out)
     return PackResult(out, manifest, rejected, time.perf_counter() - t0, sum(r["hidden_skipped"] for r in results))
+
+
+def _gather(ray, refs: list) -> list:
+    """Every task's result; on the first failure, the other tasks are cancelled and waited for before the error
+    (the part's own, e.g. a PackError, not Ray's traceback) is raised: no task may still be writing into OUT
+    when pack_ray returns (a retry right after would find its part folders in use). A cancelled part keeps its
+    journal, so `--resume` finishes it."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(done[0])
+        except ray.exceptions.RayTaskError as e:
+            for r in pending:
+                ray.cancel(r)
+            if pending:
+                ray.wait(pending, num_returns=len(pending))
+            cause = getattr(e, "cause", None) or e
+            raise PackError(f"a Ray pack task failed: {cause}") from None
+    return ray.get(refs)
 
 
 def _probe(address: str | None, timeout: float = 10.0) -> None:
@@ -144,6 +170,41 @@ def _pack_part(src: str, out: str, opts: dict) -> dict:
     """A Ray task: one part; returns plain data (no fastfeed objects cross the wire)."""
     r = pack(src, out, PackOptions(**opts))
     return {"rejected": r.rejected, "hidden_skipped": r.hidden_skipped}
+
+
+def merge_any(out: str, *, staging: str | None = None, storage_options: dict | None = None,
+              retry_timeout: float | None = None) -> tuple[Manifest, int]:
+    """`fastfeed merge` with OUT a local folder or an fsspec URL; returns (the manifest, the number of parts).
+
+    A URL: the parts are downloaded into `staging` (default a temporary folder, removed afterwards), merged there
+    (fastfeed.pack.merge), the merged dataset is uploaded with its manifest last (upload_dataset), and only then
+    are the remote parts deleted: a reader sees the parts, or the parts and a complete dataset, or the dataset."""
+    out = local_path(out)
+    if not is_url(out):
+        count = len(part_names(os.listdir(out))) if os.path.isdir(out) else 0
+        return merge(out), count
+    fs, base = url_to_fs(out, storage_options)
+    names = retrying(lambda: _remote_names(fs, base), f"list {out}", retry_timeout)
+    if MANIFEST_NAME in names:
+        raise PackError(f"{out} already holds a merged dataset; delete {MANIFEST_NAME} there to merge again")
+    parts = part_names({n.split("/", 1)[0] for n in names if "/" in n})
+    if not parts:
+        raise PackError(f"{out}: no part-NNNNN folders to merge")
+    if staging is not None and os.path.isdir(staging) and os.listdir(staging):
+        raise PackError(f"--staging {staging} is not empty")
+    local = tempfile.mkdtemp(prefix="fastfeed-merge-") if staging is None else os.path.abspath(staging)
+    try:
+        for p in parts:
+            _download_tree(f"{out.rstrip('/')}/{p}", os.path.join(local, p), storage_options, retry_timeout)
+        manifest = merge(local)
+        upload_dataset(local, out, storage_options, retry_timeout)
+        for n in sorted(names):
+            if n.split("/", 1)[0] in parts:
+                retrying(lambda: fs.rm_file(join(base, n)), f"delete {out}/{n}", retry_timeout)
+        return manifest, len(parts)
+    finally:
+        if staging is None:
+            shutil.rmtree(local, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- remote folders
@@ -187,6 +248,12 @@ def _check_remote_out(url: str, o: PackOptions, storage_options: dict | None) ->
     if MANIFEST_NAME in names:
         raise PackError(f"{url} already holds a packed dataset; pass --overwrite to replace it")
     raise PackError(f"{url} is not empty; pass --overwrite (only fastfeed's own objects are deleted)")
+
+
+def _check_not_merged(url: str, storage_options: dict | None) -> None:
+    fs, base = url_to_fs(url, storage_options)
+    if fs.exists(join(base, MANIFEST_NAME)):
+        raise PackError(f"{url} already holds a packed dataset; a part cannot be added to it")
 
 
 def _check_bucket(fs, url: str, base: str) -> None:
