@@ -68,13 +68,13 @@ void on_emit_message(j_common_ptr cinfo, int level) {
     if (err->strict) on_error_exit(cinfo);
 }
 
-void init_error_manager(ErrorManager& err, Failure* failure, const TranscodeOptions& options) {
+void init_error_manager(ErrorManager& err, Failure* failure, bool strict, bool ignore_benign) {
     jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error_exit;
     err.pub.emit_message = on_emit_message;
     err.failure = failure;
-    err.strict = options.strict;
-    err.ignore_benign = false;
+    err.strict = strict;
+    err.ignore_benign = ignore_benign;
 }
 
 struct ScanLimit {
@@ -158,19 +158,25 @@ bool is_adobe_marker(const jpeg_saved_marker_ptr m) {
     return m->marker == JPEG_APP0 + 14 && m->data_length >= 5 && std::memcmp(m->data, "Adobe", 5) == 0;
 }
 
+// Creates the decompressor over `input` with the memory and scan limits. Call only under the caller's setjmp (its
+// libjpeg calls may longjmp through this frame, which holds nothing to destroy).
+void open_decompressor(Decompressor& d, ByteSpan input, std::size_t max_memory, int max_scans) {
+    d.created = true;
+    jpeg_create_decompress(&d.cinfo);
+    d.cinfo.mem->max_memory_to_use = static_cast<long>(max_memory);
+    d.scans.pub.progress_monitor = on_progress;
+    d.scans.max_scans = max_scans;
+    d.cinfo.progress = &d.scans.pub;
+    jpeg_mem_src(&d.cinfo, input.data, static_cast<unsigned long>(input.size));
+}
+
 // All libjpeg calls happen here, under one setjmp. Returns false on error, with the message in failure and the
 // stage in *stage. Keep every local trivially destructible (see the top of this file).
 bool run_libjpeg(Decompressor& d, Compressor& c, Failure& failure, ByteSpan input, const TranscodeOptions& options,
                  const char** stage) {
     *stage = "reading";
     if (setjmp(failure.jump)) return false;
-    d.created = true;
-    jpeg_create_decompress(&d.cinfo);
-    d.cinfo.mem->max_memory_to_use = static_cast<long>(options.max_memory);
-    d.scans.pub.progress_monitor = on_progress;
-    d.scans.max_scans = options.max_scans;
-    d.cinfo.progress = &d.scans.pub;
-    jpeg_mem_src(&d.cinfo, input.data, static_cast<unsigned long>(input.size));
+    open_decompressor(d, input, options.max_memory, options.max_scans);
     if (options.copy_markers) {
         jpeg_save_markers(&d.cinfo, JPEG_COM, 0xFFFF);
         for (int i = 0; i < 16; ++i) jpeg_save_markers(&d.cinfo, JPEG_APP0 + i, 0xFFFF);
@@ -207,13 +213,7 @@ bool run_libjpeg(Decompressor& d, Compressor& c, Failure& failure, ByteSpan inpu
 // The scan check's libjpeg calls, under their own setjmp (same rules as run_libjpeg).
 bool run_scan_check(Decompressor& d, Failure& failure, ByteSpan input, const ScanCheckOptions& options) {
     if (setjmp(failure.jump)) return false;
-    d.created = true;
-    jpeg_create_decompress(&d.cinfo);
-    d.cinfo.mem->max_memory_to_use = static_cast<long>(options.max_memory);
-    d.scans.pub.progress_monitor = on_progress;
-    d.scans.max_scans = options.max_scans;
-    d.cinfo.progress = &d.scans.pub;
-    jpeg_mem_src(&d.cinfo, input.data, static_cast<unsigned long>(input.size));
+    open_decompressor(d, input, options.max_memory, options.max_scans);
     jpeg_read_header(&d.cinfo, TRUE);
     jpeg_read_coefficients(&d.cinfo);  // every scan, entropy-decoded into the coefficient buffers
     jpeg_finish_decompress(&d.cinfo);  // up to the EOI marker
@@ -230,12 +230,7 @@ std::string check_jpeg_scans(ByteSpan input, const ScanCheckOptions& options) {
     Failure failure;
     failure.message[0] = '\0';
     Decompressor d;
-    jpeg_std_error(&d.err.pub);
-    d.err.pub.error_exit = on_error_exit;
-    d.err.pub.emit_message = on_emit_message;
-    d.err.failure = &failure;
-    d.err.strict = true;
-    d.err.ignore_benign = true;
+    init_error_manager(d.err, &failure, /*strict=*/true, /*ignore_benign=*/true);
     d.cinfo.err = &d.err.pub;
     if (run_scan_check(d, failure, input, options)) return std::string();
     return failure.message[0] ? std::string(failure.message) : std::string("libjpeg failed");
@@ -249,8 +244,8 @@ std::vector<std::uint8_t> transcode_jpeg(ByteSpan input, const TranscodeOptions&
     failure.message[0] = '\0';
     Decompressor d;
     Compressor c;
-    init_error_manager(d.err, &failure, options);
-    init_error_manager(c.err, &failure, options);
+    init_error_manager(d.err, &failure, options.strict, /*ignore_benign=*/false);
+    init_error_manager(c.err, &failure, options.strict, /*ignore_benign=*/false);
     d.cinfo.err = &d.err.pub;
     c.cinfo.err = &c.err.pub;
     c.dest.out = &out;
