@@ -21,20 +21,14 @@ import pytest
 from PIL import Image
 
 from fastfeed.pack import PackError, PackOptions, merge, pack
-from odd_images.build import build_corpus
+from odd_images.tree import build_mixed_tree
 
 pytestmark = pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning")
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    from fastfeed.demo_data import make_dataset
-
-    root = tmp_path_factory.mktemp("merge") / "src"
-    make_dataset(root, num_images=60, num_classes=3, seed=2, workers=1)
-    cases = build_corpus(str(root / "odd"))
-    assert any(c.change for c in cases) and any(c.expect == "reject" for c in cases)
-    (root / "odd" / "empty.jpg").write_bytes(b"")
+    root = build_mixed_tree(tmp_path_factory.mktemp("merge") / "src", seed=2)
     for n, p in enumerate(sorted(root.glob("*/*.jpg"))[:3]):  # progressive JPEGs libjpeg refuses to transcode
         buf = io.BytesIO()
         Image.open(p).save(buf, "JPEG", progressive=True, quality=85)

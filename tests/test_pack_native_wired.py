@@ -15,7 +15,7 @@ import pytest
 import xxhash
 
 from fastfeed.pack.native import HAVE_NATIVE_WRITER
-from odd_images.build import build_corpus
+from odd_images.tree import build_mixed_tree
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning"),
               pytest.mark.skipif(not HAVE_NATIVE_WRITER, reason="native core built without the tar writer")]
@@ -23,13 +23,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning")
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    from fastfeed.demo_data import make_dataset
-
-    root = tmp_path_factory.mktemp("wired") / "src"
-    make_dataset(root, num_images=60, num_classes=3, seed=1, workers=1)
-    cases = build_corpus(str(root / "odd"))
-    assert any(c.change for c in cases) and any(c.expect == "reject" for c in cases)
-    (root / "odd" / "empty.jpg").write_bytes(b"")
+    root = build_mixed_tree(tmp_path_factory.mktemp("wired") / "src", seed=1)
     os.mkfifo(root / "odd" / "fifo.jpg")  # rejected from its stat, never opened
     return root
 

@@ -21,7 +21,7 @@ table() {  # $1 = label
       --label "$1" --json $OUT/table-$1.json 2>&1 | grep -E "^\[|^===|^row|^[a-z]" | quiet
 }
 versions() {
-  python3 -c "import ctypes; from fastfeed.decode.dali import chroma_mode as c; print('auto chroma', c(True))"
+  python3 -c "from fastfeed.decode.dali import chroma_mode as c; print('auto chroma', c(True))"
 }
 case $K in
 1)
