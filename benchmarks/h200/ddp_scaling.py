@@ -29,6 +29,8 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--json", default=None)
     p.add_argument("--loader-kwargs", default="{}", help='extra Loader keywords as JSON, e.g. {"pipelines": 3}')
+    p.add_argument("--resident", action="store_true",
+                   help="no loader: every step trains on one batch already on the GPU (the DDP ceiling)")
     args = p.parse_args()
     import torchvision
 
@@ -49,6 +51,9 @@ def main() -> int:
     loader = fastfeed.Loader(args.data, batch_size=args.batch_size, train=True, image_size=224, device=dev,
                              dtype=torch.float16, channels_last=True, **extra)
     it = iter(loader)
+    if args.resident:  # the same first batch every step: what DDP alone scales to on this host
+        resident = next(it)
+        it = _repeat(resident)
     batch = next(it)
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
@@ -81,7 +86,8 @@ def main() -> int:
     local_res = torch.tensor([n, sum(waits), first], dtype=torch.float64, device=dev)
     gathered = [torch.zeros_like(local_res) for _ in range(world)]
     dist.all_gather(gathered, local_res)
-    info = loader.stats().get("info", {})
+    stats = loader.stats()
+    info = stats.get("info", {})
     loader.close()
     if rank == 0:
         total = sum(int(g[0]) for g in gathered)
@@ -91,12 +97,19 @@ def main() -> int:
                "waits_ms_rank0": [round(w * 1e3, 1) for w in waits],
                "settings_rank0": {k: info.get(k) for k in ("hw_decoder_load", "num_threads", "pipelines")},
                "online_tuning_rank0": info.get("online_tuning"), "cpu_count": os.cpu_count(),
+               "resident": args.resident, "loader_kwargs": extra,
+               "stats_rank0": json.loads(json.dumps(stats, default=str)),
                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": torch.cuda.get_device_name(0)}
         print(json.dumps(res))
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=1))
     dist.destroy_process_group()
     return 0
+
+
+def _repeat(batch):
+    while True:
+        yield batch
 
 
 if __name__ == "__main__":
