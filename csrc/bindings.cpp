@@ -138,7 +138,7 @@ static void bind_ring(py::module_& m) {
                  auto sz = to_vector(size, "size");
                  auto r = std::make_unique<PyRing>();
                  {
-                     // Allocating and prefaulting the arena (GBs for big batches) must not stall Python threads.
+                     // Allocating the arena (GBs for big batches) must not stall Python threads.
                      py::gil_scoped_release nogil;
                      r->core = std::make_unique<fastfeed::Ring>(std::move(paths), std::move(fi), std::move(off),
                                                                 std::move(sz), cfg);

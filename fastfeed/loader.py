@@ -53,8 +53,8 @@ from fastfeed.decode import build_decoder, oriented_size
 from fastfeed.decode.crop import DEFAULT_ORIENTATION
 from fastfeed.epoch import EpochRun, LoaderError, SampleTable
 from fastfeed.formats import integrity, open_dataset
-from fastfeed.ring import PrefetchRing
-from fastfeed.settings import LoaderSettings, resolve_settings
+from fastfeed.ring import PrefetchRing, auto_slot_bytes
+from fastfeed.settings import LoaderSettings, ring_budget_bytes, resolve_settings
 from fastfeed.stats import StageStats
 from fastfeed.world import World
 
@@ -150,8 +150,14 @@ class Loader:
         self._decoders = self._build_decoders()
         # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
         # a CUDA process (see the NOTE on fork) touching CUDA at all fails.
-        self._ring = PrefetchRing(extents, s.batch_size, num_threads=self.settings.reader_threads,
-                                  num_slots=self.settings.ring_slots, pin_memory=s.device.type == "cuda")
+        slot_bytes = auto_slot_bytes(extents.size, s.batch_size)
+        slots = s.ring_slots_within(slot_bytes, ring_budget_bytes(self.world))
+        if slots < s.ring_slots:
+            log.info("fastfeed: %d ring slots of %.1f GB instead of %d: this rank's share of host memory for read-ahead "
+                     "is %.1f GB (fastfeed/settings.py, RING_MEMORY_SHARE)", slots, slot_bytes / 1e9, s.ring_slots,
+                     ring_budget_bytes(self.world) / 1e9)
+        self._ring = PrefetchRing(extents, s.batch_size, num_threads=s.reader_threads, num_slots=slots,
+                                  slot_bytes=slot_bytes, pin_memory=s.device.type == "cuda")
         self._publish_settings()
 
         self._epoch = 0

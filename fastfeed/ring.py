@@ -6,10 +6,14 @@
         with b:                             # release() on exit: the slot goes back to the producers
             decode(b.samples())             # zero-copy uint8 views into the slot, invalid after release
 
-Memory is fixed at construction: `num_slots` slots of `slot_bytes` in one page-aligned allocation. When CUDA is
-available it is page-locked with `cudaHostRegister` (through torch's cudart) so host-to-device copies and DALI read it
-directly; a failure to pin warns (`RingPinWarning`) and `stats()["pinned"]` is False. A batch bigger than a slot still
-works: that slot grows a private, unpinned overflow buffer (kept for the ring's lifetime; `stats()` counts it).
+Memory is reserved at construction: `num_slots` slots of `slot_bytes` in one page-aligned allocation, faulted in by
+the reader threads as they first fill each slot. When CUDA is available each slot is page-locked with
+`cudaHostRegister` (through torch's cudart) the first time one of its batches is handed out, so host-to-device copies
+read it directly; a failure to pin warns (`RingPinWarning`) and that slot and the later ones stay pageable
+(`RingBatch.pinned` says which). Lazily, because the arena is sized by the data: 12-MP photos make it ~12 GB, and
+touching plus pinning all of it up front took 3.3 s before the first batch (benchmarks/RESULTS.md). A batch bigger
+than a slot still works: that slot grows a private, unpinned overflow buffer (kept for the ring's lifetime; `stats()`
+counts it).
 
 Errors: a failed or short read raises `RingReadError` (an OSError naming file and offset; also `.offset`, `.length`,
 `.sample_index`, `.batch_index`) from the `next_batch()` call of the batch that hit it; the failed batch is released
@@ -26,6 +30,7 @@ Fork: a ring belongs to the process that created it. In a forked child every met
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 import weakref
 
@@ -84,7 +89,7 @@ class RingBatch:
 
     __slots__ = ("_handle", "_data", "indices", "offsets", "sizes", "position", "pinned")
 
-    def __init__(self, handle, pinned: bool):
+    def __init__(self, handle, pinner: "_SlotPinner | None"):
         self._handle = handle
         # The views' base chain is view -> memoryview -> handle -> native ring: memory outlives every view, and a
         # handle dropped without release() gives its slot back when its last view dies.
@@ -93,7 +98,7 @@ class RingBatch:
         self.offsets = handle.offsets
         self.sizes = handle.sizes
         self.position = handle.batch
-        self.pinned = pinned and handle.in_arena
+        self.pinned = pinner is not None and handle.in_arena and pinner.pin(self._data.ctypes.data)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -160,7 +165,8 @@ class PrefetchRing:
         self._last_stats: dict = {}
         self.batch_size = int(batch_size)
         self.num_threads = int(num_threads)
-        self.pinned = _pin(self._native, pin_memory)
+        self._pinner = _SlotPinner.create(self._native, pin_memory)
+        self.pinned = self._pinner is not None  # pinning is on: slots are page-locked as they are first used
 
     def start(self, order) -> None:
         """Queue one epoch; abandons whatever is left of the previous one."""
@@ -179,7 +185,7 @@ class PrefetchRing:
             if failure is not None:
                 handle.release()  # before any view of the batch exists: its unread bytes are never seen
                 raise RingReadError.from_failure(failure, handle.batch)
-            return RingBatch(handle, self.pinned)
+            return RingBatch(handle, self._pinner)
         if status == _Status.end_of_epoch:
             return None
         if status == _Status.timeout:
@@ -244,37 +250,76 @@ def _int_array(values, name: str, dtype) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def _pin(native, pin_memory: bool | None) -> bool:
-    """Page-lock the ring's memory through torch's cudart; returns whether it is pinned."""
-    if pin_memory is False:
-        return False
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is None or not torch.cuda.is_available():
-        if pin_memory:
-            warnings.warn("pin_memory=True but CUDA is not available: the ring's memory is not pinned",
+class _SlotPinner:
+    """Page-locks the ring's arena one slot at a time, when a batch of that slot is first handed out (see the module
+    docstring for why not all at once). By then the readers have faulted the slot in, so registering it only locks
+    pages that exist (~40 ms per GB on an H200 host). Unregistered, every slot at once, when the native ring frees
+    the arena (after the producers stopped and the last view is gone)."""
+
+    def __init__(self, native, cudart):
+        self._cudart = cudart
+        self._arena = native.arena_address
+        self._arena_bytes = native.arena_bytes
+        self._slot_bytes = native.slot_bytes
+        self._lock = threading.Lock()
+        self._pinned: set[int] = set()
+        self._failed = False
+        native.set_free_hook(self._unregister_all)
+
+    @classmethod
+    def create(cls, native, pin_memory: bool | None) -> "_SlotPinner | None":
+        """A pinner when pinning is asked for (True) or possible (None) and CUDA is usable; else None (with a
+        RingPinWarning when it was asked for)."""
+        if pin_memory is False:
+            return None
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is None or not torch.cuda.is_available():
+            if pin_memory:
+                warnings.warn("pin_memory=True but CUDA is not available: the ring's memory is not pinned",
+                              RingPinWarning, stacklevel=3)
+            return None
+        try:
+            cudart = torch.cuda.cudart()  # initialises CUDA: raises e.g. in a child forked from a CUDA process
+        except Exception as e:  # noqa: BLE001 - any failure must become the warning below, not pass silently
+            warnings.warn(f"CUDA's runtime is not usable here ({e!r}): the ring's memory is not pinned",
                           RingPinWarning, stacklevel=3)
-        return False
-    ptr, nbytes = native.arena_address, native.arena_bytes
-    try:
-        cudart = torch.cuda.cudart()  # initialises CUDA: raises e.g. in a child forked from a CUDA process
-        err = int(cudart.cudaHostRegister(ptr, nbytes, 0))
-    except Exception as e:  # noqa: BLE001 - any failure must become the warning below, not pass silently
-        err, detail = -1, repr(e)
-    else:
-        detail = f"cudaError {err}"
-    if err != 0:
-        warnings.warn(f"cudaHostRegister of the ring's {nbytes} bytes failed ({detail}): memory is not pinned",
-                      RingPinWarning, stacklevel=3)
-        return False
+            return None
+        return cls(native, cudart)
 
-    def unregister() -> None:
-        # Runs when the last batch/view and the ring are gone, after the producers stopped, before free().
-        err = int(cudart.cudaHostUnregister(ptr))
-        if err != 0:
-            warnings.warn(f"cudaHostUnregister failed (cudaError {err})", RingPinWarning, stacklevel=1)
+    def pin(self, address: int) -> bool:
+        """Page-lock the slot holding `address` (an arena address) if not yet; whether it is page-locked."""
+        slot = (address - self._arena) // self._slot_bytes
+        if not 0 <= address - self._arena < self._arena_bytes:
+            return False
+        with self._lock:
+            if slot in self._pinned:
+                return True
+            if self._failed:
+                return False
+            start = self._arena + slot * self._slot_bytes
+            try:
+                err = int(self._cudart.cudaHostRegister(start, self._slot_bytes, 0))
+            except Exception as e:  # noqa: BLE001 - becomes the warning below
+                err, detail = -1, repr(e)
+            else:
+                detail = f"cudaError {err}"
+            if err != 0:
+                self._failed = True  # one warning; the slots pinned so far stay pinned
+                warnings.warn(f"cudaHostRegister of a ring slot ({self._slot_bytes} bytes) failed ({detail}): "
+                              "this slot and the ones not yet used stay pageable", RingPinWarning, stacklevel=4)
+                return False
+            self._pinned.add(slot)
+            return True
 
-    native.set_free_hook(unregister)
-    return True
+    def _unregister_all(self) -> None:
+        # The native free hook: runs when the last batch/view and the ring are gone, after the producers stopped,
+        # before the arena is freed.
+        with self._lock:
+            slots, self._pinned = sorted(self._pinned), set()
+        for slot in slots:
+            err = int(self._cudart.cudaHostUnregister(self._arena + slot * self._slot_bytes))
+            if err != 0:
+                warnings.warn(f"cudaHostUnregister failed (cudaError {err})", RingPinWarning, stacklevel=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -25,7 +26,8 @@ from fastfeed.decode.crop import ORIENTATIONS
 from fastfeed.world import World
 
 __all__ = ["LoaderSettings", "resolve_settings", "DTYPES", "ORIENTATIONS", "ON_ERROR", "DEFAULT_HW_DECODER_LOAD",
-           "DEFAULT_READER_THREADS", "DEFAULT_PREFETCH", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE"]
+           "DEFAULT_READER_THREADS", "DEFAULT_PREFETCH", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE", "RING_MEMORY_SHARE",
+           "ring_budget_bytes"]
 
 DTYPES = {getattr(torch, name): name for name in DTYPE_NAMES}
 
@@ -36,6 +38,11 @@ DEFAULT_READER_THREADS = 4
 DEFAULT_PREFETCH = 2
 # More CPU decode threads than this stop paying on the machines measured (the pool's hand-off dominates).
 MAX_DEFAULT_DECODE_THREADS = 8
+
+# The ring's read-ahead (encoded batches in host memory, page-locked on a GPU) may take at most this share of the
+# machine's memory, split evenly between the ranks on it. The ring is sized by the data: 12-MP photos make one batch
+# of 256 ~1.5 GB, so the default 6 slots are ~12 GB per rank, and 8 ranks would page-lock ~100 GB.
+RING_MEMORY_SHARE = 0.125
 
 # Bounds that catch typos before they become a 100 GB allocation or an hour-long first batch.
 MAX_BATCH_SIZE = 1 << 16
@@ -84,6 +91,12 @@ class LoaderSettings:
     def ring_slots(self) -> int:
         """Encoded batches the ring reads ahead: the decoded window plus one batch in every pipeline's hands."""
         return self.prefetch + 2 * self.pipelines
+
+    def ring_slots_within(self, slot_bytes: int, budget_bytes: int) -> int:
+        """`ring_slots`, fewer if they do not fit in `budget_bytes` (`ring_budget_bytes`), but never fewer than one
+        slot per pipeline plus one being read: each pipeline holds the slot it decodes from."""
+        fit = budget_bytes // max(1, slot_bytes)
+        return max(self.pipelines + 1, min(self.ring_slots, fit))
 
     def replace(self, **changes) -> "LoaderSettings":
         return dataclasses.replace(self, **changes)
@@ -155,6 +168,26 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
             "reader_threads", reader_threads, 1, MAX_THREADS),
         log_every=log_every,
     )
+
+
+def ring_budget_bytes(world: World, total_bytes: int | None = None) -> int:
+    """This rank's share of RING_MEMORY_SHARE of the machine's memory (`total_bytes`, default: physical memory, or
+    the cgroup's limit when it is lower)."""
+    if total_bytes is None:
+        total_bytes = _memory_bytes()
+    return int(total_bytes * RING_MEMORY_SHARE) // world.local_world_size
+
+
+def _memory_bytes() -> int:
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:  # a container's limit (cgroup v2), when it has one
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
 
 
 def _default_decode_threads(kind: str, world: World) -> int:

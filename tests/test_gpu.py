@@ -90,3 +90,22 @@ def test_forked_children_of_a_gpu_loader_work_and_exit_cleanly(gpu_wds):
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "mp child 0 ((8, 3, 224, 224), 8)" in out and "fork child 0" in out and "parent ok" in out, out
+
+
+def test_ring_slots_are_page_locked_when_first_used(gpu_wds):
+    """The ring pins each slot the first time one of its batches is handed out (ring.py): the batch's memory is
+    then page-locked as CUDA sees it, and every slot is pinned once the ring has gone round."""
+    from fastfeed.formats import open_dataset
+    from fastfeed.ring import PrefetchRing
+
+    ext = open_dataset(gpu_wds).extents()
+    with PrefetchRing(ext, 8, num_slots=3) as ring:
+        assert ring.stats()["pinned"] is True
+        ring.start(np.arange(len(ext.size)))
+        seen = 0
+        while (b := ring.next_batch(timeout=10)) is not None:
+            with b:
+                assert b.pinned, f"batch {b.position} sits in a slot that was not page-locked"
+                assert torch.from_numpy(b.data).is_pinned()
+            seen += 1
+        assert seen > 3

@@ -29,6 +29,10 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--json", default=None)
     p.add_argument("--loader-kwargs", default="{}", help='extra Loader keywords as JSON, e.g. {"pipelines": 3}')
+    p.add_argument("--loader", default="fastfeed", choices=["fastfeed", "dali-wds"],
+                   help="dali-wds: DALI's webdataset reader over the same shards, tuned (benchmarks/dali_reference.py; "
+                        "every rank reads all shards in its own random order: a throughput baseline, not a sharding)")
+    p.add_argument("--dali-grid", default="1.0:4", help="hw_decoder_load:threads of the DALI reader")
     p.add_argument("--resident", action="store_true",
                    help="no loader: every step trains on one batch already on the GPU (the DDP ceiling)")
     args = p.parse_args()
@@ -48,8 +52,16 @@ def main() -> int:
     dist.barrier()
     t0 = time.perf_counter()
     extra = json.loads(args.loader_kwargs)
-    loader = fastfeed.Loader(args.data, batch_size=args.batch_size, train=True, image_size=224, device=dev,
-                             dtype=torch.float16, channels_last=True, **extra)
+    if args.loader == "fastfeed":
+        loader = fastfeed.Loader(args.data, batch_size=args.batch_size, train=True, image_size=224, device=dev,
+                                 dtype=torch.float16, channels_last=True, **extra)
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from dali_reference import DaliReference
+
+        hw, threads = args.dali_grid.split(":")
+        loader = DaliReference("webdataset", args.data, batch_size=args.batch_size, num_threads=int(threads),
+                               device_id=local, hw_decoder_load=float(hw), image_size=224)
     it = iter(loader)
     if args.resident:  # the same first batch every step: what DDP alone scales to on this host
         resident = next(it)
@@ -73,6 +85,7 @@ def main() -> int:
             if step >= args.warmup:
                 waits.append(time.perf_counter() - w0)  # per step, kept: which steps wait says why
         x, y = batch
+        x = x.contiguous(memory_format=torch.channels_last)  # a no-op for fastfeed (channels_last=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x), y % 1000)
         opt.zero_grad(set_to_none=True)
@@ -86,7 +99,7 @@ def main() -> int:
     local_res = torch.tensor([n, sum(waits), first], dtype=torch.float64, device=dev)
     gathered = [torch.zeros_like(local_res) for _ in range(world)]
     dist.all_gather(gathered, local_res)
-    stats = loader.stats()
+    stats = loader.stats() if hasattr(loader, "stats") else {}
     info = stats.get("info", {})
     loader.close()
     if rank == 0:
@@ -97,7 +110,8 @@ def main() -> int:
                "waits_ms_rank0": [round(w * 1e3, 1) for w in waits],
                "settings_rank0": {k: info.get(k) for k in ("hw_decoder_load", "num_threads", "pipelines")},
                "online_tuning_rank0": info.get("online_tuning"), "cpu_count": os.cpu_count(),
-               "resident": args.resident, "loader_kwargs": extra,
+               "resident": args.resident, "loader_kwargs": extra, "loader": args.loader,
+               "dali_grid": args.dali_grid if args.loader != "fastfeed" else None,
                "stats_rank0": json.loads(json.dumps(stats, default=str)),
                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": torch.cuda.get_device_name(0)}
         print(json.dumps(res))

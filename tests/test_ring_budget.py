@@ -1,0 +1,47 @@
+"""The ring's read-ahead stays within each rank's share of host memory (fastfeed/settings.py, RING_MEMORY_SHARE):
+fewer slots when batches are large or ranks are many, never fewer than the pipelines need to make progress."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import fastfeed
+from fastfeed.settings import RING_MEMORY_SHARE, ring_budget_bytes
+from fastfeed.world import World
+from test_epoch import settings_for
+
+GB = 1 << 30
+
+
+def test_the_budget_is_a_share_of_memory_split_between_the_ranks_of_the_machine():
+    one = ring_budget_bytes(World(), total_bytes=64 * GB)
+    assert one == int(64 * GB * RING_MEMORY_SHARE)
+    assert ring_budget_bytes(World(local_world_size=8), total_bytes=64 * GB) == one // 8
+    assert 0 < ring_budget_bytes(World()) <= ring_budget_bytes(World(), total_bytes=1 << 62)
+
+
+def test_slots_shrink_to_the_budget_but_keep_one_per_pipeline_plus_one():
+    s = settings_for(decoder="cpu-dali", prefetch=2, pipelines=2)
+    assert s.ring_slots == 6
+    assert s.ring_slots_within(100 << 20, 10 * GB) == 6       # fits: the full read-ahead
+    assert s.ring_slots_within(100 << 20, 450 << 20) == 4     # 4 slots of 100 MB fit in 450 MB
+    assert s.ring_slots_within(2 * GB, 4 * GB) == 3           # 12-MP photos: pipelines + 1, over the budget
+    assert s.ring_slots_within(2 * GB, 0) == 3
+
+
+def test_a_loader_runs_whole_epochs_on_the_smallest_ring(wds_path, monkeypatch):
+    """With a share too small for even one slot (a huge LOCAL_WORLD_SIZE), the Loader reads with pipelines + 1
+    slots and still yields every sample of the epoch once, the same batches as with the full ring."""
+    kw = dict(batch_size=8, train=False, image_size=32, device="cpu", decoder="cpu", dtype=torch.uint8)
+    with fastfeed.Loader(wds_path, **kw) as full:
+        want = [(x.clone(), y.clone()) for x, y in full]
+        assert full.stats()["ring"]["slots"] == full.settings.ring_slots > 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(1 << 40))
+    with fastfeed.Loader(wds_path, **kw) as small:
+        assert small.world.local_world_size == 1 << 40
+        got = list(small)
+        assert small.stats()["ring"]["slots"] == small.settings.pipelines + 1 == 2
+    assert len(got) == len(want)
+    for (xa, ya), (xb, yb) in zip(want, got):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert np.unique(np.concatenate([y.numpy() for _, y in got])).size > 1
