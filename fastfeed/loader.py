@@ -123,13 +123,13 @@ class Loader:
                  cache_dir: str | None = None, cache_size: int | None = None, **dataloader_kwargs):
         self._closed = True  # until fully built: close() and __del__ then have nothing to undo
         self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
-        self.settings: LoaderSettings = resolve_settings(
-            world=self.world, batch_size=batch_size, train=train, image_size=image_size, device=device,
-            decoder=decoder, dtype=dtype, channels_last=channels_last, mean=mean, std=std, shuffle=shuffle,
-            seed=seed, drop_last=drop_last, order=order, num_threads=num_threads, reader_threads=reader_threads,
-            prefetch=prefetch, hw_decoder_load=hw_decoder_load, pipelines=pipelines, on_error=on_error,
-            orientation=orientation, verify_checksums=verify_checksums, log_every=log_every,
-            dataloader_kwargs=dataloader_kwargs)
+        args = dict(world=self.world, batch_size=batch_size, train=train, image_size=image_size, device=device,
+                    decoder=decoder, dtype=dtype, channels_last=channels_last, mean=mean, std=std, shuffle=shuffle,
+                    seed=seed, drop_last=drop_last, order=order, num_threads=num_threads,
+                    reader_threads=reader_threads, prefetch=prefetch, hw_decoder_load=hw_decoder_load,
+                    pipelines=pipelines, on_error=on_error, orientation=orientation,
+                    verify_checksums=verify_checksums, log_every=log_every, dataloader_kwargs=dataloader_kwargs)
+        self.settings: LoaderSettings = resolve_settings(**args)  # every argument checked before any I/O
         if batch_transform is not None and not callable(batch_transform):
             raise ValueError(f"batch_transform must be callable(images, labels), got {batch_transform!r}")
         self._batch_transform = batch_transform
@@ -138,6 +138,9 @@ class Loader:
         self.dataset = open_dataset(path, storage_options=storage_options, fetch="on_demand", **remote)
         if len(self.dataset) == 0:
             raise ValueError(f"{path}: the dataset has no samples")
+        if decoder == "auto":  # the choice also depends on the images' size (decode.resolve_kind)
+            pixels = np.asarray(self.dataset.widths, np.float64) * np.asarray(self.dataset.heights, np.float64)
+            self.settings = resolve_settings(**args, median_pixels=float(np.median(pixels)))
         s = self.settings
         if s.drop_last and len(self.dataset) < self.world.world_size * s.batch_size:
             raise ValueError(f"{path}: drop_last=True with {len(self.dataset)} samples, world size "

@@ -118,8 +118,9 @@ class LoaderSettings:
 def resolve_settings(*, world: World, batch_size, train, image_size, device, decoder, dtype, channels_last, mean,
                      std, shuffle, seed, drop_last, order, num_threads, reader_threads, prefetch, hw_decoder_load,
                      pipelines, on_error, orientation, verify_checksums, log_every,
-                     dataloader_kwargs: dict | None = None) -> LoaderSettings:
-    """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults."""
+                     dataloader_kwargs: dict | None = None, median_pixels: float | None = None) -> LoaderSettings:
+    """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults.
+    `median_pixels`: the dataset's median image size, when known; decoder="auto" chooses by it (resolve_kind)."""
     batch_size = _int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
     train = _bool("train", train)
     image_size = _int("image_size", image_size, 1, MAX_IMAGE_SIZE)
@@ -144,7 +145,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
 
     num_threads, prefetch = _map_dataloader_kwargs(dataloader_kwargs or {}, num_threads, prefetch)
     dev = _resolve_device(device, world)
-    kind = resolve_kind(decoder, str(dev))
+    kind = resolve_kind(decoder, str(dev), median_pixels)
     auto = num_threads is None or num_threads == "auto"
     if not auto:
         num_threads = _int("num_threads", num_threads, 1, MAX_THREADS)

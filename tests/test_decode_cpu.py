@@ -192,3 +192,28 @@ def test_cpu_decoder_recycles_output_memory_only_after_release(demo_tree, channe
         assert len(ptrs) == 1  # released batches are written into the same memory again
     finally:
         dec.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.uint8])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_normalising_after_the_copy_gives_the_cpu_paths_bits(dtype, channels_last):
+    """The split path (decode/split.py: uint8 from the CPU decoder, table lookup where the batch goes) against the
+    CPU path normalising before the copy: the same bits, every dtype and layout. Run here on the CPU device; on a
+    GPU the same lookup runs there (tests/test_gpu.py)."""
+    from fastfeed.decode.dali import DaliDecoder
+    from fastfeed.decode.split import NormalizeOnDevice
+
+    records = [VARIANTS[p][v] for p in ("astronaut", "coffee_big") for v in ("jpeg_baseline", "png_rgb")]
+    windows = _windows(records, train=True, seed=3)
+    samples = [_arr(r) for r in records]
+    kw = dict(device_id=None, image_size=S, batch_size=8, num_threads=2)
+    with DaliDecoder(dtype=dtype, channels_last=channels_last, **kw) as whole, \
+            DaliDecoder(dtype=torch.uint8, channels_last=True, **kw) as inner:
+        want = whole(samples, windows).images
+        split = NormalizeOnDevice(inner, "cpu", dtype=dtype, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                                  channels_last=channels_last)
+        got = split(samples, windows).images
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape == (4, 3, S, S)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert got.is_contiguous(memory_format=fmt)
+    assert torch.equal(got.view(torch.uint8) if dtype == torch.uint8 else got, want)

@@ -109,3 +109,38 @@ def test_ring_slots_are_page_locked_when_first_used(gpu_wds):
                 assert torch.from_numpy(b.data).is_pinned()
             seen += 1
         assert seen > 3
+
+
+def test_cpu_decode_for_a_gpu_is_the_cpu_paths_bits_on_the_gpu(gpu_wds):
+    """decoder="cpu-dali" with a CUDA device decodes on the CPU and normalises on the GPU (decode/split.py): the
+    batches equal, bit for bit, the same decoder's batches on the CPU device."""
+    kw = dict(batch_size=32, train=True, image_size=64, decoder="cpu-dali", dtype=torch.bfloat16,
+              channels_last=True, seed=3)
+    with fastfeed.Loader(gpu_wds, device="cuda", **kw) as g, fastfeed.Loader(gpu_wds, device="cpu", **kw) as c:
+        n = 0
+        for (xg, yg), (xc, yc) in zip(g, c):
+            assert xg.is_cuda and xg.dtype == torch.bfloat16
+            assert xg.is_contiguous(memory_format=torch.channels_last)
+            assert torch.equal(yg.cpu(), yc) and torch.equal(xg.cpu(), xc)
+            n += 1
+        assert n == len(g) > 1
+
+
+def test_auto_decodes_thumbnails_on_the_cpu_and_photos_on_the_gpu(gpu_wds, tmp_path, pack_cli):
+    from PIL import Image
+
+    from fastfeed.decode import CPU_DECODE_MAX_PIXELS
+
+    src = tmp_path / "thumbs"
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (src / f"c{c}").mkdir(parents=True)
+        for i in range(40):
+            Image.fromarray(rng.integers(0, 255, (96, 80, 3), dtype=np.uint8)).save(src / f"c{c}" / f"{i}.jpg")
+    assert 96 * 80 <= CPU_DECODE_MAX_PIXELS
+    pack_cli(src, tmp_path / "wds", "--format", "wds")
+    with fastfeed.Loader(tmp_path / "wds", batch_size=16, device="cuda") as thumbs, \
+            fastfeed.Loader(gpu_wds, batch_size=16, device="cuda") as photos:
+        assert thumbs.settings.decoder == "cpu-dali" and photos.settings.decoder == "dali"
+        x, y = next(iter(thumbs))
+        assert x.is_cuda and y.is_cuda and x.shape == (16, 3, 224, 224)

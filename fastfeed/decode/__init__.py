@@ -5,24 +5,35 @@
 
 Kinds (the registry below): "dali" (GPU, `mixed` hardware decode), "cpu-dali" (DALI's CPU backend), "cpu-pil"
 (pillow-simd + numba), "cpu" (the faster CPU one on a 2-core machine: benchmarks/bench_decode.py), "auto" ("dali"
-when DALI and CUDA are there and device is cuda, else "cpu"). DALI is imported only when a DALI kind is built.
+when DALI and CUDA are there and device is cuda — "cpu-dali" for datasets of thumbnails, see resolve_kind — else
+"cpu"). With a CUDA device the CPU kinds decode to uint8 and normalise on the GPU (decode/split.py). DALI is imported only when a DALI kind is built.
 """
 from __future__ import annotations
 
-from fastfeed.constants import DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD
+from fastfeed.constants import DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD, IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.decode.base import CorruptSampleError, DecodeResult, Replaced
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, crop_windows, oriented_size
 
 __all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "DecodeResult", "Replaced",
-           "CorruptSampleError", "KINDS", "CPU_DEFAULT", "ORIENTATIONS", "resolve_kind"]
+           "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS", "ORIENTATIONS", "resolve_kind"]
 
 KINDS = ("auto", "dali", "cpu", "cpu-dali", "cpu-pil")
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
 CPU_DEFAULT = "cpu-pil"
 
 
-def resolve_kind(kind: str, device: str) -> str:
-    """The concrete decoder `make_decoder(kind, device=device)` builds ("auto"/"cpu" resolved)."""
+# `auto` for a GPU decodes on the CPU (DALI's CPU backend, normalised on the GPU: decode/split.py) when the
+# dataset's median image has at most this many pixels: see resolve_kind.
+CPU_DECODE_MAX_PIXELS = 128 * 128
+
+
+def resolve_kind(kind: str, device: str, median_pixels: float | None = None) -> str:
+    """The concrete decoder `make_decoder(kind, device=device)` builds ("auto"/"cpu" resolved).
+
+    "auto" with a CUDA device and DALI: "dali" (the GPU decodes), except for datasets of small images (median
+    `median_pixels` <= CPU_DECODE_MAX_PIXELS), which "cpu-dali" decodes on the CPU: per image the GPU path's fixed
+    costs (launches from decoder threads of the training process) outweigh a thumbnail's decode, and they slow the
+    training step itself (benchmarks/RESULTS.md, thumbnails)."""
     import torch
 
     from fastfeed.decode.dali import dali_available
@@ -31,7 +42,10 @@ def resolve_kind(kind: str, device: str) -> str:
         raise ValueError(f"unknown decoder kind {kind!r}; expected one of {KINDS}")
     if kind == "auto":
         cuda = str(device).startswith("cuda") and torch.cuda.is_available()
-        return "dali" if cuda and dali_available() else CPU_DEFAULT
+        if not (cuda and dali_available()):
+            return CPU_DEFAULT
+        small = median_pixels is not None and median_pixels <= CPU_DECODE_MAX_PIXELS
+        return "cpu-dali" if small else "dali"
     return CPU_DEFAULT if kind == "cpu" else kind
 
 
@@ -61,8 +75,16 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
     if resolved == "cpu-dali":
         from fastfeed.decode.dali import DaliDecoder
 
-        inner = DaliDecoder(device_id=None, **common)
-        return inner if dev.type == "cpu" else _ToDevice(inner, dev)
+        if dev.type == "cpu":
+            return DaliDecoder(device_id=None, **common)
+        from fastfeed.decode.split import NormalizeOnDevice
+
+        # uint8 NHWC batches in page-locked memory; the GPU normalises them (see split.py)
+        inner = DaliDecoder(device_id=None, pinned_output=True,
+                            **{**common, "dtype": torch.uint8, "channels_last": True})
+        return NormalizeOnDevice(inner, dev, dtype=torch.float32 if dtype is None else dtype,
+                                 mean=IMAGENET_MEAN if mean is None else mean, std=IMAGENET_STD if std is None else std,
+                                 channels_last=channels_last)
     from fastfeed.decode.cpu import PilDecoder
 
     return PilDecoder(device=dev, draft=draft, **common)
@@ -82,17 +104,3 @@ def build_decoder(settings, *, num_threads: int | None = None, hw_decoder_load: 
         # ~1,500 px photos, no change on ImageNet-sized ones); eval keeps exact torchvision parity.
         draft=settings.train)
 
-
-class _ToDevice:
-    """Moves a CPU decoder's batches to a CUDA device on torch's current stream (pinned staging, async copy)."""
-
-    def __init__(self, inner, device):
-        self._inner = inner
-        self.device = device
-
-    def __call__(self, samples, windows):
-        res = self._inner(samples, windows)
-        return DecodeResult(res.images.pin_memory().to(self.device, non_blocking=True), res.replaced)
-
-    def close(self):
-        self._inner.close()

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 14, third session (2026-11-30), round 2 on nvidia-h200-x2, the tree as merged: gpu tests, the 12-MP first
+# batch with the lazily faulted and pinned ring, thumbnails with auto's CPU decode, DDP next to DALI's own DDP,
+# ImageNet-like training rows.
+#   bash benchmarks/h200/stage19.sh K     K = 1..4 staging (stage18.sh's: base, thumbnail and phone sets)
+#                                          5: DALI installed; pytest -m gpu; phone first batch and table; thumbnails
+#                                          6: DDP rows; ImageNet-like R50/R18 rows
+# Carry per call: K=1 [.carry/p1, .carry/x], K=2 [.carry/p2], K=3,4 [.carry/pK], K=5 [.carry/p5, .carry/x2], K=6 [].
+set -uo pipefail
+K=$1; shift
+case $K in 1|2|3|4) exec bash benchmarks/h200/stage18.sh $K ;; esac
+W=/tmp/ffbench
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/dali
+cp .carry/p$K/part.* /tmp/dali/ 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # KINDS.md: keep multicast off
+cp /tmp/ffnative/_native*.so fastfeed/  # built by step 1 from this same tree (a fresh host: round 1's is gone)
+quiet() { grep -v -iE "nvjpeg2k|nvtiff|^note:|Warning"; }
+T=benchmarks/h200/train_table.py
+ddp() {  # $1 = label, $2 = ranks, rest = extra args
+  local label=$1 n=$2; shift 2
+  timeout 120 torchrun --standalone --nproc-per-node $n benchmarks/h200/ddp_scaling.py --data $W/base-wds \
+      --json $OUT/ddp-$label.json "$@" >$OUT/ddp-$label.log 2>&1
+  python3 -c "import json; d=json.load(open('$OUT/ddp-$label.json')); w=d['waits_ms_rank0']; print('$label', round(d['images_per_s']), 'img/s, wait', [round(x,3) for x in d['wait_fraction_per_rank']], 'waits>10ms', sum(x>10 for x in w), 'of', len(w), 'first', [round(x,1) for x in d['first_batch_s_per_rank']])" 2>&1 | tail -1
+}
+case $K in
+5)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/x2/*.whl 2>&1 | tail -1
+  bash .carry/p5/install_dali.sh 2>&1 | tail -1 || exit 1
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > $OUT/pytest-gpu.log 2>&1
+  tail -3 $OUT/pytest-gpu.log
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/h200/first_batch.py --data $W/phone-wds --batches 3 \
+      --json $OUT/first-batch-phone.json 2>&1 | quiet | grep -E "ring_|_s\"|images_per_s|arena" | tr -s ' ' | tr '\n' ' '; echo
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 $T --label phone --data $W/phone-wds --images $W/phone-images \
+      --rows default,dali --dali-grid 1.0:2,0.9:4 --steps 12 --warmup 4 --consumers none,resnet50 \
+      --json $OUT/table-phone.json 2>&1 | grep -E "^\[" | quiet
+  CUDA_VISIBLE_DEVICES=0 timeout 330 python3 $T --label thumb --image-size 64 --data $W/thumb-wds \
+      --images $W/thumb-images --rows default,dali,torch --dali-grid 0.9:4 --steps 150 --warmup 20 \
+      --extra-ff 'gpu-dali=dict(decoder="dali")' --consumers resnet50,none \
+      --json $OUT/table-thumb.json 2>&1 | grep -E "^\[" | quiet
+  ;;
+6)
+  ddp one 1
+  ddp default 2
+  ddp dali-one 1 --loader dali-wds
+  ddp dali-two 2 --loader dali-wds
+  FASTFEED_DALI_CHROMA=plain ddp plain-two 2
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 $T --data $W/base-wds --images $W/base-images \
+      --rows default,dali --dali-grid 1.0:2 --consumers resnet50,resnet18 --steps 60 --warmup 10 \
+      --extra-ff 'no-checksum=dict(verify_checksums=False)' --json $OUT/table-imagenet.json 2>&1 | grep -E "^\[" | quiet
+  ;;
+esac
