@@ -138,9 +138,9 @@ class Loader:
         self.dataset = open_dataset(path, storage_options=storage_options, fetch="on_demand", **remote)
         if len(self.dataset) == 0:
             raise ValueError(f"{path}: the dataset has no samples")
-        if decoder == "auto":  # the choice also depends on the images' size (decode.resolve_kind)
-            pixels = np.asarray(self.dataset.widths, np.float64) * np.asarray(self.dataset.heights, np.float64)
-            self.settings = resolve_settings(**args, median_pixels=float(np.median(pixels)))
+        # Resolved again with what the table says about the images: the decoder "auto" picks and the DALI thread
+        # count depend on it (fastfeed/settings.py).
+        self.settings = resolve_settings(**args, images=self.dataset.image_profile())
         s = self.settings
         if s.drop_last and len(self.dataset) < self.world.world_size * s.batch_size:
             raise ValueError(f"{path}: drop_last=True with {len(self.dataset)} samples, world size "

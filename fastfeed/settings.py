@@ -23,6 +23,7 @@ from fastfeed.decode import KINDS as DECODERS
 from fastfeed.decode import resolve_kind
 from fastfeed.decode.base import ON_ERROR
 from fastfeed.decode.crop import ORIENTATIONS
+from fastfeed.types import ImageProfile
 from fastfeed.world import World
 
 __all__ = ["LoaderSettings", "resolve_settings", "DTYPES", "ORIENTATIONS", "ON_ERROR", "DEFAULT_HW_DECODER_LOAD",
@@ -36,6 +37,8 @@ DTYPES = {getattr(torch, name): name for name in DTYPE_NAMES}
 DEFAULT_READER_THREADS = 4
 # Decoded batches queued ahead of the training step.
 DEFAULT_PREFETCH = 2
+# With DALI, a dataset with at least this share of images the hardware decoder cannot take gets more CPU threads.
+DALI_CPU_SHARE_FOR_MORE_THREADS = 0.1
 # More CPU decode threads than this stop paying on the machines measured (the pool's hand-off dominates).
 MAX_DEFAULT_DECODE_THREADS = 8
 
@@ -118,9 +121,10 @@ class LoaderSettings:
 def resolve_settings(*, world: World, batch_size, train, image_size, device, decoder, dtype, channels_last, mean,
                      std, shuffle, seed, drop_last, order, num_threads, reader_threads, prefetch, hw_decoder_load,
                      pipelines, on_error, orientation, verify_checksums, log_every,
-                     dataloader_kwargs: dict | None = None, median_pixels: float | None = None) -> LoaderSettings:
+                     dataloader_kwargs: dict | None = None, images: ImageProfile | None = None) -> LoaderSettings:
     """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults.
-    `median_pixels`: the dataset's median image size, when known; decoder="auto" chooses by it (resolve_kind)."""
+    `images`: what the dataset's table says about its images, once it is open; decoder="auto" and the DALI thread
+    count depend on it (resolve_kind, _default_decode_threads)."""
     batch_size = _int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
     train = _bool("train", train)
     image_size = _int("image_size", image_size, 1, MAX_IMAGE_SIZE)
@@ -145,12 +149,14 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
 
     num_threads, prefetch = _map_dataloader_kwargs(dataloader_kwargs or {}, num_threads, prefetch)
     dev = _resolve_device(device, world)
-    kind = resolve_kind(decoder, str(dev), median_pixels)
+    kind = resolve_kind(decoder, str(dev), None if images is None else images.median_pixels)
     auto = num_threads is None or num_threads == "auto"
     if not auto:
         num_threads = _int("num_threads", num_threads, 1, MAX_THREADS)
     if pipelines is not None:
         pipelines = _int("pipelines", pipelines, 1, 16)
+    # CPU decoders spread a batch over their own thread pool: one pipeline.
+    pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind == "dali" else 1)
     if hw_decoder_load is not None:
         if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, numbers.Real) \
                 or not 0.0 <= float(hw_decoder_load) <= 1.0:
@@ -160,9 +166,8 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         channels_last=_bool("channels_last", channels_last), mean=mean, std=std, shuffle=shuffle,
         drop_last=drop_last, seed=seed, order=order, on_error=on_error, orientation=orientation,
         verify_checksums=_bool("verify_checksums", verify_checksums),
-        decode_threads=_default_decode_threads(kind, world) if auto else num_threads,
-        # CPU decoders spread a batch over their own thread pool: one pipeline.
-        pipelines=pipelines or (DEFAULT_DALI_PIPELINES if kind == "dali" else 1),
+        decode_threads=_default_decode_threads(kind, world, pipelines, images) if auto else num_threads,
+        pipelines=pipelines,
         hw_decoder_load=DEFAULT_HW_DECODER_LOAD if hw_decoder_load is None else float(hw_decoder_load),
         prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),
         reader_threads=DEFAULT_READER_THREADS if reader_threads is None else _int(
@@ -191,11 +196,16 @@ def _memory_bytes() -> int:
     return total
 
 
-def _default_decode_threads(kind: str, world: World) -> int:
-    """DALI: few threads (the hardware decoder does the work). A CPU decoder: this rank's share of the machine's
-    cores, capped."""
+def _default_decode_threads(kind: str, world: World, pipelines: int, images: ImageProfile | None) -> int:
+    """DALI: few threads while the hardware decoder does the work; when a share of the images is something it
+    cannot take (PNG, progressive or CMYK JPEG: `images.cpu_decode_share`), DALI decodes those on these threads, so
+    they get that share of this rank's cores, split over the pipelines, capped. A CPU decoder: this rank's share of
+    the machine's cores, capped."""
     if kind == "dali":
-        return DEFAULT_DALI_THREADS
+        if images is None or images.cpu_decode_share < DALI_CPU_SHARE_FOR_MORE_THREADS:
+            return DEFAULT_DALI_THREADS
+        want = round(world.cpus_per_rank * images.cpu_decode_share / pipelines)
+        return max(DEFAULT_DALI_THREADS, min(MAX_DEFAULT_DECODE_THREADS, want))
     return min(MAX_DEFAULT_DECODE_THREADS, world.cpus_per_rank)
 
 

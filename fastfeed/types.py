@@ -28,6 +28,7 @@ __all__ = [
     "Manifest",
     "Extents",
     "Sample",
+    "ImageProfile",
 ]
 
 FORMAT_VERSION = 2
@@ -160,3 +161,13 @@ class Sample:
     data: bytes
     label: int
     metadata: dict | None
+
+
+@dataclass(frozen=True)
+class ImageProfile:
+    """What a dataset's sample table says about its images, for the Loader's choices that depend on them
+    (fastfeed/settings.py): the median stored size, and the share of samples the GPU's hardware JPEG decoder cannot
+    take (PNG, progressive or CMYK JPEGs, ...), which DALI decodes with CPU threads."""
+
+    median_pixels: float
+    cpu_decode_share: float

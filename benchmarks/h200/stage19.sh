@@ -5,7 +5,9 @@
 #   bash benchmarks/h200/stage19.sh K     K = 1..4 staging (stage18.sh's: base, thumbnail and phone sets)
 #                                          5: DALI installed; pytest -m gpu; phone first batch and table; thumbnails
 #                                          6: DDP rows; ImageNet-like R50/R18 rows
-# Carry per call: K=1 [.carry/p1, .carry/x], K=2 [.carry/p2], K=3,4 [.carry/pK], K=5 [.carry/p5, .carry/x2], K=6 [].
+#                                          7: PNG-heavy set (70% PNG): DALI threads from the share the hardware decoder
+#                                             cannot take, against the old fixed 2
+# Carry per call: K=1 [.carry/p1, .carry/x], K=2 [.carry/p2], K=3,4 [.carry/pK], K=5 [.carry/p5, .carry/x2], K=6,7 [].
 set -uo pipefail
 K=$1; shift
 case $K in 1|2|3|4) exec bash benchmarks/h200/stage18.sh $K ;; esac
@@ -48,5 +50,13 @@ case $K in
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 $T --data $W/base-wds --images $W/base-images \
       --rows default,dali --dali-grid 1.0:2 --consumers resnet50,resnet18 --steps 60 --warmup 10 \
       --extra-ff 'no-checksum=dict(verify_checksums=False)' --json $OUT/table-imagenet.json 2>&1 | grep -E "^\[" | quiet
+  ;;
+7)
+  python3 tools/make_dataset.py $W/png-images --regime png --num-images 4000 --num-classes 100 --seed 0 | tail -1
+  python3 -m fastfeed.cli pack $W/png-images $W/png-wds --format wds --shard-size 256MB --jpeg keep \
+      --shuffle-seed 0 --workers 16 --quiet --overwrite | tail -1
+  CUDA_VISIBLE_DEVICES=0 timeout 400 python3 $T --label png --data $W/png-wds --images $W/png-images \
+      --rows default,dali,torch --dali-grid 0.9:8 --steps 20 --warmup 4 --consumers none,resnet50 \
+      --extra-ff 'threads-2=dict(num_threads=2)' --json $OUT/table-png.json 2>&1 | grep -E "^\[" | quiet
   ;;
 esac

@@ -22,7 +22,8 @@ from typing import Iterator, Protocol, runtime_checkable
 import numpy as np
 
 from fastfeed.formats.integrity import checksum, xxh3_hex
-from fastfeed.types import MANIFEST_NAME, SAMPLES_NAME, DatasetError, Extents, Manifest, Sample
+from fastfeed.jpeg import KIND_BASELINE
+from fastfeed.types import MANIFEST_NAME, SAMPLES_NAME, DatasetError, Extents, ImageProfile, Manifest, Sample
 
 __all__ = ["Dataset", "TableDataset", "load_manifest", "load_table", "data_path", "read_regular"]
 
@@ -44,6 +45,7 @@ class Dataset(Protocol):
     def heights(self) -> np.ndarray: ...
     @property
     def checksums(self) -> np.ndarray | None: ...
+    def image_profile(self) -> ImageProfile: ...
     @property
     def orientations(self) -> np.ndarray: ...
     def read(self, i: int, check: bool = True) -> bytes: ...
@@ -228,6 +230,26 @@ class TableDataset:
         """uint64 xxh3_64 of each stored image (`fastfeed.formats.integrity.checksum`); None for format version 1
         datasets, which have none (per-sample checks are then skipped)."""
         return self._sums
+
+    def image_profile(self) -> "ImageProfile":
+        """Median size and the share of samples the hardware JPEG decoder cannot take (`hw_decodable`; tables
+        without that column count baseline JPEGs as decodable)."""
+        pixels = np.asarray(self.widths, np.float64) * np.asarray(self.heights, np.float64)
+        hw = self._table.get("hw_decodable")
+        if hw is None:
+            hw = np.asarray(self.jpeg_kinds) == KIND_BASELINE
+        share = 1.0 - float(np.count_nonzero(hw)) / max(1, len(self))
+        return ImageProfile(median_pixels=float(np.median(pixels)) if len(pixels) else 0.0, cpu_decode_share=share)
+
+    def image_profile(self) -> ImageProfile:
+        """Median size and the share of samples the hardware JPEG decoder cannot take (`hw_decodable`; tables
+        without that column count baseline JPEGs as decodable)."""
+        pixels = np.asarray(self.widths, np.float64) * np.asarray(self.heights, np.float64)
+        hw = self._table.get("hw_decodable")
+        if hw is None:
+            hw = np.asarray(self.jpeg_kinds) == KIND_BASELINE
+        share = 1.0 - float(np.count_nonzero(hw)) / max(1, len(self))
+        return ImageProfile(median_pixels=float(np.median(pixels)) if len(pixels) else 0.0, cpu_decode_share=share)
 
     @property
     def orientations(self) -> np.ndarray:

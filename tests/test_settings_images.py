@@ -1,0 +1,43 @@
+"""Settings that depend on the dataset's images (fastfeed/settings.py, `ImageProfile` from the sample table): the
+DALI thread count grows with the share of images the hardware decoder cannot take."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import fastfeed
+from fastfeed.formats import open_dataset
+from fastfeed.types import ImageProfile
+from fastfeed.world import World
+from test_epoch import settings_for
+
+
+def _threads(share, cpus, local=1, num_threads="auto"):
+    world = World(cpus=cpus, local_world_size=local)
+    return settings_for(world=world, decoder="dali", num_threads=num_threads, pipelines=2,
+                        images=ImageProfile(median_pixels=200_000, cpu_decode_share=share)).decode_threads
+
+
+def test_dali_threads_follow_the_share_the_hardware_decoder_cannot_take():
+    assert settings_for(decoder="dali", num_threads="auto").decode_threads == 2  # profile not known yet
+    assert _threads(0.0, 32) == 2 and _threads(0.05, 32) == 2  # the hardware decoder does the work
+    assert _threads(0.5, 16) == 4  # half of 16 cores over 2 pipelines
+    assert _threads(0.7, 32) == 8  # capped
+    assert _threads(0.7, 32, local=8) == 2  # 4 cores per rank: never fewer than the default
+    assert _threads(0.7, 32, num_threads=3) == 3  # an explicit count wins
+
+
+def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
+    src = tmp_path / "src" / "c0"
+    src.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    sizes = {"a.jpg": (40, 30), "b.jpg": (64, 48), "c.jpg": (100, 80), "d.png": (50, 50), "e.png": (90, 70)}
+    for name, (w, h) in sizes.items():
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(src / name)
+    pack_cli(tmp_path / "src", tmp_path / "wds", "--format", "wds")
+    profile = open_dataset(tmp_path / "wds").image_profile()
+    assert profile.median_pixels == float(np.median([w * h for w, h in sizes.values()]))
+    assert profile.cpu_decode_share == pytest.approx(2 / 5)  # the PNGs
+    with fastfeed.Loader(tmp_path / "wds", batch_size=2, device="cpu") as L:
+        assert L.settings.decoder == "cpu-pil"  # no GPU here: the profile changes nothing on the CPU path
