@@ -17,7 +17,8 @@ Each iteration runs `pipelines` decode workers (threads), each with its own deco
     decoder(slot views) -> release the slot -> results[position]
 The consumer takes results strictly by position, so the order never depends on thread timing. The ring's reader
 threads read `prefetch + 2*pipelines` batches of encoded bytes ahead; a worker may decode batch k only while
-k < consumed + prefetch + pipelines, so decoded batches (device memory) are bounded too. A slot is released only
+k < consumed + prefetch + pipelines, so decoded batches (device memory) are bounded too; and batch k > 0 only once
+batch 0 is decoded, so the first batch of an iteration does not share the decoder with the next ones. A slot is released only
 after the decoder returns, because the decoder reads the slot's bytes in place (DALI's external_source with
 no_copy, or PIL from a view). On CUDA each worker decodes on its own stream and records an event after each batch;
 the consumer's current stream waits on that event before the batch is handed out, and `record_stream` tells
