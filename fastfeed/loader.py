@@ -150,8 +150,11 @@ class Loader:
         self._decoders = self._build_decoders()
         # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
         # a CUDA process (see the NOTE on fork) touching CUDA at all fails.
+        # With checksums to verify, the ring's reader threads hash each sample after its read (no GIL), and the
+        # epoch only compares: the training thread is not kept waiting for the GIL while batches are hashed.
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=self.settings.reader_threads,
-                                  num_slots=self.settings.ring_slots, pin_memory=s.device.type == "cuda")
+                                  num_slots=self.settings.ring_slots, pin_memory=s.device.type == "cuda",
+                                  digests=self._table.bad_checksums is not None)
         self._publish_settings()
 
         self._epoch = 0
@@ -330,7 +333,8 @@ class Loader:
 
         Stages: `read` (native ring threads' pread time, summed over threads), `read_wait` (decode workers
         waiting for the ring: reading is the bottleneck if this grows), `decode` (summed over pipelines),
-        `wait` (the training loop waiting for a batch: the number that matters). `ring` has the raw ring counters.
+        `wait` (the training loop waiting for a batch: the number that matters). `ring` has the raw ring counters
+        (`digest_seconds`: the reader threads' per-sample checksum hashing, when checksums are verified).
         `skipped` counts replaced samples by code: read_error, checksum, not_image, decode_error.
         """
         snap = self._stats.snapshot()
@@ -374,8 +378,8 @@ class Loader:
         ds = self.dataset
         check = None
         if self.settings.verify_checksums and getattr(ds, "checksums", None) is not None:
-            def check(indices, samples):
-                return integrity.bad_checksums(ds, indices, samples)
+            def check(indices, samples, digests=None):
+                return integrity.bad_checksums(ds, indices, samples, digests=digests)
         widths, heights = oriented_size(ds.widths, ds.heights, getattr(ds, "orientations", None),
                                         self.settings.orientation)
         return SampleTable(labels=torch.from_numpy(np.ascontiguousarray(ds.labels, dtype=np.int64)),

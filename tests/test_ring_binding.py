@@ -1,4 +1,4 @@
-"""The binding boundary of the ring (csrc/bindings.cpp): typed status values, a read failure with named fields,
+"""The binding boundary of the ring (csrc/ring_bindings.cpp): typed status values, a read failure with named fields,
 and construction (arena allocation + prefault) that lets other Python threads run."""
 from __future__ import annotations
 
