@@ -6,10 +6,11 @@ bytes as the baseline (what the ring already does once per byte).
     python benchmarks/bench_integrity.py [--images 512] [--batch 256] [--repeat 20] [--seconds 3] [--period-ms 20]
 
 1. Time of the check alone, per sample and per batch (the consumer-side thread runs it).
-2. What it does to a training thread: a Python thread stands in for the training loop (GIL-bound steps of ~0.1 ms,
-   as kernel launches are) while a loader thread checks one batch per period, as the Loader does; its steps/s
-   (turned into ms of training lost per batch) and its slowest steps are compared with no check running. This is
-   the cost that shows up in training: late kernel launches.
+2. The check beside a GIL-bound thread (the training loop at its worst: it never gives the GIL up by itself), one
+   batch due per period as in the Loader: how long the check of a batch takes there. python-xxhash releases the
+   GIL around each buffer over 64 KB, so it needs the GIL back once per sample, and beside such a thread each of
+   those waits for the interpreter's switch interval (5 ms) and then takes the GIL from it (a late launch); the
+   native digests need it once per batch.
 3. The ring's read throughput (warm page cache) with the reader threads hashing and without.
 """
 from __future__ import annotations
@@ -23,45 +24,28 @@ import time
 import numpy as np
 
 
-def _train_steps(stop: threading.Event, out: list) -> None:
-    """GIL-bound work in ~0.1 ms steps (a training loop launching kernels); records each step's duration."""
-    def step():
-        x = 0
-        for i in range(1000):
-            x += i & 7
-        return x
+def _beside_spinner(seconds: float, check_batch, period: float) -> list:
+    """A GIL-bound thread (the training loop at its worst: it never gives the GIL up by itself) runs for `seconds`
+    while this thread checks one batch every `period` s, as the Loader does. Returns each check's duration."""
+    stop, checks = threading.Event(), []
 
-    while not stop.is_set():
-        t0 = time.perf_counter()
-        step()
-        out.append(time.perf_counter() - t0)
-
-
-def _contend(seconds: float, check_batch, period: float) -> dict:
-    """The training stand-in for `seconds` while a loader thread checks one batch every `period` s (or nothing)."""
-    stop, steps, checks = threading.Event(), [], []
-
-    def loader():
-        due = time.perf_counter()
+    def spin():
         while not stop.is_set():
-            t0 = time.perf_counter()
-            check_batch()
-            checks.append(time.perf_counter() - t0)
-            due += period
-            time.sleep(max(0.0, due - time.perf_counter()))
+            pass
 
-    threads = [threading.Thread(target=_train_steps, args=(stop, steps))]
-    if check_batch is not None:
-        threads.append(threading.Thread(target=loader))
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
+    t = threading.Thread(target=spin)
+    t.start()
+    due = time.perf_counter()
+    end = due + seconds
+    while (now := time.perf_counter()) < end:
+        if now >= due:
+            check_batch()
+            checks.append(time.perf_counter() - now)
+            due += period
+        time.sleep(max(0.0, min(due, end) - time.perf_counter()))
     stop.set()
-    for t in threads:
-        t.join()
-    s = np.asarray(steps[1:])
-    return dict(steps_per_s=len(s) / seconds, p99_ms=1e3 * np.percentile(s, 99), max_ms=1e3 * s.max(),
-                check_ms=1e3 * float(np.median(checks)) if checks else 0.0, batches=len(checks))
+    t.join()
+    return checks
 
 
 def main() -> None:
@@ -69,7 +53,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=512)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--seconds", type=float, default=3.0, help="per training-thread contention run")
+    ap.add_argument("--seconds", type=float, default=3.0, help="per GIL-contention run")
     ap.add_argument("--period-ms", type=float, default=20.0,
                     help="one batch checked this often (20 ms: ~13k img/s at batch 256, the H200 loader's rate)")
     a = ap.parse_args()
@@ -126,39 +110,38 @@ def main() -> None:
                     fn()
                 dt = (time.perf_counter() - t0) / a.repeat
                 print(f"   {name:18s}: {dt / n * 1e6:7.2f} us/sample, {dt / n * a.batch * 1e3:7.3f} ms per batch "
-                      f"of {a.batch}, {buf.nbytes / dt / 1e9:6.2f} GB/s")
+                      f"of {a.batch}" + ("" if fn is run_native else f", {buf.nbytes / dt / 1e9:6.2f} GB/s"))
 
-            print(f"2. a GIL-bound training thread ({a.seconds:.0f} s each) while a loader thread checks one batch "
-                  f"every {a.period_ms:.0f} ms")
+            print(f"2. beside a GIL-bound thread ({a.seconds:g} s each, one batch due every {a.period_ms:g} ms)")
             one_idx, one_views = batches[0]
-            check_python = lambda: bad_checksums(ds, one_idx, one_views)  # noqa: E731
-            check_native = lambda: bad_checksums(ds, one_idx, one_views, digests=digests[0])  # noqa: E731
-            base = None
-            for name, fn in (("no check", None), ("python xxhash", check_python), ("native digests", check_native)):
-                r = _contend(a.seconds, fn, a.period_ms / 1e3)
-                base = base or r["steps_per_s"]
-                lost = 1e3 * (1 - r["steps_per_s"] / base) * a.period_ms / 1e3 if r["batches"] else 0.0
-                print(f"   {name:18s}: {r['steps_per_s']:6.0f} steps/s ({lost:+.2f} ms of training per batch), "
-                      f"step p99 {r['p99_ms']:.2f} ms, max {r['max_ms']:.1f} ms; check {r['check_ms']:.3f} ms per "
-                      f"batch (median, {r['batches']} batches)")
+            for name, fn in (("python xxhash", lambda: bad_checksums(ds, one_idx, one_views)),
+                             ("native digests", lambda: bad_checksums(ds, one_idx, one_views, digests=digests[0]))):
+                checks = _beside_spinner(a.seconds, fn, a.period_ms / 1e3)
+                print(f"   {name:18s}: check per batch mean {1e3 * np.mean(checks):8.3f} ms, median "
+                      f"{1e3 * np.median(checks):8.3f} ms, max "
+                      f"{1e3 * max(checks):6.1f} ms ({len(checks)} of {a.seconds * 1e3 / a.period_ms:.0f} batches due)")
 
-            print("3. ring read throughput, warm page cache, best of 5 epochs")
+            print("3. ring read throughput, warm page cache (best of 7 runs of 4 epochs each, off and on interleaved)")
             for threads in (2, 4):
-                for on in (False, True):
-                    best = float("inf")
-                    with PrefetchRing(ext, a.batch, num_threads=threads, num_slots=4, pin_memory=False,
-                                      digests=on) as ring:
-                        for _ in range(5):
+                rings = {on: PrefetchRing(ext, a.batch, num_threads=threads, num_slots=4, pin_memory=False,
+                                          digests=on) for on in (False, True)}
+                best = {False: float("inf"), True: float("inf")}
+                try:
+                    for _ in range(7):
+                        for on, ring in rings.items():
                             t0 = time.perf_counter()
-                            ring.start(np.arange(n))
-                            while (b := ring.next_batch()) is not None:
-                                b.release()
-                            best = min(best, time.perf_counter() - t0)
-                        st = ring.stats()
-                    print(f"   {threads} threads, digests {'on ' if on else 'off'}: {buf.nbytes / best / 1e9:6.2f} GB/s"
-                          f" (hashing {1e3 * st['digest_seconds'] / (st['bytes_read'] / 1e6):.3f} ms of a reader "
-                          f"thread per MB)")
-
+                            for _ in range(4):
+                                ring.start(np.arange(n))
+                                while (b := ring.next_batch()) is not None:
+                                    b.release()
+                            best[on] = min(best[on], (time.perf_counter() - t0) / 4)
+                    st = rings[True].stats()
+                finally:
+                    for ring in rings.values():
+                        ring.close()
+                print(f"   {threads} threads: digests off {buf.nbytes / best[False] / 1e9:6.2f} GB/s, on "
+                      f"{buf.nbytes / best[True] / 1e9:6.2f} GB/s (hashing: {1e3 * st['digest_seconds'] / (st['bytes_read'] / 1e6):.3f} "
+                      f"ms of a reader thread per MB)")
 
 if __name__ == "__main__":
     main()
