@@ -29,8 +29,9 @@
 // Digests. With RingConfig::digests the reader thread that read a sample computes its XXH3_64bits (seed 0, the
 // pack's per-sample checksum) right after the read, while the bytes are still in its cache, into the slot's
 // digests[k] (its own chunk's range, like the bytes). So the consumer compares 8 bytes per sample instead of
-// hashing the batch with the GIL held (~5 us per 117 KB sample in python-xxhash). Overflow batches get them too; a
-// failed sample's digest is left stale (its batch is failed and released unseen, see Errors).
+// hashing the batch in Python (~5 us per 117 KB sample in python-xxhash, and a GIL hand-over per sample). Overflow
+// batches get them too; a failed sample's digest is left stale (its batch is failed and released unseen, see
+// Errors).
 //
 // Errors. A failed or short read is recorded on the slot (the lowest failing sample wins, so the message is
 // deterministic); the batch still completes and the consumer receives it with `failed` set, then releases it and

@@ -143,8 +143,8 @@ class PrefetchRing:
         num_slots: batches held at once (being filled, ready, or in use by the consumer).
         slot_bytes: bytes per slot; None sizes it with `auto_slot_bytes(extents.size, batch_size)`.
         pin_memory: None pins when CUDA is available; True pins or warns; False never pins.
-        digests: the reader threads also compute each sample's xxh3_64 (`RingBatch.digests`); costs them ~0.1 ms
-            of CPU per MB, and the GIL nothing.
+        digests: the reader threads also compute each sample's xxh3_64 (`RingBatch.digests`); costs them
+            0.04-0.07 ms of CPU per MB (2-core dev box, benchmarks/bench_integrity.py), and the GIL nothing.
     """
 
     def __init__(self, extents, batch_size: int, num_threads: int = 4, num_slots: int = 4,
