@@ -4,7 +4,8 @@
     python benchmarks/bench_ring.py --dataset data/sample-wds
 
 Warm page cache (bytes/s, best of --repeats): the ring (consumer takes each batch, makes the sample views and
-releases it; also with `digests=True`, the reader threads hashing every sample as the Loader's ring does) vs one single-threaded memcpy of the same bytes (the ceiling) vs a Python f.seek/f.read loop.
+releases it; also with `digests=True`, the reader threads hashing every sample as the Loader's ring does) vs one
+single-threaded memcpy of the same bytes (the ceiling) vs a Python f.seek/f.read loop.
 Targets on the 2-core dev machine: ring >= 70% of memcpy and >= 3x the Python loop.
 Cold cache (posix_fadvise DONTNEED on every file first): random reads as samples/s with 1 and 32 reads in flight
 (1 and 32 producer threads; every batch is split across all threads).
