@@ -4,7 +4,8 @@
     python benchmarks/bench_ring.py --dataset data/sample-wds
 
 Warm page cache (bytes/s, best of --repeats): the ring (consumer takes each batch, makes the sample views and
-releases it) vs one single-threaded memcpy of the same bytes (the ceiling) vs a Python f.seek/f.read loop.
+releases it; also with `digests=True`, the reader threads hashing every sample as the Loader's ring does) vs one
+single-threaded memcpy of the same bytes (the ceiling) vs a Python f.seek/f.read loop.
 Targets on the 2-core dev machine: ring >= 70% of memcpy and >= 3x the Python loop.
 Cold cache (posix_fadvise DONTNEED on every file first): random reads as samples/s with 1 and 32 reads in flight
 (1 and 32 producer threads; every batch is split across all threads).
@@ -89,8 +90,10 @@ def time_python(ext: Extents, order: np.ndarray, epochs: int, batch_size: int) -
             f.close()
 
 
-def time_ring(ext: Extents, order: np.ndarray, epochs: int, batch_size: int, threads: int, slots: int) -> float:
-    with PrefetchRing(ext, batch_size, num_threads=threads, num_slots=slots, pin_memory=False) as ring:
+def time_ring(ext: Extents, order: np.ndarray, epochs: int, batch_size: int, threads: int, slots: int,
+              digests: bool = False) -> float:
+    with PrefetchRing(ext, batch_size, num_threads=threads, num_slots=slots, pin_memory=False,
+                      digests=digests) as ring:
         t0 = time.perf_counter()
         for _ in range(epochs):
             ring.start(order)
@@ -152,6 +155,10 @@ def main(argv=None) -> int:
     for t in args.threads:
         r = volume / best(time_ring, args.repeats, ext, order, e, bs, t, args.slots)
         print(f"warm  ring {t:2d} threads batch {bs:3d}         {r / 1e9:7.2f} GB/s  "
+              f"= {100 * r / mem:5.1f}% of memcpy, {r / pyl:5.2f}x python batches")
+        # the Loader's ring when it verifies checksums: the reader threads also hash each sample (xxh3_64)
+        r = volume / best(time_ring, args.repeats, ext, order, e, bs, t, args.slots, True)
+        print(f"warm  ring {t:2d} threads + digests          {r / 1e9:7.2f} GB/s  "
               f"= {100 * r / mem:5.1f}% of memcpy, {r / pyl:5.2f}x python batches")
 
     cold = order[: args.cold_samples]

@@ -2,6 +2,7 @@
 #include "tar_writer.h"
 #include "jpeg_transcode.h"
 #include "ustar.h"
+#include "xxh3.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,9 +15,6 @@
 #include <cstring>
 #include <stdexcept>
 #include <system_error>
-
-#define XXH_INLINE_ALL
-#include "third_party/xxhash/xxhash.h"
 
 #ifdef FASTFEED_HAVE_OPENSSL
 #include <openssl/evp.h>
@@ -45,8 +43,6 @@ bool have_tar_writer() {
     return false;
 #endif
 }
-
-uint64_t xxh3_64(const uint8_t* data, size_t size) { return XXH3_64bits(data, size); }
 
 TarWriter::TarWriter(const std::string& path, size_t num_threads) : path_(path) {
     if (!have_tar_writer()) throw std::runtime_error("fastfeed._native was built without OpenSSL (sha256)");
@@ -220,7 +216,7 @@ void TarWriter::prepare(const TarSample& s, TarSampleResult& r, Buf& buf, const 
         std::memset(data + want, 0, padded(want) - want);
         r.members[i].offset = static_cast<int64_t>(pos + kBlock);  // relative to the record; the caller rebases
         r.members[i].size = static_cast<int64_t>(want);
-        r.members[i].xxh3 = XXH3_64bits(data, want);
+        r.members[i].xxh3 = xxh3_64(data, want);
         pos += kBlock + padded(want);
     }
     buf.len = pos;
@@ -360,7 +356,7 @@ void TarWriter::apply_check(TarSampleResult& r, Buf& buf, TarCheck& c) {
     if (rest) std::memcpy(nb.p.get() + first, buf.p.get() + old_first, rest);
     nb.len = first + rest;
     r.members[0].size = static_cast<int64_t>(c.data.size());
-    r.members[0].xxh3 = XXH3_64bits(c.data.data(), c.data.size());
+    r.members[0].xxh3 = xxh3_64(c.data.data(), c.data.size());
     for (size_t k = 1; k < r.members.size(); ++k)
         r.members[k].offset += static_cast<int64_t>(first) - static_cast<int64_t>(old_first);
     {

@@ -212,6 +212,5 @@ private:
 };
 
 bool have_tar_writer();
-uint64_t xxh3_64(const uint8_t* data, size_t size);  // XXH3_64bits, seed 0
 
 }  // namespace fastfeed

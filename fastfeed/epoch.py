@@ -42,8 +42,10 @@ class SampleTable:
     labels: int64 [N] (CPU). widths/heights: the displayed size crop windows are computed on (the stored size
     under the orientation policy: `decode.oriented_size`). keys: each sample's source
     name (for messages and logs). read(i): one sample's bytes, for the per-sample fallback after a ring read error
-    and for refilling a batch. bad_checksums(indices, samples): the positions whose bytes do not match the sample
-    table's checksum, or None when the dataset has none or checks are off.
+    and for refilling a batch. bad_checksums(indices, samples, digests=None): the positions whose bytes do not
+    match the sample table's checksum, or None when the dataset has none or checks are off; `digests` is the ring
+    batch's native xxh3_64 of each sample (`RingBatch.digests`) when the ring computed them, so only the comparison
+    runs with the GIL held, and None where the samples must be hashed here (the per-sample fallback reads).
     """
 
     labels: torch.Tensor
@@ -51,7 +53,7 @@ class SampleTable:
     heights: np.ndarray
     keys: Sequence
     read: Callable[[int], bytes]
-    bad_checksums: Callable[[np.ndarray, list], list] | None = None
+    bad_checksums: Callable[..., list] | None = None
 
 
 @dataclass
@@ -183,6 +185,7 @@ class EpochRun:
             raise slot
         bad: dict[int, tuple[str, str]] = {}  # position -> (code, detail), found before decoding
         rb = None
+        digests = None  # the ring's xxh3 of each sample, when it computes them
         if isinstance(slot, RingReadError):
             if s.on_error == "raise":
                 raise slot
@@ -198,9 +201,10 @@ class EpochRun:
             rb = slot
             indices = np.asarray(rb.indices, dtype=np.int64)
             samples = rb.samples()
+            digests = rb.digests
         try:
             if self.table.bad_checksums is not None:
-                for p in self.table.bad_checksums(indices, samples):
+                for p in self.table.bad_checksums(indices, samples, digests=digests):
                     bad.setdefault(p, ("checksum", "its bytes do not match the checksum in the sample table"))
             if bad and s.on_error == "raise":
                 raise LoaderError(f"sample(s) {self._names(indices, sorted(bad))} in batch {k} of epoch "

@@ -94,7 +94,8 @@ class Loader:
         on_error: "skip" replaces a bad record by another sample (counted in `stats()`, logged once per sample);
             "raise" raises naming the sample.
         orientation: "ignore" (torchvision's ImageFolder) or "exif"; see README, "Decode contract".
-        verify_checksums: check each sample's bytes against the checksum `pack` stored (datasets that have one).
+        verify_checksums: check each sample's bytes against the checksum `pack` stored (datasets that have one);
+            the ring's reader threads hash them without the GIL, the check compares (benchmarks/RESULTS.md).
         batch_transform: fn(images, labels) -> (images, labels), applied to every batch on the device (MixUp,
             CutMix, ...), with torch's, numpy's and `random`'s generators seeded from (seed, epoch, batch) so it is
             deterministic and resume-exact.
@@ -160,8 +161,11 @@ class Loader:
             log.info("fastfeed: %d ring slots of %.1f GB instead of %d: this rank's share of host memory for read-ahead "
                      "is %.1f GB (fastfeed/settings.py, RING_MEMORY_SHARE)", slots, slot_bytes / 1e9, s.ring_slots,
                      ring_budget_bytes(self.world) / 1e9)
+        # With checksums to verify, the ring's reader threads hash each sample after its read (no GIL), and the
+        # epoch only compares: the training thread is not kept waiting for the GIL while batches are hashed.
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=s.reader_threads, num_slots=slots,
-                                  slot_bytes=slot_bytes, pin_memory=s.device.type == "cuda")
+                                  slot_bytes=slot_bytes, pin_memory=s.device.type == "cuda",
+                                  digests=self._table.bad_checksums is not None)
         self._publish_settings()
 
         self._epoch = 0
@@ -340,7 +344,8 @@ class Loader:
 
         Stages: `read` (native ring threads' pread time, summed over threads), `read_wait` (decode workers
         waiting for the ring: reading is the bottleneck if this grows), `decode` (summed over pipelines),
-        `wait` (the training loop waiting for a batch: the number that matters). `ring` has the raw ring counters.
+        `wait` (the training loop waiting for a batch: the number that matters). `ring` has the raw ring counters
+        (`digest_seconds`: the reader threads' per-sample checksum hashing, when checksums are verified).
         `skipped` counts replaced samples by code: read_error, checksum, not_image, decode_error.
         """
         snap = self._stats.snapshot()
@@ -384,8 +389,8 @@ class Loader:
         ds = self.dataset
         check = None
         if self.settings.verify_checksums and getattr(ds, "checksums", None) is not None:
-            def check(indices, samples):
-                return integrity.bad_checksums(ds, indices, samples)
+            def check(indices, samples, digests=None):
+                return integrity.bad_checksums(ds, indices, samples, digests=digests)
         widths, heights = oriented_size(ds.widths, ds.heights, getattr(ds, "orientations", None),
                                         self.settings.orientation)
         return SampleTable(labels=torch.from_numpy(np.ascontiguousarray(ds.labels, dtype=np.int64)),

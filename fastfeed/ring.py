@@ -15,10 +15,14 @@ touching plus pinning all of it up front took 3.3 s before the first batch (benc
 than a slot still works: that slot grows a private, unpinned overflow buffer (kept for the ring's lifetime; `stats()`
 counts it).
 
+Digests: `PrefetchRing(..., digests=True)` has the reader threads compute every sample's xxh3_64 (seed 0: the pack's
+per-sample checksum, = `xxhash.xxh3_64_intdigest`) right after its read, without the GIL; `RingBatch.digests` holds
+them (uint64, None when off), for `formats.integrity.bad_checksums(..., digests=)`.
+
 Errors: a failed or short read raises `RingReadError` (an OSError naming file and offset; also `.offset`, `.length`,
 `.sample_index`, `.batch_index`) from the `next_batch()` call of the batch that hit it; the failed batch is released
 and the next call returns the following batch. (Below this file the binding returns a `RingStatus` enum and a
-`RingReadFailure` with named fields; see csrc/bindings.cpp.)
+`RingReadFailure` with named fields; see csrc/ring_bindings.cpp.)
 
 Shutdown: `close()` (idempotent; also via `with`, garbage collection and interpreter exit) stops and joins the
 producer threads, wakes a consumer blocked in `next_batch()` in another thread (it raises `RingClosedError`), and
@@ -85,9 +89,10 @@ def auto_slot_bytes(sizes: np.ndarray, batch_size: int, headroom: float = 1.25) 
 
 
 class RingBatch:
-    """One batch in a slot. `indices`, `offsets` and `sizes` are int64 arrays (offsets into `data`)."""
+    """One batch in a slot. `indices`, `offsets` and `sizes` are int64 arrays (offsets into `data`); `digests` the
+    samples' xxh3_64 (uint64) when the ring computes them, else None."""
 
-    __slots__ = ("_handle", "_data", "indices", "offsets", "sizes", "position", "pinned")
+    __slots__ = ("_handle", "_data", "indices", "offsets", "sizes", "digests", "position", "pinned")
 
     def __init__(self, handle, pinner: "_SlotPinner | None"):
         self._handle = handle
@@ -97,6 +102,7 @@ class RingBatch:
         self.indices = handle.indices
         self.offsets = handle.offsets
         self.sizes = handle.sizes
+        self.digests = handle.digests
         self.position = handle.batch
         self.pinned = pinner is not None and handle.in_arena and pinner.pin(self._data.ctypes.data)
 
@@ -142,10 +148,12 @@ class PrefetchRing:
         num_slots: batches held at once (being filled, ready, or in use by the consumer).
         slot_bytes: bytes per slot; None sizes it with `auto_slot_bytes(extents.size, batch_size)`.
         pin_memory: None pins when CUDA is available; True pins or warns; False never pins.
+        digests: the reader threads also compute each sample's xxh3_64 (`RingBatch.digests`); costs them
+            0.04-0.07 ms of CPU per MB (2-core dev box, benchmarks/bench_integrity.py), and the GIL nothing.
     """
 
     def __init__(self, extents, batch_size: int, num_threads: int = 4, num_slots: int = 4,
-                 slot_bytes: int | None = None, pin_memory: bool | None = None):
+                 slot_bytes: int | None = None, pin_memory: bool | None = None, digests: bool = False):
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads), ("num_slots", num_slots)):
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -160,11 +168,12 @@ class PrefetchRing:
         self._pid = os.getpid()
         self._closed = False
         self._native = _native.Ring(paths, file_index, offset, size, int(batch_size), int(num_threads),
-                                    int(num_slots), int(slot_bytes))
+                                    int(num_slots), int(slot_bytes), digests=bool(digests))
         self._finalizer = weakref.finalize(self, _stop, self._native, self._pid)
         self._last_stats: dict = {}
         self.batch_size = int(batch_size)
         self.num_threads = int(num_threads)
+        self.digests = bool(digests)
         self._pinner = _SlotPinner.create(self._native, pin_memory)
         self.pinned = self._pinner is not None  # pinning is on: slots are page-locked as they are first used
 
@@ -203,7 +212,7 @@ class PrefetchRing:
     def stats(self) -> dict:
         native = self._native
         out = dict(native.stats()) if native is not None and not self._closed else dict(self._last_stats)
-        out.update(slots=self.num_slots, slot_bytes=self.slot_bytes, pinned=self.pinned)
+        out.update(slots=self.num_slots, slot_bytes=self.slot_bytes, pinned=self.pinned, digests=self.digests)
         return out
 
     @property

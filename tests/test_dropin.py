@@ -271,9 +271,15 @@ def test_a_sample_whose_bytes_changed_after_packing_is_caught_by_its_checksum(tm
     out, key = _pack_and_damage(tmp_path, pack_cli, num_images=12, seed=5, i=7, damage=_flip_one_byte)
     with make(out, batch_size=4, train=False, verify_checksums=True) as L:
         list(L)
-        skipped = L.stats()["skipped"]
+        skipped, ring = L.stats()["skipped"], L.stats()["ring"]
     assert skipped["total"] == 1 and skipped["by_reason"] == {"checksum": 1}, skipped
     assert skipped["examples"][0]["key"] == key
+    # the ring's reader threads hashed the samples (the check only compared their digests)
+    assert ring["digests"] is True and ring["digest_seconds"] > 0
+    with make(out, batch_size=4, train=False, verify_checksums=False) as L:
+        list(L)
+        assert L.stats()["skipped"]["total"] == 0  # unchecked, the flipped byte decodes to other pixels
+        assert L.stats()["ring"]["digests"] is False
     with make(out, batch_size=4, train=False, on_error="raise") as L:
         with pytest.raises(fastfeed.LoaderError, match=key):
             list(L)

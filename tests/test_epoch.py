@@ -1,6 +1,7 @@
 """`EpochRun` on its own: built from explicit parts (plan, ring, decoders, settings, sample table, stats), no Loader."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -12,7 +13,7 @@ from fastfeed import epoch as epoch_mod
 from fastfeed import sampling
 from fastfeed.decode import build_decoder
 from fastfeed.epoch import EpochRun, LoaderError, SampleTable
-from fastfeed.formats import open_dataset
+from fastfeed.formats import integrity, open_dataset
 from fastfeed.ring import PrefetchRing
 from fastfeed.settings import resolve_settings
 from fastfeed.stats import StageStats
@@ -65,6 +66,28 @@ def test_an_epoch_run_from_parts_equals_the_loaders_epoch(parts, wds_path):
     assert len(got) == len(want) == plan.num_batches
     for (xa, ya), (xb, yb) in zip(got, want):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def test_the_checksum_check_gets_the_rings_digests(parts):
+    """A ring that hashes (the Loader's, when it verifies checksums) hands each batch's digests to the check."""
+    ds, s, table, _ = parts
+    seen = []
+
+    def check(indices, samples, digests=None):
+        seen.append((np.asarray(indices).copy(), digests))
+        return integrity.bad_checksums(ds, indices, samples, digests=digests)
+
+    table = dataclasses.replace(table, bad_checksums=check)
+    plan = sampling.plan_epoch(len(ds), seed=s.seed, epoch=0, world=World(), batch_size=16, shuffle=True)
+    decoder = build_decoder(s)
+    try:
+        with PrefetchRing(ds.extents(), s.batch_size, num_threads=2, num_slots=s.ring_slots, digests=True) as ring:
+            run_all(plan, ring, [decoder], s, table)
+    finally:
+        decoder.close()
+    assert len(seen) == plan.num_batches
+    for indices, digests in seen:
+        assert digests is not None and digests.tolist() == ds.checksums[indices].tolist()
 
 
 def test_crop_windows_follow_the_plans_epoch_not_anything_else(parts):

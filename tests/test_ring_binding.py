@@ -1,5 +1,6 @@
-"""The binding boundary of the ring (csrc/bindings.cpp): typed status values, a read failure with named fields,
-and construction that reserves the arena without touching it (the readers fault each slot in as they fill it)."""
+"""The binding boundary of the ring (csrc/ring_bindings.cpp): typed status values, a read failure with named
+fields, and construction that reserves the arena without touching it (the readers fault each slot in as they fill
+it)."""
 from __future__ import annotations
 
 import os
