@@ -16,14 +16,14 @@ Each iteration runs `pipelines` decode workers (threads), each with its own deco
     take the next ring slot (under a lock, so batch positions are handed out in order) -> crop windows ->
     decoder(slot views) -> release the slot -> results[position]
 The consumer takes results strictly by position, so the order never depends on thread timing. The ring's reader
-threads read `prefetch + 2*pipelines` batches of encoded bytes ahead; a worker may decode batch k only while
-k < consumed + prefetch + pipelines, so decoded batches (device memory) are bounded too; and batch k > 0 only once
-batch 0 is decoded, so the first batch of an iteration does not share the decoder with the next ones. A slot is released only
-after the decoder returns, because the decoder reads the slot's bytes in place (DALI's external_source with
+threads read `prefetch + 2*pipelines` batches of encoded bytes ahead; a worker may decode batch k only while k <
+consumed + prefetch + pipelines, so decoded batches (device memory) are bounded too; and batch k > 0 only once batch
+0 is decoded, so the first batch of an iteration does not share the decoder with the next ones. A slot is released
+only after the decoder returns, because the decoder reads the slot's bytes in place (DALI's external_source with
 no_copy, or PIL from a view). On CUDA each worker decodes on its own stream and records an event after each batch;
-the consumer's current stream waits on that event before the batch is handed out, and `record_stream` tells
-torch's allocator that the consumer's stream uses the memory, so a batch is never overwritten or reused while
-the training step reads it.
+the consumer's current stream waits on that event before the batch is handed out, and `record_stream` tells torch's
+allocator that the consumer's stream uses the memory, so a batch is never overwritten or reused while the training
+step reads it.
 Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
 first `next()`, so frameworks that call `iter()` to probe the object change nothing.
 Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
@@ -158,9 +158,9 @@ class Loader:
         slot_bytes = auto_slot_bytes(extents.size, s.batch_size)
         slots = s.ring_slots_within(slot_bytes, ring_budget_bytes(self.world))
         if slots < s.ring_slots:
-            log.info("fastfeed: %d ring slots of %.1f GB instead of %d: this rank's share of host memory for read-ahead "
-                     "is %.1f GB (fastfeed/settings.py, RING_MEMORY_SHARE)", slots, slot_bytes / 1e9, s.ring_slots,
-                     ring_budget_bytes(self.world) / 1e9)
+            log.info("fastfeed: %d ring slots of %.1f GB instead of %d: this rank's share of host memory for "
+                     "read-ahead is %.1f GB (fastfeed/settings.py, RING_MEMORY_SHARE)", slots, slot_bytes / 1e9,
+                     s.ring_slots, ring_budget_bytes(self.world) / 1e9)
         # With checksums to verify, the ring's reader threads hash each sample after its read (no GIL), and the
         # epoch only compares: the training thread is not kept waiting for the GIL while batches are hashed.
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=s.reader_threads, num_slots=slots,

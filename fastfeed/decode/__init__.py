@@ -6,7 +6,8 @@
 Kinds (the registry below): "dali" (GPU, `mixed` hardware decode), "cpu-dali" (DALI's CPU backend), "cpu-pil"
 (pillow-simd + numba), "cpu" (the faster CPU one on a 2-core machine: benchmarks/bench_decode.py), "auto" ("dali"
 when DALI and CUDA are there and device is cuda — "cpu-dali" for datasets of thumbnails, see resolve_kind — else
-"cpu"). With a CUDA device the CPU kinds decode to uint8 and normalise on the GPU (decode/split.py). DALI is imported only when a DALI kind is built.
+"cpu"). With a CUDA device "cpu-dali" decodes to uint8 and normalises on the GPU (decode/split.py). DALI is
+imported only when a DALI kind is built.
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ CPU_DEFAULT = "cpu-pil"
 
 
 # `auto` for a GPU decodes on the CPU (DALI's CPU backend, normalised on the GPU: decode/split.py) when the
-# dataset's median image has at most this many pixels: see resolve_kind.
+# dataset's median image has at most this many pixels: see resolve_kind. Measured on an H200 (benchmarks/RESULTS.md,
+# third session): thumbnails (median ~11,500 px) train a 64-px ResNet-50 6% faster so; ImageNet-like photos
+# (~190,000 px) are decoded on the GPU. Sizes in between were not measured: the bound sits near the thumbnails.
 CPU_DECODE_MAX_PIXELS = 128 * 128
 
 
@@ -51,8 +54,9 @@ def resolve_kind(kind: str, device: str, median_pixels: float | None = None) -> 
 
 def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0, image_size: int = 224,
                  dtype=None, channels_last: bool = False, mean=None, std=None, batch_size: int = 256,
-                 num_threads: int = DEFAULT_DALI_THREADS, hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD, on_error: str = "skip", draft: bool = False,
-                 zero_copy: bool = False, orientation: str = DEFAULT_ORIENTATION):
+                 num_threads: int = DEFAULT_DALI_THREADS, hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD,
+                 on_error: str = "skip", draft: bool = False, zero_copy: bool = False,
+                 orientation: str = DEFAULT_ORIENTATION):
     """Build a decoder. `device` is where the images go ("cuda" | "cuda:N" | "cpu"); device_id is the GPU DALI
     decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy and
     hw_decoder_load to dali only. `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
