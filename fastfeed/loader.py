@@ -417,6 +417,11 @@ class Loader:
         for key, value in info.items():
             self._stats.set_info(key, value)
         self._stats.set_info("pinned", bool(self._ring.stats().get("pinned", False)))
+        self._stats.set_info("ring_slots", self._ring.num_slots)
+        # what the decoder and thread choices were made from (settings.resolve_settings), for stats() and bench
+        profile = self.dataset.image_profile()
+        self._stats.set_info("images", {"median_pixels": profile.median_pixels,
+                                        "cpu_decode_share": round(profile.cpu_decode_share, 4)})
 
     def _make_plan(self, epoch: int, resume: dict | None):
         s = self.settings

@@ -41,3 +41,6 @@ def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
     assert profile.cpu_decode_share == pytest.approx(2 / 5)  # the PNGs
     with fastfeed.Loader(tmp_path / "wds", batch_size=2, device="cpu") as L:
         assert L.settings.decoder == "cpu-pil"  # no GPU here: the profile changes nothing on the CPU path
+        info = L.stats()["info"]
+        assert info["images"] == {"median_pixels": profile.median_pixels, "cpu_decode_share": 0.4}
+        assert info["ring_slots"] == L.stats()["ring"]["slots"]
