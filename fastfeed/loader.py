@@ -142,7 +142,8 @@ class Loader:
             raise ValueError(f"{path}: the dataset has no samples")
         # Resolved again with what the table says about the images: the decoder "auto" picks and the DALI thread
         # count depend on it (fastfeed/settings.py).
-        self.settings = resolve_settings(**args, images=self.dataset.image_profile())
+        self._images = self.dataset.image_profile()  # a median over every sample: once
+        self.settings = resolve_settings(**args, images=self._images)
         s = self.settings
         if s.drop_last and len(self.dataset) < self.world.world_size * s.batch_size:
             raise ValueError(f"{path}: drop_last=True with {len(self.dataset)} samples, world size "
@@ -156,11 +157,12 @@ class Loader:
         # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
         # a CUDA process (see the NOTE on fork) touching CUDA at all fails.
         slot_bytes = auto_slot_bytes(extents.size, s.batch_size)
-        slots = s.ring_slots_within(slot_bytes, ring_budget_bytes(self.world))
+        budget = ring_budget_bytes(self.world)
+        slots = s.ring_slots_within(slot_bytes, budget)
         if slots < s.ring_slots:
             log.info("fastfeed: %d ring slots of %.1f GB instead of %d: this rank's share of host memory for "
                      "read-ahead is %.1f GB (fastfeed/settings.py, RING_MEMORY_SHARE)", slots, slot_bytes / 1e9,
-                     s.ring_slots, ring_budget_bytes(self.world) / 1e9)
+                     s.ring_slots, budget / 1e9)
         # With checksums to verify, the ring's reader threads hash each sample after its read (no GIL), and the
         # epoch only compares: the training thread is not kept waiting for the GIL while batches are hashed.
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=s.reader_threads, num_slots=slots,
@@ -419,9 +421,8 @@ class Loader:
         self._stats.set_info("pinned", bool(self._ring.stats().get("pinned", False)))
         self._stats.set_info("ring_slots", self._ring.num_slots)
         # what the decoder and thread choices were made from (settings.resolve_settings), for stats() and bench
-        profile = self.dataset.image_profile()
-        self._stats.set_info("images", {"median_pixels": profile.median_pixels,
-                                        "cpu_decode_share": round(profile.cpu_decode_share, 4)})
+        self._stats.set_info("images", {"median_pixels": self._images.median_pixels,
+                                        "cpu_decode_share": round(self._images.cpu_decode_share, 4)})
 
     def _make_plan(self, epoch: int, resume: dict | None):
         s = self.settings

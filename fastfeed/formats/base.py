@@ -231,16 +231,6 @@ class TableDataset:
         datasets, which have none (per-sample checks are then skipped)."""
         return self._sums
 
-    def image_profile(self) -> "ImageProfile":
-        """Median size and the share of samples the hardware JPEG decoder cannot take (`hw_decodable`; tables
-        without that column count baseline JPEGs as decodable)."""
-        pixels = np.asarray(self.widths, np.float64) * np.asarray(self.heights, np.float64)
-        hw = self._table.get("hw_decodable")
-        if hw is None:
-            hw = np.asarray(self.jpeg_kinds) == KIND_BASELINE
-        share = 1.0 - float(np.count_nonzero(hw)) / max(1, len(self))
-        return ImageProfile(median_pixels=float(np.median(pixels)) if len(pixels) else 0.0, cpu_decode_share=share)
-
     def image_profile(self) -> ImageProfile:
         """Median size and the share of samples the hardware JPEG decoder cannot take (`hw_decodable`; tables
         without that column count baseline JPEGs as decodable)."""
