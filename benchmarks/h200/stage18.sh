@@ -22,17 +22,7 @@ case $K in
    time mk thumb thumb 20000; time mk phone phone 1024; exit 0 ;;
 esac
 cp .carry/p$K/part.* /tmp/dali/ 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # KINDS.md: keep multicast off
-cp /tmp/ffnative/_native*.so fastfeed/
-quiet() { grep -v -iE "nvjpeg2k|nvtiff|^note:|Warning"; }
-T=benchmarks/h200/train_table.py
-ddp() {  # $1 = label, $2 = ranks, rest = extra args
-  local label=$1 n=$2; shift 2
-  timeout 120 torchrun --standalone --nproc-per-node $n benchmarks/h200/ddp_scaling.py --data $W/base-wds \
-      --json $OUT/ddp-$label.json "$@" >$OUT/ddp-$label.log 2>&1
-  python3 -c "import json; d=json.load(open('$OUT/ddp-$label.json')); w=d['waits_ms_rank0']; print('$label', round(d['images_per_s']), 'img/s, wait', [round(x,3) for x in d['wait_fraction_per_rank']], 'waits>10ms', sum(x>10 for x in w), 'of', len(w), 'first', [round(x,1) for x in d['first_batch_s_per_rank']])" 2>&1 | tail -1
-}
+source benchmarks/h200/lib.sh
 case $K in
 5)
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/x2/*.whl 2>&1 | tail -1
