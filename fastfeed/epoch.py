@@ -70,7 +70,7 @@ class EpochRun:
     decoders to another run.
     """
 
-    def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats, fetch_shards=None):
+    def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats, fetch_shards=None, pace=None):
         self.plan = plan
         self.ring = ring
         self.decoders = decoders
@@ -95,11 +95,14 @@ class EpochRun:
         # read-ahead window in the local cache (fastfeed/remote/epoch.py states the rule this relies on).
         self._fetch_shards = fetch_shards
         self.fetch = None
+        self.pace = pace  # a ConsumerPace: told when the consumer takes each batch (fastfeed/pace.py)
 
     def begin(self) -> None:
         if self._fetch_shards is not None:
             self.fetch = self._fetch_shards(self.plan.indices, self.stop_flag)
         self.ring.start(np.ascontiguousarray(self.plan.indices, dtype=np.int64))
+        if self.pace is not None:
+            self.pace.start()
         for w, decoder in enumerate(self.decoders):
             t = threading.Thread(target=self._work, args=(decoder,), name=f"fastfeed-decode-{w}", daemon=True)
             t.start()
@@ -324,6 +327,8 @@ class EpochRun:
                 item = self.results.pop(k)
                 self.next_out = k + 1
                 self.cond.notify_all()
+        if self.pace is not None:
+            self.pace.tick()
         if isinstance(item, _Failure):
             raise LoaderError(f"{type(item.exc).__name__} in {item.where}: {item.exc}") from item.exc
         images, labels, event = item

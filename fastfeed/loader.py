@@ -54,6 +54,7 @@ from fastfeed.decode import build_decoder, oriented_size
 from fastfeed.decode.crop import DEFAULT_ORIENTATION
 from fastfeed.epoch import EpochRun, LoaderError, SampleTable
 from fastfeed.formats import integrity, open_dataset
+from fastfeed.pace import ConsumerPace
 from fastfeed.ring import PrefetchRing, auto_slot_bytes
 from fastfeed.settings import LoaderSettings, ring_budget_bytes, resolve_settings
 from fastfeed.stats import StageStats
@@ -78,7 +79,9 @@ class Loader:
             normalised with `mean`/`std` (given in 0-1 units).
         image_size: output side S.
         device: "cuda", "cuda:N" or "cpu"; default: this rank's local GPU when CUDA is available, else "cpu".
-        decoder: "dali", "cpu" (the fastest CPU decoder), "cpu-pil", "cpu-dali" or "auto" (DALI when importable).
+        decoder: "dali", "cpu" (the fastest CPU decoder), "cpu-pil", "cpu-dali", "hybrid" (each batch split
+            between DALI's CPU backend and the GPU, the split following the training loop's pace) or "auto"
+            (DALI when importable; fastfeed/decode/__init__.py says which).
         dtype: torch.float32 (default: what ToTensor + Normalize give), float16 or bfloat16 (half the bytes: use
             with autocast / half models), or uint8 (0-255, no normalisation).
         channels_last: return NCHW tensors with NHWC memory (what channels_last models want), written directly.
@@ -86,11 +89,12 @@ class Loader:
             gets the same number of batches.
         rank, world_size, local_rank: default from torch.distributed, else torchrun's environment, else 0/1/0.
         num_threads: decoder threads per pipeline, or "auto": with DALI 2 (the hardware decoder does the work),
-            with a CPU decoder this rank's share of the cores (at most 8). fastfeed/settings.py says why.
+            with a CPU decoder this rank's share of the cores (at most 8), with hybrid its CPU part's share of the
+            rank's cores. fastfeed/settings.py says why.
         reader_threads: native ring reader threads (default 4; more helps cold or network storage).
         prefetch: decoded batches queued ahead of the consumer (default 2).
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 1.0).
-        pipelines: decoders working side by side on consecutive batches (default 2 for DALI, else 1).
+        pipelines: decoders working side by side on consecutive batches (default 2 for DALI and hybrid, else 1).
         on_error: "skip" replaces a bad record by another sample (counted in `stats()`, logged once per sample);
             "raise" raises naming the sample.
         orientation: "ignore" (torchvision's ImageFolder) or "exif"; see README, "Decode contract".
@@ -153,6 +157,7 @@ class Loader:
         self._table = self._sample_table()
         extents = self.dataset.extents()
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
+        self._pace = ConsumerPace()  # the loop's pace, for decoders that size work by it (decode/hybrid.py)
         self._decoders = self._build_decoders()
         # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
         # a CUDA process (see the NOTE on fork) touching CUDA at all fails.
@@ -299,7 +304,8 @@ class Loader:
         if self._decoders is None:  # the last run could not free them: see the NOTE
             self._decoders = self._build_decoders()
         self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
-                                table=self._table, stats=self._stats, fetch_shards=self._fetch_shards())
+                                table=self._table, stats=self._stats, fetch_shards=self._fetch_shards(),
+                                pace=self._pace)
         return self._active
 
     def _stop_active(self) -> None:
@@ -348,7 +354,8 @@ class Loader:
         waiting for the ring: reading is the bottleneck if this grows), `decode` (summed over pipelines),
         `wait` (the training loop waiting for a batch: the number that matters). `ring` has the raw ring counters
         (`digest_seconds`: the reader threads' per-sample checksum hashing, when checksums are verified).
-        `skipped` counts replaced samples by code: read_error, checksum, not_image, decode_error.
+        `skipped` counts replaced samples by code: read_error, checksum, not_image, decode_error. With
+        decoder="hybrid", `cpu_decoded`/`gpu_decoded` count the images each part has decoded.
         """
         snap = self._stats.snapshot()
         ring = self._ring.stats()
@@ -358,6 +365,10 @@ class Loader:
                                   "mean_ms": 1e3 * seconds / batches if batches else 0.0}
         snap["counters"]["bytes_read"] = int(ring.get("bytes_read", 0))
         snap["ring"] = ring
+        if self.settings.decoder == "hybrid":  # where the images were decoded: the split decode/hybrid.py chose
+            decoders = self._decoders or ()
+            snap["counters"]["cpu_decoded"] = sum(d.cpu_images for d in decoders)
+            snap["counters"]["gpu_decoded"] = sum(d.gpu_images for d in decoders)
         return snap
 
     def close(self) -> None:
@@ -402,7 +413,7 @@ class Loader:
 
     def _build_decoders(self) -> list:
         """One decoder per pipeline."""
-        return [build_decoder(self.settings) for _ in range(self.settings.pipelines)]
+        return [build_decoder(self.settings, pace=self._pace) for _ in range(self.settings.pipelines)]
 
     def _fetch_shards(self):
         """For a dataset at a URL: what keeps the ring's read-ahead window in the local cache; None for a folder."""

@@ -41,6 +41,9 @@ DEFAULT_PREFETCH = 2
 DALI_CPU_SHARE_FOR_MORE_THREADS = 0.1
 # More CPU decode threads than this stop paying on the machines measured (the pool's hand-off dominates).
 MAX_DEFAULT_DECODE_THREADS = 8
+# The hybrid decoder's CPU threads get a rank's cores but these: the training loop's thread, the ring's readers and
+# the GPU part's DALI threads need theirs, or the training step itself waits for a core.
+HYBRID_RESERVED_CORES = 4
 
 # The ring's read-ahead (encoded batches in host memory, page-locked on a GPU) may take at most this share of the
 # machine's memory, split evenly between the ranks on it. The ring is sized by the data: 12-MP photos make one batch
@@ -67,7 +70,7 @@ class LoaderSettings:
     train: bool
     image_size: int
     device: torch.device
-    decoder: str  # the concrete kind: "dali", "cpu-dali" or "cpu-pil"
+    decoder: str  # the concrete kind: "dali", "hybrid", "cpu-dali" or "cpu-pil"
     dtype: torch.dtype
     channels_last: bool
     mean: tuple[float, float, float]
@@ -79,7 +82,7 @@ class LoaderSettings:
     on_error: str
     orientation: str
     verify_checksums: bool
-    decode_threads: int  # threads per decoder (DALI's num_threads, or the CPU decoder's pool)
+    decode_threads: int  # threads per decoder (DALI's num_threads, the CPU decoder's pool, hybrid's CPU part)
     pipelines: int  # decoders working side by side on consecutive batches
     hw_decoder_load: float
     prefetch: int  # decoded batches allowed ahead of the consumer
@@ -156,7 +159,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     if pipelines is not None:
         pipelines = _int("pipelines", pipelines, 1, 16)
     # CPU decoders spread a batch over their own thread pool: one pipeline.
-    pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind == "dali" else 1)
+    pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind in ("dali", "hybrid") else 1)
     if hw_decoder_load is not None:
         if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, numbers.Real) \
                 or not 0.0 <= float(hw_decoder_load) <= 1.0:
@@ -200,7 +203,11 @@ def _default_decode_threads(kind: str, world: World, pipelines: int, images: Ima
     """DALI: few threads while the hardware decoder does the work; when a share of the images is something it
     cannot take (PNG, progressive or CMYK JPEG: `images.cpu_decode_share`), DALI decodes those on these threads, so
     they get that share of this rank's cores, split over the pipelines, capped. A CPU decoder: this rank's share of
-    the machine's cores, capped."""
+    the machine's cores, capped. Hybrid: its CPU part's threads, the rank's cores but HYBRID_RESERVED_CORES split
+    over the pipelines."""
+    if kind == "hybrid":
+        free = max(1, world.cpus_per_rank - HYBRID_RESERVED_CORES)
+        return max(1, min(MAX_DEFAULT_DECODE_THREADS, free // pipelines))
     if kind == "dali":
         if images is None or images.cpu_decode_share < DALI_CPU_SHARE_FOR_MORE_THREADS:
             return DEFAULT_DALI_THREADS

@@ -144,3 +144,18 @@ def test_auto_decodes_thumbnails_on_the_cpu_and_photos_on_the_gpu(gpu_wds, tmp_p
         assert thumbs.settings.decoder == "cpu-dali" and photos.settings.decoder == "dali"
         x, y = next(iter(thumbs))
         assert x.is_cuda and y.is_cuda and x.shape == (16, 3, 224, 224)
+
+
+def test_hybrid_batches_match_the_cpu_path_and_use_both_parts(gpu_wds):
+    """decoder="hybrid" splits every batch between DALI's CPU backend and the GPU (decode/hybrid.py): eval
+    batches match the CPU path sample for sample (within the decode contract), and both parts decode."""
+    kw = dict(batch_size=32, train=False, image_size=64)
+    with fastfeed.Loader(gpu_wds, device="cuda", decoder="hybrid", channels_last=True, **kw) as h, \
+            fastfeed.Loader(gpu_wds, device="cpu", decoder="cpu", **kw) as c:
+        assert h.settings.decoder == "hybrid"
+        for (xh, yh), (xc, yc) in zip(h, c):
+            assert xh.is_cuda and xh.is_contiguous(memory_format=torch.channels_last)
+            assert torch.equal(yh.cpu(), yc)
+            diff = (_unnormalise(xh).cpu() - _unnormalise(xc)).abs().mean().item()
+            assert diff < 2.0, f"hybrid and CPU eval outputs differ by {diff:.2f}/255 on average"
+        assert sum(d.cpu_images for d in h._decoders) > 0 and sum(d.gpu_images for d in h._decoders) > 0

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from fastfeed.bench.session import DTYPES, BenchConfig
+from fastfeed.decode import KINDS as DECODER_KINDS
 
 CONSUMERS = ("none", "resnet18", "resnet50")
 
@@ -28,7 +29,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=256,
                    help="images per step (lowered to the dataset size when the dataset is smaller)")
     p.add_argument("--image-size", type=int, default=224, help="output side in pixels")
-    p.add_argument("--decoder", choices=("auto", "dali", "cpu", "cpu-pil", "cpu-dali"), default="auto",
+    p.add_argument("--decoder", choices=DECODER_KINDS, default="auto",
                    help="Loader decoder (auto: dali on a GPU, else the fastest CPU decoder)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="output dtype of both loaders")

@@ -4,7 +4,8 @@
     make_decoder(kind, ...) -> decoder;  decoder(samples, windows) -> DecodeResult(images, replaced);  .close()
 
 Kinds (the registry below): "dali" (GPU, `mixed` hardware decode), "cpu-dali" (DALI's CPU backend), "cpu-pil"
-(pillow-simd + numba), "cpu" (the faster CPU one on a 2-core machine: benchmarks/bench_decode.py), "auto" ("dali"
+(pillow-simd + numba), "hybrid" (each batch split between DALI's CPU backend and the GPU: decode/hybrid.py),
+"cpu" (the faster CPU one on a 2-core machine: benchmarks/bench_decode.py), "auto" ("dali"
 when DALI and CUDA are there and device is cuda — "cpu-dali" for datasets of thumbnails, see resolve_kind — else
 "cpu"). With a CUDA device "cpu-dali" decodes to uint8 and normalises on the GPU (decode/split.py). DALI is
 imported only when a DALI kind is built.
@@ -18,7 +19,7 @@ from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, cro
 __all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "DecodeResult", "Replaced",
            "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS", "ORIENTATIONS", "resolve_kind"]
 
-KINDS = ("auto", "dali", "cpu", "cpu-dali", "cpu-pil")
+KINDS = ("auto", "dali", "hybrid", "cpu", "cpu-dali", "cpu-pil")
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
 CPU_DEFAULT = "cpu-pil"
 
@@ -56,10 +57,11 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
                  dtype=None, channels_last: bool = False, mean=None, std=None, batch_size: int = 256,
                  num_threads: int = DEFAULT_DALI_THREADS, hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD,
                  on_error: str = "skip", draft: bool = False, zero_copy: bool = False,
-                 orientation: str = DEFAULT_ORIENTATION):
+                 orientation: str = DEFAULT_ORIENTATION, pipelines: int = 1, pace=None):
     """Build a decoder. `device` is where the images go ("cuda" | "cuda:N" | "cpu"); device_id is the GPU DALI
     decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy and
-    hw_decoder_load to dali only. `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
+    hw_decoder_load to dali (and hybrid's GPU part) only. hybrid: num_threads are its CPU part's threads (the GPU
+    part has DEFAULT_DALI_THREADS), `pipelines` how many decoders share the loop and `pace` its ConsumerPace. `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
     docs/decode_contract.md); the windows passed in must be computed on `oriented_size(...)` under the same policy.
     Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
     import torch
@@ -76,34 +78,55 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
         from fastfeed.decode.dali import DaliDecoder
 
         return DaliDecoder(device_id=dev.index, hw_decoder_load=hw_decoder_load, zero_copy=zero_copy, **common)
+    if resolved == "hybrid":
+        if dev.type != "cuda":
+            raise ValueError("kind='hybrid' splits batches between the CPU and a GPU: pass device='cuda'")
+        from fastfeed.decode.dali import DaliDecoder
+        from fastfeed.decode.hybrid import HybridDecoder
+
+        # The parts raise on corrupt records; the hybrid applies on_error over the whole batch (see hybrid.py).
+        parts = {**common, "on_error": "raise"}
+        gpu = DaliDecoder(device_id=dev.index, hw_decoder_load=hw_decoder_load, zero_copy=zero_copy,
+                          **{**parts, "num_threads": DEFAULT_DALI_THREADS})
+        return HybridDecoder(_cpu_dali_to_device(parts, dev), gpu, device=dev, pipelines=pipelines, pace=pace,
+                             on_error=on_error)
     if resolved == "cpu-dali":
         from fastfeed.decode.dali import DaliDecoder
 
         if dev.type == "cpu":
             return DaliDecoder(device_id=None, **common)
-        from fastfeed.decode.split import NormalizeOnDevice
-
-        # uint8 NHWC batches in page-locked memory; the GPU normalises them (see split.py)
-        inner = DaliDecoder(device_id=None, pinned_output=True,
-                            **{**common, "dtype": torch.uint8, "channels_last": True})
-        return NormalizeOnDevice(inner, dev, dtype=torch.float32 if dtype is None else dtype,
-                                 mean=IMAGENET_MEAN if mean is None else mean, std=IMAGENET_STD if std is None else std,
-                                 channels_last=channels_last)
+        return _cpu_dali_to_device(common, dev)
     from fastfeed.decode.cpu import PilDecoder
 
     return PilDecoder(device=dev, draft=draft, **common)
 
 
-def build_decoder(settings, *, num_threads: int | None = None, hw_decoder_load: float | None = None):
+def _cpu_dali_to_device(common: dict, dev):
+    """DALI's CPU backend for a CUDA device: uint8 NHWC batches in page-locked memory, normalised on the GPU
+    (split.py)."""
+    import torch
+
+    from fastfeed.decode.dali import DaliDecoder
+    from fastfeed.decode.split import NormalizeOnDevice
+
+    dtype, mean, std = common["dtype"], common["mean"], common["std"]
+    inner = DaliDecoder(device_id=None, pinned_output=True, **{**common, "dtype": torch.uint8, "channels_last": True})
+    return NormalizeOnDevice(inner, dev, dtype=torch.float32 if dtype is None else dtype,
+                             mean=IMAGENET_MEAN if mean is None else mean, std=IMAGENET_STD if std is None else std,
+                             channels_last=common["channels_last"])
+
+
+def build_decoder(settings, *, num_threads: int | None = None, hw_decoder_load: float | None = None, pace=None):
     """The decoder a Loader with `settings` (a fastfeed.settings.LoaderSettings) uses; the tuner overrides the two
-    knobs it measures. The one place where Loader settings become decoder arguments."""
+    knobs it measures; `pace` is the Loader's ConsumerPace (hybrid only). The one place where Loader settings become
+    decoder arguments."""
     dev = settings.device
     return make_decoder(
         settings.decoder, device=str(dev), device_id=dev.index or 0, image_size=settings.image_size,
         dtype=settings.dtype, channels_last=settings.channels_last, mean=settings.mean, std=settings.std,
         batch_size=settings.batch_size, num_threads=num_threads or settings.decode_threads,
         hw_decoder_load=settings.hw_decoder_load if hw_decoder_load is None else hw_decoder_load,
-        on_error=settings.on_error, orientation=settings.orientation,
+        on_error=settings.on_error, orientation=settings.orientation, pipelines=settings.pipelines, pace=pace,
         # JPEG draft mode (DCT-domain downscaling) only pays in train mode on large images (16-30% faster on
         # ~1,500 px photos, no change on ImageNet-sized ones); eval keeps exact torchvision parity.
         draft=settings.train)
