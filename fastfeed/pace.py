@@ -1,23 +1,18 @@
-"""`ConsumerPace`: how often the training loop takes a batch, measured where it takes them (`EpochRun.next`).
+"""`ConsumerPace`: when the training loop takes each batch, recorded where it takes them (`EpochRun.next`).
 
-The hybrid decoder (decode/hybrid.py) sizes its CPU share from it: a pipeline has `pipelines` steps of the loop to
-decode one batch, and whatever of that time the CPU can fill is decode work the training GPU does not do.
-
-The period is the median of the last PACE_WINDOW intervals between two takes. An interval includes the loop's wait
-for data, so when the loader is the bottleneck the period is the loader's own; the median ignores the odd long
-step (evaluation, a checkpoint) and the gap at an epoch boundary is never counted (`start`).
+The hybrid decoder (decode/hybrid.py) tunes its CPU share on it: the loop's period — the interval between two
+takes — is the number the user cares about. An interval includes the loop's wait for data, so when the loader is
+the bottleneck the period is the loader's own; the gap at an epoch boundary is never counted (`start`).
 """
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections import deque
 
-__all__ = ["ConsumerPace", "PACE_WINDOW", "PACE_MIN_INTERVALS"]
+__all__ = ["ConsumerPace", "PACE_HISTORY"]
 
-PACE_WINDOW = 16
-PACE_MIN_INTERVALS = 4  # fewer than this: no period yet
+PACE_HISTORY = 64  # intervals kept: more than any measurement window needs
 
 
 class ConsumerPace:
@@ -25,7 +20,8 @@ class ConsumerPace:
         self._clock = clock
         self._lock = threading.Lock()
         self._last: float | None = None
-        self._gaps: deque[float] = deque(maxlen=PACE_WINDOW)
+        self.ticks = 0  # batches taken so far, over every iteration
+        self._gaps: deque[tuple[int, float]] = deque(maxlen=PACE_HISTORY)  # (tick that ended it, seconds)
 
     def start(self) -> None:
         """A new iteration: the time until its first batch is start-up, not a step of the loop."""
@@ -36,13 +32,12 @@ class ConsumerPace:
         """The loop took a batch."""
         now = self._clock()
         with self._lock:
+            self.ticks += 1
             if self._last is not None:
-                self._gaps.append(now - self._last)
+                self._gaps.append((self.ticks, now - self._last))
             self._last = now
 
-    def period(self) -> float | None:
-        """Seconds between two takes (median of the recent ones), or None before PACE_MIN_INTERVALS of them."""
+    def intervals_since(self, tick: int) -> list[float]:
+        """The intervals that ended after `tick` batches had been taken (oldest first, at most PACE_HISTORY)."""
         with self._lock:
-            if len(self._gaps) < PACE_MIN_INTERVALS:
-                return None
-            return statistics.median(self._gaps)
+            return [gap for t, gap in self._gaps if t > tick]

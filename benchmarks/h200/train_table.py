@@ -105,13 +105,17 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
             c = snap.get("counters", {})
             if c.get("cpu_decoded") is not None:  # decoder="hybrid": the share of images the CPU decoded
                 d["cpu_share"] = c["cpu_decoded"] / max(1, c["cpu_decoded"] + c["gpu_decoded"])
+                climber = getattr(loader._decoders[0], "_climber", None)  # the share it settled on, and how
+                if climber is not None:
+                    d["final_cpu_share"], d["climber_history"] = climber.share, climber.history
         except Exception:  # noqa: BLE001 - DaliReference etc.
             pass
     d.update(extra or {})
     host = d["host"] or {}
     log(f"{name:34s} {d['samples_per_s']:9,.0f} img/s  step p50 {d['step_s']['p50'] * 1e3:6.1f} ms  "
         f"wait {d['wait_fraction']:6.1%}  cores {host.get('cpu_cores_busy', float('nan')):5.1f}  "
-        f"first batch {ttfb:5.2f} s" + (f"  cpu share {d['cpu_share']:.0%}" if "cpu_share" in d else ""))
+        f"first batch {ttfb:5.2f} s" + (f"  cpu share {d['cpu_share']:.0%}" if "cpu_share" in d else "")
+        + (f" (last {d['final_cpu_share']:.0%})" if "final_cpu_share" in d else ""))
     if d.get("info", {}).get("online_tuning"):
         log(f"    online tuning: {d['info']['online_tuning']}")
     return d
