@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "IGNORE_INDEX", "DTYPE_NAMES", "DEFAULT_HW_DECODER_LOAD",
-           "DEFAULT_DALI_THREADS", "DEFAULT_DALI_PIPELINES"]
+           "DEFAULT_DALI_THREADS", "DEFAULT_DALI_PIPELINES", "DALI_CPU_SHARE_FOR_MORE_THREADS"]
 
 # torchvision's ImageNet normalisation, in [0, 1] units.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -27,3 +27,7 @@ DTYPE_NAMES = ("float32", "float16", "bfloat16", "uint8")
 DEFAULT_HW_DECODER_LOAD = 1.0
 DEFAULT_DALI_THREADS = 2
 DEFAULT_DALI_PIPELINES = 2
+
+# With DALI, a dataset with at least this share of images the hardware decoder cannot take (PNG, progressive or CMYK
+# JPEG) gets more CPU threads (fastfeed/settings.py), and `auto` keeps it on "dali" (decode/__init__.py).
+DALI_CPU_SHARE_FOR_MORE_THREADS = 0.1

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from fastfeed import sampling
-from fastfeed.constants import DEFAULT_DALI_PIPELINES, DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD, DTYPE_NAMES
+from fastfeed.constants import (DALI_CPU_SHARE_FOR_MORE_THREADS, DEFAULT_DALI_PIPELINES, DEFAULT_DALI_THREADS,
+                                DEFAULT_HW_DECODER_LOAD, DTYPE_NAMES)
 from fastfeed.decode import KINDS as DECODERS
 from fastfeed.decode import resolve_kind
 from fastfeed.decode.base import ON_ERROR
@@ -37,8 +38,6 @@ DTYPES = {getattr(torch, name): name for name in DTYPE_NAMES}
 DEFAULT_READER_THREADS = 4
 # Decoded batches queued ahead of the training step.
 DEFAULT_PREFETCH = 2
-# With DALI, a dataset with at least this share of images the hardware decoder cannot take gets more CPU threads.
-DALI_CPU_SHARE_FOR_MORE_THREADS = 0.1
 # More CPU decode threads than this stop paying on the machines measured (the pool's hand-off dominates).
 MAX_DEFAULT_DECODE_THREADS = 8
 # The hybrid decoder's CPU threads get a rank's cores but these: the training loop's thread, the ring's readers and
@@ -152,7 +151,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
 
     num_threads, prefetch = _map_dataloader_kwargs(dataloader_kwargs or {}, num_threads, prefetch)
     dev = _resolve_device(device, world)
-    kind = resolve_kind(decoder, str(dev), None if images is None else images.median_pixels)
+    kind = resolve_kind(decoder, str(dev), images, world.cpus_per_rank)
     auto = num_threads is None or num_threads == "auto"
     if not auto:
         num_threads = _int("num_threads", num_threads, 1, MAX_THREADS)

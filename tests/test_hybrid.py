@@ -15,10 +15,11 @@ import torch
 from PIL import Image
 
 import fastfeed
-from fastfeed.decode import CorruptSampleError, crop_windows, make_decoder
+from fastfeed.decode import HYBRID_MIN_CORES, CorruptSampleError, crop_windows, make_decoder, resolve_kind
 from fastfeed.decode.dali import DaliDecoder
 from fastfeed.decode.hybrid import MIN_STEP, START_SHARE, HybridDecoder, ShareClimber, climber_for
 from fastfeed.pace import ConsumerPace
+from fastfeed.types import ImageProfile
 from fastfeed.settings import HYBRID_RESERVED_CORES
 from fastfeed.world import World
 from decode_samples import corrupt_variants
@@ -203,3 +204,21 @@ def test_hybrid_settings_and_errors():
     assert settings_for(world=World(cpus=2), decoder="hybrid", num_threads="auto").decode_threads == 1
     with pytest.raises(ValueError, match="device='cuda'"):
         make_decoder("hybrid", device="cpu")
+
+
+@pytest.mark.parametrize("pixels, png_share, cores, want", [
+    (11_500, 0.0, 16, "cpu-dali"),  # thumbnails: the CPU decodes them all
+    (190_000, 0.0, 16, "hybrid"),  # ImageNet-like photos, cores to spare
+    (190_000, 0.0, HYBRID_MIN_CORES - 1, "dali"),  # too few cores per rank to split
+    (12_000_000, 0.0, 16, "dali"),  # 12-MP photos: the CPU is too slow to take a useful share
+    (190_000, 0.7, 16, "dali"),  # PNG-heavy: DALI's CPU threads are sized for it
+])
+def test_auto_for_a_gpu_follows_the_images_and_the_cores(monkeypatch, pixels, png_share, cores, want):
+    import fastfeed.decode.dali as dali
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dali, "dali_available", lambda: True)
+    images = ImageProfile(median_pixels=pixels, cpu_decode_share=png_share)
+    assert resolve_kind("auto", "cuda:0", images, cores) == want
+    assert resolve_kind("auto", "cuda:0", None, cores) == "dali"  # before the dataset is open
+    assert resolve_kind("auto", "cpu", images, cores) == "cpu-pil"

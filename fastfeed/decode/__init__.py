@@ -6,18 +6,20 @@
 Kinds (the registry below): "dali" (GPU, `mixed` hardware decode), "cpu-dali" (DALI's CPU backend), "cpu-pil"
 (pillow-simd + numba), "hybrid" (each batch split between DALI's CPU backend and the GPU: decode/hybrid.py),
 "cpu" (the faster CPU one on a 2-core machine: benchmarks/bench_decode.py), "auto" ("dali"
-when DALI and CUDA are there and device is cuda — "cpu-dali" for datasets of thumbnails, see resolve_kind — else
-"cpu"). With a CUDA device "cpu-dali" decodes to uint8 and normalises on the GPU (decode/split.py). DALI is
+when DALI and CUDA are there and device is cuda — "cpu-dali" for datasets of thumbnails, "hybrid" for photos on a
+rank with cores to spare, see resolve_kind — else "cpu"). With a CUDA device "cpu-dali" decodes to uint8 and normalises on the GPU (decode/split.py). DALI is
 imported only when a DALI kind is built.
 """
 from __future__ import annotations
 
-from fastfeed.constants import DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD, IMAGENET_MEAN, IMAGENET_STD
+from fastfeed.constants import (DALI_CPU_SHARE_FOR_MORE_THREADS, DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD,
+                                IMAGENET_MEAN, IMAGENET_STD)
 from fastfeed.decode.base import CorruptSampleError, DecodeResult, Replaced
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, crop_windows, oriented_size
 
 __all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "DecodeResult", "Replaced",
-           "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS", "ORIENTATIONS", "resolve_kind"]
+           "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS", "HYBRID_MIN_CORES",
+           "HYBRID_MAX_PIXELS", "ORIENTATIONS", "resolve_kind"]
 
 KINDS = ("auto", "dali", "hybrid", "cpu", "cpu-dali", "cpu-pil")
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
@@ -26,18 +28,29 @@ CPU_DEFAULT = "cpu-pil"
 
 # `auto` for a GPU decodes on the CPU (DALI's CPU backend, normalised on the GPU: decode/split.py) when the
 # dataset's median image has at most this many pixels: see resolve_kind. Measured on an H200 (benchmarks/RESULTS.md,
-# third session): thumbnails (median ~11,500 px) train a 64-px ResNet-50 6% faster so; ImageNet-like photos
-# (~190,000 px) are decoded on the GPU. Sizes in between were not measured: the bound sits near the thumbnails.
+# third and fourth sessions): thumbnails (median ~11,500 px) train a 64-px ResNet-50 6-14% faster so; ImageNet-like
+# photos (~190,000 px) are decoded on the GPU. Sizes in between were not measured: the bound sits near the thumbnails.
 CPU_DECODE_MAX_PIXELS = 128 * 128
+# Above it, `auto` splits each batch between the CPU and the GPU (decoder "hybrid", decode/hybrid.py) when the rank
+# has HYBRID_MIN_CORES cores, the median image is at most HYBRID_MAX_PIXELS, and JPEGs the hardware decoder takes
+# are nearly all of the data. Measured on an H200 x2 (fourth session, each next to "dali" in the same run):
+# ImageNet-like photos trained ResNet-50 1.2% faster on one GPU (6.6% in the DDP script's one-GPU row) and 6.8%
+# faster on two (DDP), ResNet-18 1.6% faster; the loader alone was 16% slower while the split was still being
+# tuned. 12-MP photos gained nothing with an earlier split rule (the CPU decodes them too slowly to take a useful
+# share), sizes in between were not measured; PNG-heavy sets keep "dali", whose CPU threads are sized for them
+# (fastfeed/settings.py).
+HYBRID_MIN_CORES = 8
+HYBRID_MAX_PIXELS = 1_000_000
 
 
-def resolve_kind(kind: str, device: str, median_pixels: float | None = None) -> str:
+def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None = None) -> str:
     """The concrete decoder `make_decoder(kind, device=device)` builds ("auto"/"cpu" resolved).
 
-    "auto" with a CUDA device and DALI: "dali" (the GPU decodes), except for datasets of small images (median
-    `median_pixels` <= CPU_DECODE_MAX_PIXELS), which "cpu-dali" decodes on the CPU: per image the GPU path's fixed
-    costs (launches from decoder threads of the training process) outweigh a thumbnail's decode, and they slow the
-    training step itself (benchmarks/RESULTS.md, thumbnails)."""
+    "auto" with a CUDA device and DALI, given the dataset's `images` (a types.ImageProfile; None: not known yet)
+    and this rank's cores: "cpu-dali" for thumbnails (median <= CPU_DECODE_MAX_PIXELS; per image the GPU path's fixed
+    costs — launches from decoder threads of the training process — outweigh a thumbnail's decode and slow the
+    training step itself), "hybrid" for photos up to HYBRID_MAX_PIXELS on a rank with HYBRID_MIN_CORES cores, else
+    "dali" (see the constants above for what was measured)."""
     import torch
 
     from fastfeed.decode.dali import dali_available
@@ -48,8 +61,14 @@ def resolve_kind(kind: str, device: str, median_pixels: float | None = None) -> 
         cuda = str(device).startswith("cuda") and torch.cuda.is_available()
         if not (cuda and dali_available()):
             return CPU_DEFAULT
-        small = median_pixels is not None and median_pixels <= CPU_DECODE_MAX_PIXELS
-        return "cpu-dali" if small else "dali"
+        if images is None:
+            return "dali"
+        if images.median_pixels <= CPU_DECODE_MAX_PIXELS:
+            return "cpu-dali"
+        if (cpus_per_rank or 0) >= HYBRID_MIN_CORES and images.median_pixels <= HYBRID_MAX_PIXELS \
+                and images.cpu_decode_share < DALI_CPU_SHARE_FOR_MORE_THREADS:
+            return "hybrid"
+        return "dali"
     return CPU_DEFAULT if kind == "cpu" else kind
 
 

@@ -171,6 +171,8 @@ class HybridDecoder:
         for _, _, part_bad in parts:
             bad.update(part_bad)
         repl = resolve_errors(bad, n, self.on_error)  # raises under "raise", or when no record of the batch is good
+        if len(parts) == 1 and not bad:  # one part decoded the whole batch: its tensor is the batch
+            return DecodeResult(parts[0][0], [])
         first = next(p[0] for p in parts if p[0] is not None)
         fmt = torch.channels_last if first.is_contiguous(memory_format=torch.channels_last) and not \
             first.is_contiguous() else torch.contiguous_format
