@@ -334,6 +334,10 @@ def test_a_run_38_percent_below_the_ceiling_is_not_called_compute_bound():
             "prefetch": 2, "reader_threads": 4}
     [v] = verdicts({"fastfeed": {**r, "loader_stats": {"info": info}}}, 4621.0, "resnet50")
     assert "fewer --pipelines (now 3)" in v and "--hw-decoder-load (now 0.65)" in v
+    # the hybrid: its CPU share is still being tuned, or GPU decode alone is the alternative
+    info = {**info, "decoder": "hybrid", "num_threads": 6}
+    [v] = verdicts({"fastfeed": {**r, "loader_stats": {"info": info}}}, 4621.0, "resnet50")
+    assert "tuned on the step" in v and "--decoder dali" in v and "fewer --num-threads (now 6)" in v
     # and a run within 5% of the ceiling is compute-bound whatever its (small) wait
     [v] = verdicts({"torch": {**r, "samples_per_s": 0.97 * 4621.0, "wait_fraction": 0.02}}, 4621.0, "resnet50")
     assert "compute-bound" in v
@@ -359,6 +363,8 @@ def test_every_flag_the_advice_names_exists():
              {"decoder": "cpu-pil", "device": "cuda:0", "num_threads": 8, "pipelines": 1, "prefetch": 2,
               "reader_threads": 4},
              {"decoder": "dali", "device": "cuda:0", "num_threads": 4, "pipelines": 2, "hw_decoder_load": 0.9,
+              "prefetch": 2, "reader_threads": 4},
+             {"decoder": "hybrid", "device": "cuda:0", "num_threads": 6, "pipelines": 2, "hw_decoder_load": 1.0,
               "prefetch": 2, "reader_threads": 4}]
     lines = []
     for info in infos:

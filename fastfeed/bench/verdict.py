@@ -97,6 +97,11 @@ def slowdown_advice(r: dict, gpu: bool = True) -> str:
                 f"{info.get('pipelines')}) or a higher --hw-decoder-load (now {info.get('hw_decoder_load')}), "
                 "which moves work from the GPU's cores to its hardware JPEG decoder")
     threads = info.get("num_threads")
+    if info.get("decoder") == "hybrid":
+        return (f"its decode work shares the machine with the model ({busy:.1f} of {cpus} cores busy): the CPU "
+                "share is tuned on the step while it runs (a few hundred steps; stats() counts cpu_decoded and "
+                f"gpu_decoded), so measure longer, or try --decoder dali (GPU decode only) or fewer --num-threads "
+                f"(now {threads})")
     fewer = f"try fewer --num-threads (now {threads}), or " if isinstance(threads, int) and threads > 1 else ""
     where = "give the job more cores" if device.startswith("cpu") or not gpu else "--decoder dali to decode on the GPU"
     return f"its decode threads take CPU from the model ({busy:.1f} of {cpus} cores busy): {fewer}{where}"

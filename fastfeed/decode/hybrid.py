@@ -38,6 +38,7 @@ MIN_STEP = 1 / 8  # also the grid of shares
 CLIMB_EPS = 0.01
 MEASURE_INTERVALS = 32  # intervals of the loop per measurement: their mean without the longest eighth
 HOLD_BATCHES = 500  # when no neighbour is faster at the finest step: stay this long before probing again
+_HISTORY = 256  # measurements kept for stats and tests
 
 
 class ShareClimber:
@@ -53,7 +54,7 @@ class ShareClimber:
         self._base, self._base_period = self.share, None  # the best share so far and its period
         self._step, self._dir, self._tried = FIRST_STEP, 1, 0
         self._mark = pace.ticks  # measurements use the intervals after mark + settle
-        self.history: list[tuple[float, float]] = []  # (share, period) of every measurement, for stats and tests
+        self.history: list[tuple[float, float]] = []  # (share, period) of the last measurements, for stats and tests
 
     def current(self) -> float:
         with self._lock:
@@ -64,6 +65,7 @@ class ShareClimber:
 
     def _measured(self, period: float) -> None:
         self.history.append((self.share, period))
+        del self.history[:-_HISTORY]
         if self._base_period is None or self.share == self._base:  # the base (re)measured: try a neighbour
             self._base_period, self._tried = period, 0
         elif period < self._base_period * (1 - CLIMB_EPS):  # faster: the new base, keep going that way
