@@ -268,6 +268,31 @@ def test_cache_stays_under_its_limit_lru_by_shard(s3, remote_wds, tmp_path):
             ds.prepare_epoch(np.arange(len(ds)))
 
 
+def test_a_download_completing_during_a_scan_is_counted_once(tmp_path, monkeypatch):
+    """A download renames its `.part` to the shard outside the room lock. The cache's scan must count those bytes
+    once, as the reservation or as the file: counted nowhere, `_make_room` leaves a shard too little room and the
+    cache goes over its limit (it did, once, in CI)."""
+    from fastfeed.remote import cache as cache_mod
+
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / "a.tar").write_bytes(b"x" * 1000)
+    (d / "a.tar.pin").touch()
+    (d / "b.tar.pin").touch()
+    part = d / f"b.tar.{os.getpid()}.abcd1234.500.part"
+    part.write_bytes(b"y" * 500)
+    real_walk = os.walk
+
+    def walk_then_complete(root, *args, **kwargs):
+        for entry in real_walk(root, *args, **kwargs):
+            if part.exists():  # the download of b.tar completes right after the directory was listed
+                part.rename(d / "b.tar")
+            yield entry
+
+    monkeypatch.setattr(cache_mod.os, "walk", walk_then_complete)
+    assert cache_mod.ShardCache(str(d), max_bytes=10_000).usage() == 1500
+
+
 def test_ensure_local_fetches_in_order_for_streaming(s3, remote_wds, tmp_path):
     with open_dataset(remote_wds, cache_dir=str(tmp_path / "c"), fetch="on_demand") as ds:
         order = np.argsort(ds._table["shard"], kind="stable")[::-1]  # last shard first

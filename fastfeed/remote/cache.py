@@ -66,7 +66,7 @@ def default_cache_size(cache_dir: str) -> int:
 
         return parse_size(env)
     os.makedirs(cache_dir, exist_ok=True)
-    held = sum(size for _, size, _ in _data_files(cache_dir))
+    held = sum(size for _, size, _ in _scan(cache_dir)[0])
     return (shutil.disk_usage(cache_dir).free + held) // 2
 
 
@@ -178,7 +178,8 @@ class ShardCache:
     # ------------------------------------------------------------------ eviction
     def usage(self) -> int:
         """Bytes of cached shards plus the full size of the downloads in progress (their reservations)."""
-        return sum(size for _, size, _ in _data_files(self.cache_dir)) + _reserved(self.cache_dir)
+        files, reserved = _scan(self.cache_dir)
+        return sum(size for _, size, _ in files) + reserved
 
     @contextlib.contextmanager
     def _room_lock(self):
@@ -192,8 +193,9 @@ class ShardCache:
             os.close(fd)
 
     def _make_room(self, incoming: int, exclude: str, name: str) -> None:
-        files = sorted(_data_files(self.cache_dir), key=lambda f: f[2])  # oldest use first
-        total = sum(size for _, size, _ in files) + _reserved(self.cache_dir)
+        files, reserved = _scan(self.cache_dir)
+        files.sort(key=lambda f: f[2])  # oldest use first
+        total = sum(size for _, size, _ in files) + reserved
         if total + incoming <= self.max_bytes:
             return
         for path, size, _ in files:
@@ -252,27 +254,6 @@ def _remove_parts(path: str) -> None:
                 pass
 
 
-def _reserved(root: str) -> int:
-    """Sum of the sizes reserved by downloads in progress (`F.<pid>.<token>.<size>.part`); the reservations of
-    processes that no longer exist are removed (the cache is per host, so a pid is meaningful)."""
-    total = 0
-    for d, _, names in os.walk(root):
-        for n in names:
-            if not n.endswith(".part"):
-                continue
-            fields = n[:-len(".part")].rsplit(".", 3)
-            if len(fields) != 4 or not (fields[1].isdigit() and fields[3].isdigit()):
-                continue
-            if not _alive(int(fields[1])):
-                try:
-                    os.unlink(os.path.join(d, n))
-                except FileNotFoundError:
-                    pass
-                continue
-            total += int(fields[3])
-    return total
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -283,8 +264,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _data_files(root: str):
-    """(path, size, mtime) of every cached data file under root: the files with a `.pin` sibling."""
+def _scan(root: str) -> tuple[list[tuple[str, int, float]], int]:
+    """(path, size, mtime) of every cached data file (the files with a `.pin` sibling), and the bytes reserved by
+    downloads in progress (`F.<pid>.<token>.<size>.part`; the reservations of processes that no longer exist are
+    removed: the cache is per host, so a pid is meaningful).
+
+    One listing of each directory serves both: a download that completes during the scan (its `.part` renamed to F,
+    outside the room lock) is counted once, as a reservation or as a file. Two separate walks could miss it in both
+    (the part gone from the second, the file not yet in the first), and `_make_room` would then leave one shard too
+    little room: a cache over its limit, seen in CI."""
+    files, reserved = [], 0
     for d, _, names in os.walk(root):
         present = set(names)
         for n in names:
@@ -294,7 +283,19 @@ def _data_files(root: str):
                     st = os.stat(p)
                 except FileNotFoundError:
                     continue
-                yield p, st.st_size, st.st_mtime
+                files.append((p, st.st_size, st.st_mtime))
+            elif n.endswith(".part"):
+                fields = n[:-len(".part")].rsplit(".", 3)
+                if len(fields) != 4 or not (fields[1].isdigit() and fields[3].isdigit()):
+                    continue
+                if not _alive(int(fields[1])):
+                    try:
+                        os.unlink(os.path.join(d, n))
+                    except FileNotFoundError:
+                        pass
+                    continue
+                reserved += int(fields[3])
+    return files, reserved
 
 
 def _try_evict(path: str) -> bool:
