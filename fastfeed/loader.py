@@ -24,6 +24,7 @@ no_copy, or PIL from a view). On CUDA each worker decodes on its own stream and 
 the consumer's current stream waits on that event before the batch is handed out, and `record_stream` tells torch's
 allocator that the consumer's stream uses the memory, so a batch is never overwritten or reused while the training
 step reads it.
+The consumer's takes are also timed (`pace.ConsumerPace`): decoder "hybrid" tunes its CPU share on that period.
 Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
 first `next()`, so frameworks that call `iter()` to probe the object change nothing.
 Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
