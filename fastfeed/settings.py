@@ -205,8 +205,8 @@ def _default_decode_threads(kind: str, world: World, pipelines: int, images: Ima
     """DALI: few threads while the hardware decoder does the work; when a share of the images is something it
     cannot take (PNG, progressive or CMYK JPEG: `images.cpu_decode_share`), DALI decodes those on these threads, so
     they get that share of this rank's cores, split over the pipelines, capped. A CPU decoder: this rank's share of
-    the machine's cores split over its pipelines, capped. Hybrid: its CPU part's threads, the rank's cores but HYBRID_RESERVED_CORES split
-    over the pipelines."""
+    the machine's cores split over its pipelines, capped. Hybrid: its CPU part's threads, the rank's cores but
+    HYBRID_RESERVED_CORES split over the pipelines."""
     if kind == "hybrid":
         free = max(1, world.cpus_per_rank - HYBRID_RESERVED_CORES)
         return max(1, min(MAX_DEFAULT_DECODE_THREADS, free // pipelines))

@@ -9,7 +9,8 @@
 #   Round 2 (the hybrid's split hill-climbed on the loop's period; cpu-dali for a GPU with 2 pipelines), after 1-4:
 #                                          8: DALI installed; pytest -m gpu; ImageNet-like table, 150 warm-up steps
 #                                          9: DDP (150 warm-up steps); thumbnails with the new default
-# Carry per call: K=1 [.carry/p1, .carry/x], K=2 [.carry/p2], K=3,4 [.carry/pK], K=5,8 [.carry/p5, .carry/x2], K=6,7,9 [].
+# Carry per call: K=1 [.carry/p1, .carry/x], K=2 [.carry/p2], K=3,4 [.carry/pK], K=5,8 [.carry/p5, .carry/x2],
+# K=6,7,9 [].
 set -uo pipefail
 K=$1; shift
 case $K in 1|2|3|4) exec bash benchmarks/h200/stage18.sh $K ;; esac
@@ -19,11 +20,20 @@ cp .carry/p$K/part.* /tmp/dali/ 2>/dev/null
 [ $K = 8 ] && cp .carry/p5/part.* /tmp/dali/
 source benchmarks/h200/lib.sh
 HY='hybrid=dict(decoder="hybrid")'
+ddp_rows() {  # the GPU decode, the hybrid and DALI's reader on 1 and 2 GPUs; args go to every row
+  ddp one 1 "$@"
+  ddp default 2 "$@"
+  ddp hybrid-one 1 "$@" --loader-kwargs '{"decoder": "hybrid"}'
+  ddp hybrid-two 2 "$@" --loader-kwargs '{"decoder": "hybrid"}'
+  ddp dali-one 1 "$@" --loader dali-wds
+  ddp dali-two 2 "$@" --loader dali-wds
+}
 case $K in
 5|8)
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/x2/*.whl 2>&1 | tail -1
   bash .carry/p5/install_dali.sh 2>&1 | tail -1 || exit 1
-  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > $OUT/pytest-gpu.log 2>&1
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
+      > $OUT/pytest-gpu.log 2>&1
   tail -3 $OUT/pytest-gpu.log
   [ $K = 8 ] && { CUDA_VISIBLE_DEVICES=0 timeout 420 python3 $T --data $W/base-wds --images $W/base-images \
       --rows default,dali --dali-grid 1.0:2,0.9:4 --consumers resnet50,resnet18,none --steps 80 --warmup 150 \
@@ -34,12 +44,7 @@ case $K in
       --json $OUT/table-imagenet.json 2>&1 | grep -E "^\[" | quiet
   ;;
 6)
-  ddp one 1
-  ddp default 2
-  ddp hybrid-one 1 --loader-kwargs '{"decoder": "hybrid"}'
-  ddp hybrid-two 2 --loader-kwargs '{"decoder": "hybrid"}'
-  ddp dali-one 1 --loader dali-wds
-  ddp dali-two 2 --loader dali-wds
+  ddp_rows
   ;;
 7)
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 $T --label phone --data $W/phone-wds --images $W/phone-images \
@@ -51,23 +56,7 @@ case $K in
       --json $OUT/table-thumb.json 2>&1 | grep -E "^\[" | quiet
   ;;
 9)
-  ddp one 1 --warmup 150
-  ddp default 2 --warmup 150
-  ddp hybrid-one 1 --warmup 150 --loader-kwargs '{"decoder": "hybrid"}'
-  ddp hybrid-two 2 --warmup 150 --loader-kwargs '{"decoder": "hybrid"}'
-  ddp dali-one 1 --warmup 150 --loader dali-wds
-  ddp dali-two 2 --warmup 150 --loader dali-wds
-  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 $T --label thumb --image-size 64 --data $W/thumb-wds \
-      --images $W/thumb-images --rows default,dali,torch --dali-grid 0.9:4 --steps 150 --warmup 20 \
-      --consumers resnet50,none --json $OUT/table-thumb.json 2>&1 | grep -E "^\[" | quiet
-  ;;
-9)
-  ddp one 1 --warmup 150
-  ddp default 2 --warmup 150
-  ddp hybrid-one 1 --warmup 150 --loader-kwargs '{"decoder": "hybrid"}'
-  ddp hybrid-two 2 --warmup 150 --loader-kwargs '{"decoder": "hybrid"}'
-  ddp dali-one 1 --warmup 150 --loader dali-wds
-  ddp dali-two 2 --warmup 150 --loader dali-wds
+  ddp_rows --warmup 150
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 $T --label thumb --image-size 64 --data $W/thumb-wds \
       --images $W/thumb-images --rows default,dali,torch --dali-grid 0.9:4 --steps 150 --warmup 20 \
       --consumers resnet50,none --json $OUT/table-thumb.json 2>&1 | grep -E "^\[" | quiet

@@ -5,10 +5,10 @@
 
 Kinds (the registry below): "dali" (GPU, `mixed` hardware decode), "cpu-dali" (DALI's CPU backend), "cpu-pil"
 (pillow-simd + numba), "hybrid" (each batch split between DALI's CPU backend and the GPU: decode/hybrid.py),
-"cpu" (the faster CPU one on a 2-core machine: benchmarks/bench_decode.py), "auto" ("dali"
-when DALI and CUDA are there and device is cuda — "cpu-dali" for datasets of thumbnails, "hybrid" for photos on a
-rank with cores to spare, see resolve_kind — else "cpu"). With a CUDA device "cpu-dali" decodes to uint8 and normalises on the GPU (decode/split.py). DALI is
-imported only when a DALI kind is built.
+"cpu" (the faster CPU one on a 2-core machine: benchmarks/bench_decode.py), "auto" ("dali" when DALI and CUDA are
+there and device is cuda — "cpu-dali" for datasets of thumbnails, "hybrid" for photos on a rank with cores to
+spare, see resolve_kind — else "cpu"). With a CUDA device "cpu-dali" decodes to uint8 and normalises on the GPU
+(decode/split.py). DALI is imported only when a DALI kind is built.
 """
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
     decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy and
     hw_decoder_load to dali (and hybrid's GPU part) only. hybrid: num_threads are its CPU part's threads (the GPU
     part has DEFAULT_DALI_THREADS); `pace` is the loop's ConsumerPace its CPU share is tuned on, `settle` the
-    batches in flight when the share changes (decode/hybrid.py). `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
-    docs/decode_contract.md); the windows passed in must be computed on `oriented_size(...)` under the same policy.
+    batches in flight when the share changes (decode/hybrid.py). `orientation` is the EXIF policy of the decode
+    contract ("ignore" | "exif", docs/decode_contract.md); the windows passed in must be computed on `oriented_size(...)` under the same policy.
     Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
     import torch
 
