@@ -35,7 +35,8 @@ from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_r
                                   is_image, replaced_list, resolve_errors)
 from fastfeed.decode.contract import TRANSPOSE, orientation_tag, to_rgb
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
-from fastfeed.decode.kernels import emit_chw, emit_hwc, make_lut, numpy_view
+from fastfeed.decode.kernels import emit_chw, emit_hwc
+from fastfeed.decode.lut import make_lut, numpy_view
 
 __all__ = ["PilDecoder", "decode_rgb"]
 

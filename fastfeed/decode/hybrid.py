@@ -6,11 +6,17 @@ while most training hosts leave CPU cores idle. Every image the CPU decodes is o
 
 How many go to the CPU is tuned online on what the user measures: the training loop's period (the interval between
 two batches it takes, fastfeed/pace.py). `ShareClimber` hill-climbs the CPU share of every batch: it measures the
-period at the current share, tries a share one step higher or lower, keeps a change that shortens the period by
-more than CLIMB_EPS, and when neither side does, halves its step and measures again — so it keeps following the
+period at the current share, tries a share one STEP higher or lower, keeps a change that shortens the period by
+more than CLIMB_EPS, and when neither side does, stays a while and then looks again — so it keeps following the
 loop when the model, batch or GPU load changes. Why not a model of rates: measured on an H200, filling the loop's
 time with CPU decode made ResNet-50 5% faster but ResNet-18 14% slower (CPU decode beside a launch-bound step
 slows the step itself), and only the loop's own period shows that. All pipelines of a Loader share one climber.
+
+Why small steps from a small start: the loop's period at every fixed share, measured on an H200
+(benchmarks/results/gpu-h200x2-2026-11-30f-share-sweep.json), is flat for ResNet-50 from 1/8 to 3/4 (all within 2%,
+~4% faster than the GPU alone) and falls off a cliff for ResNet-18 above 3/8 (the CPU part cannot keep up: 1/2 is
+36% slower). A probe a quarter away costs a ResNet-18 loop a third of its speed while it lasts; replayed on the
+measured steps (tests/test_hybrid.py), steps of 1/8 from 1/8 come within 1-2% of the best fixed share on both.
 
 Exactness: the CPU part decodes with libjpeg-turbo (exact), the GPU part within the decode contract's tolerance
 (decode/dali.py, chroma_mode); both are normalised with the same constants. Corrupt records: the parts always
@@ -30,14 +36,13 @@ from fastfeed.decode.base import CorruptSampleError, DecodeResult, apply_replace
 
 __all__ = ["HybridDecoder", "ShareClimber", "climber_for", "START_SHARE"]
 
-START_SHARE = 0.25
-FIRST_STEP = 1 / 4
-MIN_STEP = 1 / 8  # also the grid of shares
+START_SHARE = 1 / 8
+STEP = 1 / 8  # also the grid of shares
 # A change is kept only when it shortens the period by more than this share. The steps are coarse on purpose: on an
-# H200 a ResNet-50 step varies by ~5% from one batch to the next, and the whole gain from CPU decode was ~5%.
+# H200 a ResNet-50 step varies by 5-25% from one batch to the next, and the whole gain from CPU decode was ~5%.
 CLIMB_EPS = 0.01
 MEASURE_INTERVALS = 32  # intervals of the loop per measurement: their mean without the longest eighth
-HOLD_BATCHES = 500  # when no neighbour is faster at the finest step: stay this long before probing again
+HOLD_BATCHES = 500  # when no neighbour is faster: stay this long before probing again
 _HISTORY = 256  # measurements kept for stats and tests
 
 
@@ -52,7 +57,7 @@ class ShareClimber:
         self._lock = threading.Lock()
         self.share = float(start)
         self._base, self._base_period = self.share, None  # the best share so far and its period
-        self._step, self._dir, self._tried = FIRST_STEP, 1, 0
+        self._dir, self._tried = 1, 0  # the direction that last helped; neighbours of the base tried so far
         self._mark = pace.ticks  # measurements use the intervals after mark + settle
         self.history: list[tuple[float, float]] = []  # (share, period) of the last measurements, for stats and tests
 
@@ -76,19 +81,16 @@ class ShareClimber:
         neighbours = self._neighbours()
         if self._tried < len(neighbours):
             self._set(neighbours[self._tried])
-        elif self._step > MIN_STEP:  # no neighbour is faster: finer steps, from a fresh measurement of the base
-            self._step /= 2
-            self._set(self._base)
-        else:  # at the finest step: stay, then measure the base again and look around (the loop may change)
+        else:  # no neighbour is faster: stay, then measure the base again and look around (the loop may change)
             self._set(self._base, at=self._pace.ticks + HOLD_BATCHES)
 
     def _neighbours(self) -> list[float]:
         """The shares one step from the base, in [0, 1], the direction that last helped first."""
-        out = [self._base + self._dir * self._step, self._base - self._dir * self._step]
+        out = [self._base + self._dir * STEP, self._base - self._dir * STEP]
         return [x for x in out if -1e-9 <= x <= 1 + 1e-9]
 
     def _set(self, share: float, at: int | None = None) -> None:
-        self.share = min(1.0, max(0.0, round(share / MIN_STEP) * MIN_STEP))
+        self.share = min(1.0, max(0.0, round(share / STEP) * STEP))
         self._mark = self._pace.ticks if at is None else at
 
 

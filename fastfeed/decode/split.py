@@ -7,7 +7,7 @@ launches work for every image from threads of the training process, and with 64-
 short enough that those launches delay its own (benchmarks/RESULTS.md: thumbnails). Here the GPU sees one copy and
 a few kernels per batch, and no decoder thread makes a CUDA call.
 
-Exactness: the lookup table is the CPU path's (`kernels.make_lut`: the output dtype's value of (v/255 - mean)/std for
+Exactness: the lookup table is the CPU path's (`lut.make_lut`: the output dtype's value of (v/255 - mean)/std for
 every v and channel), so a batch normalised here is bit-identical to the same uint8 batch normalised on the CPU.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ class NormalizeOnDevice:
     NCHW or (channels_last=True) NHWC memory."""
 
     def __init__(self, inner, device, *, dtype, mean, std, channels_last: bool):
-        from fastfeed.decode.kernels import make_lut
+        from fastfeed.decode.lut import make_lut
 
         self._inner = inner
         self.device = torch.device(device)
