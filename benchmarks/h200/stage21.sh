@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 14, fifth session (2026-11-30), nvidia-h200-x2: where the time to the first batch goes (one GPU and DDP),
-# with the decoders after the first built in the background (fastfeed/decoder_set.py) against the tree before it
+# with the decoders after the first built in a background thread (tried, then reverted) against the tree before it
 # (ab-old/: HEAD b7b5b07's fastfeed, carried untracked), and the hybrid decoder's response curve (the loop's period
 # at each fixed CPU share, step by step) for the climber's design.
 #   bash benchmarks/h200/stage21.sh K     K = 1..4 staging (stage18.sh's: base, thumbnail and phone sets)
@@ -12,7 +12,12 @@
 #                                          8: ImageNet-like R50/R18/alone: hybrid new vs old (ab-old), GPU decode, DALI
 #                                          9: DDP two GPUs: hybrid new vs old, DALI's reader
 # Carry per call: K=1 [.carry/p1, .carry/x], K=2 [.carry/p2], K=3,4 [.carry/pK], K=5,7 [.carry/p5, .carry/x2],
-# K=6,8,9 [].
+# K=6,8,9 []. ab-old/ (untracked, so it travels; move it aside for K=1, whose carry is near the 64 MiB limit):
+#   mkdir ab-old && git archive b7b5b07 fastfeed benchmarks/h200 benchmarks/dali_reference.py | tar -x -C ab-old
+#   cp benchmarks/h200/startup.py ab-old/benchmarks/h200/
+# As run on 2026-11-30: round 1's tree built the decoders after the first in a background thread (reverted after it),
+# round 2's (4ec5be8) chose the cropped GPU decode where the process's nvJPEG allowed it (not kept): on main, step 5
+# times the plain constructor and step 7's probe reports the whole-image decode in both orders.
 set -uo pipefail
 K=$1; shift
 case $K in 1|2|3|4) exec bash benchmarks/h200/stage18.sh $K ;; esac

@@ -33,12 +33,11 @@ CPU_DEFAULT = "cpu-pil"
 CPU_DECODE_MAX_PIXELS = 128 * 128
 # Above it, `auto` splits each batch between the CPU and the GPU (decoder "hybrid", decode/hybrid.py) when the rank
 # has HYBRID_MIN_CORES cores, the median image is at most HYBRID_MAX_PIXELS, and JPEGs the hardware decoder takes
-# are nearly all of the data. Measured on an H200 x2 (fourth session, each next to "dali" in the same run):
-# ImageNet-like photos trained ResNet-50 1.2% faster on one GPU (6.6% in the DDP script's one-GPU row) and 6.8%
-# faster on two (DDP), ResNet-18 1.6% faster; the loader alone was 16% slower while the split was still being
-# tuned. 12-MP photos gained nothing with an earlier split rule (the CPU decodes them too slowly to take a useful
-# share), sizes in between were not measured; PNG-heavy sets keep "dali", whose CPU threads are sized for them
-# (fastfeed/settings.py).
+# are nearly all of the data. Measured on an H200 x2, each next to "dali" in the same run: ImageNet-like photos
+# trained ResNet-18 5-9% faster on one GPU and ResNet-50 as fast (fifth session, two runs), the loader alone 17%
+# faster; ResNet-50 on two GPUs (DDP) 6.8% faster (fourth session). 12-MP photos gained nothing with an earlier split
+# rule (the CPU decodes them too slowly to take a useful share), sizes in between were not measured; PNG-heavy sets
+# keep "dali", whose CPU threads are sized for them (fastfeed/settings.py).
 HYBRID_MIN_CORES = 8
 HYBRID_MAX_PIXELS = 1_000_000
 

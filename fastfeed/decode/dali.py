@@ -5,9 +5,9 @@ Pipeline (one per decoder, batch_size = the largest batch it accepts; smaller ba
     raw  --decoders.image_slice(anchor, shape: whole-pixel ROI, "WH")--> RGB uint8 HWC (only the ROI is decoded)
          --resize(S x S, linear, antialias, roi = the exact float box inside the ROI)-->
          --crop_mirror_normalize(mirror, mean*255, std*255, dtype, CHW | HWC)--> output
-The exact float box makes eval match torchvision's Resize+CenterCrop (see crop.py) without rounding. On a GPU whose
-process has an nvJPEG older than 13.2 the pipeline decodes whole images instead (decoders.image) and the resize's ROI
-is the box itself: see chroma_mode, the rule that keeps 4:2:0 chroma equal to libjpeg-turbo's on every path.
+The exact float box makes eval match torchvision's Resize+CenterCrop (see crop.py) without rounding. On the GPU
+the pipeline decodes whole images instead (decoders.image) and the resize's ROI is the box itself: see chroma_mode,
+the rule that keeps 4:2:0 chroma equal to libjpeg-turbo's on every path.
 
 Input lifetime (what the caller must guarantee): with no_copy=True DALI reads the sample arrays in place; they
 must stay valid and unmodified until __call__ returns. __call__ runs the pipeline with prefetch_queue_depth=1 and
@@ -39,7 +39,6 @@ from fastfeed.constants import DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD
 from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common,
                                   is_image, replaced_list, resolve_errors)
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
-from fastfeed.decode.nvjpeg import nvjpeg_version
 
 __all__ = ["DaliDecoder", "dali_available"]
 
@@ -140,17 +139,10 @@ class DaliDecoder:
 
             self._lut = make_lut(self._dtype_name, mean, std)
             pipe_dtype, pipe_hwc = "uint8", True
-        gpu = device_id is not None
-        self.chroma = chroma_mode(gpu, nvjpeg_version() if gpu else None)
+        self.chroma = chroma_mode(device_id is not None)
         self._args = (self.batch_size, int(num_threads), device_id, self.image_size, pipe_dtype,
                       pipe_hwc, mean, std, hw_decoder_load, orientation == "exif", self.chroma)
         self._pipe = _build(*self._args)
-        if gpu and self.chroma == "full" and chroma_mode(gpu, nvjpeg_version()) == "roi":
-            # This build loaded the process's nvJPEG, and it takes cropped decodes with exact chroma: decode only
-            # each window. Once per process (later decoders find it loaded); the whole-image pipeline is dropped.
-            self.chroma = "roi"
-            self._args = self._args[:-1] + ("roi",)
-            self._pipe = _build(*self._args)
 
     # -- running ---------------------------------------------------------------------------------------------
     def _feed(self, samples, windows: Windows):
@@ -276,21 +268,16 @@ class DaliDecoder:
 CHROMA_MODES = ("full", "roi", "plain")
 
 
-# nvJPEG takes cropped decodes with interpolated chroma upsampling from this version on (decode/nvjpeg.py).
-NVJPEG_ROI_EXACT = (13, 2)
-
-
-def chroma_mode(gpu: bool, nvjpeg: tuple[int, int, int] | None = None) -> str:
+def chroma_mode(gpu: bool) -> str:
     """How the pipeline decodes JPEGs so that 4:2:0 chroma matches libjpeg-turbo's (PIL's, torchvision's):
-      "roi"   only the window decoded, interpolated ("fancy") chroma upsampling: DALI's CPU backend (libjpeg-turbo
-              does it exactly), and the GPU when `nvjpeg`, the version of the nvJPEG this process has loaded
-              (decode/nvjpeg.py), is at least NVJPEG_ROI_EXACT.
-      "full"  the whole image decoded with interpolated upsampling, the window cut by the resize: the GPU with an
-              older nvJPEG, or before the process has loaded one. Older nvJPEGs refuse cropped decodes with
-              interpolated upsampling, and DALI then decodes those images on the CPU (41 img/s measured); which
-              libnvjpeg a process gets depends on what loaded one first (decode/nvjpeg.py). On ImageNet-sized photos
-              whole-image decodes trained as fast (ResNet-50 4,313 vs 4,324 img/s); on 12-MP photos they cost a third
-              of the loader's rate (benchmarks/RESULTS.md).
+      "full"  the whole image decoded with interpolated ("fancy") chroma upsampling, the window cut by the resize:
+              the GPU. nvJPEG refuses cropped (ROI) decodes with interpolated upsampling before its version 13.2
+              (DALI then decodes those images on the CPU, 41 img/s measured), and a training script usually has an
+              older one: torchvision 0.29 loads its bundled nvJPEG 13.0.1 (soname libnvjpeg.so.13) at import, and
+              DALI's decoders then get that library, not their own 13.3 (benchmarks/h200/nvjpeg_probe.py, H200,
+              2026-11-30). Whole-image decodes train as fast (ResNet-50 4,313 vs 4,324 img/s), and where 13.3 was
+              loaded, a short probe of the cropped decode on 12-MP photos was not faster (benchmarks/RESULTS.md).
+      "roi"   only the window decoded, interpolated upsampling: DALI's CPU backend (libjpeg-turbo does it exactly).
       "plain" ROI decode with plain (replicated) chroma: 2.64/255 off the CPU path on the corpus, outside the
               decode contract; only through FASTFEED_DALI_CHROMA, for measurements.
     FASTFEED_DALI_CHROMA=full|roi|plain overrides the choice (the benchmarks compare them)."""
@@ -301,9 +288,7 @@ def chroma_mode(gpu: bool, nvjpeg: tuple[int, int, int] | None = None) -> str:
         if forced not in CHROMA_MODES:
             raise ValueError(f"FASTFEED_DALI_CHROMA must be one of {CHROMA_MODES}, got {forced!r}")
         return forced
-    if not gpu:
-        return "roi"
-    return "roi" if nvjpeg is not None and tuple(nvjpeg) >= NVJPEG_ROI_EXACT else "full"
+    return "full" if gpu else "roi"
 
 
 def _clamp_displayed(samples, windows: Windows, positions) -> Windows:

@@ -14,7 +14,7 @@ slows the step itself), and only the loop's own period shows that. All pipelines
 
 Why small steps from a small start: the loop's period at every fixed share, measured on an H200
 (benchmarks/results/gpu-h200x2-2026-11-30f-share-sweep.json), is flat for ResNet-50 from 1/8 to 3/4 (all within 2%,
-~4% faster than the GPU alone) and falls off a cliff for ResNet-18 above 3/8 (the CPU part cannot keep up: 1/2 is
+4-5% faster than the GPU alone) and falls off a cliff for ResNet-18 above 3/8 (the CPU part cannot keep up: 1/2 is
 36% slower). A probe a quarter away costs a ResNet-18 loop a third of its speed while it lasts; replayed on the
 measured steps (tests/test_hybrid.py), steps of 1/8 from 1/8 come within 1-2% of the best fixed share on both.
 
