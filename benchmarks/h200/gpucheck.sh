@@ -16,10 +16,8 @@ case $K in
   python3 -c "import fastfeed._native as n; print('native ok, libjpeg', n.HAVE_LIBJPEG)"
   ;;
 5)
-  cp /tmp/ffnative/_native*.so fastfeed/  # the carried tree replaced the build output
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/x2/*.whl 2>&1 | tail -1
-  bash .carry/p5/install_dali.sh 2>&1 | tail -1 || exit 1
-  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > $OUT/pytest-gpu.log 2>&1
-  tail -3 $OUT/pytest-gpu.log
+  source benchmarks/h200/lib.sh  # copies the native build back (the carried tree replaced it)
+  install_dali
+  gpu_tests
   ;;
 esac

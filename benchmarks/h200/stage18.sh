@@ -25,8 +25,7 @@ cp .carry/p$K/part.* /tmp/dali/ 2>/dev/null
 source benchmarks/h200/lib.sh
 case $K in
 5)
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/x2/*.whl 2>&1 | tail -1
-  bash .carry/p5/install_dali.sh 2>&1 | tail -1 || exit 1
+  install_dali
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/h200/first_batch.py --data $W/phone-wds --batches 3 \
       --json $OUT/first-batch-phone.json 2>&1 | quiet | tail -40
   CUDA_VISIBLE_DEVICES=0 timeout 330 python3 $T --label thumb --image-size 64 --data $W/thumb-wds \

@@ -17,10 +17,8 @@ cp .carry/p$K/part.* /tmp/dali/ 2>/dev/null
 source benchmarks/h200/lib.sh
 case $K in
 5)
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/x2/*.whl 2>&1 | tail -1
-  bash .carry/p5/install_dali.sh 2>&1 | tail -1 || exit 1
-  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > $OUT/pytest-gpu.log 2>&1
-  tail -3 $OUT/pytest-gpu.log
+  install_dali
+  gpu_tests
   CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/h200/first_batch.py --data $W/phone-wds --batches 3 \
       --json $OUT/first-batch-phone.json 2>&1 | quiet | grep -E "ring_|_s\"|images_per_s|arena" | tr -s ' ' | tr '\n' ' '; echo
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 $T --label phone --data $W/phone-wds --images $W/phone-images \

@@ -30,11 +30,8 @@ ddp_rows() {  # the GPU decode, the hybrid and DALI's reader on 1 and 2 GPUs; ar
 }
 case $K in
 5|8)
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/x2/*.whl 2>&1 | tail -1
-  bash .carry/p5/install_dali.sh 2>&1 | tail -1 || exit 1
-  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
-      > $OUT/pytest-gpu.log 2>&1
-  tail -3 $OUT/pytest-gpu.log
+  install_dali
+  gpu_tests
   [ $K = 8 ] && { CUDA_VISIBLE_DEVICES=0 timeout 420 python3 $T --data $W/base-wds --images $W/base-images \
       --rows default,dali --dali-grid 1.0:2,0.9:4 --consumers resnet50,resnet18,none --steps 80 --warmup 150 \
       --extra-ff "$HY" --json $OUT/table-imagenet.json 2>&1 | grep -E "^\[" | quiet; exit 0; }

@@ -40,22 +40,16 @@ startup() {  # $1 = tree (new | old), $2 = decoder, $3 = ranks
 }
 case $K in
 5)
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/x2/*.whl 2>&1 | tail -1
-  bash .carry/p5/install_dali.sh 2>&1 | tail -1 || exit 1
-  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
-      > $OUT/pytest-gpu.log 2>&1
-  tail -3 $OUT/pytest-gpu.log
+  install_dali
+  gpu_tests
   for dec in dali hybrid; do for tree in old new old new; do startup $tree $dec 1; done; done
   for dec in dali hybrid; do for tree in old new; do startup $tree $dec 2; done; done
   ;;
 7)
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/x2/*.whl 2>&1 | tail -1
-  bash .carry/p5/install_dali.sh 2>&1 | tail -1 || exit 1
+  install_dali
   python3 -m pip install -q --no-index --no-deps --target /tmp/nvj133 .carry/p5/extra/nvidia_nvjpeg-13.3*.whl
   cp /tmp/nvj133/nvidia/cu13/lib/libnvjpeg.so.13 /tmp/site/nvidia/cu13/lib/libnvjpeg.so.13
-  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
-      > $OUT/pytest-gpu.log 2>&1
-  tail -3 $OUT/pytest-gpu.log
+  gpu_tests
   for first in dali torchvision dali torchvision; do
     CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/h200/nvjpeg_probe.py --first $first \
         --data $W/phone-wds --json $OUT/nvjpeg-$first.json 2>&1 | quiet | grep -E "^\[nvjpeg|Error|ROI"

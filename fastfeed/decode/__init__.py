@@ -81,7 +81,8 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
     hw_decoder_load to dali (and hybrid's GPU part) only. hybrid: num_threads are its CPU part's threads (the GPU
     part has DEFAULT_DALI_THREADS); `pace` is the loop's ConsumerPace its CPU share is tuned on, `settle` the
     batches in flight when the share changes (decode/hybrid.py). `orientation` is the EXIF policy of the decode
-    contract ("ignore" | "exif", docs/decode_contract.md); the windows passed in must be computed on `oriented_size(...)` under the same policy.
+    contract ("ignore" | "exif", docs/decode_contract.md); the windows passed in must be computed on
+    `oriented_size(...)` under the same policy.
     Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
     import torch
 
