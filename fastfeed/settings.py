@@ -44,6 +44,16 @@ MAX_DEFAULT_DECODE_THREADS = 8
 # the GPU part's DALI threads need theirs, or the training step itself waits for a core.
 HYBRID_RESERVED_CORES = 4
 
+# Large photos (median at least LARGE_PHOTO_PIXELS) decode faster with a tenth of the JPEGs on DALI's CUDA decoder
+# (its Huffman stage on LARGE_PHOTO_DALI_THREADS CPU threads) beside the hardware decoder, which is the bottleneck for
+# them. Measured on an H200 with 12-MP phone photos held in memory (benchmarks/h200/phone_probe.py, 2026-11-30): one
+# pipeline 472 img/s at hw_decoder_load 0.9 and 4 threads against 267 at 1.0 and 2, DALI's own best row 496 (also
+# 0.9 and 4 threads, in every session). ImageNet-like photos (~0.2 MP) keep 1.0 and 2 threads, which trained fastest;
+# sizes in between were not measured.
+LARGE_PHOTO_PIXELS = 4_000_000
+LARGE_PHOTO_HW_DECODER_LOAD = 0.9
+LARGE_PHOTO_DALI_THREADS = 4
+
 # The ring's read-ahead (encoded batches in host memory, page-locked on a GPU) may take at most this share of the
 # machine's memory, split evenly between the ranks on it. The ring is sized by the data: 12-MP photos make one batch
 # of 256 ~1.5 GB, so the default 6 slots are ~12 GB per rank, and 8 ranks would page-lock ~100 GB.
@@ -173,7 +183,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         verify_checksums=_bool("verify_checksums", verify_checksums),
         decode_threads=_default_decode_threads(kind, world, pipelines, images) if auto else num_threads,
         pipelines=pipelines,
-        hw_decoder_load=DEFAULT_HW_DECODER_LOAD if hw_decoder_load is None else float(hw_decoder_load),
+        hw_decoder_load=_default_hw_decoder_load(images) if hw_decoder_load is None else float(hw_decoder_load),
         prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),
         reader_threads=DEFAULT_READER_THREADS if reader_threads is None else _int(
             "reader_threads", reader_threads, 1, MAX_THREADS),
@@ -202,7 +212,8 @@ def _memory_bytes() -> int:
 
 
 def _default_decode_threads(kind: str, world: World, pipelines: int, images: ImageProfile | None) -> int:
-    """DALI: few threads while the hardware decoder does the work; when a share of the images is something it
+    """DALI: few threads while the hardware decoder does the work (LARGE_PHOTO_DALI_THREADS for large photos, whose
+    CUDA-decoded tenth has its Huffman stage on them); when a share of the images is something it
     cannot take (PNG, progressive or CMYK JPEG: `images.cpu_decode_share`), DALI decodes those on these threads, so
     they get that share of this rank's cores, split over the pipelines, capped. A CPU decoder: this rank's share of
     the machine's cores split over its pipelines, capped. Hybrid: its CPU part's threads, the rank's cores but
@@ -211,11 +222,21 @@ def _default_decode_threads(kind: str, world: World, pipelines: int, images: Ima
         free = max(1, world.cpus_per_rank - HYBRID_RESERVED_CORES)
         return max(1, min(MAX_DEFAULT_DECODE_THREADS, free // pipelines))
     if kind == "dali":
+        base = LARGE_PHOTO_DALI_THREADS if _large_photos(images) else DEFAULT_DALI_THREADS
         if images is None or images.cpu_decode_share < DALI_CPU_SHARE_FOR_MORE_THREADS:
-            return DEFAULT_DALI_THREADS
+            return base
         want = round(world.cpus_per_rank * images.cpu_decode_share / pipelines)
-        return max(DEFAULT_DALI_THREADS, min(MAX_DEFAULT_DECODE_THREADS, want))
+        return max(base, min(MAX_DEFAULT_DECODE_THREADS, want))
     return max(1, min(MAX_DEFAULT_DECODE_THREADS, world.cpus_per_rank // pipelines))
+
+
+def _large_photos(images: ImageProfile | None) -> bool:
+    return images is not None and images.median_pixels >= LARGE_PHOTO_PIXELS
+
+
+def _default_hw_decoder_load(images: ImageProfile | None) -> float:
+    """The hardware decoder's share of the JPEGs: all it can take, but for large photos (see LARGE_PHOTO_PIXELS)."""
+    return LARGE_PHOTO_HW_DECODER_LOAD if _large_photos(images) else DEFAULT_HW_DECODER_LOAD
 
 
 def _map_dataloader_kwargs(kwargs: dict, num_threads, prefetch):

@@ -1,5 +1,6 @@
 """Settings that depend on the dataset's images (fastfeed/settings.py, `ImageProfile` from the sample table): the
-DALI thread count grows with the share of images the hardware decoder cannot take."""
+DALI thread count grows with the share of images the hardware decoder cannot take; large photos give a tenth of their
+JPEGs to DALI's CUDA decoder."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,10 +14,14 @@ from fastfeed.world import World
 from test_epoch import settings_for
 
 
-def _threads(share, cpus, local=1, num_threads="auto"):
+def _dali(share, cpus, local=1, num_threads="auto", pixels=200_000, **kw):
     world = World(cpus=cpus, local_world_size=local)
     return settings_for(world=world, decoder="dali", num_threads=num_threads, pipelines=2,
-                        images=ImageProfile(median_pixels=200_000, cpu_decode_share=share)).decode_threads
+                        images=ImageProfile(median_pixels=pixels, cpu_decode_share=share), **kw)
+
+
+def _threads(share, cpus, **kw):
+    return _dali(share, cpus, **kw).decode_threads
 
 
 def test_dali_threads_follow_the_share_the_hardware_decoder_cannot_take():
@@ -26,6 +31,17 @@ def test_dali_threads_follow_the_share_the_hardware_decoder_cannot_take():
     assert _threads(0.7, 32) == 8  # capped
     assert _threads(0.7, 32, local=8) == 2  # 4 cores per rank: never fewer than the default
     assert _threads(0.7, 32, num_threads=3) == 3  # an explicit count wins
+
+
+def test_large_photos_share_the_decode_with_dalis_cuda_decoder():
+    photo = _dali(0.0, 16)  # ImageNet-like: the hardware decoder takes every JPEG, two threads feed it
+    assert (photo.hw_decoder_load, photo.decode_threads) == (1.0, 2)
+    big = _dali(0.0, 16, pixels=4032 * 3024)  # 12-MP phone photos
+    assert (big.hw_decoder_load, big.decode_threads) == (0.9, 4)
+    assert _dali(0.0, 16, pixels=3_999_999).hw_decoder_load == 1.0  # the bound is LARGE_PHOTO_PIXELS
+    assert _threads(0.7, 32, pixels=4032 * 3024) == 8  # PNG-heavy large photos: the share's threads, capped
+    assert _threads(0.0, 16, pixels=4032 * 3024, num_threads=3) == 3  # explicit settings win
+    assert _dali(0.0, 16, pixels=4032 * 3024, hw_decoder_load=1.0).hw_decoder_load == 1.0
 
 
 def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
