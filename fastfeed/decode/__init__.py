@@ -35,9 +35,11 @@ CPU_DECODE_MAX_PIXELS = 128 * 128
 # has HYBRID_MIN_CORES cores, the median image is at most HYBRID_MAX_PIXELS, and JPEGs the hardware decoder takes
 # are nearly all of the data. Measured on an H200 x2, each next to "dali" in the same run: ImageNet-like photos
 # trained ResNet-18 5-9% faster on one GPU and ResNet-50 as fast (fifth session, two runs), the loader alone 17%
-# faster; ResNet-50 on two GPUs (DDP) 6.8% faster (fourth session). 12-MP photos gained nothing with an earlier split
-# rule (the CPU decodes them too slowly to take a useful share), sizes in between were not measured; PNG-heavy sets
-# keep "dali", whose CPU threads are sized for them (fastfeed/settings.py).
+# faster; ResNet-50 on two GPUs (DDP) 6.8% faster (fourth session). On a 16-core H200 host (sixth session, two runs)
+# ResNet-50 trained as fast as with "dali" and ResNet-18 0.95x / 1.09x, since the climber starts on the GPU alone
+# (decode/hybrid.py; started at 1/8 it made ResNet-18 12-19% slower there). 12-MP photos gained nothing with an
+# earlier split rule (the CPU decodes them too slowly to take a useful share), sizes in between were not measured;
+# PNG-heavy sets keep "dali", whose CPU threads are sized for them (fastfeed/settings.py).
 HYBRID_MIN_CORES = 8
 HYBRID_MAX_PIXELS = 1_000_000
 

@@ -12,11 +12,14 @@ loop when the model, batch or GPU load changes. Why not a model of rates: measur
 time with CPU decode made ResNet-50 5% faster but ResNet-18 14% slower (CPU decode beside a launch-bound step
 slows the step itself), and only the loop's own period shows that. All pipelines of a Loader share one climber.
 
-Why small steps from a small start: the loop's period at every fixed share, measured on an H200
+Why small steps from the GPU alone: the loop's period at every fixed share, measured on an H200 with 32 cores
 (benchmarks/results/gpu-h200x2-2026-11-30f-share-sweep.json), is flat for ResNet-50 from 1/8 to 3/4 (all within 2%,
 4-5% faster than the GPU alone) and falls off a cliff for ResNet-18 above 3/8 (the CPU part cannot keep up: 1/2 is
-36% slower). A probe a quarter away costs a ResNet-18 loop a third of its speed while it lasts; replayed on the
-measured steps (tests/test_hybrid.py), steps of 1/8 from 1/8 come within 1-2% of the best fixed share on both.
+36% slower). A probe a quarter away costs a ResNet-18 loop a third of its speed while it lasts. With 16 cores even
+1/8 slowed ResNet-18 by 14% (benchmarks/results/gpu-h200-2026-11-30g-r2-table-r50.json): a climber started at 1/8
+moved to 1/4 on a noisy comparison and never tried 0 again (19% slower than the GPU alone). Starting at 0, every
+CPU share has to earn its place; replayed on the measured steps (tests/test_hybrid.py), steps of 1/8 from 0 come
+within 1.5-2.5% of the best fixed share on both models with 32 cores and stay at 0 with 16.
 
 Exactness: the CPU part decodes with libjpeg-turbo (exact), the GPU part within the decode contract's tolerance
 (decode/dali.py, chroma_mode); both are normalised with the same constants. Corrupt records: the parts always
@@ -36,7 +39,7 @@ from fastfeed.decode.base import CorruptSampleError, DecodeResult, apply_replace
 
 __all__ = ["HybridDecoder", "ShareClimber", "climber_for", "START_SHARE"]
 
-START_SHARE = 1 / 8
+START_SHARE = 0.0
 STEP = 1 / 8  # also the grid of shares
 # A change is kept only when it shortens the period by more than this share. The steps are coarse on purpose: on an
 # H200 a ResNet-50 step varies by 5-25% from one batch to the next, and the whole gain from CPU decode was ~5%.
