@@ -7,10 +7,19 @@ window: if the kernel that ends the gap was launched (its cudaLaunchKernel retur
 the host was late ("late_launch_gap"), attributed to the launching thread (main = forward, the other = autograd's
 backward thread); "uncovered" is the part of that lateness in which the launching thread was inside no recorded
 op (interpreter time, GIL waits). Other gaps ("other_gap") are device-side waits (events, copies). Per step, ms.
+
+    python3 trace_gaps.py --blockers TRACE ...
+
+What the other threads were doing while a training thread sat in a slow CUDA call (a launch, copy or event call
+taking over --min-us; synchronisations are waits by design and left out): for each such call, the other threads'
+CUDA calls that overlap it, summed by call name and by thread. A thread that issues torch ops is marked "py" (the
+loader's Python workers); the others are native (DALI's executor and decoder threads, the ring's readers).
 """
+import bisect
 import collections
 import gzip
 import json
+import os
 import sys
 
 
@@ -68,6 +77,50 @@ def analyse(name):
         print("   ", b)
 
 
+def blockers(name, min_us=100.0):
+    ev = load(name)
+    windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("name") == "compute" and "dur" in e)
+    corr = {e["args"].get("correlation") for e in ev if e.get("cat") == "kernel" and e["args"].get("stream") == 7}
+    calls = [(e["ts"], e["ts"] + e["dur"], e["name"], e["tid"]) for e in ev
+             if e.get("cat") == "cuda_runtime" and "dur" in e]
+    train = {e["tid"] for e in ev if e.get("cat") == "cuda_runtime" and e.get("args", {}).get("correlation") in corr}
+    py = {e["tid"] for e in ev if e.get("cat") == "cpu_op"}
+
+    def inside(t):
+        i = bisect.bisect_right(windows, (t, float("inf"))) - 1
+        return i >= 0 and windows[i][0] <= t <= windows[i][1]
+
+    slow = [c for c in calls if c[3] in train and c[1] - c[0] > min_us and "Synchronize" not in c[2] and inside(c[0])]
+    others = sorted(c for c in calls if c[3] not in train)
+    starts = [c[0] for c in others]
+    longest = max((c[1] - c[0] for c in others), default=0)
+    by_name, by_thread, slow_names = collections.Counter(), collections.Counter(), collections.Counter()
+    for a, b, nm, _ in slow:
+        slow_names[nm] += b - a
+        for o in others[bisect.bisect_left(starts, a - longest):bisect.bisect_right(starts, b)]:
+            ov = min(b, o[1]) - max(a, o[0])
+            if ov > 0:
+                kind = "py" if o[3] in py else "native"
+                by_name[(o[2], kind)] += ov
+                by_thread[(o[3], kind)] += ov
+    n = max(1, len(windows))
+    total = sum(b - a for a, b, _, _ in slow)
+    print(f"{name}: {len(slow) / n:.1f} slow calls/step (> {min_us:.0f} us), {total / n / 1e3:.2f} ms/step:",
+          {k: round(v / n / 1e3, 2) for k, v in slow_names.most_common(4)})
+    print("   overlapped by (ms/step):", [(k, round(v / n / 1e3, 2)) for k, v in by_name.most_common(8)])
+    print("   by thread (ms/step):", [(k, round(v / n / 1e3, 2)) for k, v in by_thread.most_common(6)])
+    return {"slow_calls_per_step": len(slow) / n, "slow_ms_per_step": total / n / 1e3,
+            "slow_by_name": {k: v / n / 1e3 for k, v in slow_names.items()},
+            "overlapped_by": [[nm, kind, v / n / 1e3] for (nm, kind), v in by_name.most_common(20)],
+            "by_thread": [[tid, kind, v / n / 1e3] for (tid, kind), v in by_thread.most_common(20)]}
+
+
 if __name__ == "__main__":
-    for n in sys.argv[1:]:
-        analyse(n)
+    args = sys.argv[1:]
+    if args and args[0] == "--blockers":
+        out = {n: blockers(n) for n in args[1:]}
+        if os.environ.get("BLOCKERS_JSON"):
+            json.dump(out, open(os.environ["BLOCKERS_JSON"], "w"), indent=1)
+    else:
+        for n in args:
+            analyse(n)
