@@ -12,7 +12,10 @@ synchronise; `--warmup` batches first, then `--batches` timed ones. Rows:
   fused              external_source -> decoders.image_random_crop -> resize -> crop_mirror_normalize: DALI's own
                      op chain fed like ours (prefetch 1), crops drawn by DALI
   fused prefetch2    the fused chain with DALI's prefetch queue of 2 fed two batches ahead (DALI's reader's depth)
-  loader             fastfeed.Loader(decoder="dali") on the packed set, alone
+  ours-x2-t4         two pipelines at hw_decoder_load 0.9 and 4 threads (the Loader's default for large photos
+                     since 2026-11-30)
+  loader             fastfeed.Loader(decoder="dali") on the packed set, alone (its defaults for these photos);
+                     loader-p1: one pipeline; loader-p1-nocheck: one pipeline, checksums not verified
   dali-file          benchmarks/dali_reference.py's file reader, hw 0.9, 4 threads (the best row of earlier runs)
 If "ours" is as fast as "fused", the op chain is not the gap; if "loader" is much slower than "ours x2 threads",
 the ring is.
@@ -62,14 +65,24 @@ def load(images: Path, n: int):
     return data, np.array(W), np.array(H)
 
 
-def timed(run_batch, warmup: int, batches: int) -> float:
+CURRENT = [""]  # the row being measured
+STEADY: dict = {}  # row -> img/s at the median batch time (what a long epoch sees: no epoch starts)
+
+
+def timed(run_batch, warmup: int, batches: int, row: str = "") -> float:
+    """img/s over the timed batches; each batch is synchronised, and the median batch's rate is kept in STEADY (a
+    Loader starts an epoch every len(dataset) / B batches here, far more often than in training)."""
     for i in range(warmup):
         run_batch(i)
     sync()
     t0 = time.perf_counter()
+    times = []
     for i in range(warmup, warmup + batches):
+        t = time.perf_counter()
         run_batch(i)
-    sync()
+        sync()
+        times.append(time.perf_counter() - t)
+    STEADY[row or CURRENT[0]] = B / float(np.median(times))
     return batches * B / (time.perf_counter() - t0)
 
 
@@ -88,8 +101,9 @@ def ours(data, W, H, args, **kw):
         dec.close()
 
 
-def ours_threads(data, W, H, args, k=2):
-    decs = [DaliDecoder(device_id=DEV, dtype=torch.float16, channels_last=True, batch_size=B) for _ in range(k)]
+def ours_threads(data, W, H, args, k=2, **kw):
+    decs = [DaliDecoder(device_id=DEV, dtype=torch.float16, channels_last=True, batch_size=B, **kw)
+            for _ in range(k)]
 
     def work(j, count):
         for i in range(j, count, k):
@@ -145,12 +159,12 @@ def fused(data, W, H, args, prefetch=1, hw=1.0, threads=2):
         del p
 
 
-def loader_alone(args):
+def loader_alone(args, **kw):
     import fastfeed
 
     gpu = DEV is not None
     loader = fastfeed.Loader(args.data, batch_size=B, train=True, image_size=224, device="cuda" if gpu else "cpu",
-                             dtype=torch.float16, channels_last=True, decoder="dali" if gpu else "cpu-dali")
+                             dtype=torch.float16, channels_last=True, decoder="dali" if gpu else "cpu-dali", **kw)
     it = iter(loader)
 
     def one(i):
@@ -203,7 +217,10 @@ def main() -> int:
         "fused": lambda: fused(data, W, H, args),
         "fused-t4": lambda: fused(data, W, H, args, hw=0.9, threads=4),
         "fused-p2": lambda: fused(data, W, H, args, prefetch=2),
+        "ours-x2-t4": lambda: ours_threads(data, W, H, args, hw_decoder_load=0.9, num_threads=4),
         "loader": lambda: loader_alone(args),
+        "loader-p1": lambda: loader_alone(args, pipelines=1),
+        "loader-p1-nocheck": lambda: loader_alone(args, pipelines=1, verify_checksums=False),
         "dali-file": lambda: dali_file(args),
     }
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "batch_size": B, "rows": {},
@@ -215,13 +232,16 @@ def main() -> int:
         else:
             os.environ.pop("FASTFEED_DALI_CHROMA", None)
             fn_ = rows[name]
+        CURRENT[0] = name
         try:
             rate = fn_()
         except Exception as e:  # a row that fails is reported, the others still run
             log(f"{name}: failed: {type(e).__name__}: {str(e)[:300]}")
             continue
         res["rows"][name] = rate
-        log(f"{name:12s} {rate:8,.0f} img/s")
+        if name in STEADY:
+            res.setdefault("median_batch_rows", {})[name] = STEADY[name]
+        log(f"{name:18s} {rate:8,.0f} img/s   (median batch: {STEADY.get(name, float('nan')):8,.0f} img/s)")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0

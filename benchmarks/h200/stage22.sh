@@ -12,7 +12,10 @@
 #                                             hardware queue with the training stream)
 #   Round 3 (the hybrid's climber starts at 0, the GPU alone), after 1-4 (SETS=none for 2: no phone set):
 #                                          8: DALI installed; ResNet-50 and -18: defaults, GPU decode, DALI's best
-# Carry per call: K=1 [.carry/p1, .carry/x], K=2 [.carry/p2], K=3,4 [.carry/pK], K=5,6,8 [.carry/p5, .carry/x2],
+#   Final check (the tree as merged), after `gpucheck.sh 1..4` (no datasets):
+#                                          9: DALI installed; pytest -m gpu; 512 12-MP photos: where the Loader's
+#                                             ~10% under its decoder fed from memory goes (pipelines, checksums)
+# Carry per call: K=1 [.carry/p1, .carry/x], K=2 [.carry/p2], K=3,4 [.carry/pK], K=5,6,8,9 [.carry/p5, .carry/x2],
 # K=7 [].
 set -uo pipefail
 K=$1; shift
@@ -60,5 +63,13 @@ case $K in
         --warmup 100 --consumers resnet50,resnet18 --rows default,dali --dali-grid 0.9:4 \
         --extra-ff 'gpu=dict(decoder="dali")' --json $OUT/table-start0-$run.json 2>&1 | grep -E "^\[" | quiet
   done
+  ;;
+9)
+  install_dali
+  gpu_tests
+  SETS=phone PHONE_IMAGES=512 bash benchmarks/h200/stage18.sh 2 2>&1 | grep -E "images \(phone\)"
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/h200/phone_probe.py --images $W/phone-images \
+      --data $W/phone-wds --num 512 --batches 12 \
+      --rows ours-t4,ours-x2-t4,loader,loader-p1,loader-p1-nocheck,dali-file --json $OUT/phone-probe-final.json 2>&1 | quiet | grep -E "^\[phone|Error"
   ;;
 esac
