@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 14, sixth session (2026-11-30/12-01), profile before guessing: why a ResNet-50 step is slower beside fastfeed than
-# beside DALI's reader (the training thread's slow CUDA calls, and what the other threads were doing meanwhile), and
+# Issue 14, sixth session (2026-11-30/12-01), profile before guessing: why a ResNet-50 step is slower beside fastfeed
+# than beside DALI's reader (the training thread's slow CUDA calls, and what the other threads were doing meanwhile), and
 # where 12-MP photos lose to DALI (benchmarks/h200/phone_probe.py takes the chain apart).
 #   bash benchmarks/h200/stage22.sh K     K = 1..4 staging (stage18.sh's; only the phone set in 2)
 #                                          5: DALI installed; the 12-MP probe; ResNet-50 step profiles + their reading
@@ -70,6 +70,7 @@ case $K in
   SETS=phone PHONE_IMAGES=512 bash benchmarks/h200/stage18.sh 2 2>&1 | grep -E "images \(phone\)"
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/h200/phone_probe.py --images $W/phone-images \
       --data $W/phone-wds --num 512 --batches 12 \
-      --rows ours-t4,ours-x2-t4,loader,loader-p1,loader-p1-nocheck,dali-file --json $OUT/phone-probe-final.json 2>&1 | quiet | grep -E "^\[phone|Error"
+      --rows ours-t4,ours-x2-t4,loader,loader-p1,loader-p1-nocheck,dali-file --json $OUT/phone-probe-final.json \
+      2>&1 | quiet | grep -E "^\[phone|Error"
   ;;
 esac
