@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 14, sixth session (2026-11-30/12-01), profile before guessing: why a ResNet-50 step is slower beside fastfeed
-# than beside DALI's reader (the training thread's slow CUDA calls, and what the other threads were doing meanwhile), and
-# where 12-MP photos lose to DALI (benchmarks/h200/phone_probe.py takes the chain apart).
+# than beside DALI's reader (the training thread's slow CUDA calls, and what the other threads were doing meanwhile),
+# and where 12-MP photos lose to DALI (benchmarks/h200/phone_probe.py takes the chain apart).
 #   bash benchmarks/h200/stage22.sh K     K = 1..4 staging (stage18.sh's; only the phone set in 2)
 #                                          5: DALI installed; the 12-MP probe; ResNet-50 step profiles + their reading
 #   Round 2 (large photos: hw_decoder_load 0.9 and 4 threads by default), after 1-4:
