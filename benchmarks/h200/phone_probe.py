@@ -4,21 +4,22 @@
 
 Each row decodes the same 12-MP JPEGs, held in memory (no reading, no ring), into 224-px float16 crops on GPU 0, except
 the last two (the Loader through its ring, and DALI's file reader from disk). Every batch ends with a device
-synchronise; `--warmup` batches first, then `--batches` timed ones. Rows:
-  ours               fastfeed's DaliDecoder as the Loader builds it: whole-image decode, ROI resize (chroma "full")
-  ours hw0.9 t4      the same with DALI's best setting for these photos
-  ours plain         ROI decode (decoders.image_slice), plain chroma: what decoding only the window gains
-  ours x2 threads    two DaliDecoders in two threads, one batch each at a time (the Loader's two pipelines)
+synchronise; `--warmup` batches first, then `--batches` timed ones (img/s over them, and the median batch's rate).
+Rows (--rows):
+  ours               fastfeed's DaliDecoder at its defaults: whole-image decode, ROI resize (chroma "full"),
+                     hw_decoder_load 1.0, 2 threads
+  ours-t4            the same at hw_decoder_load 0.9 and 4 threads (DALI's best setting for these photos; the
+                     Loader's default for large photos since this probe)
+  ours-plain         ROI decode (decoders.image_slice), plain chroma: what decoding only the window gains
+  ours-x2            two DaliDecoders in two threads, one batch each at a time (the Loader's two pipelines);
+                     ours-x2-t4: the same at hw 0.9 and 4 threads
   fused              external_source -> decoders.image_random_crop -> resize -> crop_mirror_normalize: DALI's own
-                     op chain fed like ours (prefetch 1), crops drawn by DALI
-  fused prefetch2    the fused chain with DALI's prefetch queue of 2 fed two batches ahead (DALI's reader's depth)
-  ours-x2-t4         two pipelines at hw_decoder_load 0.9 and 4 threads (the Loader's default for large photos
-                     since 2026-11-30)
+                     op chain fed like ours (prefetch 1), crops drawn by DALI; fused-t4: hw 0.9, 4 threads;
+                     fused-p2: DALI's prefetch queue of 2 fed two batches ahead (DALI's reader's depth)
   loader             fastfeed.Loader(decoder="dali") on the packed set, alone (its defaults for these photos);
                      loader-p1: one pipeline; loader-p1-nocheck: one pipeline, checksums not verified
   dali-file          benchmarks/dali_reference.py's file reader, hw 0.9, 4 threads (the best row of earlier runs)
-If "ours" is as fast as "fused", the op chain is not the gap; if "loader" is much slower than "ours x2 threads",
-the ring is.
+If "ours" is as fast as "fused", the op chain is not the gap; if "loader" is much slower than "ours-x2", the ring is.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ CURRENT = [""]  # the row being measured
 STEADY: dict = {}  # row -> img/s at the median batch time (what a long epoch sees: no epoch starts)
 
 
-def timed(run_batch, warmup: int, batches: int, row: str = "") -> float:
+def timed(run_batch, warmup: int, batches: int) -> float:
     """img/s over the timed batches; each batch is synchronised, and the median batch's rate is kept in STEADY (a
     Loader starts an epoch every len(dataset) / B batches here, far more often than in training)."""
     for i in range(warmup):
@@ -82,7 +83,7 @@ def timed(run_batch, warmup: int, batches: int, row: str = "") -> float:
         run_batch(i)
         sync()
         times.append(time.perf_counter() - t)
-    STEADY[row or CURRENT[0]] = B / float(np.median(times))
+    STEADY[CURRENT[0]] = B / float(np.median(times))
     return batches * B / (time.perf_counter() - t0)
 
 
