@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--rows", default="ceiling,ff,dali")
+    p.add_argument("--rows", default="ceiling,ff,dali", help="of ceiling, ff, ff-gpu, dali, dali4 (see below)")
     p.add_argument("--json", default=None)
     p.add_argument("--trace-dir", default=None, help="keep each row's timeline here as <consumer>-<row>.json.gz")
     a = p.parse_args(argv)
@@ -169,23 +169,26 @@ def main(argv=None) -> int:
         finally:
             loader.close()
 
+    def ff(**kw):
+        return lambda: fastfeed.Loader(a.data, batch_size=bs, train=True, device=dev, channels_last=True, **kw,
+                                       dtype=torch.float16 if dev == "cuda" else torch.float32)
+
+    def dali(hw, threads):
+        def make():
+            from dali_reference import DaliReference
+
+            return DaliReference("file", a.images, batch_size=bs, num_threads=threads, device_id=0,
+                                 hw_decoder_load=hw, image_size=224)
+        return make
+
     # ff: the defaults (on a GPU host with 8+ cores per rank, the hybrid decoder); ff-gpu: decoder="dali" (all on the
     # GPU); dali: DALI's file reader, hw 1.0 and 2 threads; dali4: hw 0.9 and 4 threads (its best row on ResNet-50).
-    kinds = {"ff": ("fastfeed default", {}), "ff-gpu": ("fastfeed decoder=dali", {"decoder": "dali"}),
-             "dali": ("dali-file hw1.0 t2", (1.0, 2)), "dali4": ("dali-file hw0.9 t4", (0.9, 4))}
+    makers = {"ff": ("fastfeed default", ff()), "ff-gpu": ("fastfeed decoder=dali", ff(decoder="dali")),
+              "dali": ("dali-file hw1.0 t2", dali(1.0, 2)), "dali4": ("dali-file hw0.9 t4", dali(0.9, 4))}
     for row in rows:
         if row == "ceiling" or (row.startswith("dali") and dev != "cuda"):
             continue
-        label, kw = kinds[row]
-        if row.startswith("ff"):
-            make = lambda kw=kw: fastfeed.Loader(a.data, batch_size=bs, train=True, device=dev,  # noqa: E731
-                                                 channels_last=True, **kw,
-                                                 dtype=torch.float16 if dev == "cuda" else torch.float32)
-        else:
-            from dali_reference import DaliReference
-
-            make = lambda kw=kw: DaliReference("file", a.images, batch_size=bs, num_threads=kw[1],  # noqa: E731
-                                               device_id=0, hw_decoder_load=kw[0], image_size=224)
+        label, make = makers[row]
         report["rows"].append(profile(label, epochs(make), consumer, a.steps, a.warmup, train_stream,
                                       keep_trace=keep(row)))
     if a.json:
