@@ -48,8 +48,8 @@ HYBRID_RESERVED_CORES = 4
 # (its Huffman stage on LARGE_PHOTO_DALI_THREADS CPU threads) beside the hardware decoder, which is the bottleneck for
 # them. Measured on an H200 with 12-MP phone photos held in memory (benchmarks/h200/phone_probe.py, 2026-11-30): one
 # pipeline 472 img/s at hw_decoder_load 0.9 and 4 threads against 267 at 1.0 and 2, DALI's own best row 496 (also
-# 0.9 and 4 threads, in every session; 434 against DALI's 499 in a later run). The Loader: 413 against 354. ImageNet-like photos (~0.2 MP) keep 1.0 and 2 threads, which trained fastest;
-# sizes in between were not measured.
+# 0.9 and 4 threads, in every session; 434 against DALI's 499 in a later run). The Loader: 413 against 354.
+# ImageNet-like photos (~0.2 MP) keep 1.0 and 2 threads, which trained fastest; sizes in between were not measured.
 LARGE_PHOTO_PIXELS = 4_000_000
 LARGE_PHOTO_HW_DECODER_LOAD = 0.9
 LARGE_PHOTO_DALI_THREADS = 4
