@@ -1,5 +1,10 @@
-# Shared by the device rounds since the third session (stage18.sh .. stage21.sh, gpucheck.sh), sourced after staging:
-# environment, log filter, installing DALI, the GPU tests and the DDP row. Expects W (data folder) and OUT (results).
+# Shared by the device rounds since the third session (stage18.sh .. stage22.sh, gpucheck.sh), sourced after staging:
+# the data and results folders (W, OUT: defaults below), the DALI parts this call carries, environment, log filter,
+# installing DALI, the GPU tests and the DDP row.
+W=${W:-/tmp/ffbench}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/dali
+# Every DALI part carried in this call, whichever step it belongs to (a path not carried is absent on the host).
+cp .carry/p*/part.* /tmp/dali/ 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # KINDS.md: keep multicast off
 cp /tmp/ffnative/_native*.so fastfeed/  # built by step 1 from this same tree (the carried tree replaces it)

@@ -23,8 +23,7 @@ case $K in
      case $set in thumb) time mk thumb thumb 20000 ;; phone) time mk phone phone ${PHONE_IMAGES:-1024} ;; esac
    done; exit 0 ;;
 esac
-cp .carry/p$K/part.* /tmp/dali/ 2>/dev/null
-source benchmarks/h200/lib.sh
+source benchmarks/h200/lib.sh  # copies the carried DALI part too
 case $K in
 5)
   install_dali

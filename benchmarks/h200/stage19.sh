@@ -11,10 +11,7 @@
 set -uo pipefail
 K=$1; shift
 case $K in 1|2|3|4) exec bash benchmarks/h200/stage18.sh $K ;; esac
-W=/tmp/ffbench
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/dali
-cp .carry/p$K/part.* /tmp/dali/ 2>/dev/null
-source benchmarks/h200/lib.sh
+source benchmarks/h200/lib.sh  # W, OUT and the carried DALI parts too
 case $K in
 5)
   install_dali

@@ -14,11 +14,7 @@
 set -uo pipefail
 K=$1; shift
 case $K in 1|2|3|4) exec bash benchmarks/h200/stage18.sh $K ;; esac
-W=/tmp/ffbench
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/dali
-cp .carry/p$K/part.* /tmp/dali/ 2>/dev/null
-[ $K = 8 ] && cp .carry/p5/part.* /tmp/dali/
-source benchmarks/h200/lib.sh
+source benchmarks/h200/lib.sh  # W, OUT and the carried DALI parts too
 HY='hybrid=dict(decoder="hybrid")'
 ddp_rows() {  # the GPU decode, the hybrid and DALI's reader on 1 and 2 GPUs; args go to every row
   ddp one 1 "$@"

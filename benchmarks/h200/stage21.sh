@@ -21,11 +21,7 @@
 set -uo pipefail
 K=$1; shift
 case $K in 1|2|3|4) exec bash benchmarks/h200/stage18.sh $K ;; esac
-W=/tmp/ffbench
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/dali
-cp .carry/p$K/part.* /tmp/dali/ 2>/dev/null
-[ $K = 7 ] && cp .carry/p5/part.* /tmp/dali/
-source benchmarks/h200/lib.sh
+source benchmarks/h200/lib.sh  # W, OUT and the carried DALI parts too
 cp /tmp/ffnative/_native*.so ab-old/fastfeed/ 2>/dev/null
 startup() {  # $1 = tree (new | old), $2 = decoder, $3 = ranks
   local dir=. py=benchmarks/h200/startup.py

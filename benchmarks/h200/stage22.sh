@@ -23,10 +23,7 @@ case $K in
 1|3|4) exec bash benchmarks/h200/stage18.sh $K ;;
 2) SETS=${SETS-phone} exec bash benchmarks/h200/stage18.sh 2 ;;
 esac
-W=/tmp/ffbench
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/dali
-cp .carry/p$K/part.* .carry/p5/part.* /tmp/dali/ 2>/dev/null  # step 6 carries part 5 too
-source benchmarks/h200/lib.sh
+source benchmarks/h200/lib.sh  # W, OUT and the carried DALI parts too
 case $K in
 5)
   install_dali
