@@ -94,6 +94,7 @@ class LoaderSettings:
     decode_threads: int  # threads per decoder (DALI's num_threads, the CPU decoder's pool, hybrid's CPU part)
     pipelines: int  # decoders working side by side on consecutive batches
     hw_decoder_load: float
+    hybrid_start_share: float  # the CPU share decoder "hybrid" starts tuning from (decode/hybrid.py)
     prefetch: int  # decoded batches allowed ahead of the consumer
     reader_threads: int
     log_every: int | None
@@ -184,6 +185,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         decode_threads=_default_decode_threads(kind, world, pipelines, images) if auto else num_threads,
         pipelines=pipelines,
         hw_decoder_load=_default_hw_decoder_load(images) if hw_decoder_load is None else float(hw_decoder_load),
+        hybrid_start_share=_hybrid_start_share(world),
         prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),
         reader_threads=DEFAULT_READER_THREADS if reader_threads is None else _int(
             "reader_threads", reader_threads, 1, MAX_THREADS),
@@ -228,6 +230,14 @@ def _default_decode_threads(kind: str, world: World, pipelines: int, images: Ima
         want = round(world.cpus_per_rank * images.cpu_decode_share / pipelines)
         return max(base, min(MAX_DEFAULT_DECODE_THREADS, want))
     return max(1, min(MAX_DEFAULT_DECODE_THREADS, world.cpus_per_rank // pipelines))
+
+
+def _hybrid_start_share(world: World) -> float:
+    """A rank of a distributed job starts the hybrid's climber with a quarter of each batch on the CPU, one process
+    with none (why: decode/hybrid.py)."""
+    from fastfeed.decode.hybrid import DDP_START_SHARE, START_SHARE
+
+    return DDP_START_SHARE if world.world_size > 1 else START_SHARE
 
 
 def _large_photos(images: ImageProfile | None) -> bool:

@@ -19,7 +19,7 @@ from PIL import Image
 import fastfeed
 from fastfeed.decode import HYBRID_MIN_CORES, CorruptSampleError, crop_windows, make_decoder, resolve_kind
 from fastfeed.decode.dali import DaliDecoder
-from fastfeed.decode.hybrid import START_SHARE, STEP, HybridDecoder, ShareClimber, climber_for
+from fastfeed.decode.hybrid import DDP_START_SHARE, START_SHARE, STEP, HybridDecoder, ShareClimber, climber_for
 from fastfeed.pace import ConsumerPace
 from fastfeed.types import ImageProfile
 from fastfeed.settings import HYBRID_RESERVED_CORES
@@ -297,3 +297,15 @@ def test_auto_for_a_gpu_follows_the_images_and_the_cores(monkeypatch, pixels, pn
     assert resolve_kind("auto", "cuda:0", images, cores) == want
     assert resolve_kind("auto", "cuda:0", None, cores) == "dali"  # before the dataset is open
     assert resolve_kind("auto", "cpu", images, cores) == "cpu-pil"
+
+
+def test_a_rank_of_a_distributed_job_starts_its_climber_at_a_quarter():
+    """settings.py chooses the start (decode/hybrid.py says why), build_decoder hands it to the Loader's climber."""
+    from test_epoch import settings_for
+
+    from fastfeed.world import World
+
+    assert settings_for(world=World(cpus=32)).hybrid_start_share == START_SHARE == 0.0
+    rank = World(rank=1, world_size=2, local_rank=1, local_world_size=2, cpus=32)
+    assert settings_for(world=rank).hybrid_start_share == DDP_START_SHARE == 0.25
+    assert climber_for(ConsumerPace(), 6, DDP_START_SHARE).share == DDP_START_SHARE

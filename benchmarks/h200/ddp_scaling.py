@@ -1,4 +1,4 @@
-"""Issue 14: DDP scaling of ResNet-50 training fed by fastfeed.Loader with its defaults, one process per GPU.
+"""Issue 14: DDP scaling of ResNet-50 (or --arch resnet18) training fed by fastfeed.Loader, one process per GPU.
 
     torchrun --nproc-per-node 1 benchmarks/h200/ddp_scaling.py --data /tmp/ffbench/base-wds --json $OUT/ddp1.json
     torchrun --nproc-per-node 2 benchmarks/h200/ddp_scaling.py --data /tmp/ffbench/base-wds --json $OUT/ddp2.json
@@ -27,6 +27,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--arch", default="resnet50", choices=["resnet50", "resnet18"])
     p.add_argument("--json", default=None)
     p.add_argument("--loader-kwargs", default="{}", help='extra Loader keywords as JSON, e.g. {"pipelines": 3}')
     p.add_argument("--loader", default="fastfeed", choices=["fastfeed", "dali-wds"],
@@ -35,17 +36,26 @@ def main() -> int:
     p.add_argument("--dali-grid", default="1.0:4", help="hw_decoder_load:threads of the DALI reader")
     p.add_argument("--resident", action="store_true",
                    help="no loader: every step trains on one batch already on the GPU (the DDP ceiling)")
+    p.add_argument("--bind", action="store_true",
+                   help="run each rank on the cores of its GPU's NUMA node (what torchrun --numa-binding=node does, "
+                        "without numactl), or on its 1/LOCAL_WORLD_SIZE of the cores where the host has one node")
+    p.add_argument("--share", type=float, default=None,
+                   help="decoder hybrid: hold its CPU share at this value (the climber replaced, as in share_sweep.py)")
+    p.add_argument("--start-share", type=float, default=None, help="decoder hybrid: the share its climber starts at")
     args = p.parse_args()
     import torchvision
+
+    _hybrid_share(args.share, args.start_share)
 
     import fastfeed
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    binding = _bind(local) if args.bind else None  # before any other thread starts: they inherit the mask
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", local)
-    model = torchvision.models.resnet50(num_classes=1000).to(dev).to(memory_format=torch.channels_last)
+    model = torchvision.models.__dict__[args.arch](num_classes=1000).to(dev).to(memory_format=torch.channels_last)
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -110,7 +120,8 @@ def main() -> int:
                "waits_ms_rank0": [round(w * 1e3, 1) for w in waits],
                "settings_rank0": {k: info.get(k) for k in ("hw_decoder_load", "num_threads", "pipelines")},
                "online_tuning_rank0": info.get("online_tuning"), "cpu_count": os.cpu_count(),
-               "resident": args.resident, "loader_kwargs": extra, "loader": args.loader,
+               "resident": args.resident, "share": args.share, "start": args.start_share, "arch": args.arch,
+               "loader_kwargs": extra, "loader": args.loader, "binding_rank0": binding,
                "dali_grid": args.dali_grid if args.loader != "fastfeed" else None,
                "stats_rank0": json.loads(json.dumps(stats, default=str)),
                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": torch.cuda.get_device_name(0)}
@@ -119,6 +130,60 @@ def main() -> int:
             Path(args.json).write_text(json.dumps(res, indent=1))
     dist.destroy_process_group()
     return 0
+
+
+class _FixedShare:
+    def __init__(self, share: float):
+        self.share = share
+
+    def current(self) -> float:
+        return self.share
+
+
+def _hybrid_share(share: float | None, start: float | None) -> None:
+    """A fixed CPU share, or another start for the climber: make_decoder looks climber_for up at each build."""
+    if share is None and start is None:
+        return
+    import fastfeed.decode.hybrid as H
+
+    made = {}
+
+    def climber_for(pace, settle, _start=None):  # one per Loader (per pace), as the original
+        if id(pace) not in made:
+            made[id(pace)] = _FixedShare(share) if share is not None else H.ShareClimber(pace, settle=settle,
+                                                                                         start=start)
+        return made[id(pace)]
+
+    H.climber_for = climber_for
+
+
+def _bind(local: int) -> dict:
+    """Restrict this process to its GPU's NUMA node's cores (sysfs), or to its 1/LOCAL_WORLD_SIZE of the cores where
+    the node is unknown or the host has a single node; what was chosen."""
+    props = torch.cuda.get_device_properties(local)
+    bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    cores, node = sorted(os.sched_getaffinity(0)), -1
+    try:
+        node = int(Path(f"/sys/bus/pci/devices/{bus}/numa_node").read_text())
+    except (OSError, ValueError):
+        pass
+    nodes = sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    if node >= 0 and len(nodes) > 1:
+        mine = _cpulist(Path(f"/sys/devices/system/node/node{node}/cpulist").read_text())
+        chosen = [c for c in cores if c in mine]
+    else:
+        n = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        chosen = cores[local * len(cores) // n:(local + 1) * len(cores) // n]
+    os.sched_setaffinity(0, chosen)
+    return {"gpu_bus": bus, "numa_node": node, "nodes": len(nodes), "cores": len(chosen)}
+
+
+def _cpulist(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def _repeat(batch):

@@ -14,6 +14,7 @@ ddp() {  # $1 = label, $2 = ranks, rest = extra args
   local label=$1 n=$2; shift 2
   timeout 120 torchrun --standalone --nproc-per-node $n benchmarks/h200/ddp_scaling.py --data $W/base-wds \
       --json $OUT/ddp-$label.json "$@" >$OUT/ddp-$label.log 2>&1
+  [ -e $OUT/ddp-$label.json ] || { echo "$label: no result"; quiet <$OUT/ddp-$label.log | tail -6; return; }
   python3 - "$OUT/ddp-$label.json" "$label" <<'PY' 2>&1 | tail -1
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -65,7 +65,7 @@ def main() -> int:
         for share in shares:
             fixed = FixedShare(share)
             original = H.climber_for  # make_decoder imports it from the module at each build
-            H.climber_for = lambda pace, settle, _f=fixed: _f
+            H.climber_for = lambda pace, settle, start=0.0, _f=fixed: _f
             try:
                 loader = fastfeed.Loader(args.data, batch_size=args.batch_size, train=True, image_size=224,
                                          device="cuda", dtype=torch.float16, channels_last=True, decoder="hybrid")

@@ -32,15 +32,17 @@ def client_parser(batch_size: int) -> argparse.ArgumentParser:
     return p
 
 
-def make_tiny_tree(root: Path, num_images: int, num_classes: int = TINY_CLASSES, seed: int = 0) -> Path:
-    """An ImageFolder tree of small distinct JPEGs (40-80 px sides, ~2 KB): decoding costs next to nothing, so
-    tests measure the framework integration, not the CPU."""
+def make_tiny_tree(root: Path, num_images: int, num_classes: int = TINY_CLASSES, seed: int = 0,
+                   sides: tuple[int, int] = (40, 80)) -> Path:
+    """An ImageFolder tree of small distinct JPEGs (by default 40-80 px sides, ~2 KB): decoding costs next to
+    nothing, so tests measure the framework integration, not the CPU. Larger `sides` make photos, which `auto`
+    decodes on the GPU (tests/test_gpu_frameworks.py)."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
     root = Path(root)
     for i in range(num_images):
-        w, h = (int(v) for v in rng.integers(40, 81, size=2))
+        w, h = (int(v) for v in rng.integers(sides[0], sides[1] + 1, size=2))
         # Smooth gradients plus noise: every image differs, and JPEG keeps the differences.
         yy, xx = np.mgrid[0:h, 0:w]
         base = rng.uniform(0, 255, size=3)
@@ -75,6 +77,16 @@ def row_fingerprints(images) -> list[str]:
     bytes, so the hash names the sample: two eval runs can be compared sample by sample."""
     images = images.detach().to("cpu").contiguous()
     return [hashlib.sha256(row.numpy().tobytes()).hexdigest()[:24] for row in images]
+
+
+def row_signatures(images) -> list[list[float]]:
+    """Per sample, its mean over each quarter of the image, per channel (12 numbers): names a sample when its
+    pixels are only known within a tolerance (the GPU decoders, which the decode contract allows to differ from the
+    CPU path by a fraction of a grey level, and the hybrid, whose parts differ from each other by as much)."""
+    import torch
+
+    pooled = torch.nn.functional.adaptive_avg_pool2d(images.detach().float(), 2)
+    return [[round(v, 4) for v in row] for row in pooled.flatten(1).to("cpu").tolist()]
 
 
 def row_fingerprint_ints(images):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import fastfeed
-from common import batch_digest, client_parser, row_fingerprints, tiny_net, write_json
+from common import batch_digest, client_parser, row_fingerprints, row_signatures, tiny_net, write_json
 
 
 # --- recipe: lightning ---
@@ -68,16 +68,22 @@ class Recorder(L.Callback):
 
     def __init__(self):
         self.train, self.val, self.val_counts = [], [], {}
+        self.decoders, self.device = {}, None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.train.append({"step": trainer.global_step, "epoch": trainer.current_epoch, "batch_idx": batch_idx,
-                           **batch_digest(*batch)})
+                           **batch_digest(*batch), "sigs": row_signatures(batch[0])})
+        self.device = str(batch[0].device)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if not trainer.sanity_checking:
             images, labels = batch
             self.val.append({"epoch": trainer.current_epoch, "batch_idx": batch_idx, "labels": labels.tolist(),
-                             "rows": row_fingerprints(images)})
+                             "rows": row_fingerprints(images), "sigs": row_signatures(images)})
+
+    def on_fit_end(self, trainer, pl_module):  # which decoder `auto` chose for each Loader, and what it decoded
+        for name, loader in (("train", trainer.train_dataloader), ("val", trainer.val_dataloaders)):
+            self.decoders[name] = {"kind": loader.settings.decoder, "counters": loader.stats()["counters"]}
 
     def on_validation_end(self, trainer, pl_module):  # after Lightning summed val_count over batches and ranks
         if not trainer.sanity_checking and "val_count" in trainer.callback_metrics:
@@ -109,7 +115,7 @@ def main() -> None:
     trainer.fit(model, ckpt_path=args.ckpt_path)
     write_json(out / f"{args.tag}-rank{trainer.global_rank}.json",
                {"train": recorder.train, "val": recorder.val, "val_counts": recorder.val_counts,
-                "world_size": trainer.world_size})
+                "world_size": trainer.world_size, "decoders": recorder.decoders, "device": recorder.device})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,133 @@
+"""The Lightning client of tests/test_frameworks_lightning.py on this machine's GPUs (`pytest -m gpu`): one GPU, or
+two with DDP over NCCL, fed photos (240-360 px) so that `auto` decodes them on the GPU — the hybrid on a rank with
+8 or more cores, DALI's GPU decoder on fewer. That is what a Lightning user with GPUs gets from the README's
+recipe, unchanged; the CPU tests cover the same client with thumbnails, which `auto` decodes on the CPU.
+
+The same checks as on the CPU (every step of every epoch, a mid-epoch resume trains exactly the rest, every val
+sample scored once), with pixels compared within a tolerance instead of by hash: the GPU decoders may differ from
+the CPU path by a fraction of a grey level (docs/decode_contract.md), and which part of the hybrid decodes a sample
+depends on timing. A sample is named by its label and `row_signatures` (12 means over quarters of the image).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastfeed
+from clients.common import client_env, make_tiny_tree, pack, row_signatures
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+SCRIPT = Path(__file__).parent / "clients" / "lightning_train.py"
+N_TRAIN, N_VAL = 48, 21
+EPOCHS, STEPS_PER_EPOCH, CKPT_EVERY = 2, 6, 3
+BATCH = {1: 8, 2: 4}  # 6 steps per epoch per rank either way
+IMAGE_SIZE = 64
+PHOTO_SIDES = (240, 360)  # median ~300x300 px: above the thumbnail limit, so the GPU decodes
+# Max difference of a signature entry (normalised units; 1/255 of a grey level is ~0.017) between two decodes of
+# one sample: the contract's bound (0.69/255 mean absolute, eval) averaged over a quarter of the image is far below.
+TOL = 0.05
+GPU_KINDS = ("hybrid", "dali")
+
+
+def _devices() -> int:
+    return min(2, torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict:
+    pytest.importorskip("lightning")
+    root = tmp_path_factory.mktemp("lightning-gpu")
+    train = pack(make_tiny_tree(root / "train-src", N_TRAIN, sides=PHOTO_SIDES), root / "train", "wds", "1MB")
+    val = pack(make_tiny_tree(root / "val-src", N_VAL, seed=1, sides=PHOTO_SIDES), root / "val", "lmdb")
+    # The val samples as the CPU path decodes them (the contract's reference), one row per sample.
+    with fastfeed.Loader(val, batch_size=8, train=False, image_size=IMAGE_SIZE, device="cpu") as loader:
+        rows = [(s, int(y)) for images, labels in loader for s, y in zip(row_signatures(images), labels)]
+    sigs = np.asarray([s for s, _ in rows])
+    gaps = np.abs(sigs[:, None, :] - sigs[None, :, :]).max(axis=2) + np.eye(len(sigs)) * 1e9
+    assert len(rows) == N_VAL and gaps.min() > 4 * TOL, "val samples must be told apart well beyond TOL"
+    return {"root": root, "train": train, "val": val, "val_rows": rows}
+
+
+def run(data: dict, devices: int, tag: str, *extra: str) -> list[dict]:
+    out = data["root"] / f"run-{devices}"
+    cmd = [sys.executable, str(SCRIPT), "--train", str(data["train"]), "--val", str(data["val"]), "--out",
+           str(out), "--tag", tag, "--devices", str(devices), "--epochs", str(EPOCHS), "--batch-size",
+           str(BATCH[devices]), "--image-size", str(IMAGE_SIZE), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=client_env())
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
+                                 f"{proc.stderr[-6000:]}"
+    return [json.loads((out / f"{tag}-rank{r}.json").read_text()) for r in range(devices)]
+
+
+@pytest.fixture(scope="module")
+def reference(data) -> tuple[int, list[dict]]:
+    devices = _devices()
+    return devices, run(data, devices, "reference", "--ckpt-every", str(CKPT_EVERY))
+
+
+def _close(a, b) -> bool:
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max()) <= TOL
+
+
+def test_the_trainer_is_fed_by_the_gpu_decoders_on_every_rank(reference):
+    devices, ranks = reference
+    for r, rec in enumerate(ranks):
+        assert rec["world_size"] == devices and rec["device"] == f"cuda:{r}"
+        for name in ("train", "val"):
+            d = rec["decoders"][name]
+            assert d["kind"] in GPU_KINDS, f"rank {r}: `auto` chose {d['kind']} for the {name} photos"
+            if d["kind"] == "hybrid":
+                assert d["counters"]["gpu_decoded"] > 0, f"rank {r}, {name}: {d['counters']}"
+
+
+def test_every_step_of_every_epoch_is_trained(reference):
+    devices, ranks = reference
+    for rec in ranks:
+        got = [(b["step"], b["epoch"], b["batch_idx"]) for b in rec["train"]]
+        assert got == [(s, s // STEPS_PER_EPOCH, s % STEPS_PER_EPOCH) for s in range(EPOCHS * STEPS_PER_EPOCH)]
+        assert all(len(b["labels"]) == BATCH[devices] for b in rec["train"])
+    if devices == 2:  # the ranks read disjoint shares
+        assert [b["sigs"] for b in ranks[0]["train"]] != [b["sigs"] for b in ranks[1]["train"]]
+
+
+@pytest.mark.parametrize("step", [3, 9], ids=["mid-epoch0", "mid-epoch1"])
+def test_resume_from_a_mid_epoch_checkpoint_trains_the_same_samples(data, reference, step):
+    devices, ref = reference
+    ckpt = data["root"] / f"run-{devices}" / "ckpt" / f"step={step}.ckpt"
+    assert ckpt.exists(), f"ModelCheckpoint did not write {ckpt.name}"
+    resumed = run(data, devices, f"resume{step}", "--ckpt-path", str(ckpt))
+    for r in range(devices):
+        want = [b for b in ref[r]["train"] if b["step"] >= step]
+        got = resumed[r]["train"]
+        assert [b["step"] for b in got] == [b["step"] for b in want], f"rank {r}: resumed run trained other steps"
+        for g, w in zip(got, want):
+            assert g["labels"] == w["labels"], f"rank {r}, step {g['step']}: other samples than the reference"
+            assert all(_close(a, b) for a, b in zip(g["sigs"], w["sigs"])), \
+                f"rank {r}, step {g['step']}: other pixels (or crops) than the uninterrupted run"
+
+
+def test_validation_scores_every_sample_once_with_the_cpu_paths_pixels(data, reference):
+    devices, ranks = reference
+    pad = -(-N_VAL // devices) * devices - N_VAL
+    for e in range(EPOCHS):
+        matched, ignored = [0] * N_VAL, 0
+        for rec in ranks:
+            for v in (v for v in rec["val"] if v["epoch"] == e):
+                for sig, y in zip(v["sigs"], v["labels"]):
+                    if y == fastfeed.IGNORE_INDEX:
+                        ignored += 1
+                        continue
+                    hits = [i for i, (s, label) in enumerate(data["val_rows"]) if label == y and _close(sig, s)]
+                    assert len(hits) == 1, f"epoch {e}: a scored row matches {len(hits)} val samples"
+                    matched[hits[0]] += 1
+        assert matched == [1] * N_VAL, f"epoch {e}: times each val sample was scored: {matched}"
+        assert ignored == pad
+        for r, rec in enumerate(ranks):
+            assert rec["val_counts"][str(e)] == N_VAL, f"rank {r}: Lightning's summed val_count for epoch {e}"
