@@ -233,11 +233,12 @@ def _default_decode_threads(kind: str, world: World, pipelines: int, images: Ima
 
 
 def _hybrid_start_share(world: World) -> float:
-    """A rank of a distributed job starts the hybrid's climber with a quarter of each batch on the CPU, one process
-    with none (why: decode/hybrid.py)."""
-    from fastfeed.decode.hybrid import DDP_START_SHARE, START_SHARE
+    """A rank of a distributed job with DDP_START_MIN_CORES cores of its own starts the hybrid's climber with a
+    quarter of each batch on the CPU; one process, or a rank with fewer cores, with none (why: decode/hybrid.py)."""
+    from fastfeed.decode.hybrid import DDP_START_MIN_CORES, DDP_START_SHARE, START_SHARE
 
-    return DDP_START_SHARE if world.world_size > 1 else START_SHARE
+    ddp = world.world_size > 1 and world.cpus_per_rank >= DDP_START_MIN_CORES
+    return DDP_START_SHARE if ddp else START_SHARE
 
 
 def _large_photos(images: ImageProfile | None) -> bool:

@@ -21,12 +21,14 @@ moved to 1/4 on a noisy comparison and never tried 0 again (19% slower than the 
 CPU share has to earn its place; replayed on the measured steps (tests/test_hybrid.py), steps of 1/8 from 0 come
 within 1.5-2.5% of the best fixed share on both models with 32 cores and stay at 0 with 16.
 
-Why a quarter under DDP (DDP_START_SHARE, chosen by settings.py when world_size > 1): there the GPU decode also
-competes with NCCL's all-reduce and every step waits for the slower rank, so a CPU share pays more and the periods
-vary more. On two H200s (16 cores per rank, benchmarks/RESULTS.md, seventh session), ResNet-50 trained at 7,493 /
-7,751 / 7,872 img/s at fixed shares 0 / 1/4 / 1/2, but a climber started at 0 stayed there (share 0.02; 7,342-7,458):
-its one probe, 1/8, did not beat the noise by CLIMB_EPS. Started at 1/4 it settled near 3/8 (7,630-7,807, DALI's
-reader 7,578 in the same run). ResNet-18 was as fast from 1/4 as at 0 (14,953-15,665 vs 14,966 img/s).
+Why a quarter under DDP (DDP_START_SHARE, chosen by settings.py for a rank of a job with world_size > 1 that has
+DDP_START_MIN_CORES cores of its own, as measured; a rank with fewer cores starts at 0, its CPU part may not keep up
+with a quarter): there the GPU decode also competes with NCCL's all-reduce and every step waits for the slower rank,
+so a CPU share pays more and the periods vary more. On two H200s (16 cores per rank, benchmarks/RESULTS.md, seventh
+session), ResNet-50 trained at 7,493 / 7,751 / 7,872 img/s at fixed shares 0 / 1/4 / 1/2, but a climber started at
+0 stayed there (share 0.02; 7,342-7,458): its one probe, 1/8, did not beat the noise by CLIMB_EPS. Started at 1/4 it
+settled near 3/8 (7,630-7,807, DALI's reader 7,578 in the same run). ResNet-18 was as fast from 1/4 as at 0
+(14,953-15,665 vs 14,966 img/s).
 
 Exactness: the CPU part decodes with libjpeg-turbo (exact), the GPU part within the decode contract's tolerance
 (decode/dali.py, chroma_mode); both are normalised with the same constants. Corrupt records: the parts always
@@ -44,10 +46,11 @@ import torch
 
 from fastfeed.decode.base import CorruptSampleError, DecodeResult, apply_replacements, replaced_list, resolve_errors
 
-__all__ = ["HybridDecoder", "ShareClimber", "climber_for", "START_SHARE", "DDP_START_SHARE"]
+__all__ = ["HybridDecoder", "ShareClimber", "climber_for", "START_SHARE", "DDP_START_SHARE", "DDP_START_MIN_CORES"]
 
 START_SHARE = 0.0  # one process (see the module docstring)
-DDP_START_SHARE = 0.25  # a rank of a distributed job
+DDP_START_SHARE = 0.25  # a rank of a distributed job with DDP_START_MIN_CORES cores or more
+DDP_START_MIN_CORES = 16
 STEP = 1 / 8  # also the grid of shares
 # A change is kept only when it shortens the period by more than this share. The steps are coarse on purpose: on an
 # H200 a ResNet-50 step varies by 5-25% from one batch to the next, and the whole gain from CPU decode was ~5%.
