@@ -3,32 +3,24 @@ two with DDP over NCCL, fed photos (240-360 px) so that `auto` decodes them on t
 8 or more cores, DALI's GPU decoder on fewer. That is what a Lightning user with GPUs gets from the README's
 recipe, unchanged; the CPU tests cover the same client with thumbnails, which `auto` decodes on the CPU.
 
-The same checks as on the CPU (every step of every epoch, a mid-epoch resume trains exactly the rest, every val
-sample scored once), with pixels compared within a tolerance instead of by hash: the GPU decoders may differ from
-the CPU path by a fraction of a grey level (docs/decode_contract.md), and which part of the hybrid decodes a sample
-depends on timing. A sample is named by its label and `row_signatures` (12 means over quarters of the image).
+The same runs and checks as tests/test_frameworks_lightning.py (every step of every epoch, a mid-epoch resume trains
+exactly the rest, every val sample scored once), with pixels compared within a tolerance instead of by hash: the GPU
+decoders may differ from the CPU path by a fraction of a grey level (docs/decode_contract.md), and which part of the
+hybrid decodes a sample depends on timing. A sample is named by its label and `row_signatures` (12 means over
+quarters of the image).
 """
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import fastfeed
-from clients.common import client_env, make_tiny_tree, pack, row_signatures
+from clients.common import make_tiny_tree, pack, row_signatures
+from test_frameworks_lightning import BATCH, CKPT_EVERY, EPOCHS, IMAGE_SIZE, N_TRAIN, N_VAL, STEPS_PER_EPOCH, run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-SCRIPT = Path(__file__).parent / "clients" / "lightning_train.py"
-N_TRAIN, N_VAL = 48, 21
-EPOCHS, STEPS_PER_EPOCH, CKPT_EVERY = 2, 6, 3
-BATCH = {1: 8, 2: 4}  # 6 steps per epoch per rank either way
-IMAGE_SIZE = 64
 PHOTO_SIDES = (240, 360)  # median ~300x300 px: above the thumbnail limit, so the GPU decodes
 # Max difference of a signature entry (normalised units; 1/255 of a grey level is ~0.017) between two decodes of
 # one sample: the contract's bound (0.69/255 mean absolute, eval) averaged over a quarter of the image is far below.
@@ -53,17 +45,6 @@ def data(tmp_path_factory) -> dict:
     gaps = np.abs(sigs[:, None, :] - sigs[None, :, :]).max(axis=2) + np.eye(len(sigs)) * 1e9
     assert len(rows) == N_VAL and gaps.min() > 4 * TOL, "val samples must be told apart well beyond TOL"
     return {"root": root, "train": train, "val": val, "val_rows": rows}
-
-
-def run(data: dict, devices: int, tag: str, *extra: str) -> list[dict]:
-    out = data["root"] / f"run-{devices}"
-    cmd = [sys.executable, str(SCRIPT), "--train", str(data["train"]), "--val", str(data["val"]), "--out",
-           str(out), "--tag", tag, "--devices", str(devices), "--epochs", str(EPOCHS), "--batch-size",
-           str(BATCH[devices]), "--image-size", str(IMAGE_SIZE), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=client_env())
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
-                                 f"{proc.stderr[-6000:]}"
-    return [json.loads((out / f"{tag}-rank{r}.json").read_text()) for r in range(devices)]
 
 
 @pytest.fixture(scope="module")
