@@ -132,25 +132,18 @@ def main() -> int:
     return 0
 
 
-class _FixedShare:
-    def __init__(self, share: float):
-        self.share = share
-
-    def current(self) -> float:
-        return self.share
-
-
 def _hybrid_share(share: float | None, start: float | None) -> None:
     """A fixed CPU share, or another start for the climber: make_decoder looks climber_for up at each build."""
     if share is None and start is None:
         return
     import fastfeed.decode.hybrid as H
+    from share_sweep import FixedShare  # this script's folder is on sys.path
 
     made = {}
 
     def climber_for(pace, settle, _start=None):  # one per Loader (per pace), as the original
         if id(pace) not in made:
-            made[id(pace)] = _FixedShare(share) if share is not None else H.ShareClimber(pace, settle=settle,
+            made[id(pace)] = FixedShare(share) if share is not None else H.ShareClimber(pace, settle=settle,
                                                                                          start=start)
         return made[id(pace)]
 
