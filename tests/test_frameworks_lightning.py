@@ -59,6 +59,20 @@ def run(data: dict, devices: int, tag: str, *extra: str) -> list[dict]:
     return [json.loads((out / f"{tag}-rank{r}.json").read_text()) for r in range(devices)]
 
 
+def resume(data: dict, devices: int, step: int) -> list[dict]:
+    """A fresh run from the reference run's Lightning checkpoint at `step` (ModelCheckpoint every CKPT_EVERY)."""
+    ckpt = data["root"] / f"run-{devices}" / "ckpt" / f"step={step}.ckpt"
+    assert ckpt.exists(), f"ModelCheckpoint did not write {ckpt.name}"
+    return run(data, devices, f"resume{step}", "--ckpt-path", str(ckpt))
+
+
+def assert_every_step_trained(rec: dict, devices: int) -> None:
+    """One rank's record: every step of every epoch, in order, each a full batch."""
+    got = [(b["step"], b["epoch"], b["batch_idx"]) for b in rec["train"]]
+    assert got == [(s, s // STEPS_PER_EPOCH, s % STEPS_PER_EPOCH) for s in range(EPOCHS * STEPS_PER_EPOCH)]
+    assert all(len(b["labels"]) == BATCH[devices] for b in rec["train"])
+
+
 @pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc-ddp"])
 def reference(request, data) -> tuple[int, list[dict]]:
     devices = request.param
@@ -70,9 +84,7 @@ def test_uninterrupted_run_trains_every_batch_of_every_epoch(reference):
     devices, ranks = reference
     for r, rec in enumerate(ranks):
         assert rec["world_size"] == devices
-        got = [(b["step"], b["epoch"], b["batch_idx"]) for b in rec["train"]]
-        assert got == [(s, s // STEPS_PER_EPOCH, s % STEPS_PER_EPOCH) for s in range(EPOCHS * STEPS_PER_EPOCH)]
-        assert all(len(b["labels"]) == BATCH[devices] for b in rec["train"])
+        assert_every_step_trained(rec, devices)
         epochs = [[b["images"] for b in rec["train"] if b["epoch"] == e] for e in range(EPOCHS)]
         assert epochs[0] != epochs[1], "epoch 1 repeated epoch 0 (set_epoch / re-iteration did not advance it)"
     if devices == 2:  # the ranks read disjoint shares
@@ -82,9 +94,7 @@ def test_uninterrupted_run_trains_every_batch_of_every_epoch(reference):
 @pytest.mark.parametrize("step", [3, 6, 9], ids=["mid-epoch0", "end-epoch0", "mid-epoch1"])
 def test_resume_from_a_mid_epoch_checkpoint_trains_exactly_the_rest(data, reference, step):
     devices, ref = reference
-    ckpt = data["root"] / f"run-{devices}" / "ckpt" / f"step={step}.ckpt"
-    assert ckpt.exists(), f"ModelCheckpoint did not write {ckpt.name}"
-    resumed = run(data, devices, f"resume{step}", "--ckpt-path", str(ckpt))
+    resumed = resume(data, devices, step)
     for r in range(devices):
         want = [(b["step"], b["labels"], b["images"]) for b in ref[r]["train"] if b["step"] >= step]
         got = [(b["step"], b["labels"], b["images"]) for b in resumed[r]["train"]]

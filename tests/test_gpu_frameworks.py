@@ -17,7 +17,8 @@ import torch
 
 import fastfeed
 from clients.common import make_tiny_tree, pack, row_signatures
-from test_frameworks_lightning import BATCH, CKPT_EVERY, EPOCHS, IMAGE_SIZE, N_TRAIN, N_VAL, STEPS_PER_EPOCH, run
+from test_frameworks_lightning import CKPT_EVERY, EPOCHS, IMAGE_SIZE, N_TRAIN, N_VAL, assert_every_step_trained, \
+    resume, run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -71,9 +72,7 @@ def test_the_trainer_is_fed_by_the_gpu_decoders_on_every_rank(reference):
 def test_every_step_of_every_epoch_is_trained(reference):
     devices, ranks = reference
     for rec in ranks:
-        got = [(b["step"], b["epoch"], b["batch_idx"]) for b in rec["train"]]
-        assert got == [(s, s // STEPS_PER_EPOCH, s % STEPS_PER_EPOCH) for s in range(EPOCHS * STEPS_PER_EPOCH)]
-        assert all(len(b["labels"]) == BATCH[devices] for b in rec["train"])
+        assert_every_step_trained(rec, devices)
     if devices == 2:  # the ranks read disjoint shares
         assert [b["sigs"] for b in ranks[0]["train"]] != [b["sigs"] for b in ranks[1]["train"]]
 
@@ -81,9 +80,7 @@ def test_every_step_of_every_epoch_is_trained(reference):
 @pytest.mark.parametrize("step", [3, 9], ids=["mid-epoch0", "mid-epoch1"])
 def test_resume_from_a_mid_epoch_checkpoint_trains_the_same_samples(data, reference, step):
     devices, ref = reference
-    ckpt = data["root"] / f"run-{devices}" / "ckpt" / f"step={step}.ckpt"
-    assert ckpt.exists(), f"ModelCheckpoint did not write {ckpt.name}"
-    resumed = run(data, devices, f"resume{step}", "--ckpt-path", str(ckpt))
+    resumed = resume(data, devices, step)
     for r in range(devices):
         want = [b for b in ref[r]["train"] if b["step"] >= step]
         got = resumed[r]["train"]
