@@ -146,8 +146,14 @@ class DaliDecoder:
 
     # -- running ---------------------------------------------------------------------------------------------
     def _feed(self, samples, windows: Windows):
+        from nvidia.dali.tensors import TensorCPU, TensorListCPU
+
         box = windows.box
-        feed = dict(raw=list(samples), mirror=windows.flip.astype(np.int32))
+        # One TensorListCPU of views, not a list of arrays: feed_input checks a list in Python sample by sample,
+        # ~2x the GIL time per batch (benchmarks/bench_decoder_gil.py), which a decode worker takes from the training
+        # thread. contiguous=False keeps the views (no copy); TensorCPU also takes read-only buffers (DLPack does not).
+        raw = TensorListCPU([TensorCPU(s, "", False) for s in samples], "", False)
+        feed = dict(raw=raw, mirror=windows.flip.astype(np.int32))
         if self.chroma == "full":
             x = y = np.zeros(len(box))  # resize's ROI on the whole decoded image
         else:
@@ -193,17 +199,23 @@ class DaliDecoder:
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         tensor = out.as_tensor()
-        if self._lut is not None:
-            return self._normalize_cpu(np.asarray(tensor))
+        if self.device.type == "cpu":
+            # A view of DALI's batch (valid until its next run); torch copies it out with the GIL released. DALI's
+            # own copy (feed_ndarray -> copy_to_external) holds the GIL throughout and is several times slower on
+            # the CPU (benchmarks/bench_decoder_gil.py), time the training thread of a GPU job cannot launch in.
+            host = np.asarray(tensor)
+            if self._lut is not None:
+                return self._normalize_cpu(host)
+            src = torch.from_numpy(host)
+            return torch.empty(src.shape, dtype=src.dtype, pin_memory=self._pinned_output).copy_(src)
         if self._zero_copy:
             images = torch.from_dlpack(tensor)
         else:
             shape = tuple(tensor.shape())
             dt = torch.uint8 if self._dtype_name == "uint8" else (
                 torch.float32 if self._dtype_name == "float32" else torch.float16)
-            images = torch.empty(shape, dtype=dt, device=self.device, pin_memory=self._pinned_output)
-            stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-            feed_ndarray(tensor, images, cuda_stream=stream)
+            images = torch.empty(shape, dtype=dt, device=self.device)
+            feed_ndarray(tensor, images, cuda_stream=torch.cuda.current_stream(self.device))
         if self._dtype_name == "bfloat16":
             images = images.to(torch.bfloat16)
         return images
@@ -237,14 +249,14 @@ class DaliDecoder:
         out = None
         if good:
             try:
-                out = self._run([samples[i] for i in good], windows.take(good))
+                out = self._run(*_subset(samples, windows, good))
             except RuntimeError as e:
                 self._find_bad(samples, windows, good, bad, (DECODE_ERROR, _short(e)))
                 good = [i for i in range(n) if i not in bad]
                 out = None
         repl = resolve_errors(bad, n, self.on_error)
         if out is None:  # a failure was bisected: decode the good records once more
-            out = self._run([samples[i] for i in good], windows.take(good))
+            out = self._run(*_subset(samples, windows, good))
         images = self._to_torch(out, len(good))
         if bad:
             full = images.new_empty((n,) + tuple(images.shape[1:]))
@@ -289,6 +301,14 @@ def chroma_mode(gpu: bool) -> str:
             raise ValueError(f"FASTFEED_DALI_CHROMA must be one of {CHROMA_MODES}, got {forced!r}")
         return forced
     return "full" if gpu else "roi"
+
+
+def _subset(samples, windows: Windows, positions: list[int]):
+    """The samples and windows at `positions`; the batch itself when that is all of it (the usual case: no
+    per-sample copy of the list)."""
+    if len(positions) == len(samples):
+        return samples, windows
+    return [samples[i] for i in positions], windows.take(positions)
 
 
 def _clamp_displayed(samples, windows: Windows, positions) -> Windows:

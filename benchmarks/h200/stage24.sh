@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Issue 14, eighth session (2026-12-01), on one nvidia-h200: the GIL a decode worker takes from the training thread.
+# DaliDecoder now feeds one TensorListCPU of views instead of a list (DALI checked the list in Python, sample by
+# sample) and copies CPU batches out with torch (GIL released) instead of DALI's copy_to_external (GIL held): see
+# benchmarks/bench_decoder_gil.py. Measured against the tree before the change (f0601d2, carried as a tarball and
+# run from /tmp/old) on the same host, interleaved.
+#   bash benchmarks/h200/stage24.sh K     K = 1..4 staging (stage18.sh's, SETS=none: the 20k ImageNet-like set only)
+#                                          5: DALI and Lightning installed; pytest -m gpu (tests/test_gpu.py and the
+#                                             Lightning recipe, tests/test_gpu_frameworks.py); the old tree unpacked;
+#                                             ResNet-50 step profiles, this tree: ceiling, defaults, GPU decode,
+#                                             DALI's reader (100 warm-up steps: the hybrid's climber has settled)
+#                                          6: the same profiles for the old tree (defaults, GPU decode); the late
+#                                             launches of both read by trace_gaps.py (GIL = "uncovered")
+#                                          7: training, ResNet-50 and -18, this tree then the old one (defaults and
+#                                             DALI's reader, 100 warm-up + 150 timed steps)
+#                                          8: the same, the old tree first (ABBA)
+# Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2, .carry/fw, .carry/old],
+# K=6..8 [].
+set -uo pipefail
+K=$1; shift
+case $K in
+1|3|4) exec bash benchmarks/h200/stage18.sh $K ;;
+2) SETS=none exec bash benchmarks/h200/stage18.sh 2 ;;
+esac
+source benchmarks/h200/lib.sh
+OLD=/tmp/old  # the tree before this session's change, with this tree's native build
+prof() {  # $1 = tree, $2 = rows, $3 = tag
+  (cd $1 && CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/h200/profile_step.py --data $W/base-wds \
+      --images $W/base-images --consumer resnet50 --rows $2 --warmup 100 --steps 20 --trace-dir /tmp/traces/$3 \
+      --json $OUT/profile-$3.json 2>&1 | quiet | grep -vE "USDT|^ERROR|^\s*$|^ {4}" | tail -8)
+}
+table() {  # $1 = tree, $2 = tag
+  (cd $1 && CUDA_VISIBLE_DEVICES=0 timeout 280 python3 benchmarks/h200/train_table.py --data $W/base-wds \
+      --images $W/base-images --steps 150 --warmup 100 --consumers resnet50,resnet18 --rows default,dali \
+      --dali-grid 0.9:4 --json $OUT/table-$2.json 2>&1 | grep -E "^\[" | quiet | grep -E "img/s|could not|failed" | tail -10)
+}
+case $K in
+5)
+  install_dali
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/fw/*.whl 2>&1 | tail -1
+  rm -rf $OLD && mkdir -p $OLD && tar -xzf .carry/old/tree-*.tar.gz -C $OLD && cp /tmp/ffnative/_native*.so \
+      $OLD/fastfeed/ && cp benchmarks/h200/trace_gaps.py /tmp/ && echo "old tree: $(ls $OLD)"
+  gpu_tests
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_frameworks.py \
+      > $OUT/pytest-gpu-fw.log 2>&1
+  tail -2 $OUT/pytest-gpu-fw.log
+  prof $PWD ceiling,ff,ff-gpu,dali4 new
+  ;;
+6)
+  prof $OLD ff,ff-gpu old
+  t=/tmp/traces
+  python3 /tmp/trace_gaps.py $t/new/resnet50-ceiling $t/new/resnet50-ff $t/old/resnet50-ff $t/new/resnet50-ff-gpu \
+      $t/old/resnet50-ff-gpu $t/new/resnet50-dali4 2>&1 | tee $OUT/trace-gaps.txt | grep "per step"
+  BLOCKERS_JSON=$OUT/blockers.json python3 /tmp/trace_gaps.py --blockers $t/new/resnet50-ff $t/new/resnet50-ff-gpu \
+      $t/new/resnet50-dali4 2>&1 | tee $OUT/blockers.txt | head -12
+  ;;
+7) table $PWD new-a; table $OLD old-a ;;
+8) table $OLD old-b; table $PWD new-b ;;
+esac
