@@ -13,9 +13,14 @@
 #                                             launches of both read by trace_gaps.py (GIL = "uncovered")
 #                                          7: training, ResNet-50 and -18, this tree then the old one (defaults and
 #                                             DALI's reader, 100 warm-up + 150 timed steps)
-#                                          8: the same, the old tree first (ABBA)
+#   Round 2 (after 1-4 again, and 5 with PROFILE=0: tests only):
+#                                          8: the loader alone (consumer none), this tree and the old one, ABBA
+#                                          9: why fastfeed's step times have a tail DALI's lack (p90 8 ms over the
+#                                             median; round 1): every step kept (train_table.py --per-step: wait,
+#                                             garbage collections, epoch starts), defaults, GPU decode, prefetch 4,
+#                                             one pipeline, DALI's readers; ResNet-50 and -18
 # Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2, .carry/fw, .carry/old],
-# K=6..8 [].
+# K=6..9 []. (.carry/p1 lost its last 4 MiB to .carry/p5/part.00z: with it the tree no longer fit in 64 MiB.)
 set -uo pipefail
 K=$1; shift
 case $K in
@@ -29,10 +34,12 @@ prof() {  # $1 = tree, $2 = rows, $3 = tag
       --images $W/base-images --consumer resnet50 --rows $2 --warmup 100 --steps 20 --trace-dir /tmp/traces/$3 \
       --json $OUT/profile-$3.json 2>&1 | quiet | grep -vE "USDT|^ERROR|^\s*$|^ {4}" | tail -8)
 }
-table() {  # $1 = tree, $2 = tag
-  (cd $1 && CUDA_VISIBLE_DEVICES=0 timeout 280 python3 benchmarks/h200/train_table.py --data $W/base-wds \
-      --images $W/base-images --steps 150 --warmup 100 --consumers resnet50,resnet18 --rows default,dali \
-      --dali-grid 0.9:4 --json $OUT/table-$2.json 2>&1 | grep -E "^\[" | quiet | grep -E "img/s|could not|failed" | tail -10)
+table() {  # $1 = tree, $2 = tag, $3 = consumers, rest: more train_table.py arguments
+  local tree=$1 tag=$2 consumers=$3; shift 3
+  (cd $tree && CUDA_VISIBLE_DEVICES=0 timeout 400 python3 benchmarks/h200/train_table.py --data $W/base-wds \
+      --images $W/base-images --steps 150 --warmup 100 --consumers $consumers --rows default,dali \
+      --dali-grid 0.9:4 --json $OUT/table-$tag.json "$@" 2>&1 | grep -E "^\[" | quiet \
+      | grep -E "img/s|could not|failed" | tail -14)
 }
 case $K in
 5)
@@ -44,7 +51,7 @@ case $K in
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_frameworks.py \
       > $OUT/pytest-gpu-fw.log 2>&1
   tail -2 $OUT/pytest-gpu-fw.log
-  prof $PWD ceiling,ff,ff-gpu,dali4 new
+  [ "${PROFILE:-1}" = 1 ] && prof $PWD ceiling,ff,ff-gpu,dali4 new
   ;;
 6)
   prof $OLD ff,ff-gpu old
@@ -54,6 +61,8 @@ case $K in
   BLOCKERS_JSON=$OUT/blockers.json python3 /tmp/trace_gaps.py --blockers $t/new/resnet50-ff $t/new/resnet50-ff-gpu \
       $t/new/resnet50-dali4 2>&1 | tee $OUT/blockers.txt | head -12
   ;;
-7) table $PWD new-a; table $OLD old-a ;;
-8) table $OLD old-b; table $PWD new-b ;;
+7) table $PWD new-a resnet50,resnet18; table $OLD old-a resnet50,resnet18 ;;
+8) table $PWD alone-new-a none; table $OLD alone-old-a none; table $OLD alone-old-b none; table $PWD alone-new-b none ;;
+9) table $PWD steps resnet50,resnet18 --per-step \
+       --extra-ff 'gpu=dict(decoder="dali");prefetch4=dict(prefetch=4);p1=dict(pipelines=1)' ;;
 esac

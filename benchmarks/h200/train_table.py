@@ -82,10 +82,11 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
     except Exception as e:  # a configuration that cannot be built is a result too
         log(f"{name}: could not start: {type(e).__name__}: {str(e)[:300]}")
         return None
+    timeline = Timeline(consumer) if args.per_step else None
     try:
         ctx = torch.cuda.stream(stream) if stream is not None else _null()
-        with ctx:
-            res = run_loader(Started(loader, it, first), consumer, name=name, steps=args.steps,
+        with ctx, (timeline or _null()):
+            res = run_loader(Started(loader, it, first), timeline or consumer, name=name, steps=args.steps,
                              warmup=args.warmup if warmup is None else warmup,
                              gpu_index=0, progress=False)
     except Exception as e:
@@ -95,7 +96,10 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
         if hasattr(loader, "close"):
             loader.close()
     d = res.to_dict()
-    d.pop("per_step", None)
+    per_step = d.pop("per_step", None)
+    if timeline is not None:
+        d["per_step"] = timeline.summary(per_step, batches_before=1 + (args.warmup if warmup is None else warmup),
+                                         epoch_batches=len(loader) if hasattr(loader, "__len__") else None)
     d["build_s"], d["first_batch_s"] = t_built, ttfb
     if hasattr(loader, "stats") and callable(loader.stats):
         try:
@@ -119,6 +123,57 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
     if d.get("info", {}).get("online_tuning"):
         log(f"    online tuning: {d['info']['online_tuning']}")
     return d
+
+
+class Timeline:
+    """--per-step: wraps the consumer to note when each step's compute began, and records the interpreter's garbage
+    collections (gc.callbacks) meanwhile, so that slow steps can be told apart: an epoch boundary (the loader
+    restarts), a collection (the GIL held for its whole length), or neither."""
+
+    def __init__(self, consumer):
+        self._consumer = consumer
+        self.calls: list[float] = []  # perf_counter at each consumer call (warm-up included)
+        self.gc: list[tuple[float, float, int]] = []  # (start, seconds, generation)
+        self._gc_start = None
+
+    def __call__(self, images, labels):
+        self.calls.append(time.perf_counter())
+        return self._consumer(images, labels)
+
+    def _on_gc(self, phase, info):
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif self._gc_start is not None:
+            self.gc.append((self._gc_start, time.perf_counter() - self._gc_start, info["generation"]))
+            self._gc_start = None
+
+    def __enter__(self):
+        import gc
+
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc):
+        import gc
+
+        gc.callbacks.remove(self._on_gc)
+        return False
+
+    def summary(self, per_step: dict, *, batches_before: int, epoch_batches: int | None) -> dict:
+        """Per timed step (ms): its time, its wait, the collections' time inside it, and whether it took the first
+        batch of an epoch (batch numbers count from the loader's first batch; `epoch_batches` = len(loader))."""
+        steps, waits = per_step["step_s"], per_step["wait_s"]
+        calls = self.calls[-len(steps):]
+        starts = [c - w for c, w in zip(calls, waits)]
+        gc_ms, gen2 = [], []
+        for i, t0 in enumerate(starts):
+            t1 = t0 + steps[i]
+            inside = [(d, g) for s, d, g in self.gc if t0 <= s < t1]
+            gc_ms.append(round(1e3 * sum(d for d, _ in inside), 3))
+            gen2.append(any(g == 2 for _, g in inside))
+        first = [bool(epoch_batches) and (batches_before + i) % epoch_batches == 0 for i in range(len(steps))]
+        return {"step_ms": [round(1e3 * x, 3) for x in steps], "wait_ms": [round(1e3 * x, 3) for x in waits],
+                "gc_ms": gc_ms, "gc_gen2": gen2, "epoch_first_batch": first}
 
 
 class _null:
@@ -151,6 +206,8 @@ def main(argv=None) -> int:
     p.add_argument("--chroma", default="",
                    help="comma list of FASTFEED_DALI_CHROMA modes (roi,full,plain): ff-default once under each")
     p.add_argument("--torch-workers", type=int, default=16)
+    p.add_argument("--per-step", action="store_true",
+                   help="keep every timed step's time and wait, the garbage collections inside it, epoch starts")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     rows_wanted = set(args.rows.split(","))
