@@ -83,6 +83,7 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
         log(f"{name}: could not start: {type(e).__name__}: {str(e)[:300]}")
         return None
     timeline = Timeline(consumer) if args.per_step else None
+    epoch_batches = len(loader) if timeline is not None and hasattr(loader, "__len__") else None  # before close()
     try:
         ctx = torch.cuda.stream(stream) if stream is not None else _null()
         with ctx, (timeline or _null()):
@@ -99,7 +100,7 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
     per_step = d.pop("per_step", None)
     if timeline is not None:
         d["per_step"] = timeline.summary(per_step, batches_before=1 + (args.warmup if warmup is None else warmup),
-                                         epoch_batches=len(loader) if hasattr(loader, "__len__") else None)
+                                         epoch_batches=epoch_batches)
     d["build_s"], d["first_batch_s"] = t_built, ttfb
     if hasattr(loader, "stats") and callable(loader.stats):
         try:
