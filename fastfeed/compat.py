@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import sys
+import weakref
 
 import numpy as np
 import torch
@@ -27,7 +28,17 @@ class EpochSampler:
     """
 
     def __init__(self, loader):
-        self._loader = loader
+        # A weak reference: a Loader then has no reference cycle through its sampler and is freed (and closed) by
+        # reference counting where its last reference goes, not later by the cycle collector in whatever thread
+        # that happens to run (fastfeed/loader.py, Loader.__del__).
+        self._ref = weakref.ref(loader)
+
+    @property
+    def _loader(self):
+        loader = self._ref()
+        if loader is None:
+            raise ReferenceError("this sampler's fastfeed.Loader no longer exists")
+        return loader
 
     def set_epoch(self, epoch: int) -> None:
         self._loader.set_epoch(epoch)

@@ -1,8 +1,10 @@
-"""One epoch's worth of decode workers for `fastfeed.Loader` (see NOTE [Loader pipeline and shutdown] in
-fastfeed/loader.py, which every waiting and hand-off rule here implements).
+"""The decode workers of `fastfeed.Loader` for one epoch, and for the epochs after it while the loop asks for them
+in order (see NOTE [Loader pipeline and shutdown] in fastfeed/loader.py, which every waiting and hand-off rule here
+implements).
 
-`EpochRun` takes its parts explicitly — the epoch's plan, the ring, the decoders, the settings, the sample table and
-the stats — and nothing else: it never reaches back into the Loader.
+`EpochRun` takes its parts explicitly — the epoch's plan, the ring, the decoders, the settings, the sample table,
+the stats and, to read on into the next epoch, a function that plans it — and nothing else: it never reaches back
+into the Loader. Batch positions count on across the epochs it chains (`plan_at` says where each epoch starts).
 """
 from __future__ import annotations
 
@@ -68,10 +70,19 @@ class EpochRun:
     The concurrency protocol is NOTE [Loader pipeline and shutdown] in fastfeed/loader.py. `joined` is False after
     `stop()` if a worker did not end in time: its decoder may still be in use, so the owner must not hand those
     decoders to another run.
+
+    next_plan(epoch) -> the plan of the epoch after `epoch`, or None: given, the run reads on into that epoch as soon
+    as the ring has handed out the last batch of the current one (the ring starts the next epoch's order then), so
+    its first batches are read and decoded while the loop finishes this epoch (NOTE [Reading on into the next
+    epoch] in fastfeed/loader.py).
     """
 
-    def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats, fetch_shards=None, pace=None):
-        self.plan = plan
+    def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats, fetch_shards=None, pace=None,
+                 next_plan=None):
+        self.plan = plan  # the first epoch's
+        self._segments: list[tuple[int, object]] = [(0, plan)]  # (first batch position, plan) per chained epoch
+        self.total = plan.num_batches  # batch positions planned so far, over the chained epochs
+        self._next_plan = next_plan
         self.ring = ring
         self.decoders = decoders
         self.settings = settings
@@ -126,7 +137,8 @@ class EpochRun:
             try:
                 item = self._produce(k, slot, decoder, stream)
             except BaseException as exc:  # noqa: BLE001 - everything crosses to the consumer, who decides
-                item = _Failure(f"fastfeed decode worker, epoch {self.plan.epoch}, batch {k}", exc)
+                plan, j = self._locate(k)
+                item = _Failure(f"fastfeed decode worker, epoch {plan.epoch}, batch {j}", exc)
             with self.cond:
                 self.results[k] = item
                 self.cond.notify_all()
@@ -139,7 +151,7 @@ class EpochRun:
         """(position, ring batch or the exception the ring raised for it); (None, None) when the epoch is
         dispatched or stopping. Errors are returned, not raised, so they reach the consumer at their position."""
         with self.ring_lock:
-            if self.dispatched >= self.plan.num_batches:
+            if self.dispatched >= self.total and not self._chain():
                 return None, None
             k = self.dispatched
             with self.stats.timed("read_wait"):
@@ -162,9 +174,53 @@ class EpochRun:
                 else:
                     return None, None
             if slot is None:
-                slot = LoaderError(f"the ring ended after {k} of {self.plan.num_batches} batches")
+                plan, j = self._locate(k)
+                slot = LoaderError(f"the ring ended after {j} of {plan.num_batches} batches of epoch {plan.epoch}")
             self.dispatched += 1
             return k, slot
+
+    def _chain(self) -> bool:
+        """Called with ring_lock held once every planned batch is handed out: plan the next epoch and start the
+        ring on it. False when the run does not chain, is stopping, or there is no next epoch."""
+        if self._next_plan is None or self.stop_flag.is_set():
+            return False
+        plan = self._next_plan(self._segments[-1][1].epoch)
+        if plan is None or plan.num_batches == 0:
+            self._next_plan = None
+            return False
+        # Every batch of the current epoch has left the ring (the last one may still be in use by a worker: the
+        # ring leaves slots in use alone), so starting the next order abandons nothing.
+        self.ring.start(np.ascontiguousarray(plan.indices, dtype=np.int64))
+        with self.cond:
+            self._segments.append((self.total, plan))
+            self.total += plan.num_batches
+            self.cond.notify_all()
+        return True
+
+    def _locate(self, k: int):
+        """(plan, batch number within its epoch) of batch position k."""
+        for base, plan in reversed(tuple(self._segments)):
+            if k >= base:
+                return plan, k - base
+        raise IndexError(k)
+
+    @property
+    def chains(self) -> bool:
+        """Whether the run reads on into the next epoch (given next_plan, and the next epoch is not empty)."""
+        return self._next_plan is not None
+
+    def plan_at(self, position: int):
+        """The plan of the epoch whose first batch is `position`, waiting while the workers have not reached it yet;
+        None when the run will not get there (it does not chain, stopped, or its workers ended)."""
+        with self.cond:
+            while True:
+                for base, plan in self._segments:
+                    if base == position:
+                        return plan
+                if self._next_plan is None or self.stop_flag.is_set() or position < self.total or \
+                        not any(t.is_alive() for t in self.threads):
+                    return None
+                self.cond.wait(_POLL_S)
 
     def _wait_for_first(self, k: int) -> bool:
         """Batches after the first start once it is decoded (see `first_done`); False when the run stops."""
@@ -184,6 +240,7 @@ class EpochRun:
 
     def _produce(self, k: int, slot, decoder, stream):
         s = self.settings
+        plan, j = self._locate(k)
         if isinstance(slot, BaseException) and not isinstance(slot, RingReadError):
             raise slot
         bad: dict[int, tuple[str, str]] = {}  # position -> (code, detail), found before decoding
@@ -193,7 +250,7 @@ class EpochRun:
             if s.on_error == "raise":
                 raise slot
             # The ring failed this batch; read it sample by sample so one bad extent costs one sample, not a batch.
-            indices = np.asarray(self.plan.batch(k), dtype=np.int64)
+            indices = np.asarray(plan.batch(j), dtype=np.int64)
             samples = []
             for p, i in enumerate(indices.tolist()):
                 data, err = self._read_one(i)
@@ -210,18 +267,18 @@ class EpochRun:
                 for p in self.table.bad_checksums(indices, samples, digests=digests):
                     bad.setdefault(p, ("checksum", "its bytes do not match the checksum in the sample table"))
             if bad and s.on_error == "raise":
-                raise LoaderError(f"sample(s) {self._names(indices, sorted(bad))} in batch {k} of epoch "
-                                  f"{self.plan.epoch}: " + "; ".join(f"{c}: {d}" for c, d in bad.values()))
+                raise LoaderError(f"sample(s) {self._names(indices, sorted(bad))} in batch {j} of epoch "
+                                  f"{plan.epoch}: " + "; ".join(f"{c}: {d}" for c, d in bad.values()))
             for p in bad:
                 samples[p] = _EMPTY  # the decoder reports it as not an image; its code stays the one found here
             with self.stats.timed("decode", n=len(indices)):
                 if stream is not None:
                     with torch.cuda.stream(stream):
-                        images, labels, replaced = self._decode(k, decoder, indices, samples, bad)
+                        images, labels, replaced = self._decode(plan, j, decoder, indices, samples, bad)
                         event = torch.cuda.Event()
                         event.record(stream)
                 else:
-                    images, labels, replaced = self._decode(k, decoder, indices, samples, bad)
+                    images, labels, replaced = self._decode(plan, j, decoder, indices, samples, bad)
                     event = None
         finally:
             del samples
@@ -233,36 +290,37 @@ class EpochRun:
         self.stats.add("batches", 1)
         return images, labels, event
 
-    def _decode(self, k, decoder, indices, samples, bad):
-        """images, labels (on the device) and [(position, code, detail)] of positions holding another sample."""
+    def _decode(self, plan, k, decoder, indices, samples, bad):
+        """Batch k of `plan`: images, labels (on the device) and [(position, code, detail)] of positions holding
+        another sample."""
         s = self.settings
         windows = crop_windows(self.table.widths[indices], self.table.heights[indices], indices, seed=s.seed,
-                               epoch=self.plan.epoch, train=s.train, image_size=s.image_size)
+                               epoch=plan.epoch, train=s.train, image_size=s.image_size)
         try:
             result = decoder(samples, windows)
         except CorruptSampleError as exc:
             if s.on_error == "raise":
                 raise LoaderError(f"corrupt sample(s) {self._names(indices, exc.positions)} in batch {k} of epoch "
-                                  f"{self.plan.epoch}: {exc}") from exc
+                                  f"{plan.epoch}: {exc}") from exc
             if len(exc.positions) < len(indices):
                 raise
-            return self._fill_from_epoch(k, decoder, indices, exc, bad)
+            return self._fill_from_epoch(plan, k, decoder, indices, exc, bad)
         replaced = [(r.position, *bad[r.position]) if r.position in bad else tuple(r) for r in result.replaced]
         labels = self.table.labels[torch.from_numpy(indices)]
         sources = replacement_map([p for p, _, _ in replaced], len(indices))
         for dst, src in sources.items():
             labels[dst] = labels[src]
-        return result.images, self._finish_labels(k, labels, sources), replaced
+        return result.images, self._finish_labels(plan, k, labels, sources), replaced
 
-    def _fill_from_epoch(self, k, decoder, indices, exc: CorruptSampleError, bad):
+    def _fill_from_epoch(self, plan, k, decoder, indices, exc: CorruptSampleError, bad):
         """Every sample of batch k is bad (skip mode): fill the batch with one good sample taken from the rest of
         the epoch (the next ones in the plan, cyclically), so the run goes on and the batch keeps its shape."""
         s = self.settings
         n = len(indices)
         replaced = [(p, *bad[p]) if p in bad else (p, code, detail)
                     for p, code, detail in zip(exc.positions, exc.codes, exc.details)]
-        order = self.plan.indices
-        start = min((k + 1) * self.plan.batch_size, len(order))
+        order = plan.indices
+        start = min((k + 1) * plan.batch_size, len(order))
         candidates = np.concatenate((order[start:], order[:start]))[:_FILL_CANDIDATES]
         for c in candidates.tolist():
             data, err = self._read_one(c)
@@ -270,7 +328,7 @@ class EpochRun:
                        and self.table.bad_checksums(np.asarray([c]), [data])):
                 continue
             windows = crop_windows(self.table.widths[[c]], self.table.heights[[c]], np.asarray([c]), seed=s.seed,
-                                   epoch=self.plan.epoch, train=s.train, image_size=s.image_size)
+                                   epoch=plan.epoch, train=s.train, image_size=s.image_size)
             try:
                 one = decoder([data], windows)
             except CorruptSampleError:
@@ -278,16 +336,16 @@ class EpochRun:
             images = one.images.expand(n, *one.images.shape[1:]).contiguous(
                 memory_format=torch.channels_last if s.channels_last else torch.contiguous_format)
             labels = self.table.labels[torch.full((n,), c, dtype=torch.int64)]
-            return images, self._finish_labels(k, labels, {p: -1 for p in range(n)}), replaced
-        raise LoaderError(f"batch {k} of epoch {self.plan.epoch}: every sample is bad "
+            return images, self._finish_labels(plan, k, labels, {p: -1 for p in range(n)}), replaced
+        raise LoaderError(f"batch {k} of epoch {plan.epoch}: every sample is bad "
                           f"({self._names(indices, range(n))}) and none of {len(candidates)} other samples of the "
                           "epoch decodes either; check the dataset with `fastfeed verify`")
 
-    def _finish_labels(self, k: int, labels: torch.Tensor, replaced: dict) -> torch.Tensor:
+    def _finish_labels(self, plan, k: int, labels: torch.Tensor, replaced: dict) -> torch.Tensor:
         """In evaluation a position that holds no sample of its own (padding, a replaced sample) is labelled
         IGNORE_INDEX, so every sample is scored exactly once. Then to the device."""
         if not self.settings.train:
-            padded = self.plan.padded[k * self.plan.batch_size:(k + 1) * self.plan.batch_size]
+            padded = plan.padded[k * plan.batch_size:(k + 1) * plan.batch_size]
             ignore = torch.from_numpy(np.asarray(padded, dtype=bool).copy())
             if replaced:
                 ignore[list(replaced)] = True

@@ -32,6 +32,18 @@ consumer leaving the loop early (break, exception, Ctrl-C, garbage collection of
 joins the workers (bounded) and drops undelivered results; the next iteration restarts the ring cleanly. A worker
 that did not end within the bound may still hold its decoder: the Loader then builds new decoders for the next
 iteration instead of sharing one between two threads (the abandoned ones are left to that thread).
+NOTE [Reading on into the next epoch]
+A training Loader does not stop at the end of an epoch. Once the ring has handed out the last batch of epoch e, the
+run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and starts the ring on its order;
+the ring begins reading it while the workers still decode e's last batches, and the workers decode up to the window
+(prefetch + pipelines) of e + 1's first batches. Positions count on across epochs. When the loop has taken all of
+e, the run is parked; the next iteration continues it if it runs exactly epoch e + 1 with no loaded state (a plain
+`for` again, or set_epoch(e + 1)), else the parked run is stopped and a new one starts (set_epoch to another epoch,
+load_state_dict, close). So an epoch boundary costs the loop nothing: before, the ring started the next epoch only
+when the loop asked for it, and the first steps of every epoch waited for a read and a decode (ResNet-18 on an H200,
+20k photos: ~50 ms per boundary, 2.6% of the throughput; benchmarks/RESULTS.md). A loop that breaks out of an epoch
+stops the run as before. Evaluation Loaders do not read on: their next pass usually comes after a training epoch,
+which their read-ahead would only compete with; nor do datasets at a URL (their shard cache follows one epoch).
 Fork: a child process must not run the parent's DALI pipelines or CUDA state, not even their destructors (DALI's
 segfault in a forked child). After a fork the child's copies of every live Loader are marked forked: they refuse to
 iterate (build a new Loader in the child), and their decoders are deliberately kept alive forever so that no
@@ -43,6 +55,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 import weakref
 
 import numpy as np
@@ -182,6 +195,7 @@ class Loader:
         self._batches_done = 0  # batches of self._plan handed to the consumer
         self._iterated = False  # an iteration of self._epoch began: a plain `for` again runs the next epoch
         self._active: EpochRun | None = None
+        self._parked: EpochRun | None = None  # a finished epoch's run reading on into the next (see the NOTE)
         self._full_epoch: tuple[int, int] | None = None  # (batches, samples) of a full epoch for this rank
         self._forked = False
         self.end_of_dataloader = False  # Accelerate's dataloader-state protocol (fastfeed/compat.py)
@@ -266,12 +280,14 @@ class Loader:
         return self._iterate()
 
     def _iterate(self):
-        run = self._begin_epoch()  # at the first next(), not at iter(): see the NOTE
-        plan = run.plan
+        run, started = self._begin_epoch()  # at the first next(), not at iter(): see the NOTE
+        plan = self._plan
         s = self.settings
+        finished = False
         try:
             with AccelerateState(self, plan) as accelerate:
-                run.begin()
+                if not started:
+                    run.begin()
                 for k in range(plan.num_batches):
                     images, labels = run.next()
                     if self._batch_transform is not None:
@@ -284,13 +300,18 @@ class Loader:
                         log.info("fastfeed epoch %d batch %d/%d: %s", plan.epoch, k + 1, plan.num_batches,
                                  self._stats.summary_line())
                     yield images, labels
+            finished = True
             if s.log_every:
                 log.info("fastfeed epoch %d done: %s", plan.epoch, self._stats.summary_line())
         finally:
             if self._active is run:
-                self._stop_active()
+                if finished and run.chains:  # the whole epoch was taken: let the run read on (see the NOTE)
+                    self._active, self._parked = None, run
+                else:
+                    self._stop_active()
 
-    def _begin_epoch(self) -> EpochRun:
+    def _begin_epoch(self) -> tuple[EpochRun, bool]:
+        """The run for the next iteration, and whether it is already started (the parked run, reading on)."""
         if self._closed:
             raise RuntimeError("this Loader is closed")
         if self._active is not None:
@@ -299,18 +320,39 @@ class Loader:
             self._epoch += 1
             self._pending_resume = None
         self._iterated = True
+        self._batches_done = 0
+        run, self._parked = self._parked, None
+        plan = run.plan_at(run.next_out) if run is not None and self._pending_resume is None else None
+        if plan is not None and plan.epoch == self._epoch:  # it read on into exactly this epoch: continue it
+            self._plan, self._active = plan, run
+            self._pace.start()  # the time between the epochs is not a step of the loop
+            return run, True
+        if run is not None:
+            self._stop_run(run)
         self._plan = self._make_plan(self._epoch, self._pending_resume)
         self._pending_resume = None
-        self._batches_done = 0
         if self._decoders is None:  # the last run could not free them: see the NOTE
             self._decoders = self._build_decoders()
+        fetch = self._fetch_shards()
+        # A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch]); not for a dataset
+        # at a URL, whose shard cache follows one epoch's order (remote/epoch.py).
+        planner = self._planner
+        chain = (lambda epoch: planner(epoch + 1, None)) if self.settings.train and fetch is None else None
         self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
-                                table=self._table, stats=self._stats, fetch_shards=self._fetch_shards(),
-                                pace=self._pace)
-        return self._active
+                                table=self._table, stats=self._stats, fetch_shards=fetch, pace=self._pace,
+                                next_plan=chain)
+        return self._active, False
 
     def _stop_active(self) -> None:
         run, self._active = self._active, None
+        self._stop_run(run)
+
+    def _stop_parked(self) -> None:
+        run, self._parked = self._parked, None
+        if run is not None:
+            self._stop_run(run)
+
+    def _stop_run(self, run: EpochRun) -> None:
         if not run.stop():
             self._decoders = None  # a worker may still hold one; never share a decoder between two threads
 
@@ -338,6 +380,7 @@ class Loader:
             raise ValueError(f"state was saved with seed {state['seed']}, this Loader has seed {self.settings.seed}")
         if self._active is not None:
             self._stop_active()
+        self._stop_parked()  # it read on from where the Loader was, not from this state
         epoch = int(state["epoch"])
         if state["sampling"] is not None:
             self._make_plan(epoch, state["sampling"])  # validate now, not at the first batch
@@ -381,6 +424,7 @@ class Loader:
             return  # the parent's objects: see the NOTE on fork
         if self._active is not None:
             self._stop_active()
+        self._stop_parked()
         self._ring.close()
         for d in self._decoders or ():
             d.close()
@@ -394,6 +438,12 @@ class Loader:
 
     def __del__(self):
         try:
+            if threading.current_thread().name.startswith("fastfeed-"):
+                # Freed in one of fastfeed's own threads (the cycle collector runs wherever an allocation triggers
+                # it, a decode worker of this very Loader included): closing here would join that thread and shut
+                # down the decoder pool it is using. Close from a thread of its own (it keeps the Loader alive).
+                threading.Thread(target=self.close, name="closer of a fastfeed.Loader", daemon=True).start()
+                return
             self.close()
         except Exception:
             pass
@@ -437,10 +487,18 @@ class Loader:
                                         "cpu_decode_share": round(self._images.cpu_decode_share, 4)})
 
     def _make_plan(self, epoch: int, resume: dict | None):
-        s = self.settings
-        return sampling.plan_epoch(
-            len(self.dataset), seed=s.seed, epoch=epoch, world=self.world, batch_size=s.batch_size,
-            drop_last=s.drop_last, shuffle=s.shuffle, order=s.order, shard_of=self._shard_of, resume=resume)
+        return self._planner(epoch, resume)
+
+    @property
+    def _planner(self):
+        """plan(epoch, resume) for this Loader, holding no reference to it (a run's workers call it)."""
+        n, s, world, shard_of = len(self.dataset), self.settings, self.world, self._shard_of
+
+        def plan(epoch: int, resume: dict | None):
+            return sampling.plan_epoch(n, seed=s.seed, epoch=epoch, world=world, batch_size=s.batch_size,
+                                       drop_last=s.drop_last, shuffle=s.shuffle, order=s.order, shard_of=shard_of,
+                                       resume=resume)
+        return plan
 
 
 # Every Loader alive in this process, for the fork rule (see the NOTE).
@@ -457,7 +515,7 @@ def _after_fork_in_child() -> None:
         dali.Pipeline._pipes.clear()
     for loader in list(_LIVE):
         loader._forked = True
-        loader._active = None
+        loader._active = loader._parked = None
         for d in loader._decoders or ():
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(d))  # never destroyed in the child: see the NOTE
 

@@ -19,6 +19,9 @@
 #                                             median; round 1): every step kept (train_table.py --per-step: wait,
 #                                             garbage collections, epoch starts), defaults, GPU decode, prefetch 4,
 #                                             one pipeline, DALI's readers; ResNet-50 and -18
+#   Round 3 (a training Loader reads on into the next epoch: NOTE in fastfeed/loader.py), after 1-4 and 5 (PROFILE=0):
+#                                         10: every step kept, ResNet-18 then -50: defaults, GPU decode, DALI's file
+#                                             reader (the epoch starts of round 2 cost fastfeed ~50 ms each)
 # Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2, .carry/fw, .carry/old],
 # K=6..9 []. (.carry/p1 lost its last 4 MiB to .carry/p5/part.00z: with it the tree no longer fit in 64 MiB.)
 set -uo pipefail
@@ -63,6 +66,8 @@ case $K in
   ;;
 7) table $PWD new-a resnet50,resnet18; table $OLD old-a resnet50,resnet18 ;;
 8) table $PWD alone-new-a none; table $OLD alone-old-a none; table $OLD alone-old-b none; table $PWD alone-new-b none ;;
+10) table $PWD chain resnet18,resnet50 --per-step --rows default,dali-file \
+       --extra-ff 'gpu=dict(decoder="dali")' ;;
 9) table $PWD steps resnet50,resnet18 --per-step \
        --extra-ff 'gpu=dict(decoder="dali");prefetch4=dict(prefetch=4);p1=dict(pipelines=1)' ;;
 esac

@@ -14,6 +14,7 @@ Rows:
   ff-prefetchD     ONE DALI pipeline with DALI's own prefetch (depth D) fed by fastfeed's ring (ring_dali_prefetch)
   ff-best+hiprio   the best ff row of this consumer, with the training step on a high-priority CUDA stream
   dali-file/-wds   DALI's readers + fused image_random_crop(mixed), swept over --dali-grid for THIS consumer
+                   (--rows dali: both readers; dali-file or dali-wds: that one)
   torch            DataLoader + ImageFolder + PIL + torchvision v2, 16 workers, pin_memory
 """
 from __future__ import annotations
@@ -300,8 +301,8 @@ def main(argv=None) -> int:
             hs = torch.cuda.Stream(priority=-1)
             add(f"ff p{pp} hw{hw} t{t} +train-stream-prio{hs.priority}",
                 ff(pipelines=pp, hw_decoder_load=hw, num_threads=t), stream=hs)
-        if "dali" in rows_wanted:
-            for label, source, root in (("dali-file", "file", args.images), ("dali-wds", "webdataset", args.data)):
+        for label, source, root in (("dali-file", "file", args.images), ("dali-wds", "webdataset", args.data)):
+            if "dali" in rows_wanted or label in rows_wanted:  # "dali": both readers
                 for g in args.dali_grid.split(","):
                     hw, t = g.split(":")
                     add(f"{label} hw{hw} t{t}", dali(source, root, float(hw), int(t)))

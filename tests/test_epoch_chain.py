@@ -1,0 +1,77 @@
+"""A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch] in fastfeed/loader.py):
+what it read ahead is exactly what a fresh Loader gives for that epoch, and whatever asks for another epoch or
+state gets that instead. Real packed data from conftest.py (160 demo JPEGs), the CPU path."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from test_loader import assert_same_batches, collect, make_loader
+
+
+def fresh_epoch(path, epoch, **kw):
+    with make_loader(path, **kw) as loader:
+        loader.set_epoch(epoch)
+        return collect(loader)
+
+
+def wait_for_read_on(loader, consumed: int, timeout: float = 30.0) -> int:
+    """Batches decoded beyond the `consumed` ones, once there is at least one (the run read on)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ahead = loader.stats()["counters"]["batches"] - consumed
+        if ahead > 0:
+            return ahead
+        time.sleep(0.02)
+    return 0
+
+
+@pytest.mark.parametrize("rank", [None, 1])
+def test_the_next_epochs_batches_are_decoded_ahead_and_are_exactly_that_epochs(wds_path, rank):
+    dist = {} if rank is None else dict(rank=rank, world_size=2)
+    with make_loader(wds_path, **dist) as loader:
+        epochs = [collect(loader)]
+        assert wait_for_read_on(loader, consumed=len(epochs[0])) > 0  # before the loop asked for epoch 1
+        epochs += [collect(loader), collect(loader)]  # a plain `for` again: epochs 1 and 2
+    for e, got in enumerate(epochs):
+        assert_same_batches(got, fresh_epoch(wds_path, e, **dist))
+
+
+def test_set_epoch_to_the_next_epoch_continues_and_to_another_gets_that_one(wds_path):
+    with make_loader(wds_path) as loader:
+        collect(loader)
+        loader.set_epoch(1)  # what a training loop calls before each epoch: the epoch read on
+        assert_same_batches(collect(loader), fresh_epoch(wds_path, 1))
+        wait_for_read_on(loader, consumed=2 * len(loader))
+        loader.set_epoch(5)  # not the epoch read on (2): it is dropped
+        assert_same_batches(collect(loader), fresh_epoch(wds_path, 5))
+
+
+def test_a_state_loaded_after_an_epoch_replaces_what_was_read_on(wds_path):
+    with make_loader(wds_path) as ref:
+        ref.set_epoch(1)
+        it = iter(ref)
+        for _ in range(3):
+            next(it)
+        state = ref.state_dict()  # epoch 1 after 3 batches
+        rest = [(x.clone(), y.clone()) for x, y in it]
+    with make_loader(wds_path) as loader:
+        collect(loader)
+        wait_for_read_on(loader, consumed=len(loader))
+        loader.load_state_dict(state)
+        assert_same_batches(collect(loader), rest)
+
+
+def test_an_epoch_left_early_is_not_read_on_from(wds_path):
+    with make_loader(wds_path) as loader:
+        collect(loader, limit=2)
+        assert loader._parked is None  # the run stopped with the loop: nothing reads on
+        assert_same_batches(collect(loader), fresh_epoch(wds_path, 1))
+
+
+def test_an_evaluation_loader_does_not_read_on(wds_path):
+    with make_loader(wds_path, train=False) as loader:
+        first = collect(loader)
+        assert loader._parked is None
+        assert_same_batches(collect(loader), first)  # eval output does not depend on the epoch
