@@ -3,6 +3,9 @@ what it read ahead is exactly what a fresh Loader gives for that epoch, and what
 state gets that instead. Real packed data from conftest.py (160 demo JPEGs), the CPU path."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -75,3 +78,31 @@ def test_an_evaluation_loader_does_not_read_on(wds_path):
         first = collect(loader)
         assert loader._parked is None
         assert_same_batches(collect(loader), first)  # eval output does not depend on the epoch
+
+
+def test_a_loader_still_reading_at_interpreter_exit_is_closed_before_dali_shuts_down(wds_path):
+    """A script that ends while its Loader's workers still decode (here reading on into the next epoch) exits
+    cleanly: the Loader's exit hook closes it before DALI's own hook, which shuts every pipeline down and asserts
+    that none is left (a worker caught decoding built a new pipeline, and the process aborted: 1 exit in 4). A hook
+    registered first runs last: by then the Loader is closed."""
+    script = textwrap.dedent(f"""
+        import atexit
+
+        def last():  # registered first, so it runs after every other exit hook
+            try:
+                iter(L)
+                print("the Loader was still open")
+            except RuntimeError as e:
+                print("at the end:", e)
+
+        atexit.register(last)
+        import fastfeed
+        L = fastfeed.Loader({str(wds_path)!r}, batch_size=4, device="cpu", decoder="cpu-dali", num_threads=1)
+        for batch in L:
+            pass
+        it = iter(L)
+        next(it)  # the next epoch, continued from the read-ahead; its worker goes on decoding
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "at the end: this Loader is closed" in proc.stdout, proc.stdout
