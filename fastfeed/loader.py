@@ -32,6 +32,12 @@ consumer leaving the loop early (break, exception, Ctrl-C, garbage collection of
 joins the workers (bounded) and drops undelivered results; the next iteration restarts the ring cleanly. A worker
 that did not end within the bound may still hold its decoder: the Loader then builds new decoders for the next
 iteration instead of sharing one between two threads (the abandoned ones are left to that thread).
+Fork: a child process must not run the parent's DALI pipelines or CUDA state, not even their destructors (DALI's
+segfault in a forked child). After a fork the child's copies of every live Loader are marked forked: they refuse to
+iterate (build a new Loader in the child), and their decoders are deliberately kept alive forever so that no
+destructor of the parent's pipelines runs in the child; the native ring already sees itself closed there. An error
+in a worker travels to the consumer wrapped with where it happened and is raised at the batch that hit it.
+
 NOTE [Reading on into the next epoch]
 A training Loader does not stop at the end of an epoch. Once the ring has handed out the last batch of epoch e, the
 run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and starts the ring on its order;
@@ -44,11 +50,8 @@ when the loop asked for it, and the first steps of every epoch waited for a read
 20k photos: ~50 ms per boundary, 2.6% of the throughput; benchmarks/RESULTS.md). A loop that breaks out of an epoch
 stops the run as before. Evaluation Loaders do not read on: their next pass usually comes after a training epoch,
 which their read-ahead would only compete with; nor do datasets at a URL (their shard cache follows one epoch).
-Fork: a child process must not run the parent's DALI pipelines or CUDA state, not even their destructors (DALI's
-segfault in a forked child). After a fork the child's copies of every live Loader are marked forked: they refuse to
-iterate (build a new Loader in the child), and their decoders are deliberately kept alive forever so that no
-destructor of the parent's pipelines runs in the child; the native ring already sees itself closed there. An error
-in a worker travels to the consumer wrapped with where it happened and is raised at the batch that hit it.
+Workers still reading when the interpreter exits are stopped by an exit hook that runs before DALI's own
+(`_close_live_loaders`).
 """
 from __future__ import annotations
 
