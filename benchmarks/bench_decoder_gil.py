@@ -87,7 +87,7 @@ def main() -> None:
             feed["raw"] = list(samples)
             return feed
 
-        def _to_torch(self, out, n):
+        def _to_torch(self, out):
             tensor = out.as_tensor()
             images = torch.empty(tuple(tensor.shape()), dtype=torch.uint8)
             feed_ndarray(tensor, images)

@@ -193,7 +193,7 @@ class DaliDecoder:
             except RuntimeError as e:
                 self._find_bad(samples, windows, part, bad, (DECODE_ERROR, _short(e)))
 
-    def _to_torch(self, out, n: int):
+    def _to_torch(self, out):
         import torch
 
         from nvidia.dali.plugin.pytorch import feed_ndarray
@@ -257,7 +257,7 @@ class DaliDecoder:
         repl = resolve_errors(bad, n, self.on_error)
         if out is None:  # a failure was bisected: decode the good records once more
             out = self._run(*_subset(samples, windows, good))
-        images = self._to_torch(out, len(good))
+        images = self._to_torch(out)
         if bad:
             full = images.new_empty((n,) + tuple(images.shape[1:]))
             full[good] = images
