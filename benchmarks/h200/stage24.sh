@@ -22,8 +22,13 @@
 #   Round 3 (a training Loader reads on into the next epoch: NOTE in fastfeed/loader.py), after 1-4 and 5 (PROFILE=0):
 #                                         10: every step kept, ResNet-18 then -50: defaults, GPU decode, DALI's file
 #                                             reader (the epoch starts of round 2 cost fastfeed ~50 ms each)
+#   Next (not run yet): is ResNet-18's slower steady state in round 3 the reading on, or the row order? After 1-4 and
+#   5 with OLDTREE=ab83204 PROFILE=0 (the tree just before reading on, carried as .carry/old/tree-ab83204.tar.gz):
+#                                         11: ResNet-18 first: this tree, then the old one (per step, defaults, GPU
+#                                             decode, DALI's file reader)
+#                                         12: ResNet-50 first: the old tree, then this one
 # Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2, .carry/fw, .carry/old],
-# K=6..9 []. (.carry/p1 lost its last 4 MiB to .carry/p5/part.00z: with it the tree no longer fit in 64 MiB.)
+# K=6..12 []. (.carry/p1 lost its last 4 MiB to .carry/p5/part.00z: with it the tree no longer fit in 64 MiB.)
 set -uo pipefail
 K=$1; shift
 case $K in
@@ -48,8 +53,9 @@ case $K in
 5)
   install_dali
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/fw/*.whl 2>&1 | tail -1
-  rm -rf $OLD && mkdir -p $OLD && tar -xzf .carry/old/tree-*.tar.gz -C $OLD && cp /tmp/ffnative/_native*.so \
-      $OLD/fastfeed/ && cp benchmarks/h200/trace_gaps.py /tmp/ && echo "old tree: $(ls $OLD)"
+  rm -rf $OLD && mkdir -p $OLD && tar -xzf .carry/old/tree-${OLDTREE:-f0601d2}.tar.gz -C $OLD \
+      && cp /tmp/ffnative/_native*.so $OLD/fastfeed/ && cp benchmarks/h200/trace_gaps.py /tmp/ \
+      && echo "old tree: $(ls $OLD)"
   gpu_tests
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_frameworks.py \
       > $OUT/pytest-gpu-fw.log 2>&1
@@ -68,6 +74,13 @@ case $K in
 8) table $PWD alone-new-a none; table $OLD alone-old-a none; table $OLD alone-old-b none; table $PWD alone-new-b none ;;
 10) table $PWD chain resnet18,resnet50 --per-step --rows default,dali-file \
        --extra-ff 'gpu=dict(decoder="dali")' ;;
+11|12)
+  rows=(--per-step --rows default,dali-file --extra-ff 'gpu=dict(decoder="dali")')
+  if [ $K = 11 ]; then
+    table $PWD order18-new resnet18,resnet50 "${rows[@]}"; table $OLD order18-old resnet18,resnet50 "${rows[@]}"
+  else
+    table $OLD order50-old resnet50,resnet18 "${rows[@]}"; table $PWD order50-new resnet50,resnet18 "${rows[@]}"
+  fi ;;
 9) table $PWD steps resnet50,resnet18 --per-step \
        --extra-ff 'gpu=dict(decoder="dali");prefetch4=dict(prefetch=4);p1=dict(pipelines=1)' ;;
 esac
