@@ -1,6 +1,6 @@
-# Shared by the device rounds since the third session (stage18.sh .. stage22.sh, gpucheck.sh), sourced after staging:
+# Shared by the device rounds since the third session (stage18.sh .. stage24.sh, gpucheck.sh), sourced after staging:
 # the data and results folders (W, OUT: defaults below), the DALI parts this call carries, environment, log filter,
-# installing DALI, the GPU tests and the DDP row.
+# installing DALI and Lightning, the GPU tests and the DDP row.
 W=${W:-/tmp/ffbench}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/dali
 # Every DALI part carried in this call, whichever step it belongs to (a path not carried is absent on the host).
@@ -28,6 +28,9 @@ PY
 install_dali() {  # the small wheels the host lacks, then DALI from the parts the earlier calls left in /tmp/dali
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/x2/*.whl 2>&1 | tail -1
   bash .carry/p5/install_dali.sh 2>&1 | tail -1 || exit 1
+}
+install_frameworks() {  # Lightning and its pure-Python dependencies, from .carry/fw (test_gpu_frameworks.py)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/fw/*.whl 2>&1 | tail -1
 }
 gpu_tests() {  # pytest -m gpu on GPU 0, the log in $OUT
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \

@@ -33,7 +33,7 @@ source benchmarks/h200/lib.sh
 case $K in
 5)
   install_dali
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/fw/*.whl 2>&1 | tail -1
+  install_frameworks
   nvidia-smi topo -m | head -4; lscpu | grep -iE "^NUMA|^CPU\(s\)|Socket"
   [ -n "${SKIP_TESTS:-}" ] && exit 0
   gpu_tests

@@ -4,7 +4,7 @@
 # sample) and copies CPU batches out with torch (GIL released) instead of DALI's copy_to_external (GIL held): see
 # benchmarks/bench_decoder_gil.py. Measured against the tree before the change (f0601d2, carried as a tarball and
 # run from /tmp/old) on the same host, interleaved.
-#   bash benchmarks/h200/stage24.sh K     K = 1..4 staging (stage18.sh's, SETS=none: the 20k ImageNet-like set only)
+#   bash benchmarks/h200/stage24.sh K     K = 1..4 staging (stage23.sh's: the 20k ImageNet-like set only)
 #                                          5: DALI and Lightning installed; pytest -m gpu (tests/test_gpu.py and the
 #                                             Lightning recipe, tests/test_gpu_frameworks.py); the old tree unpacked;
 #                                             ResNet-50 step profiles, this tree: ceiling, defaults, GPU decode,
@@ -31,10 +31,7 @@
 # K=6..12 []. (.carry/p1 lost its last 4 MiB to .carry/p5/part.00z: with it the tree no longer fit in 64 MiB.)
 set -uo pipefail
 K=$1; shift
-case $K in
-1|3|4) exec bash benchmarks/h200/stage18.sh $K ;;
-2) SETS=none exec bash benchmarks/h200/stage18.sh 2 ;;
-esac
+case $K in 1|2|3|4) exec bash benchmarks/h200/stage23.sh $K ;; esac  # its staging
 source benchmarks/h200/lib.sh
 OLD=/tmp/old  # the tree before this session's change, with this tree's native build
 prof() {  # $1 = tree, $2 = rows, $3 = tag
@@ -52,7 +49,7 @@ table() {  # $1 = tree, $2 = tag, $3 = consumers, rest: more train_table.py argu
 case $K in
 5)
   install_dali
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/fw/*.whl 2>&1 | tail -1
+  install_frameworks
   rm -rf $OLD && mkdir -p $OLD && tar -xzf .carry/old/tree-${OLDTREE:-f0601d2}.tar.gz -C $OLD \
       && cp /tmp/ffnative/_native*.so $OLD/fastfeed/ && cp benchmarks/h200/trace_gaps.py /tmp/ \
       && echo "old tree: $(ls $OLD)"
