@@ -79,7 +79,6 @@ class EpochRun:
 
     def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats, fetch_shards=None, pace=None,
                  next_plan=None):
-        self.plan = plan  # the first epoch's
         self._segments: list[tuple[int, object]] = [(0, plan)]  # (first batch position, plan) per chained epoch
         self.total = plan.num_batches  # batch positions planned so far, over the chained epochs
         self._next_plan = next_plan
@@ -109,9 +108,10 @@ class EpochRun:
         self.pace = pace  # a ConsumerPace: told when the consumer takes each batch (fastfeed/pace.py)
 
     def begin(self) -> None:
+        indices = self._segments[0][1].indices  # the first epoch's
         if self._fetch_shards is not None:
-            self.fetch = self._fetch_shards(self.plan.indices, self.stop_flag)
-        self.ring.start(np.ascontiguousarray(self.plan.indices, dtype=np.int64))
+            self.fetch = self._fetch_shards(indices, self.stop_flag)
+        self.ring.start(np.ascontiguousarray(indices, dtype=np.int64))
         if self.pace is not None:
             self.pace.start()
         for w, decoder in enumerate(self.decoders):
