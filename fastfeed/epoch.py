@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -75,10 +76,15 @@ class EpochRun:
     as the ring has handed out the last batch of the current one (the ring starts the next epoch's order then), so
     its first batches are read and decoded while the loop finishes this epoch (NOTE [Reading on into the next
     epoch] in fastfeed/loader.py).
+
+    tuner: a `pipelines.PipelineTuner` (or None: every decoder works, always): asked at each batch the consumer takes
+    how many workers decode; worker w works while w < that count and waits, holding no batch, otherwise. A worker
+    past the decoders given builds its own with `new_decoder()` and appends it to `decoders` (the owner's list, so
+    the next run has it). The count changes which thread decodes a batch, never which batch comes at a position.
     """
 
     def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats, fetch_shards=None, pace=None,
-                 next_plan=None):
+                 next_plan=None, tuner=None, new_decoder=None):
         self._segments: list[tuple[int, object]] = [(0, plan)]  # (first batch position, plan) per chained epoch
         self.total = plan.num_batches  # batch positions planned so far, over the chained epochs
         self._next_plan = next_plan
@@ -91,7 +97,11 @@ class EpochRun:
         self.cond = threading.Condition()
         self.results: dict[int, object] = {}  # batch position -> (images, labels, event) or _Failure
         self.next_out = 0  # the position the consumer takes next
-        self.window = settings.prefetch + len(decoders)  # decoded batches allowed ahead of the consumer
+        self._tuner, self._new_decoder = tuner, new_decoder
+        self._decoders_lock = threading.Lock()  # a worker appending the decoder it built
+        self.active = tuner.current() if tuner is not None else len(decoders)  # workers that decode now
+        self.window = self._window(self.active)  # decoded batches allowed ahead of the consumer
+        self._held = 0  # ring batches in workers' hands (taken, not released yet)
         self.ring_lock = threading.Lock()  # workers take ring batches one at a time, so positions are in order
         self.dispatched = 0
         # Set once batch 0 is decoded (or the run stops): until then the other workers wait with the batch they took,
@@ -114,25 +124,51 @@ class EpochRun:
         self.ring.start(np.ascontiguousarray(indices, dtype=np.int64))
         if self.pace is not None:
             self.pace.start()
-        for w, decoder in enumerate(self.decoders):
-            t = threading.Thread(target=self._work, args=(decoder,), name=f"fastfeed-decode-{w}", daemon=True)
+        self._start_workers()
+
+    def _start_workers(self) -> None:
+        """Threads for the workers up to `active` that have none yet (called by the consumer's thread only)."""
+        for w in range(len(self.threads), self.active):
+            t = threading.Thread(target=self._work, args=(w,), name=f"fastfeed-decode-{w}", daemon=True)
             t.start()
             self.threads.append(t)
 
+    def _window(self, active: int) -> int:
+        """Decoded batches allowed ahead of the consumer with `active` workers: `prefetch + active`, fewer when the
+        ring has fewer slots than that plus one batch in each worker's hands. Why: the ring puts batch b in slot
+        b % slots, and a worker holds its batch until decoded (positions are taken in order, released in any), so
+        the ring can hand out batch b only while batch b - slots is released; the batches taken run at most
+        window + active ahead of the consumer, so window + active <= slots keeps b - slots decoded (a ring sized
+        down to fit host memory has fewer: settings.ring_slots_within)."""
+        return max(1, min(self.settings.prefetch + active, self.ring.num_slots - active))
+
+    def _resize(self, count: int) -> None:
+        """The tuner changed the number of workers that decode."""
+        with self.cond:
+            self.active = count
+            self.window = self._window(count)
+            self.cond.notify_all()
+        self._start_workers()
+
     # -- decode workers
-    def _work(self, decoder) -> None:
+    def _work(self, w: int) -> None:
+        decoder = self._decoder(w)
+        if decoder is None:
+            return
         stream = None
         device = self.settings.device
         if device.type == "cuda":
             torch.cuda.set_device(device)
             stream = torch.cuda.Stream(device=device)
         while not self.stop_flag.is_set():
+            if not self._wait_active(w):
+                return
             k, slot = self._take()
             if k is None:
                 return
             if not self._wait_for_first(k) or not self._wait_for_room(k):
                 if not isinstance(slot, BaseException):
-                    slot.release()
+                    self._release(slot)
                 return
             try:
                 item = self._produce(k, slot, decoder, stream)
@@ -146,6 +182,29 @@ class EpochRun:
                 self.first_done.set()
             if isinstance(item, _Failure):
                 return
+
+    def _decoder(self, w: int):
+        """Worker w's decoder: the owner's, or one this worker builds (the tuner asked for more workers than there
+        were decoders). None when the build fails (logged): the worker ends, the others go on, and the tuner, which
+        sees no gain from the count it asked for, goes back."""
+        with self._decoders_lock:
+            if w < len(self.decoders):
+                return self.decoders[w]
+            try:
+                while len(self.decoders) <= w:
+                    self.decoders.append(self._new_decoder())
+                return self.decoders[w]
+            except Exception as exc:  # noqa: BLE001 - GPU memory, a driver limit: run on with the pipelines built
+                log.warning("fastfeed: could not build decode pipeline %d (%s: %s); running on with %d",
+                            w + 1, type(exc).__name__, exc, len(self.decoders))
+                return None
+
+    def _wait_active(self, w: int) -> bool:
+        """Wait, holding no batch, while the tuner runs fewer than w + 1 workers; False when the run stops."""
+        with self.cond:
+            while w >= self.active and not self.stop_flag.is_set():
+                self.cond.wait(_POLL_S)
+        return not self.stop_flag.is_set()
 
     def _take(self):
         """(position, ring batch or the exception the ring raised for it); (None, None) when the epoch is
@@ -176,8 +235,17 @@ class EpochRun:
             if slot is None:
                 plan, j = self._locate(k)
                 slot = LoaderError(f"the ring ended after {j} of {plan.num_batches} batches of epoch {plan.epoch}")
+            elif not isinstance(slot, BaseException):
+                with self.cond:
+                    self._held += 1
             self.dispatched += 1
             return k, slot
+
+    def _release(self, slot) -> None:
+        slot.release()
+        with self.cond:
+            self._held -= 1
+            self.cond.notify_all()
 
     def _chain(self) -> bool:
         """Called with ring_lock held once every planned batch is handed out: plan the next epoch and start the
@@ -188,8 +256,16 @@ class EpochRun:
         if plan is None or plan.num_batches == 0:
             self._next_plan = None
             return False
-        # Every batch of the current epoch has left the ring (the last one may still be in use by a worker: the
-        # ring leaves slots in use alone), so starting the next order abandons nothing.
+        # Every batch of the current epoch has left the ring, so starting the next order abandons nothing. But the
+        # ring numbers the new epoch's batches from 0 (batch b in slot b % slots): a batch of this epoch still in a
+        # worker's hands may sit in the slot the new epoch's first batches need, and the ring would refuse them
+        # ("all slots hold batches"). So the new epoch starts once the workers have released them (decoded: a few
+        # ms; they need no ring batch to finish, and the consumer goes on taking decoded batches meanwhile).
+        with self.cond:
+            while self._held and not self.stop_flag.is_set():
+                self.cond.wait(_POLL_S)
+        if self.stop_flag.is_set():
+            return False
         self.ring.start(np.ascontiguousarray(plan.indices, dtype=np.int64))
         with self.cond:
             self._segments.append((self.total, plan))
@@ -283,7 +359,7 @@ class EpochRun:
         finally:
             del samples
             if rb is not None:
-                rb.release()  # the decoder has returned: nothing reads the slot any more
+                self._release(rb)  # the decoder has returned: nothing reads the slot any more
         for p, code, detail in replaced:
             self._count_skip(code, self.table.keys[indices[p]], detail)
         self.stats.add("samples", len(indices))
@@ -373,6 +449,7 @@ class EpochRun:
     # -- consumer side
     def next(self):
         k = self.next_out
+        began = time.perf_counter()
         with self.stats.timed("wait"):
             with self.cond:
                 while k not in self.results:
@@ -386,7 +463,11 @@ class EpochRun:
                 self.next_out = k + 1
                 self.cond.notify_all()
         if self.pace is not None:
-            self.pace.tick()
+            self.pace.tick(wait=time.perf_counter() - began)
+        if self._tuner is not None:
+            count = self._tuner.current()
+            if count != self.active:
+                self._resize(count)
         if isinstance(item, _Failure):
             raise LoaderError(f"{type(item.exc).__name__} in {item.where}: {item.exc}") from item.exc
         images, labels, event = item

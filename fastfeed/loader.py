@@ -24,7 +24,11 @@ no_copy, or PIL from a view). On CUDA each worker decodes on its own stream and 
 the consumer's current stream waits on that event before the batch is handed out, and `record_stream` tells torch's
 allocator that the consumer's stream uses the memory, so a batch is never overwritten or reused while the training
 step reads it.
-The consumer's takes are also timed (`pace.ConsumerPace`): decoder "hybrid" tunes its CPU share on that period.
+The consumer's takes are also timed (`pace.ConsumerPace`): decoder "hybrid" tunes its CPU share on that period, and
+a GPU Loader whose `pipelines` is not given its number of workers (`pipelines.PipelineTuner`): it starts with
+`pipelines` and adds one while the loop waits for data and the extra one pays; a worker beyond the count waits,
+holding nothing; one beyond the decoders built builds its own, kept for later runs. The ring is sized for the most
+the tuner may run. Which thread decodes a batch never changes which batch comes at a position.
 Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
 first `next()`, so frameworks that call `iter()` to probe the object change nothing.
 Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
@@ -73,6 +77,7 @@ from fastfeed.decode.crop import DEFAULT_ORIENTATION
 from fastfeed.epoch import EpochRun, LoaderError, SampleTable
 from fastfeed.formats import integrity, open_dataset
 from fastfeed.pace import ConsumerPace
+from fastfeed.pipelines import PipelineTuner
 from fastfeed.ring import PrefetchRing, auto_slot_bytes
 from fastfeed.settings import LoaderSettings, ring_budget_bytes, resolve_settings
 from fastfeed.stats import StageStats
@@ -112,7 +117,9 @@ class Loader:
         reader_threads: native ring reader threads (default 4; more helps cold or network storage).
         prefetch: decoded batches queued ahead of the consumer (default 2).
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 1.0).
-        pipelines: decoders working side by side on consecutive batches (default 2 for DALI and hybrid, else 1).
+        pipelines: decoders working side by side on consecutive batches. Default: for DALI and hybrid on a GPU, 2
+            to start, more while the training loop waits for data and one more makes it faster (up to 4, one per 4
+            cores of the rank; fastfeed/pipelines.py); else 1. Given, it is fixed.
         on_error: "skip" replaces a bad record by another sample (counted in `stats()`, logged once per sample);
             "raise" raises naming the sample.
         orientation: "ignore" (torchvision's ImageFolder) or "exif"; see README, "Decode contract".
@@ -191,6 +198,10 @@ class Loader:
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=s.reader_threads, num_slots=slots,
                                   slot_bytes=slot_bytes, pin_memory=s.device.type == "cuda",
                                   digests=self._table.bad_checksums is not None)
+        # How many pipelines decode, tuned on the loop (fastfeed/pipelines.py); None: settings.pipelines, always.
+        limit = s.pipeline_limit_within(slots)
+        self._tuner = PipelineTuner(self._pace, start=s.pipelines, limit=limit, settle=slots) \
+            if limit > s.pipelines else None
         self._publish_settings()
 
         self._epoch = 0
@@ -342,9 +353,11 @@ class Loader:
         # at a URL, whose shard cache follows one epoch's order (remote/epoch.py).
         planner = self._planner
         chain = (lambda epoch: planner(epoch + 1, None)) if self.settings.train and fetch is None else None
+        settings, pace = self.settings, self._pace  # for the workers' decoder builds: no reference to the Loader
         self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
                                 table=self._table, stats=self._stats, fetch_shards=fetch, pace=self._pace,
-                                next_plan=chain)
+                                next_plan=chain, tuner=self._tuner,
+                                new_decoder=lambda: build_decoder(settings, pace=pace))
         return self._active, False
 
     def _stop_active(self) -> None:
@@ -413,6 +426,9 @@ class Loader:
                                   "mean_ms": 1e3 * seconds / batches if batches else 0.0}
         snap["counters"]["bytes_read"] = int(ring.get("bytes_read", 0))
         snap["ring"] = ring
+        if self._tuner is not None:  # the pipelines decoding now, and what the tuner measured (fastfeed/pipelines.py)
+            snap["info"]["pipelines"] = self._tuner.count
+            snap["pipeline_history"] = [list(h) for h in self._tuner.history]
         if self.settings.decoder == "hybrid":  # where the images were decoded: the split decode/hybrid.py chose
             decoders = self._decoders or ()
             snap["counters"]["cpu_decoded"] = sum(d.cpu_images for d in decoders)

@@ -44,6 +44,14 @@ MAX_DEFAULT_DECODE_THREADS = 8
 # the GPU part's DALI threads need theirs, or the training step itself waits for a core.
 HYBRID_RESERVED_CORES = 4
 
+# A GPU Loader (decoder "dali" or "hybrid") whose `pipelines` is not given starts with DEFAULT_DALI_PIPELINES, the count
+# that trained fastest, and adds pipelines while the loop waits for data and each one makes it faster
+# (fastfeed/pipelines.py), up to MAX_AUTO_PIPELINES, and one per CORES_PER_PIPELINE cores of the rank: each pipeline
+# brings its DALI threads and a Python worker. The loader alone on an H200 with 16 cores: 2 pipelines 14.2k img/s,
+# 3 pipelines 17.5k (benchmarks/RESULTS.md, eighth session); 4 was not measured, the tuner keeps it only if it pays.
+MAX_AUTO_PIPELINES = 4
+CORES_PER_PIPELINE = 4
+
 # Large photos (median at least LARGE_PHOTO_PIXELS) decode faster with a tenth of the JPEGs on DALI's CUDA decoder
 # (its Huffman stage on LARGE_PHOTO_DALI_THREADS CPU threads) beside the hardware decoder, which is the bottleneck for
 # them. Measured on an H200 with 12-MP phone photos held in memory (benchmarks/h200/phone_probe.py, 2026-11-30): one
@@ -92,7 +100,8 @@ class LoaderSettings:
     orientation: str
     verify_checksums: bool
     decode_threads: int  # threads per decoder (DALI's num_threads, the CPU decoder's pool, hybrid's CPU part)
-    pipelines: int  # decoders working side by side on consecutive batches
+    pipelines: int  # decoders working side by side on consecutive batches (at the start)
+    pipeline_limit: int  # the most the pipeline tuner may run (fastfeed/pipelines.py); == pipelines: fixed
     hw_decoder_load: float
     hybrid_start_share: float  # the CPU share decoder "hybrid" starts tuning from (decode/hybrid.py)
     prefetch: int  # decoded batches allowed ahead of the consumer
@@ -105,14 +114,19 @@ class LoaderSettings:
 
     @property
     def ring_slots(self) -> int:
-        """Encoded batches the ring reads ahead: the decoded window plus one batch in every pipeline's hands."""
-        return self.prefetch + 2 * self.pipelines
+        """Encoded batches the ring reads ahead: the decoded window plus one batch in every pipeline's hands, for as
+        many pipelines as the tuner may run."""
+        return self.prefetch + 2 * self.pipeline_limit
 
     def ring_slots_within(self, slot_bytes: int, budget_bytes: int) -> int:
         """`ring_slots`, fewer if they do not fit in `budget_bytes` (`ring_budget_bytes`), but never fewer than one
-        slot per pipeline plus one being read: each pipeline holds the slot it decodes from."""
+        slot per starting pipeline plus one being read: each pipeline holds the slot it decodes from."""
         fit = budget_bytes // max(1, slot_bytes)
         return max(self.pipelines + 1, min(self.ring_slots, fit))
+
+    def pipeline_limit_within(self, slots: int) -> int:
+        """`pipeline_limit`, lower when the ring got fewer `slots`: every pipeline holds one, and one is read ahead."""
+        return max(self.pipelines, min(self.pipeline_limit, slots - 1))
 
     def replace(self, **changes) -> "LoaderSettings":
         return dataclasses.replace(self, **changes)
@@ -166,13 +180,16 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     auto = num_threads is None or num_threads == "auto"
     if not auto:
         num_threads = _int("num_threads", num_threads, 1, MAX_THREADS)
-    if pipelines is not None:
+    fixed_pipelines = pipelines is not None
+    if fixed_pipelines:
         pipelines = _int("pipelines", pipelines, 1, 16)
     # CPU decoders spread a batch over their own thread pool: one pipeline, except DALI's CPU backend feeding a GPU,
     # where a second pipeline overlaps one batch's copy and normalisation with the next one's decode (H200,
     # thumbnails: 24.5k vs 13.2k img/s alone, ResNet-50 at 64 px 8,472 vs 7,942: benchmarks/RESULTS.md).
     cpu_for_gpu = kind == "cpu-dali" and dev.type == "cuda"
     pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind in ("dali", "hybrid") or cpu_for_gpu else 1)
+    tuned = not fixed_pipelines and kind in ("dali", "hybrid") and dev.type == "cuda"
+    limit = max(pipelines, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE)) if tuned else pipelines
     if hw_decoder_load is not None:
         if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, numbers.Real) \
                 or not 0.0 <= float(hw_decoder_load) <= 1.0:
@@ -184,6 +201,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         verify_checksums=_bool("verify_checksums", verify_checksums),
         decode_threads=_default_decode_threads(kind, world, pipelines, images) if auto else num_threads,
         pipelines=pipelines,
+        pipeline_limit=limit,
         hw_decoder_load=_default_hw_decoder_load(images) if hw_decoder_load is None else float(hw_decoder_load),
         hybrid_start_share=_hybrid_start_share(world),
         prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),

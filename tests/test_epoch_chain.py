@@ -106,3 +106,19 @@ def test_a_loader_still_reading_at_interpreter_exit_is_closed_before_dali_shuts_
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "at the end: this Loader is closed" in proc.stdout, proc.stdout
+
+
+def test_several_workers_read_on_epoch_after_epoch_whatever_the_epoch_length(wds_path):
+    """The ring numbers each epoch's batches from 0 and puts batch b in slot b % slots; reading on, the next epoch
+    starts while workers may still hold the last batches of this one. With an epoch length that is not a multiple
+    of the slots, its first batches needed slots still held, and the ring refused them ("all 8 slots hold batches
+    that were not released", at epoch 1, batch 0): the run now starts the next epoch once those are released."""
+    kw = dict(batch_size=6, image_size=32, decoder="cpu-pil", pipelines=3)  # 26 batches an epoch, 8 slots
+    epochs = 12
+    with make_loader(wds_path, **kw) as loader:
+        assert loader.stats()["ring"]["slots"] == 8 and len(loader) % 8 != 0
+        got = [collect(loader) for _ in range(epochs)]
+    with make_loader(wds_path, **{**kw, "pipelines": 1}) as one:  # one worker never holds a batch while it takes
+        want = [collect(one) for _ in range(epochs)]
+    for a, b in zip(got, want):
+        assert_same_batches(a, b)

@@ -164,3 +164,30 @@ def test_hybrid_batches_match_the_cpu_path_and_use_both_parts(gpu_wds):
             diff = (_unnormalise(xh).cpu() - _unnormalise(xc)).abs().mean().item()
             assert diff < 2.0, f"hybrid and CPU eval outputs differ by {diff:.2f}/255 on average"
         assert sum(d.cpu_images for d in h._decoders) > 0 and sum(d.gpu_images for d in h._decoders) > 0
+
+
+def test_the_pipeline_tuner_changes_no_batch(gpu_wds):
+    """A GPU Loader whose `pipelines` is not given tunes their number on the loop (fastfeed/pipelines.py); a loop
+    that does nothing waits for every batch, so it measures and may add pipelines. Whatever it runs, the batches
+    are those of a fixed count (the CUDA decoder alone: bit-exact), over epochs read on one into the next."""
+    from fastfeed.pipelines import GROW_WAIT
+
+    kw = dict(batch_size=8, train=True, image_size=64, device="cuda", decoder="dali", hw_decoder_load=0.0)
+    epochs = 8  # 20 batches each: enough for a few measurements
+    with fastfeed.Loader(gpu_wds, **kw) as tuned:
+        limit = tuned.settings.pipeline_limit
+        assert limit == max(2, min(4, tuned.world.cpus_per_rank // 4))
+        if limit == 2:
+            pytest.skip(f"{tuned.world.cpus_per_rank} cores: no pipeline beyond the start")
+        got = [(x.clone(), y.clone()) for _ in range(epochs) for x, y in tuned]
+        history = tuned.stats()["pipeline_history"]
+        now = tuned.stats()["info"]["pipelines"]
+    print(f"pipelines now {now}, measured (count, period s, wait share): {history}")
+    assert history and all(2 <= count <= limit for count, _, _ in history) and 2 <= now <= limit
+    assert history[0][0] == 2 and history[0][2] >= GROW_WAIT
+    with fastfeed.Loader(gpu_wds, pipelines=2, **kw) as fixed:
+        assert fixed.settings.pipeline_limit == 2 and "pipeline_history" not in fixed.stats()
+        want = [(x.clone(), y.clone()) for _ in range(epochs) for x, y in fixed]
+    assert len(got) == len(want) == epochs * 20
+    for (xa, ya), (xb, yb) in zip(got, want):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)

@@ -119,7 +119,7 @@ def main() -> int:
                "first_batch_s_per_rank": [float(g[2]) for g in gathered],
                "waits_ms_rank0": [round(w * 1e3, 1) for w in waits],
                "settings_rank0": {k: info.get(k) for k in ("hw_decoder_load", "num_threads", "pipelines")},
-               "online_tuning_rank0": info.get("online_tuning"), "cpu_count": os.cpu_count(),
+               "pipeline_history_rank0": stats.get("pipeline_history"), "cpu_count": os.cpu_count(),
                "resident": args.resident, "share": args.share, "start": args.start_share, "arch": args.arch,
                "loader_kwargs": extra, "loader": args.loader, "binding_rank0": binding,
                "dali_grid": args.dali_grid if args.loader != "fastfeed" else None,

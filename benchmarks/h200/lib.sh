@@ -1,6 +1,6 @@
-# Shared by the device rounds since the third session (stage18.sh .. stage24.sh, gpucheck.sh), sourced after staging:
+# Shared by the device rounds since the third session (stage18.sh .. stage25.sh, gpucheck.sh), sourced after staging:
 # the data and results folders (W, OUT: defaults below), the DALI parts this call carries, environment, log filter,
-# installing DALI and Lightning, the GPU tests and the DDP row.
+# installing DALI and Lightning, the GPU tests, a train_table.py table and the DDP row.
 W=${W:-/tmp/ffbench}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/dali
 # Every DALI part carried in this call, whichever step it belongs to (a path not carried is absent on the host).
@@ -10,6 +10,13 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 cp /tmp/ffnative/_native*.so fastfeed/  # built by step 1 from this same tree (the carried tree replaces it)
 quiet() { grep -v -iE "nvjpeg2k|nvtiff|^note:|Warning"; }
 T=benchmarks/h200/train_table.py
+table() {  # $1 = tree, $2 = tag, $3 = consumers, rest: more train_table.py arguments (later ones win)
+  local tree=$1 tag=$2 consumers=$3; shift 3
+  (cd $tree && CUDA_VISIBLE_DEVICES=0 timeout 400 python3 $T --data $W/base-wds \
+      --images $W/base-images --steps 150 --warmup 100 --consumers $consumers --rows default,dali \
+      --dali-grid 0.9:4 --json $OUT/table-$tag.json "$@" 2>&1 | grep -E "^\[" | quiet \
+      | grep -E "img/s|could not|failed" | tail -14)
+}
 ddp() {  # $1 = label, $2 = ranks, rest = extra args
   local label=$1 n=$2; shift 2
   timeout 120 torchrun --standalone --nproc-per-node $n benchmarks/h200/ddp_scaling.py --data $W/base-wds \
@@ -33,7 +40,7 @@ install_frameworks() {  # Lightning and its pure-Python dependencies, from .carr
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/fw/*.whl 2>&1 | tail -1
 }
 gpu_tests() {  # pytest -m gpu on GPU 0, the log in $OUT
-  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -rP -m gpu -p no:cacheprovider tests/test_gpu.py \
       > $OUT/pytest-gpu.log 2>&1
   tail -3 $OUT/pytest-gpu.log
 }

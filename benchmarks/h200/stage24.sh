@@ -39,13 +39,6 @@ prof() {  # $1 = tree, $2 = rows, $3 = tag
       --images $W/base-images --consumer resnet50 --rows $2 --warmup 100 --steps 20 --trace-dir /tmp/traces/$3 \
       --json $OUT/profile-$3.json 2>&1 | quiet | grep -vE "USDT|^ERROR|^\s*$|^ {4}" | tail -8)
 }
-table() {  # $1 = tree, $2 = tag, $3 = consumers, rest: more train_table.py arguments
-  local tree=$1 tag=$2 consumers=$3; shift 3
-  (cd $tree && CUDA_VISIBLE_DEVICES=0 timeout 400 python3 benchmarks/h200/train_table.py --data $W/base-wds \
-      --images $W/base-images --steps 150 --warmup 100 --consumers $consumers --rows default,dali \
-      --dali-grid 0.9:4 --json $OUT/table-$tag.json "$@" 2>&1 | grep -E "^\[" | quiet \
-      | grep -E "img/s|could not|failed" | tail -14)
-}
 case $K in
 5)
   install_dali

@@ -114,6 +114,8 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
                 climber = getattr(loader._decoders[0], "_climber", None)  # the share it settled on, and how
                 if climber is not None:
                     d["final_cpu_share"], d["climber_history"] = climber.share, climber.history
+            if "pipeline_history" in snap:  # the pipeline tuner (fastfeed/pipelines.py): where it ended, and how
+                d["pipelines_now"], d["pipeline_history"] = info.get("pipelines"), snap["pipeline_history"]
         except Exception:  # noqa: BLE001 - DaliReference etc.
             pass
     d.update(extra or {})
@@ -121,9 +123,8 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
     log(f"{name:34s} {d['samples_per_s']:9,.0f} img/s  step p50 {d['step_s']['p50'] * 1e3:6.1f} ms  "
         f"wait {d['wait_fraction']:6.1%}  cores {host.get('cpu_cores_busy', float('nan')):5.1f}  "
         f"first batch {ttfb:5.2f} s" + (f"  cpu share {d['cpu_share']:.0%}" if "cpu_share" in d else "")
-        + (f" (last {d['final_cpu_share']:.0%})" if "final_cpu_share" in d else ""))
-    if d.get("info", {}).get("online_tuning"):
-        log(f"    online tuning: {d['info']['online_tuning']}")
+        + (f" (last {d['final_cpu_share']:.0%})" if "final_cpu_share" in d else "")
+        + (f"  pipelines {d['pipelines_now']}" if "pipelines_now" in d else ""))
     return d
 
 
