@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 
-__all__ = ["ConsumerPace", "PACE_HISTORY", "robust_mean"]
+__all__ = ["ConsumerPace", "PACE_HISTORY"]
 
 PACE_HISTORY = 64  # intervals kept: more than any measurement window needs
 
@@ -50,8 +50,3 @@ class ConsumerPace:
         with self._lock:
             return [(gap, wait) for t, gap, wait in self._gaps if t > tick]
 
-
-def robust_mean(gaps: list[float]) -> float:
-    """The mean without the longest eighth: one evaluation or checkpoint step does not decide a measurement."""
-    kept = sorted(gaps)[: max(1, len(gaps) - len(gaps) // 8)]
-    return sum(kept) / len(kept)

@@ -45,7 +45,6 @@ from contextlib import nullcontext
 import torch
 
 from fastfeed.decode.base import CorruptSampleError, DecodeResult, apply_replacements, replaced_list, resolve_errors
-from fastfeed.pace import robust_mean
 
 __all__ = ["HybridDecoder", "ShareClimber", "climber_for", "START_SHARE", "DDP_START_SHARE", "DDP_START_MIN_CORES"]
 
@@ -80,7 +79,7 @@ class ShareClimber:
         with self._lock:
             gaps = self._pace.intervals_since(self._mark + self._settle)
             if len(gaps) >= MEASURE_INTERVALS:
-                self._measured(robust_mean(gaps[:MEASURE_INTERVALS]))
+                self._measured(_robust_mean(gaps[:MEASURE_INTERVALS]))
             return self.share
 
     def _measured(self, period: float) -> None:
@@ -107,6 +106,12 @@ class ShareClimber:
     def _set(self, share: float, at: int | None = None) -> None:
         self.share = min(1.0, max(0.0, round(share / STEP) * STEP))
         self._mark = self._pace.ticks if at is None else at
+
+
+def _robust_mean(gaps: list[float]) -> float:
+    """The mean without the longest eighth: one evaluation or checkpoint step does not decide a measurement."""
+    kept = sorted(gaps)[: max(1, len(gaps) - len(gaps) // 8)]
+    return sum(kept) / len(kept)
 
 
 _climbers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
