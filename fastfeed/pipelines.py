@@ -8,9 +8,10 @@ ceiling against 10.4%), while the loader alone, or a loop light enough to wait f
 How: the Loader starts with `settings.pipelines` (the count that trained fastest) and measures the loop's period and
 its wait for data (fastfeed/pace.py) over MEASURE_INTERVALS batches. A loop that waits GROW_WAIT of its period or
 more is fed too slowly: the tuner tries one pipeline more, and keeps it only when the period shortens by GROW_GAIN;
-so it climbs while a pipeline more pays, up to `limit`. A loop that stops waiting (the model got heavier) tries one
-fewer, down to the start, and keeps it unless the period lengthens by SHRINK_TOLERANCE. After a rejected try it
-holds HOLD_BATCHES before looking again. A loop that waits little and runs at the start count — the training runs
+so it climbs while a pipeline more pays, up to `limit`. Above the start it tries one fewer when the loop stops
+waiting (the model got heavier), and every HOLD_BATCHES anyway (the extra pipelines may now slow the step more than
+they feed it), and keeps it unless the period lengthens by SHRINK_TOLERANCE. After a rejected try it holds
+HOLD_BATCHES before looking again. A loop that waits little and runs at the start count — the training runs
 measured — never sees a change; that is the point: the tuner must not cost a training loop what an earlier tuner did
 (its switches rebuilt pipelines and stalled the step ~1.5 s; RESULTS.md, 2026-11-30). Here a change costs nothing
 but a new pipeline's one-time build: a pipeline dropped stays built, parked, and one taken back is warm.
@@ -52,6 +53,7 @@ class PipelineTuner:
         self.count = self.start
         self._base, self._base_period = self.start, None  # the count kept and its last period
         self._mark = pace.ticks
+        self._changed = pace.ticks  # when the count last changed
         self.history: list[tuple[int, float, float]] = []  # (count, period s, wait share) per measurement
 
     def current(self) -> int:
@@ -84,12 +86,14 @@ class PipelineTuner:
         self._base_period = period
         if wait >= GROW_WAIT and self.count < self.limit:
             self._set(self.count + 1)
-        elif wait < SHRINK_WAIT and self.count > self.start:
+        elif self.count > self.start and (wait < SHRINK_WAIT or self._pace.ticks - self._changed >= HOLD_BATCHES):
             self._set(self.count - 1)
         else:
             self._set(self.count)
 
     def _set(self, count: int, hold: bool = False) -> None:
+        if count != self.count:
+            self._changed = self._pace.ticks
         self.count = count
         self._mark = self._pace.ticks + (HOLD_BATCHES if hold else 0)
 

@@ -101,6 +101,20 @@ def test_when_the_loop_stops_waiting_the_pipelines_beyond_the_start_go():
     assert used[-1] == 2 and min(used) == 2
 
 
+def test_pipelines_that_no_longer_pay_go_even_while_the_loop_still_waits_a_little():
+    """After the loader alone climbed, the loop trains; the extra pipelines now slow the loader (they share the
+    GPU with the model) but it still waits 9-13% with them, under GROW_WAIT and over SHRINK_WAIT: they are tried
+    away every HOLD_BATCHES and stay away."""
+    tuner, pace, clock = make()
+    feed = {2: 256 / 14_200, 3: 256 / 17_500, 4: 256 / 17_900}
+
+    def loop(n, b):
+        return (0.001, feed[n]) if b < 600 else (0.020, 0.021 + 0.001 * (n - 2))
+    used = drive(tuner, pace, clock, loop, 3000, noise=0.01)
+    assert max(used[:600]) >= 3
+    assert used[-1] == 2 and used[-500:].count(2) > 450
+
+
 def test_a_pipeline_more_that_slows_the_step_is_not_kept():
     """A loop that waits a fifth of its time, but whose step a third pipeline slows by more than it feeds faster."""
     tuner, pace, clock = make()
