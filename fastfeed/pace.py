@@ -49,4 +49,3 @@ class ConsumerPace:
         """(interval, wait) of the intervals that ended after `tick` batches had been taken, oldest first."""
         with self._lock:
             return [(gap, wait) for t, gap, wait in self._gaps if t > tick]
-

@@ -48,7 +48,8 @@ HYBRID_RESERVED_CORES = 4
 # that trained fastest, and adds pipelines while the loop waits for data and each one makes it faster
 # (fastfeed/pipelines.py), up to MAX_AUTO_PIPELINES, and one per CORES_PER_PIPELINE cores of the rank: each pipeline
 # brings its DALI threads and a Python worker. The loader alone on an H200 with 16 cores: 2 pipelines 14.2k img/s,
-# 3 pipelines 17.5k (benchmarks/RESULTS.md, eighth session); 4 was not measured, the tuner keeps it only if it pays.
+# 3 pipelines 17.5k (benchmarks/RESULTS.md, eighth session); tuned, 2 -> 3 -> 4 and 18.1-18.6k against 16.0-17.6k
+# with 2 in the same runs, while ResNet-50 and -18 training stayed at 2 (ninth session).
 MAX_AUTO_PIPELINES = 4
 CORES_PER_PIPELINE = 4
 

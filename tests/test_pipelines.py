@@ -21,7 +21,7 @@ from fastfeed.pipelines import PipelineTuner
 from fastfeed.ring import PrefetchRing
 from fastfeed.stats import StageStats
 from fastfeed.world import World
-from tests.test_epoch import settings_for
+from test_epoch import settings_for
 
 
 class Clock:
@@ -171,7 +171,7 @@ class Scripted:
     """A tuner that answers from a script: count(batches taken so far)."""
 
     def __init__(self, run_box, script):
-        self.box, self.script, self.limit = run_box, script, 8
+        self.box, self.script = run_box, script
 
     def current(self):
         run = self.box.get("run")
