@@ -43,7 +43,7 @@ case $K in
   table nvjpeg130 dali plain,full
   ;;
 6)
-  python3 -m pip install -q --no-index --no-deps --target /tmp/nvj133 .carry/p5/extra/nvidia_nvjpeg-13.3*.whl
+  python3 -m pip install -q --no-index --no-deps --target /tmp/nvj133 .carry/nvj/nvidia_nvjpeg-13.3*.whl
   cp /tmp/nvj133/nvidia/cu13/lib/libnvjpeg.so.13 /tmp/site/nvidia/cu13/lib/libnvjpeg.so.13
   versions
   timeout 120 python3 tools/odd_corpus_gpu.py 2>&1 | quiet > $OUT/odd-corpus-nvjpeg133.log; tail -2 $OUT/odd-corpus-nvjpeg133.log

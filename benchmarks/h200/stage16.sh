@@ -16,7 +16,7 @@ quiet() { grep -v -iE "nvjpeg2k|nvtiff|^note:|USDT|DeviceProperties|SyncActivity
 case $K in
 5)
   bash .carry/p5/install_dali.sh 2>&1 | tail -1 || exit 1
-  python3 -m pip install -q --no-index --no-deps --target /tmp/nvj133 .carry/p5/extra/nvidia_nvjpeg-13.3*.whl
+  python3 -m pip install -q --no-index --no-deps --target /tmp/nvj133 .carry/nvj/nvidia_nvjpeg-13.3*.whl
   cp /tmp/nvj133/nvidia/cu13/lib/libnvjpeg.so.13 /tmp/site/nvidia/cu13/lib/libnvjpeg.so.13
   nvidia-smi --query-gpu=index,name --format=csv,noheader
   python3 -c "from fastfeed.decode.dali import chroma_mode as c; print('GPU chroma mode', c(True))"

@@ -43,7 +43,7 @@ case $K in
   ;;
 7)
   install_dali
-  python3 -m pip install -q --no-index --no-deps --target /tmp/nvj133 .carry/p5/extra/nvidia_nvjpeg-13.3*.whl
+  python3 -m pip install -q --no-index --no-deps --target /tmp/nvj133 .carry/nvj/nvidia_nvjpeg-13.3*.whl
   cp /tmp/nvj133/nvidia/cu13/lib/libnvjpeg.so.13 /tmp/site/nvidia/cu13/lib/libnvjpeg.so.13
   gpu_tests
   for first in dali torchvision dali torchvision; do

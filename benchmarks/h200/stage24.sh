@@ -28,7 +28,7 @@
 #                                             decode, DALI's file reader)
 #                                         12: ResNet-50 first: the old tree, then this one
 # Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2, .carry/fw, .carry/old],
-# K=6..12 []. (.carry/p1 lost its last 4 MiB to .carry/p5/part.00z: with it the tree no longer fit in 64 MiB.)
+# K=6..12 []. (How the parts are split to fit in 64 MiB with the tree: benchmarks/h200/README.md.)
 set -uo pipefail
 K=$1; shift
 case $K in 1|2|3|4) exec bash benchmarks/h200/stage23.sh $K ;; esac  # its staging
