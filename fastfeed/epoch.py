@@ -20,6 +20,7 @@ import torch
 from fastfeed.constants import IGNORE_INDEX
 from fastfeed.decode import crop_windows
 from fastfeed.decode.base import CorruptSampleError, replacement_map
+from fastfeed.pipelines import room_for_a_pipeline
 from fastfeed.ring import RingReadError
 
 __all__ = ["EpochRun", "LoaderError", "SampleTable", "SKIP_CODES"]
@@ -185,13 +186,19 @@ class EpochRun:
 
     def _decoder(self, w: int):
         """Worker w's decoder: the owner's, or one this worker builds (the tuner asked for more workers than there
-        were decoders). None when the build fails (logged): the worker ends, the others go on, and the tuner, which
-        sees no gain from the count it asked for, goes back."""
+        were decoders) while the device has room for it (`pipelines.room_for_a_pipeline`). None when it has not or
+        the build fails (logged): the worker ends, the others go on, and the tuner, which sees no gain from the
+        count it asked for, goes back."""
         with self._decoders_lock:
             if w < len(self.decoders):
                 return self.decoders[w]
             try:
                 while len(self.decoders) <= w:
+                    if self.settings.device.type == "cuda":
+                        free, total = torch.cuda.mem_get_info(self.settings.device)
+                        if not room_for_a_pipeline(free, total):
+                            raise MemoryError(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB of device memory "
+                                              "free: left to the model")
                     self.decoders.append(self._new_decoder())
                 return self.decoders[w]
             except Exception as exc:  # noqa: BLE001 - GPU memory, a driver limit: run on with the pipelines built

@@ -14,7 +14,8 @@ they feed it), and keeps it unless the period lengthens by SHRINK_TOLERANCE. Aft
 HOLD_BATCHES before looking again. A loop that waits little and runs at the start count — the training runs
 measured — never sees a change; that is the point: the tuner must not cost a training loop what an earlier tuner did
 (its switches rebuilt pipelines and stalled the step ~1.5 s; RESULTS.md, 2026-11-30). Here a change costs nothing
-but a new pipeline's one-time build: a pipeline dropped stays built, parked, and one taken back is warm.
+but a new pipeline's one-time build: a pipeline dropped stays built, parked, and one taken back is warm. A pipeline
+is built only while the device has memory to spare (`room_for_a_pipeline`): the model comes first.
 
 Why the wait gates the tries: the period alone cannot tell a loop fed too slowly from one whose step is slow, and
 trying a pipeline more on a loop that does not wait costs that loop the try (a slower step for ~40 batches every
@@ -25,8 +26,8 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["PipelineTuner", "GROW_WAIT", "SHRINK_WAIT", "GROW_GAIN", "SHRINK_TOLERANCE", "MEASURE_INTERVALS",
-           "HOLD_BATCHES"]
+__all__ = ["PipelineTuner", "room_for_a_pipeline", "GROW_WAIT", "SHRINK_WAIT", "GROW_GAIN", "SHRINK_TOLERANCE",
+           "MEASURE_INTERVALS", "HOLD_BATCHES", "MIN_FREE_BYTES", "MIN_FREE_SHARE"]
 
 GROW_WAIT = 0.2  # the loop waits this share of its period or more: try a pipeline more
 SHRINK_WAIT = 0.02  # it waits less than this with pipelines beyond the start: try one fewer
@@ -36,6 +37,10 @@ MEASURE_INTERVALS = 32  # intervals of the loop per measurement
 HOLD_BATCHES = 500  # after a rejected try: stay this long before trying again
 STALL = 8.0  # an interval this many times the measurement's mean is a stall (evaluation, a checkpoint), not a step
 _HISTORY = 64  # measurements kept for stats and tests
+# A pipeline is built only while the device has this much memory free (both): a DALI pipeline takes some hundreds of
+# MB of it, and a model that fills its GPU must not meet an out-of-memory error because the loader grew beside it.
+MIN_FREE_BYTES = 2 << 30
+MIN_FREE_SHARE = 0.1
 
 
 class PipelineTuner:
@@ -107,3 +112,8 @@ def _without_stalls(steps: list[tuple[float, float]]) -> list[tuple[float, float
     mean = sum(gap for gap, _ in steps) / len(steps)
     kept = [s for s in steps if s[0] <= STALL * mean]
     return kept or steps
+
+
+def room_for_a_pipeline(free_bytes: int, total_bytes: int) -> bool:
+    """Whether a device with `free_bytes` of `total_bytes` free may get one more decode pipeline."""
+    return free_bytes >= MIN_FREE_BYTES and free_bytes >= MIN_FREE_SHARE * total_bytes

@@ -164,6 +164,14 @@ def test_a_fixed_count_is_never_tuned():
         PipelineTuner(pace, start=3, limit=2, settle=1)
 
 
+def test_a_pipeline_is_built_only_while_the_device_has_memory_to_spare():
+    GiB = 1 << 30
+    assert tuner_mod.room_for_a_pipeline(20 * GiB, 141 * GiB)  # an H200 with a ResNet-50 on it
+    assert not tuner_mod.room_for_a_pipeline(10 * GiB, 141 * GiB)  # under a tenth free: the model's
+    assert not tuner_mod.room_for_a_pipeline(int(1.5 * GiB), 8 * GiB)  # a small GPU: under 2 GiB free
+    assert tuner_mod.room_for_a_pipeline(3 * GiB, 16 * GiB)
+
+
 # -- EpochRun with a changing number of workers
 
 
