@@ -14,7 +14,10 @@
 # Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2, .carry/fw], K=6.. [].
 set -uo pipefail
 K=$1; shift
-case $K in 1|2|3|4) exec bash benchmarks/h200/stage23.sh $K ;; 5) exec env PROFILE=0 bash benchmarks/h200/stage24.sh 5 ;; esac
+case $K in
+1|2|3|4) exec bash benchmarks/h200/stage23.sh $K ;;  # staging
+5) exec env PROFILE=0 bash benchmarks/h200/stage24.sh 5 ;;  # install, GPU tests (no old tree: tar says so)
+esac
 source benchmarks/h200/lib.sh
 fixed='fixed2=dict(pipelines=2)'
 alone() { table $PWD alone-$1 none --per-step --warmup 200 --steps 200 --rows $2 --extra-ff "$fixed"; }
