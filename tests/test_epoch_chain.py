@@ -9,6 +9,7 @@ import textwrap
 import time
 
 import pytest
+import torch
 
 from test_loader import assert_same_batches, collect, make_loader
 
@@ -120,5 +121,30 @@ def test_several_workers_read_on_epoch_after_epoch_whatever_the_epoch_length(wds
         got = [collect(loader) for _ in range(epochs)]
     with make_loader(wds_path, **{**kw, "pipelines": 1}) as one:  # one worker never holds a batch while it takes
         want = [collect(one) for _ in range(epochs)]
+    for a, b in zip(got, want):
+        assert_same_batches(a, b)
+
+
+@pytest.mark.parametrize("batch_size,pipelines,prefetch,train,world_size,small_ring", [
+    (1, 4, 1, True, 1, False),    # 160 batches, 9 slots: the ring wraps around many times an epoch
+    (7, 3, 2, True, 2, False),    # 11 batches per rank, 8 slots
+    (25, 4, 4, True, 1, False),   # 6 batches, fewer than the 12 slots
+    (13, 2, 3, False, 3, False),  # evaluation: padded, a short last batch, no reading on
+    (5, 3, 1, True, 1, True),     # the smallest ring: pipelines + 1 slots
+    (8, 4, 2, False, 1, True),
+])
+def test_batches_are_one_workers_for_any_shape_of_run(wds_path, monkeypatch, batch_size, pipelines, prefetch, train,
+                                                      world_size, small_ring):
+    """Which of several workers decodes a batch, how the epoch's length falls on the ring's slots, reading on or
+    not: three iterations give exactly the batches one worker gives."""
+    kw = dict(batch_size=batch_size, image_size=16, decoder="cpu-pil", train=train, rank=world_size - 1,
+              world_size=world_size, dtype=torch.uint8)
+    if small_ring:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(1 << 40))
+    with make_loader(wds_path, pipelines=pipelines, prefetch=prefetch, **kw) as loader:
+        assert (loader.stats()["ring"]["slots"] == pipelines + 1) == small_ring
+        got = [collect(loader) for _ in range(3)]
+    with make_loader(wds_path, pipelines=1, **kw) as one:
+        want = [collect(one) for _ in range(3)]
     for a, b in zip(got, want):
         assert_same_batches(a, b)
