@@ -16,9 +16,11 @@ Each iteration runs `pipelines` decode workers (threads), each with its own deco
     take the next ring slot (under a lock, so batch positions are handed out in order) -> crop windows ->
     decoder(slot views) -> release the slot -> results[position]
 The consumer takes results strictly by position, so the order never depends on thread timing. The ring's reader
-threads read `prefetch + 2*pipelines` batches of encoded bytes ahead; a worker may decode batch k only while k <
-consumed + prefetch + pipelines, so decoded batches (device memory) are bounded too; and batch k > 0 only once batch
-0 is decoded, so the first batch of an iteration does not share the decoder with the next ones. A slot is released
+threads read `prefetch + 2*pipelines` batches of encoded bytes ahead (slots); a worker may decode batch k only while
+k < consumed + prefetch + pipelines, so decoded batches (device memory) are bounded too — fewer when the ring got
+fewer slots: the ring puts batch b in slot b % slots and workers release batches out of order, so the decoded
+window plus one batch per worker must fit in the slots (`EpochRun._window`); and batch k > 0 only once batch 0 is
+decoded, so the first batch of an iteration does not share the decoder with the next ones. A slot is released
 only after the decoder returns, because the decoder reads the slot's bytes in place (DALI's external_source with
 no_copy, or PIL from a view). On CUDA each worker decodes on its own stream and records an event after each batch;
 the consumer's current stream waits on that event before the batch is handed out, and `record_stream` tells torch's
