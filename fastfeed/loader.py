@@ -46,7 +46,9 @@ in a worker travels to the consumer wrapped with where it happened and is raised
 
 NOTE [Reading on into the next epoch]
 A training Loader does not stop at the end of an epoch. Once the ring has handed out the last batch of epoch e, the
-run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and starts the ring on its order;
+run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and, once the workers have released
+e's batches (the ring numbers each epoch's batches from 0, into slots some of them may still hold), starts the ring
+on its order;
 the ring begins reading it while the workers still decode e's last batches, and the workers decode up to the window
 (prefetch + pipelines) of e + 1's first batches. Positions count on across epochs. When the loop has taken all of
 e, the run is parked; the next iteration continues it if it runs exactly epoch e + 1 with no loaded state (a plain
