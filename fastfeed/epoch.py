@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -456,8 +455,7 @@ class EpochRun:
     # -- consumer side
     def next(self):
         k = self.next_out
-        began = time.perf_counter()
-        with self.stats.timed("wait"):
+        with self.stats.timed("wait") as waited:
             with self.cond:
                 while k not in self.results:
                     if self.stop_flag.is_set():
@@ -470,7 +468,7 @@ class EpochRun:
                 self.next_out = k + 1
                 self.cond.notify_all()
         if self.pace is not None:
-            self.pace.tick(wait=time.perf_counter() - began)
+            self.pace.tick(wait=waited.seconds)
         if self._tuner is not None:
             count = self._tuner.current()
             if count != self.active:
