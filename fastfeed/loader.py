@@ -48,9 +48,8 @@ NOTE [Reading on into the next epoch]
 A training Loader does not stop at the end of an epoch. Once the ring has handed out the last batch of epoch e, the
 run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and, once the workers have released
 e's batches (the ring numbers each epoch's batches from 0, into slots some of them may still hold), starts the ring
-on its order;
-the ring begins reading it while the workers still decode e's last batches, and the workers decode up to the window
-(prefetch + pipelines) of e + 1's first batches. Positions count on across epochs. When the loop has taken all of
+on its order; the ring reads it while the consumer still takes e's last decoded batches, and the workers decode up
+to the window (prefetch + pipelines) of e + 1's first batches. Positions count on across epochs. When the loop has taken all of
 e, the run is parked; the next iteration continues it if it runs exactly epoch e + 1 with no loaded state (a plain
 `for` again, or set_epoch(e + 1)), else the parked run is stopped and a new one starts (set_epoch to another epoch,
 load_state_dict, close). So an epoch boundary costs the loop nothing: before, the ring started the next epoch only
@@ -357,11 +356,9 @@ class Loader:
         # at a URL, whose shard cache follows one epoch's order (remote/epoch.py).
         planner = self._planner
         chain = (lambda epoch: planner(epoch + 1, None)) if self.settings.train and fetch is None else None
-        settings, pace = self.settings, self._pace  # for the workers' decoder builds: no reference to the Loader
         self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
                                 table=self._table, stats=self._stats, fetch_shards=fetch, pace=self._pace,
-                                next_plan=chain, tuner=self._tuner,
-                                new_decoder=lambda: build_decoder(settings, pace=pace))
+                                next_plan=chain, tuner=self._tuner, new_decoder=self._new_decoder)
         return self._active, False
 
     def _stop_active(self) -> None:
@@ -487,10 +484,17 @@ class Loader:
                            read=lambda i: ds.read(i, check=False), bad_checksums=check)
 
     def _build_decoders(self) -> list:
-        """One decoder per pipeline."""
-        decoders = [build_decoder(self.settings, pace=self._pace) for _ in range(self.settings.pipelines)]
+        """One decoder per starting pipeline (a run's workers build more with `_new_decoder` when the tuner asks)."""
+        new = self._new_decoder
+        decoders = [new() for _ in range(self.settings.pipelines)]
         _register_exit_hook()  # after the decoders: DALI registers its own when it is first imported
         return decoders
+
+    @property
+    def _new_decoder(self):
+        """new() -> a decoder for this Loader, holding no reference to it (a run's workers call it)."""
+        settings, pace = self.settings, self._pace
+        return lambda: build_decoder(settings, pace=pace)
 
     def _fetch_shards(self):
         """For a dataset at a URL: what keeps the ring's read-ahead window in the local cache; None for a folder."""
