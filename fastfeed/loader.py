@@ -28,7 +28,8 @@ allocator that the consumer's stream uses the memory, so a batch is never overwr
 step reads it.
 The consumer's takes are also timed (`pace.ConsumerPace`): decoder "hybrid" tunes its CPU share on that period, and
 a GPU Loader whose `pipelines` is not given its number of workers (`pipelines.PipelineTuner`): it starts with
-`pipelines` and adds one while the loop waits for data and the extra one pays; a worker beyond the count waits,
+`pipelines`, adds one while the loop waits for data and the extra one pays, and drops to fewer while the loop
+barely waits and fewer make it faster; a worker beyond the count waits,
 holding nothing; one beyond the decoders built builds its own, kept for later runs. The ring is sized for the most
 the tuner may run. Which thread decodes a batch never changes which batch comes at a position.
 Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
@@ -203,8 +204,8 @@ class Loader:
                                   digests=self._table.bad_checksums is not None)
         # How many pipelines decode, tuned on the loop (fastfeed/pipelines.py); None: settings.pipelines, always.
         limit = s.pipeline_limit_within(slots)
-        self._tuner = PipelineTuner(self._pace, start=s.pipelines, limit=limit, settle=slots) \
-            if limit > s.pipelines else None
+        self._tuner = PipelineTuner(self._pace, start=s.pipelines, limit=limit, settle=slots,
+                                    floor=s.pipeline_floor) if limit > s.pipeline_floor else None
         self._publish_settings()
 
         self._epoch = 0

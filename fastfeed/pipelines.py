@@ -5,17 +5,22 @@ pipelines trained ResNet-18 and -50 fastest (three slowed the step they share th
 ceiling against 10.4%), while the loader alone, or a loop light enough to wait for data, ran 23% faster with three
 (14.2k -> 17.5k img/s, benchmarks/RESULTS.md, eighth session). A loop is either: only the loop shows which.
 
-How: the Loader starts with `settings.pipelines` (the count that trained fastest) and measures the loop's period and
-its wait for data (fastfeed/pace.py) over MEASURE_INTERVALS batches. A loop that waits GROW_WAIT of its period or
-more is fed too slowly: the tuner tries one pipeline more, and keeps it only when the period shortens by GROW_GAIN;
-so it climbs while a pipeline more pays, up to `limit`. Above the start it tries one fewer when the loop stops
-waiting (the model got heavier), and every HOLD_BATCHES anyway (the extra pipelines may now slow the step more than
-they feed it), and keeps it unless the period lengthens by SHRINK_TOLERANCE. After a rejected try it holds
-HOLD_BATCHES before looking again. A loop that waits little and runs at the start count — the training runs
-measured — never sees a change; that is the point: the tuner must not cost a training loop what an earlier tuner did
-(its switches rebuilt pipelines and stalled the step ~1.5 s; RESULTS.md, 2026-11-30). Here a change costs nothing
-but a new pipeline's one-time build: a pipeline dropped stays built, parked, and one taken back is warm. A pipeline
-is built only while the device has memory to spare (`room_for_a_pipeline`): the model comes first.
+How: the Loader starts with `settings.pipelines` (the count that trained fastest on the machines measured) and
+measures the loop's period and its wait for data (fastfeed/pace.py) over MEASURE_INTERVALS batches. Each change is
+a try, compared with the count it left (the mean of its last BASE_MEASUREMENTS measurements):
+- the loop waits GROW_WAIT of its period or more: one pipeline more, kept when the period shortens by GROW_GAIN; so
+  it climbs while a pipeline more pays, up to `limit`;
+- at the start it barely waits (under SHRINK_WAIT): one fewer, down to `floor`, kept when the period shortens by
+  DROP_GAIN. On an H200 ResNet-50 trained 1.5% faster beside one pipeline than beside two, and 2-6% faster than
+  beside three, whose decode work shares its GPU; ResNet-18 waited for data beside one (h200/NOTES-2026-11-30.md);
+- away from the start, one back toward it when the loop stops waiting (above the start) or waits RETURN_WAIT (below
+  it), and every REVISIT_BATCHES anyway; kept unless the period lengthens by SHRINK_TOLERANCE. The start is the
+  prior; other counts must keep earning their place.
+A lost try holds every try for HOLD_BATCHES, twice as long after each further loss away from the start (a try that
+starves the loop costs it ~40 slow batches). The tuner must not cost a training loop what an earlier one did (its
+switches rebuilt pipelines and stalled the step ~1.5 s; RESULTS.md, 2026-11-30). Here a change costs nothing but a
+new pipeline's one-time build: a pipeline dropped stays built, parked, and one taken back is warm. A pipeline is
+built only while the device has memory to spare (`room_for_a_pipeline`): the model comes first.
 
 Why the wait gates the tries: the period alone cannot tell a loop fed too slowly from one whose step is slow, and
 trying a pipeline more on a loop that does not wait costs that loop the try (a slower step for ~40 batches every
@@ -26,15 +31,23 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["PipelineTuner", "room_for_a_pipeline", "GROW_WAIT", "SHRINK_WAIT", "GROW_GAIN", "SHRINK_TOLERANCE",
-           "MEASURE_INTERVALS", "HOLD_BATCHES", "MIN_FREE_BYTES", "MIN_FREE_SHARE"]
+__all__ = ["PipelineTuner", "room_for_a_pipeline", "GROW_WAIT", "SHRINK_WAIT", "RETURN_WAIT", "GROW_GAIN", "DROP_GAIN",
+           "SHRINK_TOLERANCE", "MEASURE_INTERVALS", "HOLD_BATCHES", "MAX_HOLD_BATCHES",
+           "REVISIT_BATCHES", "MIN_FREE_BYTES", "MIN_FREE_SHARE"]
 
-GROW_WAIT = 0.2  # the loop waits this share of its period or more: try a pipeline more
-SHRINK_WAIT = 0.02  # it waits less than this with pipelines beyond the start: try one fewer
-GROW_GAIN = 0.05  # keep a pipeline more only when it shortens the period by this share (noise: 2-4% per measurement)
-SHRINK_TOLERANCE = 0.01  # keep one fewer unless the period lengthens by more than this share
+# A loop waiting this share of its period or more: try a pipeline more. ResNet-18 beside two pipelines waited 4-10%
+# and trained 4-9% faster beside three (one table, ninth session); 20%, the first value, never let it try.
+GROW_WAIT = 0.05
+SHRINK_WAIT = 0.02  # it waits less than this: try one fewer (toward the start, or below it down to the floor)
+RETURN_WAIT = 0.04  # below the start, it waits this much: go back one toward the start
+GROW_GAIN = 0.03  # keep a pipeline more only when it shortens the period by this share
+DROP_GAIN = 0.005  # keep one fewer than the start only when it shortens the period by this share
+SHRINK_TOLERANCE = 0.01  # keep a move toward the start unless the period lengthens by more than this share
 MEASURE_INTERVALS = 32  # intervals of the loop per measurement
-HOLD_BATCHES = 500  # after a rejected try: stay this long before trying again
+HOLD_BATCHES = 500  # after a rejected try: no try for this many batches, twice as many after each one more
+MAX_HOLD_BATCHES = 8 * HOLD_BATCHES  # (a try that starves the loop costs it ~40 slow batches)
+REVISIT_BATCHES = 2 * HOLD_BATCHES  # away from the start: try one toward it after this many batches anyway
+BASE_MEASUREMENTS = 4  # a try is compared with the mean of this many measurements of the count it left
 STALL = 8.0  # an interval this many times the measurement's mean is a stall (evaluation, a checkpoint), not a step
 _HISTORY = 64  # measurements kept for stats and tests
 # A pipeline is built only while the device has this much memory free (both): a DALI pipeline takes some hundreds of
@@ -44,74 +57,101 @@ MIN_FREE_SHARE = 0.1
 
 
 class PipelineTuner:
-    """The number of pipelines a Loader runs, `start` to `limit`, tuned on the loop's pace (module docstring).
-    `settle`: batches already read or decoded when the count changes (the ring's slots); the loop's intervals count
-    toward a measurement only after those are taken. `current()` is called by the consumer at each batch."""
+    """The number of pipelines a Loader runs, `floor` to `limit`, starting at `start`, tuned on the loop's pace (module
+    docstring). `settle`: batches already read or decoded when the count changes (the ring's slots); the loop's
+    intervals count toward a measurement only after those are taken. `current()` is called by the consumer at each
+    batch."""
 
-    def __init__(self, pace, *, start: int, limit: int, settle: int):
-        if not 1 <= start <= limit:
-            raise ValueError(f"pipelines: start {start} must be in [1, limit {limit}]")
+    def __init__(self, pace, *, start: int, limit: int, settle: int, floor: int | None = None):
+        floor = start if floor is None else int(floor)
+        if not 1 <= floor <= start <= limit:
+            raise ValueError(f"pipelines: start {start} must be in [floor {floor}, limit {limit}], floor >= 1")
         self._pace = pace
-        self.start, self.limit = int(start), int(limit)
+        self.floor, self.start, self.limit = floor, int(start), int(limit)
         self._settle = int(settle)
         self._lock = threading.Lock()
         self.count = self.start
-        self._base, self._base_period = self.start, None  # the count kept and its last period
+        self._base, self._base_periods = self.start, []  # the count kept and its last periods
         self._mark = pace.ticks
-        self._changed = pace.ticks  # when the count last changed
+        self._since = pace.ticks  # when the base was last kept against a try toward the start
+        self._hold_until = pace.ticks  # a try was lost: no try before this
+        self._hold = HOLD_BATCHES  # how long the next lost try holds
         self.history: list[tuple[int, float, float]] = []  # (count, period s, wait share) per measurement
 
     def current(self) -> int:
         with self._lock:
-            if self.limit > self.start:
-                # a whole number of bursts (one batch from each pipeline): see _without_stalls
+            if self.limit > self.floor:
+                # a whole number of bursts (one batch from each pipeline): see _stalled
                 n = MEASURE_INTERVALS - MEASURE_INTERVALS % self.count
                 steps = self._pace.steps_since(self._mark + self._settle)
                 if len(steps) >= n:
-                    self._measured(steps[:n])
+                    if _stalled(steps[:n]):
+                        self._mark = self._pace.ticks  # measure again, once the batches decoded meanwhile are taken
+                    else:
+                        self._measured(steps[:n])
             return self.count
 
     def _measured(self, steps: list[tuple[float, float]]) -> None:
-        steps = _without_stalls(steps)
         total = sum(gap for gap, _ in steps)
         period = total / len(steps)
         wait = sum(w for _, w in steps) / total if total > 0 else 0.0
         self.history.append((self.count, period, wait))
         del self.history[:-_HISTORY]
+        ticks = self._pace.ticks
         if self.count != self._base:  # a try: keep it or go back
-            more = self.count > self._base
-            kept = period < self._base_period * (1 - GROW_GAIN) if more else \
-                period <= self._base_period * (1 + SHRINK_TOLERANCE)
-            if kept:
-                self._base, self._base_period = self.count, period
-                self._set(self.count)
+            if self._pays(self._base, self.count, period):
+                self._base, self._base_periods = self.count, [period]
+                self._since, self._hold = ticks, HOLD_BATCHES
             else:
-                self._set(self._base, hold=True)
+                self._hold_until = ticks + self._hold
+                if abs(self.count - self.start) < abs(self._base - self.start):
+                    self._since = ticks  # the base defended itself against the start: revisit it later
+                else:  # each try away from the start that loses waits twice as long for the next
+                    self._hold = min(2 * self._hold, MAX_HOLD_BATCHES)
+            self._set(self._base)
             return
-        self._base_period = period
-        if wait >= GROW_WAIT and self.count < self.limit:
-            self._set(self.count + 1)
-        elif self.count > self.start and (wait < SHRINK_WAIT or self._pace.ticks - self._changed >= HOLD_BATCHES):
-            self._set(self.count - 1)
+        self._base_periods = (self._base_periods + [period])[-BASE_MEASUREMENTS:]
+        count, start = self.count, self.start
+        revisit = ticks - self._since >= REVISIT_BATCHES
+        if ticks < self._hold_until:
+            self._set(count)
+        elif count > start and (wait < SHRINK_WAIT or revisit):
+            self._set(count - 1)
+        elif count < start and (wait >= RETURN_WAIT or revisit):
+            self._set(count + 1)
+        elif wait >= GROW_WAIT and start <= count < self.limit:
+            self._set(count + 1)
+        elif count == start > self.floor and wait < SHRINK_WAIT:
+            self._set(count - 1)
         else:
-            self._set(self.count)
+            self._set(count)
 
-    def _set(self, count: int, hold: bool = False) -> None:
-        if count != self.count:
-            self._changed = self._pace.ticks
+    def _pays(self, base: int, count: int, period: float) -> bool:
+        """Whether a try of `count` pipelines instead of `base` measured `period` is kept: a move toward the start
+        unless it lengthens the period by SHRINK_TOLERANCE; one away from it only when it shortens the period, by
+        GROW_GAIN for a pipeline more, DROP_GAIN for one fewer. The base's period is the mean of its last
+        BASE_MEASUREMENTS measurements: one alone is off by ~0.5% in a training loop, a third of DROP_GAIN's margin."""
+        base_period = sum(self._base_periods) / len(self._base_periods)
+        if abs(count - self.start) < abs(base - self.start):
+            return period <= base_period * (1 + SHRINK_TOLERANCE)
+        return period < base_period * (1 - (GROW_GAIN if count > base else DROP_GAIN))
+
+    def _set(self, count: int) -> None:
+        """Run `count` pipelines from now; the next measurement starts after the batches in flight (settle)."""
         self.count = count
-        self._mark = self._pace.ticks + (HOLD_BATCHES if hold else 0)
+        self._mark = self._pace.ticks
 
 
-def _without_stalls(steps: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The (interval, wait) pairs but the stalls. Why not a trimmed mean (decode/hybrid.py drops the longest
-    eighth): pipelines finish batches side by side, so a data-bound loop takes them in bursts — short intervals,
-    then one long — and trimming the long ones measured the loader alone at 22-34k img/s when it ran 18k (H200).
-    For the same reason a measurement spans a multiple of the pipeline count: 32 intervals in bursts of 3 hold 10
-    or 11 long ones, a 6% error, more than a pipeline must gain."""
+def _stalled(steps: list[tuple[float, float]]) -> bool:
+    """Whether the (interval, wait) pairs hold a stall (evaluation, a checkpoint): such a measurement is not the
+    loop's period, and is taken again. Why not drop the stall alone, or a trimmed mean (decode/hybrid.py drops the
+    longest eighth): pipelines finish batches side by side, so a data-bound loop takes them in bursts — short
+    intervals, then one long — and trimming the long ones measured the loader alone at 22-34k img/s when it ran 18k
+    (H200). For the same reason a measurement spans a whole number of bursts (a multiple of the pipeline count):
+    32 intervals in bursts of 3 hold 10 or 11 long ones, a 6% error, and one interval dropped leaves 31 in bursts
+    of 2, a 3% error: as much as a pipeline must gain."""
     mean = sum(gap for gap, _ in steps) / len(steps)
-    kept = [s for s in steps if s[0] <= STALL * mean]
-    return kept or steps
+    return any(gap > STALL * mean for gap, _ in steps)
 
 
 def room_for_a_pipeline(free_bytes: int, total_bytes: int) -> bool:

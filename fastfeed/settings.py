@@ -52,6 +52,8 @@ HYBRID_RESERVED_CORES = 4
 # with 2 in the same runs, while ResNet-50 and -18 training stayed at 2 (ninth session).
 MAX_AUTO_PIPELINES = 4
 CORES_PER_PIPELINE = 4
+# ... and goes down to MIN_AUTO_PIPELINES while the loop barely waits and fewer make its step faster (ResNet-50).
+MIN_AUTO_PIPELINES = 1
 
 # Large photos (median at least LARGE_PHOTO_PIXELS) decode faster with a tenth of the JPEGs on DALI's CUDA decoder
 # (its Huffman stage on LARGE_PHOTO_DALI_THREADS CPU threads) beside the hardware decoder, which is the bottleneck for
@@ -103,6 +105,7 @@ class LoaderSettings:
     decode_threads: int  # threads per decoder (DALI's num_threads, the CPU decoder's pool, hybrid's CPU part)
     pipelines: int  # decoders working side by side on consecutive batches (at the start)
     pipeline_limit: int  # the most the pipeline tuner may run (fastfeed/pipelines.py); == pipelines: fixed
+    pipeline_floor: int  # the fewest it may run; == pipelines: fixed
     hw_decoder_load: float
     hybrid_start_share: float  # the CPU share decoder "hybrid" starts tuning from (decode/hybrid.py)
     prefetch: int  # decoded batches allowed ahead of the consumer
@@ -191,6 +194,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind in ("dali", "hybrid") or cpu_for_gpu else 1)
     tuned = not fixed_pipelines and kind in ("dali", "hybrid") and dev.type == "cuda"
     limit = max(pipelines, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE)) if tuned else pipelines
+    floor = min(pipelines, MIN_AUTO_PIPELINES) if tuned else pipelines
     if hw_decoder_load is not None:
         if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, numbers.Real) \
                 or not 0.0 <= float(hw_decoder_load) <= 1.0:
@@ -203,6 +207,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         decode_threads=_default_decode_threads(kind, world, pipelines, images) if auto else num_threads,
         pipelines=pipelines,
         pipeline_limit=limit,
+        pipeline_floor=floor,
         hw_decoder_load=_default_hw_decoder_load(images) if hw_decoder_load is None else float(hw_decoder_load),
         hybrid_start_share=_hybrid_start_share(world),
         prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),

@@ -291,10 +291,11 @@ def test_settings_lines_show_the_dali_settings():
     lines = settings_lines({"fastfeed": {"loader_stats": {"info": info}}, "torch": {"loader_stats": None}})
     assert lines == ["fastfeed settings: decoder=dali device=cuda:0 num_threads=2 pipelines=2 "
                      "hw_decoder_load=1.0 reader_threads=4 prefetch=2 pinned=True"]
-    # a Loader whose pipeline count was tuned (fastfeed/pipelines.py): the count it ran last, and its limit
-    stats = {"info": {**info, "pipelines": 3, "pipeline_limit": 4}, "pipeline_history": [[2, 0.02, 0.5]]}
+    # a Loader whose pipeline count was tuned (fastfeed/pipelines.py): the count it ran last, and its range
+    stats = {"info": {**info, "pipelines": 3, "pipeline_limit": 4, "pipeline_floor": 1},
+             "pipeline_history": [[2, 0.02, 0.5]]}
     lines = settings_lines({"fastfeed": {"loader_stats": stats}})
-    assert "num_threads=2 pipelines=3 (tuned, up to 4) hw_decoder_load=1.0" in lines[0]
+    assert "num_threads=2 pipelines=3 (tuned, 1 to 4) hw_decoder_load=1.0" in lines[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------

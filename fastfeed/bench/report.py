@@ -80,7 +80,8 @@ def settings_lines(loaders: dict[str, dict]) -> list[str]:
             keys.insert(4, "hw_decoder_load")  # meaningful for the GPU decoder only
         parts = [f"{k}={info[k]}" for k in keys if k in info]
         if "pipeline_history" in (r.get("loader_stats") or {}):  # the count the tuner ran last (fastfeed/pipelines.py)
-            parts = [p + f" (tuned, up to {info.get('pipeline_limit')})" if p.startswith("pipelines=") else p
+            span = f"{info.get('pipeline_floor', info.get('pipelines'))} to {info.get('pipeline_limit')}"
+            parts = [p + f" (tuned, {span})" if p.startswith("pipelines=") else p
                      for p in parts]
         lines.append(f"{name} settings: {' '.join(parts)}")
     return lines
