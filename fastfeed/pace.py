@@ -5,6 +5,15 @@ The hybrid decoder (decode/hybrid.py) tunes its CPU share on it and the pipeline
 pipeline count: the loop's period — the interval between two takes — is the number the user cares about. An interval
 includes the loop's wait for data, so when the loader is the bottleneck the period is the loader's own, and the wait
 says so; the gap at an epoch boundary is never counted (`start`).
+
+Two tuners change the loader on one pace, so the pace also keeps them out of each other's measurements. A try — a
+change measured against the configuration it left — must be the only change in its measurement: a tuner takes the
+pace's one try (`claim`) before it changes anything and gives it back (`release`) when it kept or undid the change;
+the other tuner meanwhile stays where it is (and measures it). A try and its undoing move `changed_at`, and every
+measurement starts after it (`window`), so none spans the other tuner's change. Why (H200, ResNet-50, tenth session):
+the pipeline tuner measured one pipeline while the climber probed a CPU share of 3/8, read a 20% wait, went back to
+two and lost the first 60 timed steps (66 ms per step against 59). A tuner that was refused the try gets the next
+one (`claim` serves them in turn, `withdraw` when it no longer asks), so neither starves the other while it climbs.
 """
 from __future__ import annotations
 
@@ -15,6 +24,8 @@ from collections import deque
 __all__ = ["ConsumerPace", "PACE_HISTORY"]
 
 PACE_HISTORY = 64  # intervals kept: more than any measurement window needs
+# A tuner refused the try is served first for this many batches (it asks again at each measurement, every ~40).
+CLAIM_QUEUE_BATCHES = 128
 
 
 class ConsumerPace:
@@ -25,6 +36,9 @@ class ConsumerPace:
         self.ticks = 0  # batches taken so far, over every iteration
         # (tick that ended it, seconds, of which the loop waited for the batch)
         self._gaps: deque[tuple[int, float, float]] = deque(maxlen=PACE_HISTORY)
+        self.changed_at = 0  # tick of the last change of the loader by any tuner
+        self._owner = None  # the tuner whose try is measured now
+        self._queue: list[list] = []  # [tuner, tick it last asked]: refused the try, served in turn
 
     def start(self) -> None:
         """A new iteration: the time until its first batch is start-up, not a step of the loop."""
@@ -49,3 +63,40 @@ class ConsumerPace:
         """(interval, wait) of the intervals that ended after `tick` batches had been taken, oldest first."""
         with self._lock:
             return [(gap, wait) for t, gap, wait in self._gaps if t > tick]
+
+    def window(self, mark: int) -> int:
+        """Where a measurement of a tuner whose own last change was at `mark` starts: after the last change by any."""
+        with self._lock:
+            return max(mark, self.changed_at)
+
+    def claim(self, tuner) -> bool:
+        """Take the one try for `tuner` (True), unless another tuner holds it or was refused before and still asks:
+        then `tuner` waits its turn (False) and must not change anything."""
+        with self._lock:
+            self._queue = [q for q in self._queue if self.ticks - q[1] <= CLAIM_QUEUE_BATCHES]
+            if self._owner is tuner:
+                return True
+            if self._owner is None and (not self._queue or self._queue[0][0] is tuner):
+                self._queue = [q for q in self._queue if q[0] is not tuner]
+                self._owner, self.changed_at = tuner, self.ticks
+                return True
+            for q in self._queue:
+                if q[0] is tuner:
+                    q[1] = self.ticks
+                    break
+            else:
+                self._queue.append([tuner, self.ticks])
+            return False
+
+    def withdraw(self, tuner) -> None:
+        """`tuner` no longer asks for the try (it measured again and wants no change): the other need not wait."""
+        with self._lock:
+            self._queue = [q for q in self._queue if q[0] is not tuner]
+
+    def release(self, tuner, undone: bool) -> None:
+        """`tuner`'s try is over: kept, or `undone` (a change again: measurements start after it)."""
+        with self._lock:
+            if self._owner is tuner:
+                self._owner = None
+                if undone:
+                    self.changed_at = self.ticks

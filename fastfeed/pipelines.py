@@ -7,46 +7,43 @@ ceiling against 10.4%), while the loader alone, or a loop light enough to wait f
 
 How: the Loader starts with `settings.pipelines` (the count that trained fastest on the machines measured) and
 measures the loop's period and its wait for data (fastfeed/pace.py) over MEASURE_INTERVALS batches. Each change is
-a try, compared with the count it left (the mean of its last BASE_MEASUREMENTS measurements):
-- the loop waits GROW_WAIT of its period or more: one pipeline more, kept when the period shortens by GROW_GAIN; so
-  it climbs while a pipeline more pays, up to `limit`;
-- at the start it barely waits (under SHRINK_WAIT): one fewer, down to `floor`, kept when the period shortens by
-  DROP_GAIN. On an H200 ResNet-50 trained 1.5% faster beside one pipeline than beside two, and 2-6% faster than
-  beside three, whose decode work shares its GPU; ResNet-18 waited for data beside one (h200/NOTES-2026-11-30.md);
-- away from the start, one back toward it when the loop stops waiting (above the start) or waits RETURN_WAIT (below
-  it), and every REVISIT_BATCHES anyway; kept unless the period lengthens by SHRINK_TOLERANCE. The start is the
-  prior; other counts must keep earning their place.
-A lost try holds every try for HOLD_BATCHES, twice as long after each further loss away from the start (a try that
-starves the loop costs it ~40 slow batches). The tuner must not cost a training loop what an earlier one did (its
-switches rebuilt pipelines and stalled the step ~1.5 s; RESULTS.md, 2026-11-30). Here a change costs nothing but a
-new pipeline's one-time build: a pipeline dropped stays built, parked, and one taken back is warm. A pipeline is
-built only while the device has memory to spare (`room_for_a_pipeline`): the model comes first.
+a try, compared with the count it left (the mean of its last BASE_MEASUREMENTS measurements). Fewer pipelines are
+the prior — they hold less of the GPU, its memory and the host's cores:
+- one pipeline more when the loop waits GROW_WAIT of its period or more, kept only when the period shortens by
+  GROW_GAIN; so it climbs while a pipeline more pays, up to `limit`;
+- one fewer when the loop barely waits (under SHRINK_WAIT), down to `floor`, and above the start every
+  REVISIT_BATCHES anyway (the extra ones may now slow the step more than they feed it); kept unless the period
+  lengthens by SHRINK_TOLERANCE. On an H200 ResNet-50 trained 1.5% faster beside one pipeline than beside two, and
+  2-6% faster than beside three, whose decode work shares its GPU; with one, the hybrid's CPU share rose to 3/8 and
+  the step came within 2.7% of the ceiling (tenth session). ResNet-18 waited for data beside one.
+A lost try holds every try for HOLD_BATCHES, twice as long after each further loss (a try that starves the loop
+costs it ~40 slow batches). The tuner must not cost a training loop what an earlier one did (its switches rebuilt
+pipelines and stalled the step ~1.5 s; RESULTS.md, 2026-11-30). Here a change costs nothing but a new pipeline's
+one-time build: a pipeline dropped stays built, parked, and one taken back is warm. A pipeline is built only while
+the device has memory to spare (`room_for_a_pipeline`): the model comes first.
 
 Why the wait gates the tries: the period alone cannot tell a loop fed too slowly from one whose step is slow, and
 trying a pipeline more on a loop that does not wait costs that loop the try (a slower step for ~40 batches every
-HOLD_BATCHES). The hybrid decoder's climber (decode/hybrid.py) tunes on the same period; both keep only changes that
-shorten it, so their measurements may overlap but neither keeps what makes the loop slower.
+HOLD_BATCHES). The hybrid decoder's climber (decode/hybrid.py) tunes its CPU share on the same period: the two take
+turns (`ConsumerPace.claim`), and neither measures across the other's change.
 """
 from __future__ import annotations
 
 import threading
 
-__all__ = ["PipelineTuner", "room_for_a_pipeline", "GROW_WAIT", "SHRINK_WAIT", "RETURN_WAIT", "GROW_GAIN", "DROP_GAIN",
-           "SHRINK_TOLERANCE", "MEASURE_INTERVALS", "HOLD_BATCHES", "MAX_HOLD_BATCHES",
+__all__ = ["PipelineTuner", "room_for_a_pipeline", "GROW_WAIT", "SHRINK_WAIT", "GROW_GAIN", "SHRINK_TOLERANCE", "MEASURE_INTERVALS", "HOLD_BATCHES", "MAX_HOLD_BATCHES",
            "REVISIT_BATCHES", "MIN_FREE_BYTES", "MIN_FREE_SHARE"]
 
 # A loop waiting this share of its period or more: try a pipeline more. ResNet-18 beside two pipelines waited 4-10%
 # and trained 4-9% faster beside three (one table, ninth session); 20%, the first value, never let it try.
 GROW_WAIT = 0.05
-SHRINK_WAIT = 0.02  # it waits less than this: try one fewer (toward the start, or below it down to the floor)
-RETURN_WAIT = 0.04  # below the start, it waits this much: go back one toward the start
+SHRINK_WAIT = 0.02  # it waits less than this: try one fewer
 GROW_GAIN = 0.03  # keep a pipeline more only when it shortens the period by this share
-DROP_GAIN = 0.005  # keep one fewer than the start only when it shortens the period by this share
-SHRINK_TOLERANCE = 0.01  # keep a move toward the start unless the period lengthens by more than this share
+SHRINK_TOLERANCE = 0.01  # keep one fewer unless the period lengthens by more than this share
 MEASURE_INTERVALS = 32  # intervals of the loop per measurement
 HOLD_BATCHES = 500  # after a rejected try: no try for this many batches, twice as many after each one more
 MAX_HOLD_BATCHES = 8 * HOLD_BATCHES  # (a try that starves the loop costs it ~40 slow batches)
-REVISIT_BATCHES = 2 * HOLD_BATCHES  # away from the start: try one toward it after this many batches anyway
+REVISIT_BATCHES = 2 * HOLD_BATCHES  # above the start: try one fewer after this many batches anyway
 BASE_MEASUREMENTS = 4  # a try is compared with the mean of this many measurements of the count it left
 STALL = 8.0  # an interval this many times the measurement's mean is a stall (evaluation, a checkpoint), not a step
 _HISTORY = 64  # measurements kept for stats and tests
@@ -72,8 +69,9 @@ class PipelineTuner:
         self._lock = threading.Lock()
         self.count = self.start
         self._base, self._base_periods = self.start, []  # the count kept and its last periods
+        self._base_at = pace.changed_at  # the loader's last change (pace.changed_at) when they were measured
         self._mark = pace.ticks
-        self._since = pace.ticks  # when the base was last kept against a try toward the start
+        self._since = pace.ticks  # when the base was last kept or defended against a try of one fewer
         self._hold_until = pace.ticks  # a try was lost: no try before this
         self._hold = HOLD_BATCHES  # how long the next lost try holds
         self.history: list[tuple[int, float, float]] = []  # (count, period s, wait share) per measurement
@@ -83,7 +81,7 @@ class PipelineTuner:
             if self.limit > self.floor:
                 # a whole number of bursts (one batch from each pipeline): see _stalled
                 n = MEASURE_INTERVALS - MEASURE_INTERVALS % self.count
-                steps = self._pace.steps_since(self._mark + self._settle)
+                steps = self._pace.steps_since(self._pace.window(self._mark) + self._settle)
                 if len(steps) >= n:
                     if _stalled(steps[:n]):
                         self._mark = self._pace.ticks  # measure again, once the batches decoded meanwhile are taken
@@ -99,42 +97,45 @@ class PipelineTuner:
         del self.history[:-_HISTORY]
         ticks = self._pace.ticks
         if self.count != self._base:  # a try: keep it or go back
-            if self._pays(self._base, self.count, period):
-                self._base, self._base_periods = self.count, [period]
+            kept = self._pays(self._base, self.count, period)
+            if kept:
+                self._base, self._base_periods = self.count, []
                 self._since, self._hold = ticks, HOLD_BATCHES
-            else:
+            else:  # each lost try holds twice as long as the last
                 self._hold_until = ticks + self._hold
-                if abs(self.count - self.start) < abs(self._base - self.start):
-                    self._since = ticks  # the base defended itself against the start: revisit it later
-                else:  # each try away from the start that loses waits twice as long for the next
-                    self._hold = min(2 * self._hold, MAX_HOLD_BATCHES)
+                self._hold = min(2 * self._hold, MAX_HOLD_BATCHES)
+                if self.count < self._base:
+                    self._since = ticks  # the base defended itself: revisit it later
             self._set(self._base)
+            self._pace.release(self, undone=not kept)
             return
+        if self._base_at != self._pace.changed_at:  # the loader changed since (the hybrid's climber): start over
+            self._base_periods, self._base_at = [], self._pace.changed_at
         self._base_periods = (self._base_periods + [period])[-BASE_MEASUREMENTS:]
-        count, start = self.count, self.start
-        revisit = ticks - self._since >= REVISIT_BATCHES
+        count = self.count
         if ticks < self._hold_until:
-            self._set(count)
-        elif count > start and (wait < SHRINK_WAIT or revisit):
-            self._set(count - 1)
-        elif count < start and (wait >= RETURN_WAIT or revisit):
-            self._set(count + 1)
-        elif wait >= GROW_WAIT and start <= count < self.limit:
-            self._set(count + 1)
-        elif count == start > self.floor and wait < SHRINK_WAIT:
-            self._set(count - 1)
+            want = count
+        elif count > self.floor and wait < SHRINK_WAIT:
+            want = count - 1
+        elif count > self.start and ticks - self._since >= REVISIT_BATCHES:
+            want = count - 1
+        elif wait >= GROW_WAIT and count < self.limit:
+            want = count + 1
         else:
-            self._set(count)
+            want = count
+        # a try waits while the climber's is measured (fastfeed/pace.py): measure this count again meanwhile
+        if want == count:
+            self._pace.withdraw(self)
+        self._set(want if want == count or self._pace.claim(self) else count)
 
     def _pays(self, base: int, count: int, period: float) -> bool:
-        """Whether a try of `count` pipelines instead of `base` measured `period` is kept: a move toward the start
-        unless it lengthens the period by SHRINK_TOLERANCE; one away from it only when it shortens the period, by
-        GROW_GAIN for a pipeline more, DROP_GAIN for one fewer. The base's period is the mean of its last
-        BASE_MEASUREMENTS measurements: one alone is off by ~0.5% in a training loop, a third of DROP_GAIN's margin."""
+        """Whether a try of `count` pipelines instead of `base` measured `period` is kept: one more only when it
+        shortens the period by GROW_GAIN, one fewer unless it lengthens it by SHRINK_TOLERANCE. The base's period is
+        the mean of its last BASE_MEASUREMENTS measurements: one alone is off by ~0.5% in a training loop."""
         base_period = sum(self._base_periods) / len(self._base_periods)
-        if abs(count - self.start) < abs(base - self.start):
-            return period <= base_period * (1 + SHRINK_TOLERANCE)
-        return period < base_period * (1 - (GROW_GAIN if count > base else DROP_GAIN))
+        if count > base:
+            return period < base_period * (1 - GROW_GAIN)
+        return period <= base_period * (1 + SHRINK_TOLERANCE)
 
     def _set(self, count: int) -> None:
         """Run `count` pipelines from now; the next measurement starts after the batches in flight (settle)."""

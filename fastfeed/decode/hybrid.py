@@ -8,7 +8,8 @@ How many go to the CPU is tuned online on what the user measures: the training l
 two batches it takes, fastfeed/pace.py). `ShareClimber` hill-climbs the CPU share of every batch: it measures the
 period at the current share, tries a share one STEP higher or lower, keeps a change that shortens the period by
 more than CLIMB_EPS, and when neither side does, stays a while and then looks again — so it keeps following the
-loop when the model, batch or GPU load changes. Why not a model of rates: measured on an H200, filling the loop's
+loop when the model, batch or GPU load changes. It takes turns with the pipeline tuner (fastfeed/pace.py: one try
+at a time, no measurement across the other's change). Why not a model of rates: measured on an H200, filling the loop's
 time with CPU decode made ResNet-50 5% faster but ResNet-18 14% slower (CPU decode beside a launch-bound step
 slows the step itself), and only the loop's own period shows that. All pipelines of a Loader share one climber.
 
@@ -56,7 +57,10 @@ STEP = 1 / 8  # also the grid of shares
 # H200 a ResNet-50 step varies by 5-25% from one batch to the next, and the whole gain from CPU decode was ~5%.
 CLIMB_EPS = 0.01
 MEASURE_INTERVALS = 32  # intervals of the loop per measurement: their mean without the longest eighth
-HOLD_BATCHES = 500  # when no neighbour is faster: stay this long before probing again
+HOLD_BATCHES = 500  # when no neighbour is faster: stay this long before probing again,
+# twice as long after each further look that finds none faster: a probe can cost a third of the loop's speed while
+# it lasts (one pipeline at 1/2 on ResNet-50: 76 ms against 57), and a settled loop need not pay it every 500 batches
+MAX_HOLD_BATCHES = 8 * HOLD_BATCHES
 _HISTORY = 256  # measurements kept for stats and tests
 
 
@@ -72,12 +76,14 @@ class ShareClimber:
         self.share = float(start)
         self._base, self._base_period = self.share, None  # the best share so far and its period
         self._dir, self._tried = 1, 0  # the direction that last helped; neighbours of the base tried so far
+        self._hold = HOLD_BATCHES  # the next stay when no neighbour is faster
+        self._waited = False  # the last try waited for the pipeline tuner's
         self._mark = pace.ticks  # measurements use the intervals after mark + settle
         self.history: list[tuple[float, float]] = []  # (share, period) of the last measurements, for stats and tests
 
     def current(self) -> float:
         with self._lock:
-            gaps = self._pace.intervals_since(self._mark + self._settle)
+            gaps = self._pace.intervals_since(self._pace.window(self._mark) + self._settle)
             if len(gaps) >= MEASURE_INTERVALS:
                 self._measured(_robust_mean(gaps[:MEASURE_INTERVALS]))
             return self.share
@@ -85,18 +91,29 @@ class ShareClimber:
     def _measured(self, period: float) -> None:
         self.history.append((self.share, period))
         del self.history[:-_HISTORY]
-        if self._base_period is None or self.share == self._base:  # the base (re)measured: try a neighbour
-            self._base_period, self._tried = period, 0
+        trying = self.share != self._base
+        if self._base_period is None or not trying:  # the base (re)measured: try a neighbour
+            self._base_period = period
+            if not self._waited:  # (after waiting for the try, the neighbours not yet tried)
+                self._tried = 0
         elif period < self._base_period * (1 - CLIMB_EPS):  # faster: the new base, keep going that way
             self._dir = 1 if self.share > self._base else -1
             self._base, self._base_period, self._tried = self.share, period, 0
+            self._hold = HOLD_BATCHES
         else:  # not faster: the next neighbour
             self._tried += 1
+        if trying:  # that try is over; the pipeline tuner may have the next one
+            self._pace.release(self, undone=self.share != self._base)
         neighbours = self._neighbours()
+        self._waited = False
         if self._tried < len(neighbours):
-            self._set(neighbours[self._tried])
+            # a try waits while the pipeline tuner's is measured (fastfeed/pace.py): measure the base again meanwhile
+            self._waited = not self._pace.claim(self)
+            self._set(self._base if self._waited else neighbours[self._tried])
         else:  # no neighbour is faster: stay, then measure the base again and look around (the loop may change)
-            self._set(self._base, at=self._pace.ticks + HOLD_BATCHES)
+            self._pace.withdraw(self)
+            self._set(self._base, at=self._pace.ticks + self._hold)
+            self._hold = min(2 * self._hold, MAX_HOLD_BATCHES)
 
     def _neighbours(self) -> list[float]:
         """The shares one step from the base, in [0, 1], the direction that last helped first."""
