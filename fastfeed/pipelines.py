@@ -11,13 +11,13 @@ a try, compared with the count it left (the mean of its last BASE_MEASUREMENTS m
 the prior — they hold less of the GPU, its memory and the host's cores:
 - one pipeline more when the loop waits GROW_WAIT of its period or more, kept only when the period shortens by
   GROW_GAIN; so it climbs while a pipeline more pays, up to `limit`;
-- one fewer when the loop barely waits (under SHRINK_WAIT), down to `floor`, and above the start every
-  REVISIT_BATCHES anyway (the extra ones may now slow the step more than they feed it); kept unless the period
+- one fewer when the loop barely waits (under SHRINK_WAIT), down to `floor` — but after a pipeline more paid, every
+  REVISIT_BATCHES instead (the extra one may now slow the step more than it feeds it); kept unless the period
   lengthens by SHRINK_TOLERANCE. On an H200 ResNet-50 trained 1.5% faster beside one pipeline than beside two, and
   2-6% faster than beside three, whose decode work shares its GPU; with one, the hybrid's CPU share rose to 3/8 and
   the step came within 2.7% of the ceiling (tenth session). ResNet-18 waited for data beside one.
-A lost try holds every try for HOLD_BATCHES, twice as long after each further loss (a try that starves the loop
-costs it ~40 slow batches). The tuner must not cost a training loop what an earlier one did (its switches rebuilt
+A lost try holds the next try the same way for HOLD_BATCHES, twice as long after each further loss (a try that
+starves the loop costs it ~40 slow batches). The tuner must not cost a training loop what an earlier one did (its switches rebuilt
 pipelines and stalled the step ~1.5 s; RESULTS.md, 2026-11-30). Here a change costs nothing but a new pipeline's
 one-time build: a pipeline dropped stays built, parked, and one taken back is warm. A pipeline is built only while
 the device has memory to spare (`room_for_a_pipeline`): the model comes first.
@@ -41,9 +41,9 @@ SHRINK_WAIT = 0.02  # it waits less than this: try one fewer
 GROW_GAIN = 0.03  # keep a pipeline more only when it shortens the period by this share
 SHRINK_TOLERANCE = 0.01  # keep one fewer unless the period lengthens by more than this share
 MEASURE_INTERVALS = 32  # intervals of the loop per measurement
-HOLD_BATCHES = 500  # after a rejected try: no try for this many batches, twice as many after each one more
+HOLD_BATCHES = 500  # after a lost try: none the same way for this many batches, twice as many after each one more
 MAX_HOLD_BATCHES = 8 * HOLD_BATCHES  # (a try that starves the loop costs it ~40 slow batches)
-REVISIT_BATCHES = 2 * HOLD_BATCHES  # above the start: try one fewer after this many batches anyway
+REVISIT_BATCHES = 2 * HOLD_BATCHES  # after a pipeline more paid: try one fewer this many batches later
 BASE_MEASUREMENTS = 4  # a try is compared with the mean of this many measurements of the count it left
 STALL = 8.0  # an interval this many times the measurement's mean is a stall (evaluation, a checkpoint), not a step
 _HISTORY = 64  # measurements kept for stats and tests
@@ -72,8 +72,14 @@ class PipelineTuner:
         self._base_at = pace.changed_at  # the loader's last change (pace.changed_at) when they were measured
         self._mark = pace.ticks
         self._since = pace.ticks  # when the base was last kept or defended against a try of one fewer
-        self._hold_until = pace.ticks  # a try was lost: no try before this
-        self._hold = HOLD_BATCHES  # how long the next lost try holds
+        # The base was a pipeline more that paid: the loop stopped waiting because of it, so that is no reason to
+        # try one fewer (the wait would come back only once the batches decoded ahead ran out, after the try was
+        # measured: ResNet-18 on the H200 went 2 -> 3 -> 2 and waited 11-16% again); every REVISIT_BATCHES instead.
+        self._grown = False
+        # per way (+1: a pipeline more, -1: one fewer): no try that way before this tick, and how long the next
+        # lost try that way holds (a lost try of one fewer must not keep a waiting loop from one more)
+        self._hold_until = {1: pace.ticks, -1: pace.ticks}
+        self._hold = {1: HOLD_BATCHES, -1: HOLD_BATCHES}
         self.history: list[tuple[int, float, float]] = []  # (count, period s, wait share) per measurement
 
     def current(self) -> int:
@@ -98,13 +104,15 @@ class PipelineTuner:
         ticks = self._pace.ticks
         if self.count != self._base:  # a try: keep it or go back
             kept = self._pays(self._base, self.count, period)
+            way = 1 if self.count > self._base else -1
             if kept:
+                self._grown = way > 0
                 self._base, self._base_periods = self.count, []
-                self._since, self._hold = ticks, HOLD_BATCHES
-            else:  # each lost try holds twice as long as the last
-                self._hold_until = ticks + self._hold
-                self._hold = min(2 * self._hold, MAX_HOLD_BATCHES)
-                if self.count < self._base:
+                self._since, self._hold[way] = ticks, HOLD_BATCHES
+            else:  # each lost try holds the next one that way twice as long as the last
+                self._hold_until[way] = ticks + self._hold[way]
+                self._hold[way] = min(2 * self._hold[way], MAX_HOLD_BATCHES)
+                if way < 0:
                     self._since = ticks  # the base defended itself: revisit it later
             self._set(self._base)
             self._pace.release(self, undone=not kept)
@@ -113,13 +121,10 @@ class PipelineTuner:
             self._base_periods, self._base_at = [], self._pace.changed_at
         self._base_periods = (self._base_periods + [period])[-BASE_MEASUREMENTS:]
         count = self.count
-        if ticks < self._hold_until:
-            want = count
-        elif count > self.floor and wait < SHRINK_WAIT:
+        fewer = wait < SHRINK_WAIT and not self._grown or self._grown and ticks - self._since >= REVISIT_BATCHES
+        if count > self.floor and fewer and ticks >= self._hold_until[-1]:
             want = count - 1
-        elif count > self.start and ticks - self._since >= REVISIT_BATCHES:
-            want = count - 1
-        elif wait >= GROW_WAIT and count < self.limit:
+        elif wait >= GROW_WAIT and count < self.limit and ticks >= self._hold_until[1]:
             want = count + 1
         else:
             want = count
