@@ -28,10 +28,10 @@ allocator that the consumer's stream uses the memory, so a batch is never overwr
 step reads it.
 The consumer's takes are also timed (`pace.ConsumerPace`): decoder "hybrid" tunes its CPU share on that period, and
 a GPU Loader whose `pipelines` is not given its number of workers (`pipelines.PipelineTuner`): it starts with
-`pipelines`, adds one while the loop waits for data and the extra one pays, and drops to fewer while the loop
-barely waits and fewer make it faster; a worker beyond the count waits,
-holding nothing; one beyond the decoders built builds its own, kept for later runs. The ring is sized for the most
-the tuner may run. Which thread decodes a batch never changes which batch comes at a position.
+`pipelines`, adds one while the loop waits for data and the extra one pays, and drops to fewer while the loop barely
+waits and fewer are not slower; the two take turns (`ConsumerPace.claim`). A worker beyond the count waits, holding
+nothing; one beyond the decoders built builds its own, kept for later runs. The ring is sized for the most the tuner
+may run. Which thread decodes a batch never changes which batch comes at a position.
 Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
 first `next()`, so frameworks that call `iter()` to probe the object change nothing.
 Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
@@ -48,10 +48,10 @@ in a worker travels to the consumer wrapped with where it happened and is raised
 NOTE [Reading on into the next epoch]
 A training Loader does not stop at the end of an epoch. Once the ring has handed out the last batch of epoch e, the
 run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and, once the workers have released
-e's batches (the ring numbers each epoch's batches from 0, into slots some of them may still hold), starts the ring
-on its order; the ring reads it while the consumer still takes e's last decoded batches, and the workers decode up
-to the window (prefetch + pipelines) of e + 1's first batches. Positions count on across epochs. When the loop has taken all of
-e, the run is parked; the next iteration continues it if it runs exactly epoch e + 1 with no loaded state (a plain
+e's batches (the ring numbers each epoch's batches from 0, into slots some of them may still hold), starts the ring on
+its order; the ring reads it while the consumer still takes e's last decoded batches, and the workers decode up to the
+window (prefetch + pipelines) of e + 1's first batches. Positions count on across epochs. When the loop has taken all
+of e, the run is parked; the next iteration continues it if it runs exactly epoch e + 1 with no loaded state (a plain
 `for` again, or set_epoch(e + 1)), else the parked run is stopped and a new one starts (set_epoch to another epoch,
 load_state_dict, close). So an epoch boundary costs the loop nothing: before, the ring started the next epoch only
 when the loop asked for it, and the first steps of every epoch waited for a read and a decode (ResNet-18 on an H200,

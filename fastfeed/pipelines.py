@@ -13,14 +13,14 @@ the prior — they hold less of the GPU, its memory and the host's cores:
   GROW_GAIN; so it climbs while a pipeline more pays, up to `limit`;
 - one fewer when the loop barely waits (under SHRINK_WAIT), down to `floor` — but after a pipeline more paid, every
   REVISIT_BATCHES instead (the extra one may now slow the step more than it feeds it); kept unless the period
-  lengthens by SHRINK_TOLERANCE. On an H200 ResNet-50 trained 1.5% faster beside one pipeline than beside two, and
-  2-6% faster than beside three, whose decode work shares its GPU; with one, the hybrid's CPU share rose to 3/8 and
-  the step came within 2.7% of the ceiling (tenth session). ResNet-18 waited for data beside one.
+  lengthens by SHRINK_TOLERANCE. On an H200 ResNet-50 trained as fast beside one pipeline as beside two (0.99-1.03x
+  in three tables, tenth session) on fewer cores, and once, with the hybrid's CPU share at 3/8, within 2.7% of its
+  ceiling; ResNet-18 waited for data beside one.
 A lost try holds the next try the same way for HOLD_BATCHES, twice as long after each further loss (a try that
-starves the loop costs it ~40 slow batches). The tuner must not cost a training loop what an earlier one did (its switches rebuilt
-pipelines and stalled the step ~1.5 s; RESULTS.md, 2026-11-30). Here a change costs nothing but a new pipeline's
-one-time build: a pipeline dropped stays built, parked, and one taken back is warm. A pipeline is built only while
-the device has memory to spare (`room_for_a_pipeline`): the model comes first.
+starves the loop costs it ~40 slow batches). The tuner must not cost a training loop what an earlier one did (its
+switches rebuilt pipelines and stalled the step ~1.5 s; RESULTS.md, 2026-11-30). Here a change costs nothing but a
+new pipeline's one-time build: a pipeline dropped stays built, parked, and one taken back is warm. A pipeline is
+built only while the device has memory to spare (`room_for_a_pipeline`): the model comes first.
 
 Why the wait gates the tries: the period alone cannot tell a loop fed too slowly from one whose step is slow, and
 trying a pipeline more on a loop that does not wait costs that loop the try (a slower step for ~40 batches every
@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["PipelineTuner", "room_for_a_pipeline", "GROW_WAIT", "SHRINK_WAIT", "GROW_GAIN", "SHRINK_TOLERANCE", "MEASURE_INTERVALS", "HOLD_BATCHES", "MAX_HOLD_BATCHES",
-           "REVISIT_BATCHES", "MIN_FREE_BYTES", "MIN_FREE_SHARE"]
+__all__ = ["PipelineTuner", "room_for_a_pipeline", "GROW_WAIT", "SHRINK_WAIT", "GROW_GAIN", "SHRINK_TOLERANCE",
+           "MEASURE_INTERVALS", "HOLD_BATCHES", "MAX_HOLD_BATCHES", "REVISIT_BATCHES", "BASE_MEASUREMENTS",
+           "MIN_FREE_BYTES", "MIN_FREE_SHARE"]
 
 # A loop waiting this share of its period or more: try a pipeline more. ResNet-18 beside two pipelines waited 4-10%
 # and trained 4-9% faster beside three (one table, ninth session); 20%, the first value, never let it try.

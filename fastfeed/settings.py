@@ -45,14 +45,13 @@ MAX_DEFAULT_DECODE_THREADS = 8
 HYBRID_RESERVED_CORES = 4
 
 # A GPU Loader (decoder "dali" or "hybrid") whose `pipelines` is not given starts with DEFAULT_DALI_PIPELINES, the count
-# that trained fastest, and adds pipelines while the loop waits for data and each one makes it faster
-# (fastfeed/pipelines.py), up to MAX_AUTO_PIPELINES, and one per CORES_PER_PIPELINE cores of the rank: each pipeline
-# brings its DALI threads and a Python worker. The loader alone on an H200 with 16 cores: 2 pipelines 14.2k img/s,
-# 3 pipelines 17.5k (benchmarks/RESULTS.md, eighth session); tuned, 2 -> 3 -> 4 and 18.1-18.6k against 16.0-17.6k
-# with 2 in the same runs, while ResNet-50 and -18 training stayed at 2 (ninth session).
+# that trained fastest, and tunes it on the loop (fastfeed/pipelines.py): more while the loop waits for data and each
+# one makes it faster, up to MAX_AUTO_PIPELINES and one per CORES_PER_PIPELINE cores of the rank (each pipeline brings
+# its DALI threads and a Python worker); fewer, down to MIN_AUTO_PIPELINES, while the loop barely waits and fewer are
+# not slower. On an H200 with 16 cores the loader alone ran 2 -> 3 -> 4 pipelines, 18.1-18.8k img/s against 15.0-17.6k
+# with 2 (ninth session); ResNet-50 trained on 1, ResNet-18 on 2 (tenth session, benchmarks/RESULTS.md).
 MAX_AUTO_PIPELINES = 4
 CORES_PER_PIPELINE = 4
-# ... and goes down to MIN_AUTO_PIPELINES while the loop barely waits and fewer make its step faster (ResNet-50).
 MIN_AUTO_PIPELINES = 1
 
 # Large photos (median at least LARGE_PHOTO_PIXELS) decode faster with a tenth of the JPEGs on DALI's CUDA decoder

@@ -169,7 +169,8 @@ def test_hybrid_batches_match_the_cpu_path_and_use_both_parts(gpu_wds):
 def test_the_pipeline_tuner_changes_no_batch(gpu_wds):
     """A GPU Loader whose `pipelines` is not given tunes their number on the loop (fastfeed/pipelines.py); a loop
     that does nothing waits for every batch, so it measures and may add pipelines (never drop one: it waits).
-    Whatever it runs, the batches are those of a fixed count (the CUDA decoder alone: bit-exact), over epochs read on one into the next."""
+    Whatever it runs, the batches are those of a fixed count (the CUDA decoder alone: bit-exact), over epochs read on
+    one into the next."""
     from fastfeed.pipelines import GROW_WAIT
 
     kw = dict(batch_size=8, train=True, image_size=64, device="cuda", decoder="dali", hw_decoder_load=0.0)
