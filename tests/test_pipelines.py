@@ -174,7 +174,7 @@ def test_a_pipeline_more_that_does_not_pay_is_dropped_and_tried_again_only_after
 
 def test_when_the_loop_stops_waiting_the_pipelines_beyond_the_start_go():
     """A loop that waited (the loader alone, or evaluation) and then trains: the extra pipelines are no longer needed;
-    it drops them unless the loop gets slower without them, and never goes below the start."""
+    it drops them unless the loop gets slower without them, and never goes below its floor (here the start)."""
     tuner, pace, clock = make()
     feed = {2: 256 / 14_200, 3: 256 / 17_500, 4: 256 / 17_900}
 
@@ -187,8 +187,8 @@ def test_when_the_loop_stops_waiting_the_pipelines_beyond_the_start_go():
 
 def test_pipelines_that_no_longer_pay_go_even_while_the_loop_still_waits_a_little():
     """After the loader alone climbed, the loop trains; the extra pipelines now slow the loader (they share the
-    GPU with the model) but it still waits 9-13% with them, under GROW_WAIT and over SHRINK_WAIT: they are tried
-    away every HOLD_BATCHES and stay away."""
+    GPU with the model), so it waits 9-13% with them and 5% without: a pipeline more does not pay, one fewer is
+    tried every REVISIT_BATCHES, kept, and stays."""
     tuner, pace, clock = make()
     feed = {2: 256 / 14_200, 3: 256 / 17_500, 4: 256 / 17_900}
 
