@@ -10,10 +10,11 @@ Two tuners change the loader on one pace, so the pace also keeps them out of eac
 change measured against the configuration it left — must be the only change in its measurement: a tuner takes the
 pace's one try (`claim`) before it changes anything and gives it back (`release`) when it kept or undid the change;
 the other tuner meanwhile stays where it is (and measures it). A try and its undoing move `changed_at`, and every
-measurement starts after it (`window`), so none spans the other tuner's change. Why (H200, ResNet-50, tenth session):
-the pipeline tuner measured one pipeline while the climber probed a CPU share of 3/8, read a 20% wait, went back to
-two and lost the first 60 timed steps (66 ms per step against 59). A tuner that was refused the try gets the next
-one (`claim` serves them in turn, `withdraw` when it no longer asks), so neither starves the other while it climbs.
+measurement starts after it (`measurement`), so none spans the other tuner's change. Why (H200, ResNet-50, tenth
+session): the pipeline tuner measured one pipeline while the climber probed a CPU share of 3/8, read a 20% wait, went
+back to two and lost the first 60 timed steps (66 ms per step against 59). A tuner that was refused the try gets the
+next one (`claim` serves them in turn, `withdraw` when it no longer asks), so neither starves the other while it
+climbs.
 """
 from __future__ import annotations
 
@@ -54,20 +55,22 @@ class ConsumerPace:
                 self._gaps.append((self.ticks, now - self._last, wait))
             self._last = now
 
-    def intervals_since(self, tick: int) -> list[float]:
-        """The intervals that ended after `tick` batches had been taken (oldest first, at most PACE_HISTORY)."""
-        with self._lock:
-            return [gap for t, gap, _ in self._gaps if t > tick]
-
     def steps_since(self, tick: int) -> list[tuple[float, float]]:
-        """(interval, wait) of the intervals that ended after `tick` batches had been taken, oldest first."""
+        """(interval, wait) of the intervals that ended after `tick` batches had been taken, oldest first (at most
+        PACE_HISTORY)."""
         with self._lock:
             return [(gap, wait) for t, gap, wait in self._gaps if t > tick]
 
-    def window(self, mark: int) -> int:
-        """Where a measurement of a tuner whose own last change was at `mark` starts: after the last change by any."""
+    def intervals_since(self, tick: int) -> list[float]:
+        """The intervals alone (`steps_since`)."""
+        return [gap for gap, _ in self.steps_since(tick)]
+
+    def measurement(self, mark: int, settle: int) -> list[tuple[float, float]]:
+        """(interval, wait) a tuner may measure: those after its own last change (`mark`) and after the last change
+        by any tuner (`changed_at`), once the `settle` batches read or decoded before that change are taken."""
         with self._lock:
-            return max(mark, self.changed_at)
+            start = max(mark, self.changed_at) + settle
+        return self.steps_since(start)
 
     def claim(self, tuner) -> bool:
         """Take the one try for `tuner` (True), unless another tuner holds it or was refused before and still asks:

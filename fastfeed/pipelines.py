@@ -88,7 +88,7 @@ class PipelineTuner:
             if self.limit > self.floor:
                 # a whole number of bursts (one batch from each pipeline): see _stalled
                 n = MEASURE_INTERVALS - MEASURE_INTERVALS % self.count
-                steps = self._pace.steps_since(self._pace.window(self._mark) + self._settle)
+                steps = self._pace.measurement(self._mark, self._settle)
                 if len(steps) >= n:
                     if _stalled(steps[:n]):
                         self._mark = self._pace.ticks  # measure again, once the batches decoded meanwhile are taken

@@ -83,7 +83,7 @@ class ShareClimber:
 
     def current(self) -> float:
         with self._lock:
-            gaps = self._pace.intervals_since(self._pace.window(self._mark) + self._settle)
+            gaps = [gap for gap, _ in self._pace.measurement(self._mark, self._settle)]
             if len(gaps) >= MEASURE_INTERVALS:
                 self._measured(_robust_mean(gaps[:MEASURE_INTERVALS]))
             return self.share
