@@ -123,7 +123,8 @@ class Loader:
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 1.0).
         pipelines: decoders working side by side on consecutive batches. Default: for DALI and hybrid on a GPU, 2
             to start, more while the training loop waits for data and one more makes it faster (up to 4, one per 4
-            cores of the rank; fastfeed/pipelines.py); else 1. Given, it is fixed.
+            cores of the rank), fewer (down to 1) while it barely waits and fewer are not slower
+            (fastfeed/pipelines.py); else 1. Given, it is fixed.
         on_error: "skip" replaces a bad record by another sample (counted in `stats()`, logged once per sample);
             "raise" raises naming the sample.
         orientation: "ignore" (torchvision's ImageFolder) or "exif"; see README, "Decode contract".

@@ -5,7 +5,7 @@
 # climber were made to take turns (fastfeed/pace.py: one try at a time, no measurement across the other's change)
 # and the climber's hold doubles after each look that finds nothing better. Against fixed counts in the same
 # process; `pipelines=2` is what the previous tuner ran in both trainings.
-#   bash benchmarks/h200/stage26.sh K     K = 1..4 staging (stage23.sh's: the 20k ImageNet-like set only)
+#   bash benchmarks/h200/stage26.sh K     K = 1..5 stage25.sh's: 1..4 staging (the 20k ImageNet-like set only),
 #                                          5: DALI and Lightning installed; pytest -m gpu (test_gpu.py, frameworks)
 #                                          6: ResNet-50: defaults (tuned), pipelines=1, pipelines=2, DALI's file reader
 #                                          7: ResNet-18: defaults (tuned), pipelines=2, pipelines=3, DALI's file reader
@@ -17,8 +17,7 @@
 set -uo pipefail
 K=$1; shift
 case $K in
-1|2|3|4) exec bash benchmarks/h200/stage23.sh $K ;;  # staging
-5) exec env PROFILE=0 bash benchmarks/h200/stage24.sh 5 ;;  # install, GPU tests (no old tree: tar says so)
+1|2|3|4|5) exec bash benchmarks/h200/stage25.sh $K ;;  # staging, install, GPU tests: as in the ninth session
 esac
 source benchmarks/h200/lib.sh
 long="--per-step --warmup 150 --steps ${STEPS:-300}"
