@@ -219,10 +219,26 @@ def main(argv=None) -> int:
 
     S, bs = args.image_size, args.batch_size
 
-    def ff(**kw):
+    def ff(_start=None, _share=None, **kw):
+        """_start: the hybrid climber starts at this CPU share; _share: every batch split at this share (the climber
+        replaced, as in share_sweep.py; give `pipelines` too: a tuner's later decoders would get the real one).
+        Benchmark-only: both patch decode/hybrid.py while the Loader (and so its decoders) is built."""
         kw.setdefault("channels_last", True)
-        return lambda: fastfeed.Loader(args.data, batch_size=bs, train=True, image_size=S, device="cuda",
+
+        def build():
+            import fastfeed.decode.hybrid as H
+            saved = H.START_SHARE, H.climber_for
+            if _start is not None:
+                H.START_SHARE = _start
+            if _share is not None:
+                from share_sweep import FixedShare
+                H.climber_for = lambda pace, settle, start=0.0, _f=FixedShare(_share): _f
+            try:
+                return fastfeed.Loader(args.data, batch_size=bs, train=True, image_size=S, device="cuda",
                                        dtype=torch.float16, **kw)
+            finally:
+                H.START_SHARE, H.climber_for = saved
+        return build
 
     def dali(source, root, hw, t):
         from dali_reference import DaliReference

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 14, eleventh session (2026-12-01), on one nvidia-h200: where the hybrid's CPU-share climber starts. The
+# tenth session's best ResNet-50 state (one pipeline, 3/8 of each batch on the CPU: 2.7% over the ceiling, 1.02x
+# DALI's reader) was found once in three rows: started at 0, the climber's 1/8 and 1/4 probes gain about 1% each,
+# at its threshold. Rows: the defaults; the defaults with the climber started at 1/4 (as a DDP rank with 16 cores
+# starts); one pipeline at fixed shares 1/4 and 3/8 (where a climber should end); DALI's file reader.
+#   bash benchmarks/h200/stage27.sh K     K = 1..4 stage25.sh's staging (the 20k ImageNet-like set only)
+#                                          5: DALI and Lightning installed; pytest -m gpu unless TESTS=0
+#                                          6: ResNet-50, 7: ResNet-18, 8: ResNet-50 with the rows in another order
+# 150 warm-up + ${STEPS:-300} timed steps per row, every step kept (--per-step); TAG names the JSON.
+# Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2, .carry/fw], K=6.. [].
+set -uo pipefail
+K=$1; shift
+case $K in
+1|2|3|4) exec bash benchmarks/h200/stage25.sh $K ;;
+esac
+source benchmarks/h200/lib.sh
+long="--per-step --warmup 150 --steps ${STEPS:-300} --rows dali-file"
+tag=${TAG:-a}
+s25='start25=dict(_start=0.25)'
+p1s25='p1s25=dict(pipelines=1,_share=0.25)'
+p1s38='p1s38=dict(pipelines=1,_share=0.375)'
+case $K in
+5)
+  install_dali
+  install_frameworks
+  if [ "${TESTS:-1}" = 1 ]; then
+    gpu_tests
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_frameworks.py \
+        > $OUT/pytest-gpu-fw.log 2>&1
+    tail -2 $OUT/pytest-gpu-fw.log
+  fi
+  ;;
+6) table $PWD r50-$tag resnet50 $long --extra-ff "$s25;dflt=dict();$p1s38;$p1s25" ;;
+7) table $PWD r18-$tag resnet18 $long --extra-ff "dflt=dict();$s25" ;;
+8) table $PWD r50b-$tag resnet50 $long --extra-ff "dflt=dict();$p1s25;$p1s38;$s25" ;;
+esac
