@@ -44,12 +44,16 @@ MAX_DEFAULT_DECODE_THREADS = 8
 # the GPU part's DALI threads need theirs, or the training step itself waits for a core.
 HYBRID_RESERVED_CORES = 4
 
-# A GPU Loader (decoder "dali" or "hybrid") whose `pipelines` is not given starts with DEFAULT_DALI_PIPELINES, the count
-# that trained fastest, and tunes it on the loop (fastfeed/pipelines.py): more while the loop waits for data and each
-# one makes it faster, up to MAX_AUTO_PIPELINES and one per CORES_PER_PIPELINE cores of the rank (each pipeline brings
-# its DALI threads and a Python worker); fewer, down to MIN_AUTO_PIPELINES, while the loop barely waits and fewer are
-# not slower. On an H200 with 16 cores the loader alone ran 2 -> 3 -> 4 pipelines, 18.1-18.8k img/s against 15.0-17.6k
-# with 2 (ninth session); ResNet-50 trained on 1, ResNet-18 on 2 (tenth session, benchmarks/RESULTS.md).
+# A GPU Loader (decoder "dali" or "hybrid") whose `pipelines` is not given starts with AUTO_START_PIPELINES and tunes
+# the count on the loop (fastfeed/pipelines.py): more while the loop waits for data and each one makes it faster, up
+# to MAX_AUTO_PIPELINES and one per CORES_PER_PIPELINE cores of the rank (each pipeline brings its DALI threads and a
+# Python worker), but at least DEFAULT_DALI_PIPELINES; fewer, down to MIN_AUTO_PIPELINES, while the loop barely waits
+# and fewer are not slower. Why one to start: every pipeline is built before the first batch, 0.5-0.7 s each on an
+# H200 (a hybrid one is two DALI pipelines): one pipeline gave the first batch in 1.9 s, two in 2.4-3.1 s, DALI's
+# reader 1.7-1.8 s (benchmarks/RESULTS.md, eleventh session); and the loops measured end on one (ResNet-50) or grow
+# within their first hundred batches (ResNet-18 to 2, the loader alone to 3-4: tenth session).
+# Their decode threads are sized for DEFAULT_DALI_PIPELINES, the count measured most, whatever the start.
+AUTO_START_PIPELINES = 1
 MAX_AUTO_PIPELINES = 4
 CORES_PER_PIPELINE = 4
 MIN_AUTO_PIPELINES = 1
@@ -190,10 +194,14 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     # where a second pipeline overlaps one batch's copy and normalisation with the next one's decode (H200,
     # thumbnails: 24.5k vs 13.2k img/s alone, ResNet-50 at 64 px 8,472 vs 7,942: benchmarks/RESULTS.md).
     cpu_for_gpu = kind == "cpu-dali" and dev.type == "cuda"
-    pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind in ("dali", "hybrid") or cpu_for_gpu else 1)
     tuned = not fixed_pipelines and kind in ("dali", "hybrid") and dev.type == "cuda"
-    limit = max(pipelines, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE)) if tuned else pipelines
-    floor = min(pipelines, MIN_AUTO_PIPELINES) if tuned else pipelines
+    if tuned:
+        pipelines, threads_for = AUTO_START_PIPELINES, DEFAULT_DALI_PIPELINES
+        limit = max(DEFAULT_DALI_PIPELINES, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE))
+        floor = MIN_AUTO_PIPELINES
+    else:
+        pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind in ("dali", "hybrid") or cpu_for_gpu else 1)
+        threads_for = limit = floor = pipelines
     if hw_decoder_load is not None:
         if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, numbers.Real) \
                 or not 0.0 <= float(hw_decoder_load) <= 1.0:
@@ -203,7 +211,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         channels_last=_bool("channels_last", channels_last), mean=mean, std=std, shuffle=shuffle,
         drop_last=drop_last, seed=seed, order=order, on_error=on_error, orientation=orientation,
         verify_checksums=_bool("verify_checksums", verify_checksums),
-        decode_threads=_default_decode_threads(kind, world, pipelines, images) if auto else num_threads,
+        decode_threads=_default_decode_threads(kind, world, threads_for, images) if auto else num_threads,
         pipelines=pipelines,
         pipeline_limit=limit,
         pipeline_floor=floor,

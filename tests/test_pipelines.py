@@ -419,3 +419,21 @@ def test_a_cpu_loader_and_a_given_pipeline_count_are_not_tuned(wds_path):
         assert L._tuner is None
         next(iter(L))
         assert L.stats()["info"]["pipelines"] == 1 and "pipeline_history" not in L.stats()
+
+
+def test_a_gpu_loader_starts_on_one_pipeline_and_may_grow_to_one_per_four_cores(monkeypatch):
+    """Every pipeline is built before the first batch (0.5-0.7 s each on an H200): a tuned GPU Loader starts with one
+    and grows on the loop; its decode threads are sized for two, the count measured most (fastfeed/settings.py).
+    The settings alone, resolved for a GPU this machine need not have (the Loader on one: tests/test_gpu.py)."""
+    from fastfeed.settings import HYBRID_RESERVED_CORES
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+    s = settings_for(world=World(cpus=16), device="cuda", decoder="hybrid", num_threads="auto")
+    assert (s.pipelines, s.pipeline_floor, s.pipeline_limit) == (1, 1, 4)
+    assert s.decode_threads == (16 - HYBRID_RESERVED_CORES) // 2 and s.ring_slots == s.prefetch + 2 * 4
+    few = settings_for(world=World(cpus=4), device="cuda", decoder="dali", num_threads="auto")
+    assert (few.pipelines, few.pipeline_floor, few.pipeline_limit, few.decode_threads) == (1, 1, 2, 2)
+    given = settings_for(world=World(cpus=16), device="cuda", decoder="hybrid", num_threads="auto", pipelines=2)
+    assert (given.pipelines, given.pipeline_floor, given.pipeline_limit) == (2, 2, 2)

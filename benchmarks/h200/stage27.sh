@@ -7,6 +7,10 @@
 #   bash benchmarks/h200/stage27.sh K     K = 1..4 stage25.sh's staging (the 20k ImageNet-like set only)
 #                                          5: DALI and Lightning installed; pytest -m gpu unless TESTS=0
 #                                          6: ResNet-50, 7: ResNet-18, 8: ResNet-50 with the rows in another order
+# Round 2 (the tree where a tuned GPU Loader starts with one pipeline, not two: its first batch comes 0.5-1 s sooner,
+# rows 6-8): the defaults against the same tree started with two (`_first=2`: the tenth session's defaults).
+#                                          9: ResNet-50, then ResNet-18; 10: the loader alone, then ResNet-50 again
+#                                             with the rows in the other order
 # 150 warm-up + ${STEPS:-300} timed steps per row, every step kept (--per-step); TAG names the JSON.
 # Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2, .carry/fw], K=6.. [].
 set -uo pipefail
@@ -34,4 +38,9 @@ case $K in
 6) table $PWD r50-$tag resnet50 $long --extra-ff "$s25;dflt=dict();$p1s38;$p1s25" ;;
 7) table $PWD r18-$tag resnet18 $long --extra-ff "dflt=dict();$s25" ;;
 8) table $PWD r50b-$tag resnet50 $long --extra-ff "dflt=dict();$p1s25;$p1s38;$s25" ;;
+9) table $PWD r50-first-$tag resnet50 $long --extra-ff "dflt=dict();first2=dict(_first=2)"
+   table $PWD r18-first-$tag resnet18 $long --extra-ff "dflt=dict();first2=dict(_first=2)" ;;
+10) table $PWD alone-first-$tag none --per-step --warmup 200 --steps 200 --rows dali \
+        --extra-ff "dflt=dict();first2=dict(_first=2)"
+    table $PWD r50b-first-$tag resnet50 $long --extra-ff "first2=dict(_first=2);dflt=dict()" ;;
 esac

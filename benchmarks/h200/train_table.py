@@ -219,15 +219,19 @@ def main(argv=None) -> int:
 
     S, bs = args.image_size, args.batch_size
 
-    def ff(_start=None, _share=None, **kw):
+    def ff(_start=None, _share=None, _first=None, **kw):
         """_start: the hybrid climber starts at this CPU share; _share: every batch split at this share (the climber
-        replaced, as in share_sweep.py; give `pipelines` too: a tuner's later decoders would get the real one).
-        Benchmark-only: both patch decode/hybrid.py while the Loader (and so its decoders) is built."""
+        replaced, as in share_sweep.py; give `pipelines` too: a tuner's later decoders would get the real one);
+        _first: a tuned Loader starts with this many pipelines (settings.AUTO_START_PIPELINES; 2 until the eleventh
+        session). Benchmark-only: they patch the modules while the Loader (and so its decoders) is built."""
         kw.setdefault("channels_last", True)
 
         def build():
             import fastfeed.decode.hybrid as H
-            saved = H.START_SHARE, H.climber_for
+            import fastfeed.settings as FS
+            saved, first = (H.START_SHARE, H.climber_for), FS.AUTO_START_PIPELINES
+            if _first is not None:
+                FS.AUTO_START_PIPELINES = _first
             if _start is not None:
                 H.START_SHARE = _start
             if _share is not None:
@@ -237,7 +241,7 @@ def main(argv=None) -> int:
                 return fastfeed.Loader(args.data, batch_size=bs, train=True, image_size=S, device="cuda",
                                        dtype=torch.float16, **kw)
             finally:
-                H.START_SHARE, H.climber_for = saved
+                (H.START_SHARE, H.climber_for), FS.AUTO_START_PIPELINES = saved, first
         return build
 
     def dali(source, root, hw, t):
