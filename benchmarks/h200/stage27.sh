@@ -42,5 +42,8 @@ case $K in
    table $PWD r18-first-$tag resnet18 $long --extra-ff "dflt=dict();first2=dict(_first=2)" ;;
 10) table $PWD alone-first-$tag none --per-step --warmup 200 --steps 200 --rows dali \
         --extra-ff "dflt=dict();first2=dict(_first=2)"
-    table $PWD r50b-first-$tag resnet50 $long --extra-ff "first2=dict(_first=2);dflt=dict()" ;;
+    table $PWD r50b-first-$tag resnet50 $long --extra-ff "first2=dict(_first=2);dflt=dict()"
+    for p in "" 1 "" 1; do  # where the first batch's time goes: fresh processes, the tuned start and one fixed
+      python3 benchmarks/h200/startup.py --data $W/base-wds ${p:+--pipelines $p} 2>&1 | quiet | grep -E "startup|  [0-9]"
+    done ;;
 esac

@@ -76,6 +76,7 @@ def main() -> int:
     p.add_argument("--decoder", default="auto")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--batches", type=int, default=4, help="batches taken after the first (their times too)")
+    p.add_argument("--pipelines", type=int, default=None, help="given to the Loader (default: tuned)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -115,6 +116,7 @@ def main() -> int:
     probe.start()
     loader = fastfeed.Loader(args.data, batch_size=args.batch_size, train=True, image_size=224,
                              device=device, dtype=torch.float16, channels_last=True, decoder=args.decoder,
+                             pipelines=args.pipelines,
                              rank=int(os.environ.get("RANK", "0")), world_size=world, local_rank=local)
     t_built = now()
     it = iter(loader)
@@ -141,7 +143,7 @@ def main() -> int:
            "constructor_s": t_built, "first_batch_s": t_first, "next_batches_s": after, "events": phases,
            "gil_gaps_over_20ms": [(round(t, 3), round(g, 3)) for t, g in probe.gaps if g > 0.02],
            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": torch.cuda.get_device_name(local) if cuda else None}
-    print(f"[startup {args.decoder}->{decoder} rank {local}/{world}] constructor {t_built:.2f} s, first batch "
+    print(f"[startup {args.decoder}->{decoder} pipelines={args.pipelines} rank {local}/{world}] constructor {t_built:.2f} s, first batch "
           f"{t_first:.2f} s, then " + ", ".join(f"{t:.2f}" for t in after))
     for e in phases:
         print(f"    {e['start']:6.3f} .. {e['end']:6.3f}  {e['end'] - e['start']:6.3f} s  {e['name']:<34} "
