@@ -121,9 +121,9 @@ class Loader:
         reader_threads: native ring reader threads (default 4; more helps cold or network storage).
         prefetch: decoded batches queued ahead of the consumer (default 2).
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 1.0).
-        pipelines: decoders working side by side on consecutive batches. Default: for DALI and hybrid on a GPU, 2
+        pipelines: decoders working side by side on consecutive batches. Default: for DALI and hybrid on a GPU, 1
             to start, more while the training loop waits for data and one more makes it faster (up to 4, one per 4
-            cores of the rank), fewer (down to 1) while it barely waits and fewer are not slower
+            cores of the rank, at least 2), fewer again while it barely waits and fewer are not slower
             (fastfeed/pipelines.py); else 1. Given, it is fixed.
         on_error: "skip" replaces a bad record by another sample (counted in `stats()`, logged once per sample);
             "raise" raises naming the sample.
@@ -431,6 +431,7 @@ class Loader:
         snap["ring"] = ring
         if self._tuner is not None:  # the pipelines decoding now, and what the tuner measured (fastfeed/pipelines.py)
             snap["info"]["pipelines"] = self._tuner.count
+            snap["info"]["pipelines_settled"] = self._tuner.settled
             snap["pipeline_history"] = [list(h) for h in self._tuner.history]
         if self.settings.decoder == "hybrid":  # where the images were decoded: the split decode/hybrid.py chose
             decoders = self._decoders or ()

@@ -5,8 +5,8 @@ pipelines trained ResNet-18 and -50 fastest (three slowed the step they share th
 ceiling against 10.4%), while the loader alone, or a loop light enough to wait for data, ran 23% faster with three
 (14.2k -> 17.5k img/s, benchmarks/RESULTS.md, eighth session). A loop is either: only the loop shows which.
 
-How: the Loader starts with `settings.pipelines` (the count that trained fastest on the machines measured) and
-measures the loop's period and its wait for data (fastfeed/pace.py) over MEASURE_INTERVALS batches. Each change is
+How: the Loader starts with `settings.pipelines` (one: each is built before the first batch, fastfeed/settings.py)
+and measures the loop's period and its wait for data (fastfeed/pace.py) over MEASURE_INTERVALS batches. Each change is
 a try, compared with the count it left (the mean of its last BASE_MEASUREMENTS measurements). Fewer pipelines are
 the prior — they hold less of the GPU, its memory and the host's cores:
 - one pipeline more when the loop waits GROW_WAIT of its period or more, kept only when the period shortens by
@@ -81,7 +81,16 @@ class PipelineTuner:
         # lost try that way holds (a lost try of one fewer must not keep a waiting loop from one more)
         self._hold_until = {1: pace.ticks, -1: pace.ticks}
         self._hold = {1: HOLD_BATCHES, -1: HOLD_BATCHES}
+        self._want: int | None = None  # the count the rules asked for at the last measurement of the base
         self.history: list[tuple[int, float, float]] = []  # (count, period s, wait share) per measurement
+
+    @property
+    def settled(self) -> bool:
+        """Whether the count is decided for now: no try in flight, and the last measurement of the count kept asked
+        for no change (none pays, or the next try is held). A benchmark warms up until then (fastfeed bench): a
+        measurement taken while the tuner is still trying is of a loader in the middle of changing."""
+        with self._lock:
+            return self.limit == self.floor or self.count == self._base == self._want
 
     def current(self) -> int:
         with self._lock:
@@ -116,6 +125,7 @@ class PipelineTuner:
                 if way < 0:
                     self._since = ticks  # the base defended itself: revisit it later
             self._set(self._base)
+            self._want = None  # decided once the count kept is measured again
             self._pace.release(self, undone=not kept)
             return
         if self._base_at != self._pace.changed_at:  # the loader changed since (the hybrid's climber): start over
@@ -129,6 +139,7 @@ class PipelineTuner:
             want = count + 1
         else:
             want = count
+        self._want = want
         # a try waits while the climber's is measured (fastfeed/pace.py): measure this count again meanwhile
         if want == count:
             self._pace.withdraw(self)

@@ -48,10 +48,11 @@ HYBRID_RESERVED_CORES = 4
 # the count on the loop (fastfeed/pipelines.py): more while the loop waits for data and each one makes it faster, up
 # to MAX_AUTO_PIPELINES and one per CORES_PER_PIPELINE cores of the rank (each pipeline brings its DALI threads and a
 # Python worker), but at least DEFAULT_DALI_PIPELINES; fewer, down to MIN_AUTO_PIPELINES, while the loop barely waits
-# and fewer are not slower. Why one to start: every pipeline is built before the first batch, 0.5-0.7 s each on an
-# H200 (a hybrid one is two DALI pipelines): one pipeline gave the first batch in 1.9 s, two in 2.4-3.1 s, DALI's
-# reader 1.7-1.8 s (benchmarks/RESULTS.md, eleventh session); and the loops measured end on one (ResNet-50) or grow
-# within their first hundred batches (ResNet-18 to 2, the loader alone to 3-4: tenth session).
+# and fewer are not slower. Why one to start: every pipeline is built before the first batch, 0.3-0.6 s each on an
+# H200 (a hybrid one is two DALI pipelines): started with one the first batch came in 1.85-2.43 s, with two in
+# 2.06-2.89 s, DALI's reader 1.77-1.91 s (benchmarks/RESULTS.md, eleventh session); ResNet-50 trains on one anyway,
+# ResNet-18 gets its second within ~90 batches, the loader alone its third within ~200 (a data-bound loop pays the
+# longer climb: 15.8k against 18.5k img/s over 200 batches after 200 of warm-up).
 # Their decode threads are sized for DEFAULT_DALI_PIPELINES, the count measured most, whatever the start.
 AUTO_START_PIPELINES = 1
 MAX_AUTO_PIPELINES = 4

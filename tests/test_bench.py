@@ -168,7 +168,7 @@ def test_cli_rejects_bad_numbers(tmp_path, capsys):
 
 CONFIG_KEYS = ("dataset", "images", "batch_size", "image_size", "decoder", "device", "dtype", "channels_last",
                "num_threads", "prefetch", "pipelines", "reader_threads", "hw_decoder_load", "train", "steps",
-               "warmup", "consumer", "compare", "torch_workers", "seed")
+               "warmup", "max_warmup", "consumer", "compare", "torch_workers", "seed")
 
 
 def _finite_numbers(obj, where="report"):
@@ -281,6 +281,48 @@ def test_max_seconds_ends_the_timed_steps_early_and_counts_what_ran():
     assert r["samples"] == 2 * r["steps"] == sum(r["per_step"]["samples"])
     with pytest.raises(ValueError, match="max_seconds"):
         run_loader([batch], slow_step, name="t", steps=1, max_seconds=0, progress=False)
+
+
+class _SettlesAfter:
+    """A loader that says, as a tuned fastfeed.Loader does (`stats()["info"]["pipelines_settled"]`), that it is
+    still tuning itself until `batches` batches were taken; `batches` None: no tuner (no such key)."""
+
+    def __init__(self, batches):
+        self.batches, self.taken = batches, 0
+
+    def __iter__(self):
+        for _ in range(1000):
+            self.taken += 1
+            yield torch.zeros(2, 3, 8, 8), torch.zeros(2, dtype=torch.int64)
+
+    def stats(self):
+        if self.batches is None:
+            return {"info": {"pipelines": 1}}
+        return {"info": {"pipelines_settled": self.taken >= self.batches}}
+
+
+def test_a_loader_still_tuning_itself_is_warmed_up_until_it_settles():
+    def warmup_steps(loader, **kw):
+        return run_loader(loader, lambda x, y: None, name="t", steps=3, warmup=2, progress=False, **kw).warmup_steps
+    assert warmup_steps(_SettlesAfter(40), max_warmup=500) == 40
+    assert warmup_steps(_SettlesAfter(1), max_warmup=500) == 2  # never fewer than asked
+    assert warmup_steps(_SettlesAfter(10_000), max_warmup=25) == 25  # bounded
+    assert warmup_steps(_SettlesAfter(40)) == 2  # not asked for
+    assert warmup_steps(_SettlesAfter(None), max_warmup=500) == 2  # nothing tuned
+    with pytest.raises(ValueError, match="max_warmup"):
+        warmup_steps(_SettlesAfter(None), max_warmup=-1)
+
+
+def test_bench_notes_how_long_a_tuning_loader_warmed_up(wds_path):
+    """run_bench's note when the Loader warmed up longer than asked, and when it hit the bound unsettled."""
+    from fastfeed.bench.session import BenchConfig, run_bench
+
+    for settles, max_warmup, want in ((30, 500, "warmed up 30 steps (asked 5), until its pipeline tuner settled"),
+                                      (10_000, 20, "had not settled after 20 warm-up steps")):
+        cfg = BenchConfig(dataset=wds_path, batch_size=2, image_size=8, device="cpu", steps=3, warmup=5,
+                          max_warmup=max_warmup)
+        report = run_bench(cfg, loaders={"fastfeed": lambda s=settles: _SettlesAfter(s)}, progress=False)
+        assert any(want in n for n in report["notes"]), report["notes"]
 
 
 def test_settings_lines_show_the_dali_settings():

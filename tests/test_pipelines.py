@@ -275,6 +275,58 @@ def test_the_pipeline_tuner_and_the_climber_take_turns(seed):
     assert sum(periods[500:]) / len(periods[500:]) < 0.0573 * 1.02
 
 
+def _settled_per_batch(tuner, pace, clock, loop, batches, noise, seed=0):
+    """`drive`, noting at each batch the count used and whether the tuner said it had settled."""
+    rng = random.Random(seed)
+    out = []
+    for b in range(batches):
+        n = tuner.current()
+        out.append((n, tuner.settled))
+        step, feed = (x * (1 + rng.uniform(-noise, noise)) for x in loop(n, b))
+        clock.t += max(step, feed)
+        pace.tick(wait=max(0.0, feed - step))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_tuner_says_it_has_settled_once_no_change_pays(seed):
+    """The loader alone from one pipeline (the Loader's start): 1 -> 2 -> 3 pay, a 4th does not. `settled` (what
+    `fastfeed bench` warms up for) stays False through the climb and the lost try, and turns True only at 3, the
+    count it then holds; it is False again while the next try of 4, after the hold, is measured."""
+    tuner, pace, clock = make(start=1, floor=1)
+    feed = {1: 256 / 11_500, 2: 256 / 14_200, 3: 256 / 17_500, 4: 256 / 17_700}
+    got = _settled_per_batch(tuner, pace, clock, lambda n, b: (0.001, feed[n]), 1500, noise=0.03, seed=seed)
+    first = next(i for i, (_, settled) in enumerate(got) if settled)
+    used = [n for n, _ in got]
+    assert used[:first] and {1, 2, 3, 4} <= set(used[:first + 1]) and used[first] == 3
+    assert first < 8 * (10 + tuner_mod.MEASURE_INTERVALS + 2)
+    assert not any(settled for n, settled in got if n == 4)  # never settled on a try
+    assert all(n == 3 for n, settled in got[first:] if settled)
+
+
+def test_a_loop_that_does_not_wait_settles_after_one_measurement():
+    """ResNet-50 beside the one pipeline it starts with waits under 2%: nothing to try, settled at once."""
+    tuner, pace, clock = make(start=1, floor=1)
+    got = _settled_per_batch(tuner, pace, clock, training(0.0592, 0.015, 0.034), 300, noise=0.03)
+    first = next(i for i, (_, settled) in enumerate(got) if settled)
+    assert first == 10 + tuner_mod.MEASURE_INTERVALS and all(s for _, s in got[first:])
+    assert {n for n, _ in got} == {1}
+
+
+def test_a_tuner_waiting_for_its_turn_has_not_settled():
+    """The loop waits and a pipeline more would be tried, but the hybrid's climber holds the one try (pace.claim):
+    the tuner measures its count again meanwhile, and is not settled until it has had its try."""
+    tuner, pace, clock = make(start=1, floor=1)
+    climber = object()  # holds the turn as ShareClimber does while it probes a share
+    assert pace.claim(climber)
+    feed = {1: 256 / 11_500, 2: 256 / 14_200, 3: 256 / 14_300}
+    got = _settled_per_batch(tuner, pace, clock, lambda n, b: (0.001, feed[n]), 300, noise=0.01)
+    assert {n for n, _ in got} == {1} and len(tuner.history) >= 5 and not any(s for _, s in got)
+    pace.release(climber, undone=False)
+    got = _settled_per_batch(tuner, pace, clock, lambda n, b: (0.001, feed[n]), 300, noise=0.01)
+    assert got[-1] == (2, True)  # 2 paid, a 3rd did not (held): settled on 2
+
+
 def test_a_fixed_count_is_never_tuned():
     tuner, pace, clock = make(start=2, limit=2)
     assert set(drive(tuner, pace, clock, lambda n, b: (0.001, 0.02), 500)) == {2}

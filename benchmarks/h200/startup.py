@@ -143,7 +143,8 @@ def main() -> int:
            "constructor_s": t_built, "first_batch_s": t_first, "next_batches_s": after, "events": phases,
            "gil_gaps_over_20ms": [(round(t, 3), round(g, 3)) for t, g in probe.gaps if g > 0.02],
            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": torch.cuda.get_device_name(local) if cuda else None}
-    print(f"[startup {args.decoder}->{decoder} pipelines={args.pipelines} rank {local}/{world}] constructor {t_built:.2f} s, first batch "
+    print(f"[startup {args.decoder}->{decoder} pipelines={args.pipelines} rank {local}/{world}] "
+          f"constructor {t_built:.2f} s, first batch "
           f"{t_first:.2f} s, then " + ", ".join(f"{t:.2f}" for t in after))
     for e in phases:
         print(f"    {e['start']:6.3f} .. {e['end']:6.3f}  {e['end'] - e['start']:6.3f} s  {e['name']:<34} "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from fastfeed.bench.sysmon import SysMonitor
 
-__all__ = ["LoaderResult", "run_loader", "run_compute_only", "percentiles", "RESULT_KEYS"]
+__all__ = ["LoaderResult", "run_loader", "run_compute_only", "percentiles", "still_tuning", "RESULT_KEYS"]
 
 RESULT_KEYS = ("name", "steps", "samples", "wall_s", "samples_per_s", "step_s", "wait_s", "wait_fraction",
                "host", "gpu", "gpu_error", "loader_stats", "per_step")
@@ -49,6 +49,7 @@ class LoaderResult:
     samples: list[int] = field(default_factory=list)
     monitor: dict = field(default_factory=dict)
     loader_stats: dict | None = None
+    warmup_steps: int = 0  # untimed steps taken (more than asked while the loader was still tuning itself)
 
     def to_dict(self) -> dict:
         wall = sum(self.step_s)
@@ -109,16 +110,20 @@ class _Epochs:
 
 def run_loader(loader: Iterable, consumer: Callable, *, name: str, steps: int = 50, warmup: int = 10,
                gpu_index: int | None = None, progress: bool = True, monitor_interval: float = 0.1,
-               max_seconds: float | None = None) -> LoaderResult:
+               max_seconds: float | None = None, max_warmup: int | None = None) -> LoaderResult:
     """Run `warmup` untimed steps then `steps` timed ones; returns per-step timings and resource use.
 
     max_seconds: stop the timed steps early once this much wall time has passed (at least one step always runs),
     so a benchmark can ask for "as many steps as fit in 40 s" on machines of any speed; `steps` is then the cap.
+    max_warmup: while the loader is still tuning itself on the loop (`still_tuning`), warm up beyond `warmup`, up to
+    this many untimed steps in all; None: `warmup` exactly. `LoaderResult.warmup_steps` says how many were taken.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if max_warmup is not None and max_warmup < 0:
+        raise ValueError(f"max_warmup must be >= 0, got {max_warmup}")
     if max_seconds is not None and not max_seconds > 0:
         raise ValueError(f"max_seconds must be > 0, got {max_seconds}")
     from tqdm import tqdm
@@ -128,9 +133,13 @@ def run_loader(loader: Iterable, consumer: Callable, *, name: str, steps: int = 
     bar = tqdm(total=warmup + steps, desc=f"{name}", unit="step", disable=not progress, leave=False,
                dynamic_ncols=True)
     try:
-        for _ in range(warmup):
+        limit = max(warmup, max_warmup or 0)
+        while res.warmup_steps < warmup or res.warmup_steps < limit and still_tuning(loader):
             images, labels = epochs.next()
             consumer(images, labels)
+            res.warmup_steps += 1
+            if res.warmup_steps > warmup:  # the loader was still tuning: the bar grows with the warm-up
+                bar.total += 1
             bar.update(1)
         stats0 = loader.stats() if hasattr(loader, "stats") else None
         mon = SysMonitor(interval=monitor_interval, gpu_index=gpu_index).start()
@@ -158,6 +167,17 @@ def run_loader(loader: Iterable, consumer: Callable, *, name: str, steps: int = 
     finally:
         bar.close()
     return res
+
+
+def still_tuning(loader) -> bool:
+    """Whether `loader` says it is still tuning itself on the loop: a fastfeed.Loader whose pipeline tuner has a try
+    in flight or waiting (`stats()["info"]["pipelines_settled"]`, fastfeed/pipelines.py). Steps timed meanwhile
+    measure a loader in the middle of changing: a GPU Loader starts with one pipeline and a loop that waits for data
+    gets more within its first few hundred batches."""
+    stats = getattr(loader, "stats", None)
+    if not callable(stats):
+        return False
+    return ((stats() or {}).get("info") or {}).get("pipelines_settled") is False
 
 
 def _stats_delta(before: dict | None, after: dict | None) -> dict | None:

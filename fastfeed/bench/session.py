@@ -38,6 +38,9 @@ class BenchConfig:
     train: bool = True
     steps: int = 50
     warmup: int = 10
+    # A Loader still tuning itself (its pipeline count: a GPU Loader starts with one and a loop that waits gets more
+    # within a few hundred batches) is warmed up until it has settled, up to this many steps (runner.still_tuning).
+    max_warmup: int = 500
     consumer: str = "none"
     compare: str | None = None
     torch_workers: int | None = None
@@ -47,8 +50,9 @@ class BenchConfig:
         for name in ("batch_size", "image_size", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        for name in ("warmup", "max_warmup"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for name in ("prefetch", "pipelines", "reader_threads"):
@@ -191,7 +195,11 @@ def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | Non
     results, errors = {}, {}
     for i, (name, factory) in enumerate(loaders.items()):
         try:
-            results[name] = _measure(name, factory, consumer, cfg, gpu_index, progress)
+            results[name], note = _measure(name, factory, consumer, cfg, gpu_index, progress)
+            if note:
+                notes.append(note)
+                if log:
+                    log(note)
         except KeyboardInterrupt:
             raise
         except Exception as e:  # the baseline may fail in many ways (a worker's decode error, OOM, ...)
@@ -220,14 +228,21 @@ def _one_line(e: BaseException) -> str:
 
 
 def _measure(name: str, factory: Callable[[], Iterable], consumer, cfg: BenchConfig, gpu_index: int | None,
-             progress: bool) -> dict:
+             progress: bool) -> tuple[dict, str | None]:
+    """One loader's result, and a note when it warmed up longer than asked (it was still tuning itself)."""
     from fastfeed.bench.runner import run_loader
 
     loader = factory()
     try:
         res = run_loader(loader, consumer, name=name, steps=cfg.steps, warmup=cfg.warmup, gpu_index=gpu_index,
-                         progress=progress)
+                         progress=progress, max_warmup=cfg.max_warmup)
     finally:
         if hasattr(loader, "close"):
             loader.close()
-    return res.to_dict()
+    note = None
+    if res.warmup_steps >= cfg.max_warmup > cfg.warmup:
+        note = (f"{name}: its pipeline tuner had not settled after {res.warmup_steps} warm-up steps (--max-warmup): "
+                "the timed steps include its tries")
+    elif res.warmup_steps > cfg.warmup:
+        note = f"{name} warmed up {res.warmup_steps} steps (asked {cfg.warmup}), until its pipeline tuner settled"
+    return res.to_dict(), note

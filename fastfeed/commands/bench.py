@@ -26,6 +26,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", metavar="DATASET", help="packed dataset folder (holds fastfeed.json)")
     p.add_argument("--steps", type=int, default=50, help="timed steps")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before measuring")
+    p.add_argument("--max-warmup", type=int, default=BenchConfig.max_warmup,
+                   help="more untimed steps while the Loader is still tuning its pipeline count, up to this many "
+                        "in all (default %(default)s; 0: --warmup exactly)")
     p.add_argument("--batch-size", type=int, default=256,
                    help="images per step (lowered to the dataset size when the dataset is smaller)")
     p.add_argument("--image-size", type=int, default=224, help="output side in pixels")
@@ -85,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
                       channels_last=args.channels_last, num_threads=args.num_threads, prefetch=args.prefetch,
                       pipelines=args.pipelines, reader_threads=args.reader_threads,
                       hw_decoder_load=args.hw_decoder_load,
-                      train=args.train, steps=args.steps, warmup=args.warmup, consumer=args.consumer,
+                      train=args.train, steps=args.steps, warmup=args.warmup, max_warmup=args.max_warmup,
+                      consumer=args.consumer,
                       compare=args.compare, torch_workers=args.torch_workers, seed=args.seed)
     def note(text: str) -> None:
         print(f"fastfeed bench: {text}", file=sys.stderr)
