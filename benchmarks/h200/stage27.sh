@@ -11,6 +11,7 @@
 # rows 6-8): the defaults against the same tree started with two (`_first=2`: the tenth session's defaults).
 #                                          9: ResNet-50, then ResNet-18; 10: the loader alone, then ResNet-50 again
 #                                             with the rows in the other order
+#                                          11: pytest -m gpu tests/test_gpu.py; fastfeed bench (none, resnet50)
 # 150 warm-up + ${STEPS:-300} timed steps per row, every step kept (--per-step); TAG names the JSON.
 # Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2, .carry/fw], K=6.. [].
 set -uo pipefail
@@ -45,5 +46,12 @@ case $K in
     table $PWD r50b-first-$tag resnet50 $long --extra-ff "first2=dict(_first=2);dflt=dict()"
     for p in "" 1 "" 1; do  # where the first batch's time goes: fresh processes, the tuned start and one fixed
       python3 benchmarks/h200/startup.py --data $W/base-wds ${p:+--pipelines $p} 2>&1 | quiet | grep -E "startup|  [0-9]"
+    done ;;
+11) # the final tree: the GPU tests, and `fastfeed bench` warming up until the pipeline tuner settles
+    gpu_tests
+    for c in none resnet50; do
+      CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -c "import sys; from fastfeed.cli import main; sys.exit(main())" \
+          bench $W/base-wds --consumer $c --dtype float16 --channels-last --no-progress --json $OUT/bench-$c.json \
+          2>&1 | quiet | grep -E "note|samples/s|settings|steps)|data wait" | head -8
     done ;;
 esac
