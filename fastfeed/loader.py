@@ -431,12 +431,18 @@ class Loader:
         snap["ring"] = ring
         if self._tuner is not None:  # the pipelines decoding now, and what the tuner measured (fastfeed/pipelines.py)
             snap["info"]["pipelines"] = self._tuner.count
-            snap["info"]["pipelines_settled"] = self._tuner.settled
             snap["pipeline_history"] = [list(h) for h in self._tuner.history]
+        climber = None
         if self.settings.decoder == "hybrid":  # where the images were decoded: the split decode/hybrid.py chose
+            from fastfeed.decode.hybrid import climber_of
+
             decoders = self._decoders or ()
             snap["counters"]["cpu_decoded"] = sum(d.cpu_images for d in decoders)
             snap["counters"]["gpu_decoded"] = sum(d.gpu_images for d in decoders)
+            climber = climber_of(self._pace)
+        # Neither online tuner (the pipeline count, the hybrid's CPU share) has a try in flight or waiting: what a
+        # benchmark warms up for (fastfeed bench); each looks again later, so this turns False again for a while.
+        snap["info"]["tuning_settled"] = all(t is None or t.settled for t in (self._tuner, climber))
         return snap
 
     def close(self) -> None:

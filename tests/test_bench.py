@@ -284,7 +284,7 @@ def test_max_seconds_ends_the_timed_steps_early_and_counts_what_ran():
 
 
 class _SettlesAfter:
-    """A loader that says, as a tuned fastfeed.Loader does (`stats()["info"]["pipelines_settled"]`), that it is
+    """A loader that says, as a tuned fastfeed.Loader does (`stats()["info"]["tuning_settled"]`), that it is
     still tuning itself until `batches` batches were taken; `batches` None: no tuner (no such key)."""
 
     def __init__(self, batches):
@@ -298,7 +298,7 @@ class _SettlesAfter:
     def stats(self):
         if self.batches is None:
             return {"info": {"pipelines": 1}}
-        return {"info": {"pipelines_settled": self.taken >= self.batches}}
+        return {"info": {"tuning_settled": self.taken >= self.batches}}
 
 
 def test_a_loader_still_tuning_itself_is_warmed_up_until_it_settles():
@@ -317,7 +317,7 @@ def test_bench_notes_how_long_a_tuning_loader_warmed_up(wds_path):
     """run_bench's note when the Loader warmed up longer than asked, and when it hit the bound unsettled."""
     from fastfeed.bench.session import BenchConfig, run_bench
 
-    for settles, max_warmup, want in ((30, 500, "warmed up 30 steps (asked 5), until its pipeline tuner settled"),
+    for settles, max_warmup, want in ((30, 500, "warmed up 30 steps (asked 5), until its online tuning"),
                                       (10_000, 20, "had not settled after 20 warm-up steps")):
         cfg = BenchConfig(dataset=wds_path, batch_size=2, image_size=8, device="cpu", steps=3, warmup=5,
                           max_warmup=max_warmup)

@@ -242,6 +242,26 @@ def test_on_the_measured_loops_the_climber_comes_close_to_the_best_fixed_share(m
     assert got <= means[0.0] * 1.01, (got, means[0.0])
 
 
+def test_the_climber_says_it_has_settled_only_while_it_holds_a_share():
+    """`settled` (what fastfeed bench warms up for): False while the climber measures its base and probes a
+    neighbour, True through the hold after a look that found none faster, False again when it looks again."""
+    from fastfeed.decode.hybrid import HOLD_BATCHES
+
+    climber, pace, clock = _climber()
+    got = []
+    for _ in range(3 * HOLD_BATCHES):
+        share = climber.current()
+        got.append((share, climber.settled))
+        clock[0] += _r18(share)
+        pace.tick()
+    first = next(i for i, (_, settled) in enumerate(got) if settled)
+    assert STEP in {share for share, _ in got[:first]}  # it probed 1/8 before holding 0
+    assert not any(settled for share, settled in got if share != 0.0)
+    held = next(i for i in range(first, len(got)) if not got[i][1]) - first
+    assert held == HOLD_BATCHES
+    assert any(settled for _, settled in got[first + held:])  # it looked again, and holds again (twice as long)
+
+
 def test_one_climber_per_loader():
     pace, other = ConsumerPace(), ConsumerPace()
     assert climber_for(pace, 6) is climber_for(pace, 6)

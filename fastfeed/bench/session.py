@@ -38,8 +38,8 @@ class BenchConfig:
     train: bool = True
     steps: int = 50
     warmup: int = 10
-    # A Loader still tuning itself (its pipeline count: a GPU Loader starts with one and a loop that waits gets more
-    # within a few hundred batches) is warmed up until it has settled, up to this many steps (runner.still_tuning).
+    # A Loader still tuning itself on the loop (its pipeline count, the hybrid's CPU share) is warmed up until both
+    # have settled, up to this many steps (runner.still_tuning).
     max_warmup: int = 500
     consumer: str = "none"
     compare: str | None = None
@@ -241,8 +241,9 @@ def _measure(name: str, factory: Callable[[], Iterable], consumer, cfg: BenchCon
             loader.close()
     note = None
     if res.warmup_steps >= cfg.max_warmup > cfg.warmup:
-        note = (f"{name}: its pipeline tuner had not settled after {res.warmup_steps} warm-up steps (--max-warmup): "
-                "the timed steps include its tries")
+        note = (f"{name}: its online tuning (pipeline count, CPU share) had not settled after {res.warmup_steps} "
+                "warm-up steps (--max-warmup): the timed steps include its tries")
     elif res.warmup_steps > cfg.warmup:
-        note = f"{name} warmed up {res.warmup_steps} steps (asked {cfg.warmup}), until its pipeline tuner settled"
+        note = (f"{name} warmed up {res.warmup_steps} steps (asked {cfg.warmup}), until its online tuning (pipeline "
+                "count, CPU share) settled")
     return res.to_dict(), note

@@ -47,7 +47,7 @@ import torch
 
 from fastfeed.decode.base import CorruptSampleError, DecodeResult, apply_replacements, replaced_list, resolve_errors
 
-__all__ = ["HybridDecoder", "ShareClimber", "climber_for", "START_SHARE", "DDP_START_SHARE", "DDP_START_MIN_CORES"]
+__all__ = ["HybridDecoder", "ShareClimber", "climber_for", "climber_of", "START_SHARE", "DDP_START_SHARE", "DDP_START_MIN_CORES"]
 
 START_SHARE = 0.0  # one process (see the module docstring)
 DDP_START_SHARE = 0.25  # a rank of a distributed job with DDP_START_MIN_CORES cores or more
@@ -80,6 +80,13 @@ class ShareClimber:
         self._waited = False  # the last try waited for the pipeline tuner's
         self._mark = pace.ticks  # measurements use the intervals after mark + settle
         self.history: list[tuple[float, float]] = []  # (share, period) of the last measurements, for stats and tests
+
+    @property
+    def settled(self) -> bool:
+        """Whether it holds its share after a look that found no better neighbour (until the hold ends and it looks
+        again); False while it measures or probes. What `fastfeed bench` warms up for, with the pipeline tuner's."""
+        with self._lock:
+            return self.share == self._base and self._mark > self._pace.ticks
 
     def current(self) -> float:
         with self._lock:
@@ -133,6 +140,12 @@ def _robust_mean(gaps: list[float]) -> float:
 
 _climbers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _climbers_lock = threading.Lock()
+
+
+def climber_of(pace) -> ShareClimber | None:
+    """The climber tuning on `pace`, if a hybrid decoder made one."""
+    with _climbers_lock:
+        return _climbers.get(pace)
 
 
 def climber_for(pace, settle: int, start: float = START_SHARE) -> ShareClimber:
