@@ -47,7 +47,8 @@ import torch
 
 from fastfeed.decode.base import CorruptSampleError, DecodeResult, apply_replacements, replaced_list, resolve_errors
 
-__all__ = ["HybridDecoder", "ShareClimber", "climber_for", "climber_of", "START_SHARE", "DDP_START_SHARE", "DDP_START_MIN_CORES"]
+__all__ = ["HybridDecoder", "ShareClimber", "climber_for", "climber_of", "START_SHARE", "DDP_START_SHARE",
+           "DDP_START_MIN_CORES"]
 
 START_SHARE = 0.0  # one process (see the module docstring)
 DDP_START_SHARE = 0.25  # a rank of a distributed job with DDP_START_MIN_CORES cores or more
