@@ -28,7 +28,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before measuring")
     p.add_argument("--max-warmup", type=int, default=BenchConfig.max_warmup,
                    help="more untimed steps while the Loader is still tuning itself (pipeline count, the hybrid's "
-                        "CPU share), up to this many in all (default %(default)s; 0: --warmup exactly)")
+                        "CPU share), up to this many in all (0: --warmup exactly)")
     p.add_argument("--batch-size", type=int, default=256,
                    help="images per step (lowered to the dataset size when the dataset is smaller)")
     p.add_argument("--image-size", type=int, default=224, help="output side in pixels")
