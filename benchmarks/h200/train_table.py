@@ -90,7 +90,7 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
         with ctx, (timeline or _null()):
             res = run_loader(Started(loader, it, first), timeline or consumer, name=name, steps=args.steps,
                              warmup=args.warmup if warmup is None else warmup,
-                             gpu_index=0, progress=False)
+                             max_warmup=args.max_warmup or None, gpu_index=0, progress=False)
     except Exception as e:
         log(f"{name}: failed: {type(e).__name__}: {str(e)[:300]}")
         return None
@@ -98,10 +98,10 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
         if hasattr(loader, "close"):
             loader.close()
     d = res.to_dict()
+    d["warmup_steps"] = res.warmup_steps  # more than --warmup when --max-warmup waited for the tuning to settle
     per_step = d.pop("per_step", None)
     if timeline is not None:
-        d["per_step"] = timeline.summary(per_step, batches_before=1 + (args.warmup if warmup is None else warmup),
-                                         epoch_batches=epoch_batches)
+        d["per_step"] = timeline.summary(per_step, batches_before=1 + res.warmup_steps, epoch_batches=epoch_batches)
     d["build_s"], d["first_batch_s"] = t_built, ttfb
     if hasattr(loader, "stats") and callable(loader.stats):
         try:
@@ -124,7 +124,8 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
         f"wait {d['wait_fraction']:6.1%}  cores {host.get('cpu_cores_busy', float('nan')):5.1f}  "
         f"first batch {ttfb:5.2f} s" + (f"  cpu share {d['cpu_share']:.0%}" if "cpu_share" in d else "")
         + (f" (last {d['final_cpu_share']:.0%})" if "final_cpu_share" in d else "")
-        + (f"  pipelines {d['pipelines_now']}" if "pipelines_now" in d else ""))
+        + (f"  pipelines {d['pipelines_now']}" if "pipelines_now" in d else "")
+        + (f"  warm-up {d['warmup_steps']}" if d["warmup_steps"] > (args.warmup if warmup is None else warmup) else ""))
     return d
 
 
@@ -196,6 +197,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--max-warmup", type=int, default=0,
+                   help="warm up beyond --warmup while a Loader is still tuning itself (stats info tuning_settled), "
+                        "up to this many steps; 0: --warmup exactly (every session before the eleventh)")
     p.add_argument("--consumers", default="none,resnet50,resnet18")
     p.add_argument("--ff-grid", default="1:1.0:2,1:0.9:4,2:1.0:2,2:0.9:4,3:1.0:2,3:0.9:4,1:1.0:4,2:1.0:4",
                    help="pipelines:hw_decoder_load:threads rows of fastfeed")
