@@ -119,14 +119,16 @@ def test_both_parts_decode_and_are_counted():
         hybrid.close()
 
 
-def _loop(climber, pace, clock, period_of_share, batches, noise=0.02, seed=0):
+def _loop(climber, pace, clock, period_of_share, batches, noise=0.02, seed=0, settled=None):
     """A training loop whose period depends on the CPU share the climber hands out, each step `noise` (relative)
-    off at random; returns the shares used."""
+    off at random; returns the shares used. `settled`, a list, gets `climber.settled` at each batch."""
     rng = np.random.default_rng(seed)
     shares = []
     for _ in range(batches):
         share = climber.current()
         shares.append(share)
+        if settled is not None:
+            settled.append(climber.settled)
         clock[0] += period_of_share(share) * (1 + noise * rng.standard_normal())
         pace.tick()
     return shares
@@ -248,12 +250,8 @@ def test_the_climber_says_it_has_settled_only_while_it_holds_a_share():
     from fastfeed.decode.hybrid import HOLD_BATCHES
 
     climber, pace, clock = _climber()
-    got = []
-    for _ in range(3 * HOLD_BATCHES):
-        share = climber.current()
-        got.append((share, climber.settled))
-        clock[0] += _r18(share)
-        pace.tick()
+    settled = []
+    got = list(zip(_loop(climber, pace, clock, _r18, 3 * HOLD_BATCHES, noise=0.0, settled=settled), settled))
     first = next(i for i, (_, settled) in enumerate(got) if settled)
     assert STEP in {share for share, _ in got[:first]}  # it probed 1/8 before holding 0
     assert not any(settled for share, settled in got if share != 0.0)

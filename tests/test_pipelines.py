@@ -32,14 +32,17 @@ class Clock:
         return self.t
 
 
-def drive(tuner, pace, clock, loop, batches, noise=0.0, seed=0):
+def drive(tuner, pace, clock, loop, batches, noise=0.0, seed=0, settled=None):
     """Run a loop for `batches` batches: loop(count, batch) -> (step s, feed s); the loop's period is the slower of
-    its step and the loader's time per batch, and it waits for the difference. Returns the count used per batch."""
+    its step and the loader's time per batch, and it waits for the difference. Returns the count used per batch;
+    `settled`, a list, gets `tuner.settled` at each batch."""
     rng = random.Random(seed)
     used = []
     for b in range(batches):
         n = tuner.current()
         used.append(n)
+        if settled is not None:
+            settled.append(tuner.settled)
         step, feed = loop(n, b)
         step *= 1 + rng.uniform(-noise, noise)
         feed *= 1 + rng.uniform(-noise, noise)
@@ -276,16 +279,10 @@ def test_the_pipeline_tuner_and_the_climber_take_turns(seed):
 
 
 def _settled_per_batch(tuner, pace, clock, loop, batches, noise, seed=0):
-    """`drive`, noting at each batch the count used and whether the tuner said it had settled."""
-    rng = random.Random(seed)
-    out = []
-    for b in range(batches):
-        n = tuner.current()
-        out.append((n, tuner.settled))
-        step, feed = (x * (1 + rng.uniform(-noise, noise)) for x in loop(n, b))
-        clock.t += max(step, feed)
-        pace.tick(wait=max(0.0, feed - step))
-    return out
+    """`drive`, as (count used, whether the tuner said it had settled) per batch."""
+    settled = []
+    used = drive(tuner, pace, clock, loop, batches, noise=noise, seed=seed, settled=settled)
+    return list(zip(used, settled))
 
 
 @pytest.mark.parametrize("seed", range(3))
