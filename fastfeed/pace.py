@@ -96,6 +96,13 @@ class ConsumerPace:
         with self._lock:
             self._queue = [q for q in self._queue if q[0] is not tuner]
 
+    def extend(self, tuner) -> None:
+        """`tuner`, holding the try, changes the loader again within it (a pipeline more, right after one paid while
+        the loop still waits): measurements start after this change too."""
+        with self._lock:
+            if self._owner is tuner:
+                self.changed_at = self.ticks
+
     def release(self, tuner, undone: bool) -> None:
         """`tuner`'s try is over: kept, or `undone` (a change again: measurements start after it)."""
         with self._lock:

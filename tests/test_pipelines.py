@@ -278,6 +278,31 @@ def test_the_pipeline_tuner_and_the_climber_take_turns(seed):
     assert sum(periods[500:]) / len(periods[500:]) < 0.0573 * 1.02
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_loop_that_still_waits_gets_the_next_pipeline_before_the_climber_probes(seed):
+    """The loader alone from one pipeline, with the hybrid's climber on the same pace (a CPU share slows it a
+    little here). A pipeline more that paid while the loop still waits is followed at once by the next try: three
+    pipelines two measurements after the first (on the H200 the climber's probes between them made it ~210
+    batches), and still never two tries at once."""
+    from fastfeed.decode.hybrid import ShareClimber
+
+    tuner, pace, clock = make(start=1, floor=1)
+    climber = ShareClimber(pace, settle=10)
+    rate = {1: 9_000, 2: 14_200, 3: 17_500, 4: 17_700}
+    rng = random.Random(seed)
+    used, both = [], 0
+    for b in range(400):
+        n, share = tuner.current(), climber.current()
+        used.append(n)
+        both += n != tuner._base and share != climber._base
+        feed = 256 / rate[n] * (1 + 0.1 * share) * (1 + rng.uniform(-0.02, 0.02))
+        clock.t += feed
+        pace.tick(wait=feed - 0.001)
+    assert both == 0
+    one = 10 + tuner_mod.MEASURE_INTERVALS  # a settle and a measurement
+    assert used.index(3) <= 2 * one + 2 and used[-1] == 3
+
+
 def _settled_per_batch(tuner, pace, clock, loop, batches, noise, seed=0):
     """`drive`, as (count used, whether the tuner said it had settled) per batch."""
     settled = []
