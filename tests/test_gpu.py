@@ -111,6 +111,28 @@ def test_ring_slots_are_page_locked_when_first_used(gpu_wds):
         assert seen > 3
 
 
+def test_samples_handed_to_dali_as_page_locked_decode_to_the_same_bits(gpu_wds, monkeypatch):
+    """decode/dali.py PINNED_INPUT: the ring's page-locked slots are handed to DALI as such (no copy of its own), and
+    each batch waits until DALI has read them before the slot goes back. Every batch of a Loader takes that path
+    (the ring pins each slot) and equals, bit for bit, the batches decoded from DALI's own copy."""
+    import fastfeed.decode.dali as D
+
+    kw = dict(batch_size=32, train=True, image_size=64, device="cuda", decoder="dali", pipelines=2,
+              dtype=torch.float16, hw_decoder_load=0.0, seed=5)  # CUDA decoder only: bit-exact run to run
+    waits = []
+    inputs_read = D._inputs_read
+    monkeypatch.setattr(D, "_inputs_read", lambda device: (waits.append(device), inputs_read(device)))
+    batches = {}
+    for pinned in (False, True):
+        monkeypatch.setattr(D, "PINNED_INPUT", pinned)
+        with fastfeed.Loader(gpu_wds, **kw) as L:
+            batches[pinned] = [(x.cpu(), y.cpu()) for x, y in L]
+        assert len(waits) == (len(batches[pinned]) if pinned else 0)
+    assert len(batches[True]) == len(batches[False]) > 3
+    for (xa, ya), (xb, yb) in zip(batches[False], batches[True]):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
 def test_cpu_decode_for_a_gpu_is_the_cpu_paths_bits_on_the_gpu(gpu_wds):
     """decoder="cpu-dali" with a CUDA device decodes on the CPU and normalises on the GPU (decode/split.py): the
     batches equal, bit for bit, the same decoder's batches on the CPU device."""

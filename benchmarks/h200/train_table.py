@@ -223,16 +223,24 @@ def main(argv=None) -> int:
 
     S, bs = args.image_size, args.batch_size
 
-    def ff(_start=None, _share=None, _first=None, **kw):
+    import fastfeed.decode.dali as D
+    pinned_default, inputs_read = D.PINNED_INPUT, D._inputs_read
+
+    def ff(_start=None, _share=None, _first=None, _pinned=None, **kw):
         """_start: the hybrid climber starts at this CPU share; _share: every batch split at this share (the climber
         replaced, as in share_sweep.py; give `pipelines` too: a tuner's later decoders would get the real one);
         _first: a tuned Loader starts with this many pipelines (settings.AUTO_START_PIPELINES; 2 until the eleventh
-        session). Benchmark-only: they patch the modules while the Loader (and so its decoders) is built."""
+        session). Benchmark-only: they patch the modules while the Loader (and so its decoders) is built.
+        _pinned (twelfth session): decode.dali.PINNED_INPUT for the whole row (True/False), or "async": pinned
+        without waiting for DALI's reads (unsafe: the ring may refill a slot DALI still reads; an upper bound)."""
         kw.setdefault("channels_last", True)
 
         def build():
             import fastfeed.decode.hybrid as H
             import fastfeed.settings as FS
+            # read at every batch: set for this row, reset by the next ff row's build
+            D.PINNED_INPUT = pinned_default if _pinned is None else bool(_pinned)
+            D._inputs_read = (lambda device: None) if _pinned == "async" else inputs_read
             saved, first = (H.START_SHARE, H.climber_for), FS.AUTO_START_PIPELINES
             if _first is not None:
                 FS.AUTO_START_PIPELINES = _first

@@ -145,14 +145,15 @@ class DaliDecoder:
         self._pipe = _build(*self._args)
 
     # -- running ---------------------------------------------------------------------------------------------
-    def _feed(self, samples, windows: Windows):
+    def _feed(self, samples, windows: Windows, pinned: bool = False):
         from nvidia.dali.tensors import TensorCPU, TensorListCPU
 
         box = windows.box
         # One TensorListCPU of views, not a list of arrays: feed_input checks a list in Python sample by sample,
         # ~2x the GIL time per batch (benchmarks/bench_decoder_gil.py), which a decode worker takes from the training
         # thread. contiguous=False keeps the views (no copy); TensorCPU also takes read-only buffers (DLPack does not).
-        raw = TensorListCPU([TensorCPU(s, "", False) for s in samples], "", False)
+        # `pinned`: the views are page-locked (see PINNED_INPUT).
+        raw = TensorListCPU([TensorCPU(s, "", pinned) for s in samples], "", False)
         feed = dict(raw=raw, mirror=windows.flip.astype(np.int32))
         if self.chroma == "full":
             x = y = np.zeros(len(box))  # resize's ROI on the whole decoded image
@@ -166,11 +167,11 @@ class DaliDecoder:
         feed["roi_end"] = np.stack([box[:, 3] - y, box[:, 2] - x], axis=1).astype(np.float32)
         return feed
 
-    def _run(self, samples, windows: Windows):
+    def _run(self, samples, windows: Windows, pinned: bool = False):
         import torch
 
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        for name, value in self._feed(samples, windows).items():
+        for name, value in self._feed(samples, windows, pinned).items():
             self._pipe.feed_input(name, value)
         try:
             (out,) = self._pipe.run() if stream is None else self._pipe.run(stream)
@@ -246,18 +247,25 @@ class DaliDecoder:
         good = [i for i in range(n) if i not in bad]
         if self.orientation == "exif":
             windows = _clamp_displayed(samples, windows, good)
+        # Page-locked samples (the ring's slots) are handed to DALI as such: its decoders then read them in place
+        # instead of copying every batch into a page-locked buffer of their own first (NVIDIA/DALI#5003).
+        pinned = PINNED_INPUT and self.device.type == "cuda" and _page_locked([samples[i] for i in good])
         out = None
         if good:
             try:
-                out = self._run(*_subset(samples, windows, good))
+                out = self._run(*_subset(samples, windows, good), pinned)
             except RuntimeError as e:
                 self._find_bad(samples, windows, good, bad, (DECODE_ERROR, _short(e)))
                 good = [i for i in range(n) if i not in bad]
                 out = None
         repl = resolve_errors(bad, n, self.on_error)
         if out is None:  # a failure was bisected: decode the good records once more
-            out = self._run(*_subset(samples, windows, good))
+            out = self._run(*_subset(samples, windows, good), pinned)
         images = self._to_torch(out)
+        if pinned:
+            # DALI may still be copying the samples to the GPU when its outputs are handed back; the caller reuses
+            # their memory when this returns. The outputs, ready on this stream, come after every read of them.
+            _inputs_read(self.device)
         if bad:
             full = images.new_empty((n,) + tuple(images.shape[1:]))
             full[good] = images
@@ -301,6 +309,29 @@ def chroma_mode(gpu: bool) -> str:
             raise ValueError(f"FASTFEED_DALI_CHROMA must be one of {CHROMA_MODES}, got {forced!r}")
         return forced
     return "full" if gpu else "roi"
+
+
+# Whether page-locked samples are handed to DALI as page-locked (then each batch waits until DALI has read them,
+# `_inputs_read`); False: DALI copies them into its own page-locked buffer first.
+PINNED_INPUT = False
+
+
+def _page_locked(samples) -> bool:
+    """Whether the samples are views of one page-locked buffer (a ring slot, pinned by ring.py): the ring hands out a
+    batch's samples as views of its slot; a sample read again on its own (epoch.py) is not one."""
+    base = samples[0].base if samples else None
+    if not isinstance(base, np.ndarray) or any(s.base is not base for s in samples):
+        return False
+    import torch
+
+    return torch.from_numpy(base).is_pinned()
+
+
+def _inputs_read(device) -> None:
+    """Wait until the work queued on `device`'s current stream, and so DALI's reads of the batch, has finished."""
+    import torch
+
+    torch.cuda.current_stream(device).synchronize()
 
 
 def _subset(samples, windows: Windows, positions: list[int]):
