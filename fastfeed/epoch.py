@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -198,7 +199,9 @@ class EpochRun:
                         if not room_for_a_pipeline(free, total):
                             raise MemoryError(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB of device memory "
                                               "free: left to the model")
-                    self.decoders.append(self._new_decoder())
+                    # the tuners measure nothing across the build (it stalls the loop), and start after it
+                    with self.pace.building() if self.pace is not None else nullcontext():
+                        self.decoders.append(self._new_decoder())
                 return self.decoders[w]
             except Exception as exc:  # noqa: BLE001 - GPU memory, a driver limit: run on with the pipelines built
                 log.warning("fastfeed: could not build decode pipeline %d (%s: %s); running on with %d",

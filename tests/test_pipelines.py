@@ -303,6 +303,34 @@ def test_a_loop_that_still_waits_gets_the_next_pipeline_before_the_climber_probe
     assert used.index(3) <= 2 * one + 2 and used[-1] == 3
 
 
+def test_a_try_is_measured_only_after_the_new_pipeline_is_built():
+    """The Loader builds a pipeline when the tuner first asks for it, and the build (DALI's, holding the GIL) slows
+    the loop while the old pipelines feed it (pace.building). Measured across the build, a third pipeline that pays
+    23% was lost (H200, twelfth session); measured after it, it is kept, and nothing is measured during the build."""
+    tuner, pace, clock = make(start=2, limit=3, floor=1)
+    per_batch = {2: 256 / 14_200, 3: 256 / 17_500}
+    built, used, measured_in_build = {2}, [], 0
+    while len(used) < 600:
+        n = tuner.current()
+        if n not in built:
+            built.add(n)
+            with pace.building():
+                for _ in range(30):  # the build: ~0.7 s of batches from the old count, each a third slower
+                    before = len(tuner.history)
+                    tuner.current()
+                    measured_in_build += len(tuner.history) > before
+                    clock.t += per_batch[n - 1] * 1.3
+                    pace.tick(wait=per_batch[n - 1] * 1.3 - 0.001)
+                    used.append(n - 1)
+            continue
+        clock.t += per_batch[n]
+        pace.tick(wait=per_batch[n] - 0.001)
+        used.append(n)
+    assert measured_in_build == 0
+    assert [h[0] for h in tuner.history][:3] == [2, 3, 3]  # the first try kept
+    assert used[-1] == 3
+
+
 def _settled_per_batch(tuner, pace, clock, loop, batches, noise, seed=0):
     """`drive`, as (count used, whether the tuner said it had settled) per batch."""
     settled = []
