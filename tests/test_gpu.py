@@ -127,7 +127,8 @@ def test_samples_handed_to_dali_as_page_locked_decode_to_the_same_bits(gpu_wds, 
         monkeypatch.setattr(D, "PINNED_INPUT", pinned)
         with fastfeed.Loader(gpu_wds, **kw) as L:
             batches[pinned] = [(x.cpu(), y.cpu()) for x, y in L]
-        assert len(waits) == (len(batches[pinned]) if pinned else 0)
+        # every batch handed out took that path (and those decoded ahead for the next epoch, not handed out)
+        assert len(waits) >= len(batches[pinned]) if pinned else not waits
     assert len(batches[True]) == len(batches[False]) > 3
     for (xa, ya), (xb, yb) in zip(batches[False], batches[True]):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)

@@ -12,7 +12,10 @@ the rule that keeps 4:2:0 chroma equal to libjpeg-turbo's on every path.
 Input lifetime (what the caller must guarantee): with no_copy=True DALI reads the sample arrays in place; they
 must stay valid and unmodified until __call__ returns. __call__ runs the pipeline with prefetch_queue_depth=1 and
 returns only after DALI has handed back that iteration's outputs, which is the point from which DALI's
-external_source contract allows the buffers to be reused; the caller may release the ring slots then.
+external_source contract allows the buffers to be reused; the caller may release the ring slots then. Samples in
+page-locked memory (the ring's slots) are marked so (PINNED_INPUT): DALI's decoders then read them in place instead
+of copying each batch into a page-locked buffer of their own, possibly after the outputs are handed back, so
+__call__ also waits until the work on its stream, which follows every read, has finished.
 
 Output lifetime and streams: run(cuda_stream=torch's current stream) makes DALI's outputs ready on torch's stream
 (DALI inserts the wait). They are then copied into a tensor from torch's caching allocator on that same stream
@@ -312,8 +315,10 @@ def chroma_mode(gpu: bool) -> str:
 
 
 # Whether page-locked samples are handed to DALI as page-locked (then each batch waits until DALI has read them,
-# `_inputs_read`); False: DALI copies them into its own page-locked buffer first.
-PINNED_INPUT = False
+# `_inputs_read`); False: DALI copies them into its own page-locked buffer first. Measured on an H200 (twelfth
+# session, same run): 12-MP photos 431 against 392 img/s alone, 431 against 392 beside ResNet-50; not waiting for
+# the reads (unsafe) would add 2% more; ImageNet-like photos beside ResNet-50 unchanged (4,368 against 4,397).
+PINNED_INPUT = True
 
 
 def _page_locked(samples) -> bool:
