@@ -13,6 +13,10 @@
 #                                             started with two pipelines), then ResNet-50 (150 + 300 steps)
 #                                          7: 12-MP photos, the loader alone and ResNet-50 (8 + 12 steps)
 #                                          8: `fastfeed bench` (none, resnet50) on the final tree; ResNet-18
+# Round 2 (PINNED_INPUT on; no measurement across a new pipeline's build, pace.building): the defaults against
+# `_pinned=False` (the old input path), after 1..4 and 5 (the GPU tests):
+#                                          9: the loader alone (also `_first=2`), ResNet-18, ResNet-50
+#                                         10: 12-MP photos (alone, ResNet-50); `fastfeed bench` (none, resnet50)
 # TAG names the JSON. Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK],
 # K=5 [.carry/p5, .carry/x2, .carry/fw], K=6.. [].
 set -uo pipefail
@@ -49,4 +53,17 @@ case $K in
          2>&1 | quiet | grep -E "note|samples/s|settings|steps)|data wait" | head -8
    done
    table $PWD r18-$tag resnet18 $long --extra-ff "dflt=dict();pin=dict(_pinned=True)" ;;
+9) table $PWD alone-$tag none --per-step --warmup 200 --steps 200 --rows dali \
+       --extra-ff "dflt=dict();nopin=dict(_pinned=False);first2=dict(_first=2)"
+   table $PWD r18-$tag resnet18 $long --extra-ff "dflt=dict();nopin=dict(_pinned=False)"
+   table $PWD r50-$tag resnet50 $long --extra-ff "dflt=dict();nopin=dict(_pinned=False)" ;;
+10) CUDA_VISIBLE_DEVICES=0 timeout 400 python3 $T --label phone --data $W/phone-wds --images $W/phone-images \
+       --steps 12 --warmup 8 --consumers none,resnet50 --rows default,dali-file --dali-grid 0.9:4 \
+       --extra-ff "nopin=dict(_pinned=False)" --json $OUT/table-phone-$tag.json 2>&1 | grep -E "^\[" | quiet \
+       | grep -E "img/s|could not|failed" | tail -14
+    for c in none resnet50; do
+      CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -c "import sys; from fastfeed.cli import main; sys.exit(main())" \
+          bench $W/base-wds --consumer $c --dtype float16 --channels-last --no-progress --json $OUT/bench-$c.json \
+          2>&1 | quiet | grep -E "note|samples/s|settings|steps\)|data wait" | head -8
+    done ;;
 esac
