@@ -65,6 +65,11 @@ MIN_AUTO_PIPELINES = 1
 # pipeline 472 img/s at hw_decoder_load 0.9 and 4 threads against 267 at 1.0 and 2, DALI's own best row 496 (also
 # 0.9 and 4 threads, in every session; 434 against DALI's 499 in a later run). The Loader: 413 against 354.
 # ImageNet-like photos (~0.2 MP) keep 1.0 and 2 threads, which trained fastest; sizes in between were not measured.
+# Large photos' GPU decoders also read the ring's page-locked slots in place (`pinned_input`, decode/dali.py) instead of
+# DALI's copying each batch (~1.5 GB of them) into its own page-locked buffer: on an H200 (twelfth session, same runs)
+# 428-431 against 392 img/s alone, 422-431 against 392-400 beside ResNet-50. ImageNet-like photos keep DALI's copy:
+# read in place they slowed ResNet-18's step by 19% (28.5 against 24.0 ms p50) and the loader alone stopped gaining
+# from a third pipeline (16.7k against 18.8k img/s).
 LARGE_PHOTO_PIXELS = 4_000_000
 LARGE_PHOTO_HW_DECODER_LOAD = 0.9
 LARGE_PHOTO_DALI_THREADS = 4
@@ -111,6 +116,7 @@ class LoaderSettings:
     pipeline_limit: int  # the most the pipeline tuner may run (fastfeed/pipelines.py); == pipelines: fixed
     pipeline_floor: int  # the fewest it may run; == pipelines: fixed
     hw_decoder_load: float
+    pinned_input: bool  # the GPU decoders read the ring's page-locked samples in place (large photos, see above)
     hybrid_start_share: float  # the CPU share decoder "hybrid" starts tuning from (decode/hybrid.py)
     prefetch: int  # decoded batches allowed ahead of the consumer
     reader_threads: int
@@ -217,6 +223,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         pipeline_limit=limit,
         pipeline_floor=floor,
         hw_decoder_load=_default_hw_decoder_load(images) if hw_decoder_load is None else float(hw_decoder_load),
+        pinned_input=_default_pinned_input(images),
         hybrid_start_share=_hybrid_start_share(world),
         prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),
         reader_threads=DEFAULT_READER_THREADS if reader_threads is None else _int(
@@ -280,6 +287,11 @@ def _large_photos(images: ImageProfile | None) -> bool:
 def _default_hw_decoder_load(images: ImageProfile | None) -> float:
     """The hardware decoder's share of the JPEGs: all it can take, but for large photos (see LARGE_PHOTO_PIXELS)."""
     return LARGE_PHOTO_HW_DECODER_LOAD if _large_photos(images) else DEFAULT_HW_DECODER_LOAD
+
+
+def _default_pinned_input(images: ImageProfile | None) -> bool:
+    """Whether DALI reads the ring's page-locked samples in place: for large photos only (see LARGE_PHOTO_PIXELS)."""
+    return _large_photos(images)
 
 
 def _map_dataloader_kwargs(kwargs: dict, num_threads, prefetch):

@@ -44,6 +44,13 @@ def test_large_photos_share_the_decode_with_dalis_cuda_decoder():
     assert _dali(0.0, 16, pixels=4032 * 3024, hw_decoder_load=1.0).hw_decoder_load == 1.0
 
 
+def test_only_large_photos_are_read_by_dali_in_place_from_the_ring():
+    """pinned_input (decode/dali.py): paid on 12-MP photos, slowed ResNet-18's step on ImageNet-like ones."""
+    assert _dali(0.0, 16, pixels=4032 * 3024).pinned_input is True
+    assert _dali(0.0, 16).pinned_input is False and _dali(0.0, 16, pixels=3_999_999).pinned_input is False
+    assert settings_for(decoder="dali").pinned_input is False  # profile not known
+
+
 def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
     src = tmp_path / "src" / "c0"
     src.mkdir(parents=True)

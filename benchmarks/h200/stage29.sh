@@ -13,7 +13,8 @@
 #                                             started with two pipelines), then ResNet-50 (150 + 300 steps)
 #                                          7: 12-MP photos, the loader alone and ResNet-50 (8 + 12 steps)
 #                                          8: `fastfeed bench` (none, resnet50) on the final tree; ResNet-18
-# Round 2 (PINNED_INPUT on; no measurement across a new pipeline's build, pace.building): the defaults against
+# Round 2 (decode/dali.py's PINNED_INPUT on for every dataset in that tree, since settings.pinned_input: large
+# photos only; no measurement across a new pipeline's build, pace.building): the defaults against
 # `_pinned=False` (the old input path), after 1..4 and 5 (the GPU tests):
 #                                          9: the loader alone (also `_first=2`), ResNet-18, ResNet-50
 #                                         10: 12-MP photos (alone, ResNet-50); `fastfeed bench` (none, resnet50)

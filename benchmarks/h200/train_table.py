@@ -224,24 +224,26 @@ def main(argv=None) -> int:
     S, bs = args.image_size, args.batch_size
 
     import fastfeed.decode.dali as D
-    pinned_default, inputs_read = D.PINNED_INPUT, D._inputs_read
+    inputs_read = D._inputs_read
 
     def ff(_start=None, _share=None, _first=None, _pinned=None, **kw):
         """_start: the hybrid climber starts at this CPU share; _share: every batch split at this share (the climber
         replaced, as in share_sweep.py; give `pipelines` too: a tuner's later decoders would get the real one);
         _first: a tuned Loader starts with this many pipelines (settings.AUTO_START_PIPELINES; 2 until the eleventh
         session). Benchmark-only: they patch the modules while the Loader (and so its decoders) is built.
-        _pinned (twelfth session): decode.dali.PINNED_INPUT for the whole row (True/False), or "async": pinned
-        without waiting for DALI's reads (unsafe: the ring may refill a slot DALI still reads; an upper bound)."""
+        _pinned (twelfth session): the settings' pinned_input (True/False; settings.py decides it from the images),
+        or "async": True without waiting for DALI's reads (unsafe: the ring may refill a slot DALI still reads; an
+        upper bound)."""
         kw.setdefault("channels_last", True)
 
         def build():
             import fastfeed.decode.hybrid as H
             import fastfeed.settings as FS
             # read at every batch: set for this row, reset by the next ff row's build
-            D.PINNED_INPUT = pinned_default if _pinned is None else bool(_pinned)
             D._inputs_read = (lambda device: None) if _pinned == "async" else inputs_read
-            saved, first = (H.START_SHARE, H.climber_for), FS.AUTO_START_PIPELINES
+            saved, first = (H.START_SHARE, H.climber_for, FS._default_pinned_input), FS.AUTO_START_PIPELINES
+            if _pinned is not None:
+                FS._default_pinned_input = lambda images: bool(_pinned)
             if _first is not None:
                 FS.AUTO_START_PIPELINES = _first
             if _start is not None:
@@ -253,7 +255,7 @@ def main(argv=None) -> int:
                 return fastfeed.Loader(args.data, batch_size=bs, train=True, image_size=S, device="cuda",
                                        dtype=torch.float16, **kw)
             finally:
-                (H.START_SHARE, H.climber_for), FS.AUTO_START_PIPELINES = saved, first
+                (H.START_SHARE, H.climber_for, FS._default_pinned_input), FS.AUTO_START_PIPELINES = saved, first
         return build
 
     def dali(source, root, hw, t):

@@ -78,13 +78,13 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
                  num_threads: int = DEFAULT_DALI_THREADS, hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD,
                  on_error: str = "skip", draft: bool = False, zero_copy: bool = False,
                  orientation: str = DEFAULT_ORIENTATION, pace=None, settle: int = 0,
-                 start_share: float | None = None):
+                 start_share: float | None = None, pinned_input: bool = False):
     """Build a decoder. `device` is where the images go ("cuda" | "cuda:N" | "cpu"); device_id is the GPU DALI
-    decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy and
-    hw_decoder_load to dali (and hybrid's GPU part) only. hybrid: num_threads are its CPU part's threads (the GPU
-    part has DEFAULT_DALI_THREADS); `pace` is the loop's ConsumerPace its CPU share is tuned on, `settle` the
-    batches in flight when the share changes, `start_share` the share it starts at (None: one process's,
-    decode/hybrid.py). `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
+    decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy,
+    hw_decoder_load and pinned_input to dali (and hybrid's GPU part) only. hybrid: num_threads are its CPU part's
+    threads (the GPU part has DEFAULT_DALI_THREADS); `pace` is the loop's ConsumerPace its CPU share is tuned on,
+    `settle` the batches in flight when the share changes, `start_share` the share it starts at (None: one
+    process's, decode/hybrid.py). `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
     docs/decode_contract.md); the windows passed in must be computed on `oriented_size(...)` under the same policy.
     Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
     import torch
@@ -100,7 +100,8 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
             raise ValueError("kind='dali' decodes on the GPU: pass device='cuda' (or use kind='cpu-dali')")
         from fastfeed.decode.dali import DaliDecoder
 
-        return DaliDecoder(device_id=dev.index, hw_decoder_load=hw_decoder_load, zero_copy=zero_copy, **common)
+        return DaliDecoder(device_id=dev.index, hw_decoder_load=hw_decoder_load, zero_copy=zero_copy,
+                           pinned_input=pinned_input, **common)
     if resolved == "hybrid":
         if dev.type != "cuda":
             raise ValueError("kind='hybrid' splits batches between the CPU and a GPU: pass device='cuda'")
@@ -110,7 +111,7 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
         # The parts raise on corrupt records; the hybrid applies on_error over the whole batch (see hybrid.py).
         parts = {**common, "on_error": "raise"}
         gpu = DaliDecoder(device_id=dev.index, hw_decoder_load=hw_decoder_load, zero_copy=zero_copy,
-                          **{**parts, "num_threads": DEFAULT_DALI_THREADS})
+                          pinned_input=pinned_input, **{**parts, "num_threads": DEFAULT_DALI_THREADS})
         start = START_SHARE if start_share is None else start_share
         climber = climber_for(pace, settle, start) if pace is not None else None
         return HybridDecoder(_cpu_dali_to_device(parts, dev), gpu, device=dev, climber=climber, on_error=on_error)
@@ -151,7 +152,7 @@ def build_decoder(settings, *, num_threads: int | None = None, hw_decoder_load: 
         batch_size=settings.batch_size, num_threads=num_threads or settings.decode_threads,
         hw_decoder_load=settings.hw_decoder_load if hw_decoder_load is None else hw_decoder_load,
         on_error=settings.on_error, orientation=settings.orientation, pace=pace, settle=settings.ring_slots,
-        start_share=settings.hybrid_start_share,
+        start_share=settings.hybrid_start_share, pinned_input=settings.pinned_input,
         # JPEG draft mode (DCT-domain downscaling) only pays in train mode on large images (16-30% faster on
         # ~1,500 px photos, no change on ImageNet-sized ones); eval keeps exact torchvision parity.
         draft=settings.train)

@@ -13,9 +13,10 @@ Input lifetime (what the caller must guarantee): with no_copy=True DALI reads th
 must stay valid and unmodified until __call__ returns. __call__ runs the pipeline with prefetch_queue_depth=1 and
 returns only after DALI has handed back that iteration's outputs, which is the point from which DALI's
 external_source contract allows the buffers to be reused; the caller may release the ring slots then. Samples in
-page-locked memory (the ring's slots) are marked so (PINNED_INPUT): DALI's decoders then read them in place instead
-of copying each batch into a page-locked buffer of their own, possibly after the outputs are handed back, so
-__call__ also waits until the work on its stream, which follows every read, has finished.
+page-locked memory (the ring's slots) are marked so with pinned_input=True: DALI's decoders then read them in place
+instead of copying each batch into a page-locked buffer of their own, possibly after the outputs are handed back, so
+__call__ also waits until the work on its stream, which follows every read, has finished. The Loader asks for it
+for large photos only (settings.py says why).
 
 Output lifetime and streams: run(cuda_stream=torch's current stream) makes DALI's outputs ready on torch's stream
 (DALI inserts the wait). They are then copied into a tensor from torch's caching allocator on that same stream
@@ -105,13 +106,14 @@ class DaliDecoder:
     num_threads (DALI CPU threads), hw_decoder_load (share of JPEGs sent to the hardware decoder; 0.75-1.0 measured
     1.5-2x faster than DALI's 0.65 on an H200), on_error ("skip" | "raise"), zero_copy (see module docstring),
     orientation ("ignore" | "exif", see the module docstring), pinned_output (CPU backend: uint8 batches in page-locked
-    memory, for the asynchronous copy of decode/split.py).
+    memory, for the asynchronous copy of decode/split.py), pinned_input (GPU: samples that are views of one
+    page-locked buffer, a ring slot, are handed to DALI as page-locked; see the module docstring).
     """
 
     def __init__(self, *, device_id=0, image_size=224, dtype=None, channels_last=False, mean=None, std=None,
                  batch_size=256, num_threads=DEFAULT_DALI_THREADS, hw_decoder_load=DEFAULT_HW_DECODER_LOAD,
                  on_error="skip", zero_copy=False,
-                 orientation=DEFAULT_ORIENTATION, pinned_output=False):
+                 orientation=DEFAULT_ORIENTATION, pinned_output=False, pinned_input=False):
         import torch
 
         dtype = torch.float32 if dtype is None else dtype  # what the Loader gives by default
@@ -132,6 +134,7 @@ class DaliDecoder:
         self._zero_copy = bool(zero_copy) and device_id is not None
         # CPU backend only: batches land in page-locked memory, ready for an asynchronous copy to a GPU (split.py).
         self._pinned_output = bool(pinned_output) and device_id is None
+        self._pinned_input = bool(pinned_input) and device_id is not None
         # DALI's CPU crop_mirror_normalize is slow for float16 (measured 300 vs 550 img/s on 2 cores for uint8):
         # on the CPU backend DALI emits flipped uint8 HWC and the numba lookup-table kernel of the PIL path
         # normalizes and lays it out.
@@ -155,7 +158,7 @@ class DaliDecoder:
         # One TensorListCPU of views, not a list of arrays: feed_input checks a list in Python sample by sample,
         # ~2x the GIL time per batch (benchmarks/bench_decoder_gil.py), which a decode worker takes from the training
         # thread. contiguous=False keeps the views (no copy); TensorCPU also takes read-only buffers (DLPack does not).
-        # `pinned`: the views are page-locked (see PINNED_INPUT).
+        # `pinned`: the views are page-locked (pinned_input, see the module docstring).
         raw = TensorListCPU([TensorCPU(s, "", pinned) for s in samples], "", False)
         feed = dict(raw=raw, mirror=windows.flip.astype(np.int32))
         if self.chroma == "full":
@@ -252,7 +255,7 @@ class DaliDecoder:
             windows = _clamp_displayed(samples, windows, good)
         # Page-locked samples (the ring's slots) are handed to DALI as such: its decoders then read them in place
         # instead of copying every batch into a page-locked buffer of their own first (NVIDIA/DALI#5003).
-        pinned = PINNED_INPUT and self.device.type == "cuda" and _page_locked([samples[i] for i in good])
+        pinned = self._pinned_input and _page_locked([samples[i] for i in good])
         out = None
         if good:
             try:
@@ -312,13 +315,6 @@ def chroma_mode(gpu: bool) -> str:
             raise ValueError(f"FASTFEED_DALI_CHROMA must be one of {CHROMA_MODES}, got {forced!r}")
         return forced
     return "full" if gpu else "roi"
-
-
-# Whether page-locked samples are handed to DALI as page-locked (then each batch waits until DALI has read them,
-# `_inputs_read`); False: DALI copies them into its own page-locked buffer first. Measured on an H200 (twelfth
-# session, same run): 12-MP photos 431 against 392 img/s alone, 431 against 392 beside ResNet-50; not waiting for
-# the reads (unsafe) would add 2% more; ImageNet-like photos beside ResNet-50 unchanged (4,368 against 4,397).
-PINNED_INPUT = True
 
 
 def _page_locked(samples) -> bool:
