@@ -18,6 +18,9 @@
 # `_pinned=False` (the old input path), after 1..4 and 5 (the GPU tests):
 #                                          9: the loader alone (also `_first=2`), ResNet-18, ResNet-50
 #                                         10: 12-MP photos (alone, ResNet-50); `fastfeed bench` (none, resnet50)
+# Round 3 (settings.pinned_input: large photos only), after 1..4 (K=11 carries [.carry/p5, .carry/x2]):
+#                                         11: DALI installed; tests/test_gpu.py; 12-MP photos alone, the defaults
+#                                             against `_pinned=False`
 # TAG names the JSON. Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK],
 # K=5 [.carry/p5, .carry/x2, .carry/fw], K=6.. [].
 set -uo pipefail
@@ -67,4 +70,9 @@ case $K in
           bench $W/base-wds --consumer $c --dtype float16 --channels-last --no-progress --json $OUT/bench-$c.json \
           2>&1 | quiet | grep -E "note|samples/s|settings|steps\)|data wait" | head -8
     done ;;
+11) install_dali
+    gpu_tests
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 $T --label phone --data $W/phone-wds --images $W/phone-images \
+       --steps 12 --warmup 8 --consumers none --rows default --extra-ff "nopin=dict(_pinned=False)" \
+       --json $OUT/table-phone-$tag.json 2>&1 | grep -E "^\[" | quiet | grep -E "img/s|could not|failed" ;;
 esac
