@@ -243,7 +243,7 @@ def test_batches_taken_in_bursts_and_a_stall_are_measured_as_the_loop_ran():
 
 
 # ResNet-50 on an H200 with 16 cores, the loop's period (ms) by pipeline count and the hybrid's CPU share, read off
-# the tenth session's rows (benchmarks/results/gpu-h200-2026-12-01k-*-table-r50-a.json: the climbers' measurements
+# the tenth session's rows (benchmarks/results/gpu-h200-2026-12-01k-*-table-r50-a.json.gz: the climbers' measurements
 # and the steady steps of one and two fixed pipelines); one pipeline at a share of 1/2 is starved.
 _R50_MS = {1: {0.0: 61.0, 0.125: 60.3, 0.25: 59.0, 0.375: 57.3, 0.5: 75.6},
            2: {0.0: 61.6, 0.125: 60.5, 0.25: 60.0, 0.375: 60.8, 0.5: 66.0}}

@@ -14,7 +14,7 @@ time with CPU decode made ResNet-50 5% faster but ResNet-18 14% slower (CPU deco
 slows the step itself), and only the loop's own period shows that. All pipelines of a Loader share one climber.
 
 Why small steps from the GPU alone: the loop's period at every fixed share, measured on an H200 with 32 cores
-(benchmarks/results/gpu-h200x2-2026-11-30f-share-sweep.json), is flat for ResNet-50 from 1/8 to 3/4 (all within 2%,
+(benchmarks/results/gpu-h200x2-2026-11-30f-share-sweep.json.gz), is flat for ResNet-50 from 1/8 to 3/4 (all within 2%,
 4-5% faster than the GPU alone) and falls off a cliff for ResNet-18 above 3/8 (the CPU part cannot keep up: 1/2 is
 36% slower). A probe a quarter away costs a ResNet-18 loop a third of its speed while it lasts. With 16 cores even
 1/8 slowed ResNet-18 by 14% (benchmarks/results/gpu-h200-2026-11-30g-r2-table-r50.json): a climber started at 1/8
