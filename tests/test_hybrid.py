@@ -6,6 +6,7 @@ Both parts here are DALI's CPU backend (the GPU part needs CUDA: tests/test_gpu.
 merged batch must equal the one-decoder batch bit for bit."""
 from __future__ import annotations
 
+import gzip
 import io
 import json
 from pathlib import Path
@@ -177,12 +178,12 @@ def test_climber_finds_an_optimum_inside_and_follows_a_change_of_the_loop():
 
 # The loop's period at each fixed CPU share, step by step, measured on an H200 x2 (benchmarks/h200/share_sweep.py:
 # 100 training steps per share after 30, batch 256; 7/8 was not measured and is drawn from 3/4 and 1).
-SWEEP = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-h200x2-2026-11-30f-share-sweep.json"
+SWEEP = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-h200x2-2026-11-30f-share-sweep.json.gz"
 
 
 def _measured_steps(model: str) -> dict:
     steps: dict[float, list[float]] = {}
-    for row in json.loads(SWEEP.read_text())["consumers"][model]["rows"]:
+    for row in json.loads(gzip.decompress(SWEEP.read_bytes()))["consumers"][model]["rows"]:
         steps.setdefault(round(row["share"], 3), []).extend(row["per_step_s"])
     steps[0.875] = steps[0.75] + steps[1.0]
     return steps
