@@ -6,6 +6,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <memory>
+
 namespace py = pybind11;
 
 void bind_ring(py::module_& m);  // csrc/ring_bindings.cpp
@@ -77,6 +79,28 @@ static void bind_jpeg(py::module_& m) {
         py::arg("data"), py::kw_only(), py::arg("progressive") = false, py::arg("arithmetic") = false,
         py::arg("optimize_coding") = true, py::arg("copy_markers") = true, py::arg("strict") = true,
         "Losslessly re-code a JPEG's entropy coding (DCT coefficients copied). Raises JpegError on bad input.");
+
+    m.def(
+        "decode_jpeg_region",
+        [](py::handle data, int x0, int y0, int x1, int y1) -> py::object {
+            ReadOnlyBuffer buf(data);
+            fastfeed::RegionResult r;
+            {
+                py::gil_scoped_release nogil;
+                r = fastfeed::decode_jpeg_region(buf.span(), x0, y0, x1, y1);
+            }
+            if (!r.ok) return py::str(r.error);
+            // The array owns the pixels through a capsule: no copy (the unique_ptr frees them if that fails).
+            auto pixels = std::make_unique<std::vector<std::uint8_t>>(std::move(r.pixels));
+            py::capsule owner(pixels.get(), [](void* p) { delete static_cast<std::vector<std::uint8_t>*>(p); });
+            auto* data_ptr = pixels.release()->data();
+            py::array_t<std::uint8_t> array({r.height, r.width, 3}, data_ptr, owner);
+            return py::make_tuple(array, r.x, r.y, r.image_width, r.image_height);
+        },
+        py::arg("data"), py::arg("x0"), py::arg("y0"), py::arg("x1"), py::arg("y1"),
+        "RGB pixels of the window [x0, x1) x [y0, y1) of a 3-channel JPEG, the rest not decoded (csrc/jpeg_transcode.h "
+        "decode_jpeg_region), GIL released. Returns (uint8 array [height, width, 3], x, y, image width, image height) "
+        "with x <= x0 (columns widen to whole iMCUs), or a str: why not (corrupt data, another colour space).");
 
     m.def(
         "transcode_to_baseline",

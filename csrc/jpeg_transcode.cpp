@@ -220,9 +220,70 @@ bool run_scan_check(Decompressor& d, Failure& failure, ByteSpan input, const Sca
     return true;
 }
 
+// decode_jpeg_region's libjpeg calls, under their own setjmp (same rules as run_libjpeg; `r` lives one frame up).
+bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y0, int x1, int y1,
+                std::size_t max_memory, RegionResult& r) {
+    if (setjmp(failure.jump)) return false;
+    open_decompressor(d, input, max_memory, TranscodeOptions{}.max_scans);
+    jpeg_read_header(&d.cinfo, TRUE);
+    if (d.cinfo.num_components != 3 ||
+        (d.cinfo.jpeg_color_space != JCS_YCbCr && d.cinfo.jpeg_color_space != JCS_RGB)) {
+        std::snprintf(failure.message, sizeof(failure.message), "not a 3-channel YCbCr or RGB JPEG");
+        return false;
+    }
+    d.cinfo.out_color_space = JCS_RGB;  // every other setting stays libjpeg's default, as in PIL's decoder
+    jpeg_start_decompress(&d.cinfo);
+    const int W = static_cast<int>(d.cinfo.output_width);
+    const int H = static_cast<int>(d.cinfo.output_height);
+    // (new names, not the parameters: nothing live at the setjmp is modified after it)
+    const int left = std::clamp(x0, 0, W), right = std::clamp(x1, 0, W);
+    const int top = std::clamp(y0, 0, H), bottom = std::clamp(y1, 0, H);
+    if (right <= left || bottom <= top) {
+        std::snprintf(failure.message, sizeof(failure.message), "empty window");
+        return false;
+    }
+    JDIMENSION xoffset = static_cast<JDIMENSION>(left);
+    JDIMENSION width = static_cast<JDIMENSION>(right - left);
+    if (width < d.cinfo.output_width) jpeg_crop_scanline(&d.cinfo, &xoffset, &width);  // widened to iMCUs
+    if (top > 0) jpeg_skip_scanlines(&d.cinfo, static_cast<JDIMENSION>(top));
+    const std::size_t stride = std::size_t(d.cinfo.output_width) * 3;
+    r.pixels.resize(stride * static_cast<std::size_t>(bottom - top));
+    while (d.cinfo.output_scanline < static_cast<JDIMENSION>(bottom)) {
+        JSAMPROW row = r.pixels.data() + stride * (d.cinfo.output_scanline - static_cast<JDIMENSION>(top));
+        jpeg_read_scanlines(&d.cinfo, &row, 1);
+    }
+    r.x = static_cast<int>(xoffset);
+    r.width = static_cast<int>(d.cinfo.output_width);
+    r.y = top;
+    r.height = bottom - top;
+    r.image_width = W;
+    r.image_height = H;
+    jpeg_abort_decompress(&d.cinfo);  // the rows below the window are never read
+    return true;
+}
+
 }  // namespace
 
 bool have_libjpeg() noexcept { return true; }
+
+RegionResult decode_jpeg_region(ByteSpan input, int x0, int y0, int x1, int y1, std::size_t max_memory) {
+    RegionResult r;
+    if (input.size == 0 || input.size > (std::size_t(1) << 31)) {
+        r.error = input.size == 0 ? "empty input" : "input larger than 2 GiB";
+        return r;
+    }
+    Failure failure;
+    failure.message[0] = '\0';
+    Decompressor d;
+    init_error_manager(d.err, &failure, /*strict=*/true, /*ignore_benign=*/true);
+    d.cinfo.err = &d.err.pub;
+    r.ok = run_region(d, failure, input, x0, y0, x1, y1, max_memory, r);
+    if (!r.ok) {
+        r.pixels = {};
+        r.error = failure.message[0] ? std::string(failure.message) : std::string("libjpeg failed");
+    }
+    return r;
+}
 
 std::string check_jpeg_scans(ByteSpan input, const ScanCheckOptions& options) {
     if (input.size == 0) return "empty input";
@@ -269,6 +330,12 @@ std::vector<std::uint8_t> transcode_jpeg(ByteSpan, const TranscodeOptions&) {
 
 std::string check_jpeg_scans(ByteSpan, const ScanCheckOptions&) {
     throw JpegUnavailable("fastfeed._native was built without libjpeg: the JPEG scan check is unavailable");
+}
+
+RegionResult decode_jpeg_region(ByteSpan, int, int, int, int, std::size_t) {
+    RegionResult r;
+    r.error = "fastfeed._native was built without libjpeg";
+    return r;
 }
 
 #endif

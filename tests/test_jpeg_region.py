@@ -1,0 +1,66 @@
+"""The native window decode (csrc/jpeg_transcode.h decode_jpeg_region) the CPU decoder's training crops use: the
+pixels of a window of a JPEG without decoding the rest."""
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import skimage.data
+from PIL import Image
+
+from fastfeed import _native
+
+pytestmark = pytest.mark.skipif(not _native.HAVE_LIBJPEG, reason="the native core was built without libjpeg")
+
+
+def _jpeg(rgb, **save) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "JPEG", quality=90, **save)
+    return buf.getvalue()
+
+
+PHOTO = np.asarray(Image.fromarray(skimage.data.chelsea()).resize((437, 301), Image.BICUBIC))
+
+
+@pytest.mark.parametrize("subsampling", [0, 1, 2])
+def test_a_window_holds_the_full_decodes_pixels_but_its_outer_columns(subsampling):
+    """Rows are exact; columns widen to whole iMCUs (x <= x0, the window inside), and only the first and last
+    column of a cropped decode may differ from the full decode's (upsampled without their outer neighbours) unless
+    they are the image's own edges."""
+    data = _jpeg(PHOTO, subsampling=subsampling)
+    full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    for x0, y0, x1, y1 in [(100, 50, 300, 260), (0, 0, 437, 301), (3, 7, 20, 9), (400, 280, 437, 301), (-5, -5, 9, 9)]:
+        got = _native.decode_jpeg_region(data, x0, y0, x1, y1)
+        assert not isinstance(got, str), got
+        pixels, x, y, W, H = got
+        assert (W, H) == (437, 301) and pixels.dtype == np.uint8 and pixels.flags.c_contiguous
+        h, w = pixels.shape[:2]
+        assert x <= max(x0, 0) and x + w >= min(x1, W) and y == max(y0, 0) and y + h == min(y1, H)
+        ref = full[y:y + h, x:x + w]
+        inner = slice(0 if x == 0 else 1, w if x + w == W else w - 1)
+        assert np.array_equal(pixels[:, inner], ref[:, inner]), (x0, y0, x1, y1)
+        assert np.abs(pixels.astype(int) - ref).max() <= 8
+
+
+def test_what_it_refuses_comes_back_as_a_reason():
+    """A str, never an exception or a crash: not a JPEG, a greyscale or CMYK one (the caller decodes those whole),
+    a cut-off record, an empty window."""
+    data = _jpeg(PHOTO)
+    cmyk = io.BytesIO()
+    Image.fromarray(PHOTO).convert("CMYK").save(cmyk, "JPEG")
+    cases = {b"not a jpeg": "Not a JPEG", b"": "empty", _jpeg(PHOTO[..., 0]): "3-channel",
+             cmyk.getvalue(): "3-channel", data[: len(data) // 3]: "", data: "empty window"}
+    for record, reason in cases.items():
+        box = (50, 50, 50, 60) if record is data else (0, 0, 437, 301)
+        got = _native.decode_jpeg_region(record, *box)
+        assert isinstance(got, str) and reason in got, (reason, got)
+
+
+def test_many_threads_decode_windows_at_once():
+    """The GIL is released while it decodes; each call owns its libjpeg objects (the sanitizer run checks it)."""
+    data = _jpeg(PHOTO)
+    boxes = [(i % 200, i % 150, i % 200 + 200, i % 150 + 150) for i in range(64)]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda b: _native.decode_jpeg_region(data, *b), boxes))
+    for b, o in zip(boxes, outs):
+        assert np.array_equal(o[0], _native.decode_jpeg_region(data, *b)[0])
