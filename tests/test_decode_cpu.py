@@ -217,3 +217,77 @@ def test_normalising_after_the_copy_gives_the_cpu_paths_bits(dtype, channels_las
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     assert got.is_contiguous(memory_format=fmt)
     assert torch.equal(got.view(torch.uint8) if dtype == torch.uint8 else got, want)
+
+
+def _jpeg(rgb, **save) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "JPEG", quality=90, **save)
+    return buf.getvalue()
+
+
+def _decode_both(monkeypatch, record, box, size=224, draft=2.0):
+    """decode/cpu.py's decode_rgb with the window decode, and with it off (the whole image decoded by PIL)."""
+    import fastfeed.decode.cpu as C
+
+    new = C.decode_rgb(record, box, size, draft)
+    with monkeypatch.context() as m:
+        m.setattr(C, "_REGION_DECODE", None)
+        old = C.decode_rgb(record, box, size, draft)
+    return new, old
+
+
+def _counting_region_decode(monkeypatch):
+    import fastfeed.decode.cpu as C
+
+    calls = []
+    inner = C._REGION_DECODE
+    assert inner is not None, "the native core was built without libjpeg"
+    monkeypatch.setattr(C, "_REGION_DECODE", lambda *a: (calls.append(a), inner(*a))[1])
+    return calls
+
+
+@pytest.mark.parametrize("subsampling,progressive", [(0, False), (1, False), (2, False), (2, True)])
+def test_training_crops_decode_only_their_window_to_the_same_bits(monkeypatch, subsampling, progressive):
+    """A training crop of an RGB JPEG decodes only the rows and columns its resize reads (decode/cpu.py
+    _resized_region, the native window decode): the output is the whole-image decode's, bit for bit, for 4:4:4,
+    4:2:2, 4:2:0 and progressive JPEGs, at odd sizes (partial iMCUs), windows at every edge included."""
+    rgb = np.asarray(Image.fromarray(PHOTOS["coffee_big"]).resize((1001, 667), Image.BICUBIC))
+    record = _arr(_jpeg(rgb, subsampling=subsampling, progressive=progressive))
+    windows = crop_windows([1001] * 48, [667] * 48, np.arange(48), seed=subsampling, epoch=0, train=True,
+                           image_size=224)
+    boxes = windows.box.tolist() + [[0, 0, 1001, 667], [0, 600, 40, 667], [960, 0, 1001, 30]]
+    calls = _counting_region_decode(monkeypatch)
+    for box in boxes:
+        new, old = _decode_both(monkeypatch, record, box)
+        assert np.array_equal(new, old), box
+    assert len(calls) == len(boxes)
+    assert any(c[3] - c[1] < 600 for c in calls)  # most windows are a part of the image
+
+
+def test_what_a_window_decode_cannot_take_is_decoded_whole(monkeypatch):
+    """Greyscale and CMYK JPEGs, EXIF-rotated ones under orientation "exif", fractional (eval) boxes and records
+    without their end-of-image marker never take the window decode; a record cut short still raises (PIL's full
+    decode reports it), as before."""
+    import fastfeed.decode.cpu as C
+
+    rgb = PHOTOS["astronaut"]
+    calls = _counting_region_decode(monkeypatch)
+    grey = _arr(_jpeg(rgb[..., 0]))
+    cmyk_buf = io.BytesIO()
+    Image.fromarray(rgb).convert("CMYK").save(cmyk_buf, "JPEG", quality=90)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    rotated = _arr(_jpeg(rgb, exif=exif.tobytes()))
+    plain = _jpeg(rgb)
+    trailing = _arr(plain + b"\0\0")
+    for record, box, orient in ((grey, [10, 20, 300, 310], "ignore"), (_arr(cmyk_buf.getvalue()), [10, 20, 300, 310],
+                                "ignore"), (rotated, [10, 20, 300, 310], "exif"),
+                                (_arr(plain), [10.5, 20.25, 300.5, 310.75], "ignore"), (trailing, [10, 20, 300, 310],
+                                                                                       "ignore")):
+        out = C.decode_rgb(record, box, 224, 2.0, orient)
+        assert out.shape == (224, 224, 3)
+    assert calls == []
+    with pytest.raises(OSError):
+        C.decode_rgb(_arr(plain[: len(plain) // 2]), [10, 20, 100, 110], 224, 2.0)
+    assert calls == []
+    assert len(C.decode_rgb(_arr(plain), [10, 20, 100, 110], 224, 2.0)) == 224 and len(calls) == 1
