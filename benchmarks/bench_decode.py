@@ -1,5 +1,8 @@
 """img/s of the CPU decoders (cpu-pil with and without JPEG draft, cpu-dali) on the same JPEGs in one run.
 
+`--rounds N` repeats the rows N times, interleaved; cpu-pil also runs with its window decode off ("whole", every image
+decoded by PIL whole: decode/cpu.py `_REGION_DECODE`, the twelfth session's change) for a side-by-side baseline.
+
     python benchmarks/bench_decode.py [--images DIR] [--num 256] [--batch 64] [--threads 2] [--size 224] [--eval]
 
 Without --images it renders a demo folder with fastfeed.demo_data (ImageNet-like JPEGs) under /tmp. Records are
@@ -37,6 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--eval", action="store_true", help="eval transform instead of RandomResizedCrop")
+    ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args(argv)
     folder = a.images
     if folder is None:
@@ -48,9 +52,15 @@ def main(argv=None) -> int:
     n = len(data)
     print(f"{n} images from {folder}, batch {a.batch}, {a.threads} threads, S={a.size}, "
           f"{'eval' if a.eval else 'train RRC'}, mean {np.mean([len(d) for d in data]) / 1e3:.0f} KB")
-    configs = [("cpu-pil", {"draft": True}), ("cpu-pil", {"draft": False}), ("cpu-dali", {})]
-    print(f"{'decoder':<22}{'img/s':>10}")
-    for kind, extra in configs:
+    import fastfeed.decode.cpu as C
+
+    window_decode = C._REGION_DECODE
+    configs = [("cpu-pil", {"draft": True}), ("cpu-pil", {"draft": True, "whole": True}), ("cpu-pil", {"draft": False}),
+               ("cpu-dali", {})]
+    print(f"{'decoder':<28}{'img/s':>10}")
+    for kind, extra in configs * a.rounds:
+        extra = dict(extra)
+        C._REGION_DECODE = None if extra.pop("whole", False) else window_decode
         dec = make_decoder(kind, device="cpu", image_size=a.size, dtype=torch.float16, batch_size=a.batch,
                            num_threads=a.threads, **extra)
         batches = [list(range(i, min(i + a.batch, n))) for i in range(0, n, a.batch)]
@@ -63,7 +73,8 @@ def main(argv=None) -> int:
         dt = time.perf_counter() - t0
         dec.close()
         label = kind + ("" if not extra else f" draft={extra['draft']}")
-        print(f"{label:<22}{n / dt:>10.0f}")
+        label += " whole" if C._REGION_DECODE is None else ""
+        print(f"{label:<28}{n / dt:>10.0f}")
     return 0
 
 
