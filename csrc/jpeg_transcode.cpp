@@ -1,10 +1,11 @@
 // See jpeg_transcode.h. Error handling design:
 //
 // libjpeg reports fatal errors through error_exit, which must not return. Throwing a C++ exception through
-// libjpeg's C frames is undefined behaviour, so error_exit longjmps back to run_libjpeg(), the only function that
-// calls setjmp (once; the decompressor and compressor share its jmp_buf). run_libjpeg() and every libjpeg callback keep only trivially destructible locals, so the longjmp
-// skips no destructor. The libjpeg objects themselves live in RAII holders one frame up (transcode_jpeg), which
-// destroy them on every path.
+// libjpeg's C frames is undefined behaviour, so error_exit longjmps back to the run_* function of the operation
+// (run_libjpeg for the transcoder, run_scan_check, run_region), the only functions that call setjmp (once each; the
+// transcoder's decompressor and compressor share its jmp_buf). They and every libjpeg callback keep only trivially
+// destructible locals, so the longjmp skips no destructor. The libjpeg objects themselves live in RAII holders one
+// frame up (transcode_jpeg, check_jpeg_scans, decode_jpeg_region), which destroy them on every path.
 #include "jpeg_transcode.h"
 
 #include <algorithm>
