@@ -94,12 +94,13 @@ static void bind_jpeg(py::module_& m) {
             auto pixels = std::make_unique<std::vector<std::uint8_t>>(std::move(r.pixels));
             py::capsule owner(pixels.get(), [](void* p) { delete static_cast<std::vector<std::uint8_t>*>(p); });
             auto* data_ptr = pixels.release()->data();
-            py::array_t<std::uint8_t> array({r.height, r.width, 3}, data_ptr, owner);
+            py::array_t<std::uint8_t> array({r.height, r.width, 4}, data_ptr, owner);
             return py::make_tuple(array, r.x, r.y, r.image_width, r.image_height);
         },
         py::arg("data"), py::arg("x0"), py::arg("y0"), py::arg("x1"), py::arg("y1"),
         "RGB pixels of the window [x0, x1) x [y0, y1) of a 3-channel JPEG, the rest not decoded (csrc/jpeg_transcode.h "
-        "decode_jpeg_region), GIL released. Returns (uint8 array [height, width, 3], x, y, image width, image height) "
+        "decode_jpeg_region), GIL released. Returns (uint8 array [height, width, 4]: RGBX, x, y, image width, image "
+        "height) "
         "with x <= x0 (columns widen to whole iMCUs), or a str: why not (corrupt data, another colour space).");
 
     m.def(

@@ -221,6 +221,13 @@ bool run_scan_check(Decompressor& d, Failure& failure, ByteSpan input, const Sca
     return true;
 }
 
+// The window decode needs libjpeg-turbo's jpeg_crop_scanline (1.5, 2016; its version number macro since 2.0) and its
+// RGBX output (extended colour spaces).
+#if defined(JCS_EXTENSIONS) && defined(LIBJPEG_TURBO_VERSION_NUMBER)
+#define FASTFEED_HAVE_JPEG_REGION 1
+#endif
+
+#ifdef FASTFEED_HAVE_JPEG_REGION
 // decode_jpeg_region's libjpeg calls, under their own setjmp (same rules as run_libjpeg; `r` lives one frame up).
 bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y0, int x1, int y1,
                 std::size_t max_memory, RegionResult& r) {
@@ -232,7 +239,9 @@ bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y
         std::snprintf(failure.message, sizeof(failure.message), "not a 3-channel YCbCr or RGB JPEG");
         return false;
     }
-    d.cinfo.out_color_space = JCS_RGB;  // every other setting stays libjpeg's default, as in PIL's decoder
+    // RGB with a pad byte: PIL holds RGB images as 4 bytes per pixel, so it can wrap these rows without a copy. Every
+    // other setting stays libjpeg's default, as in PIL's decoder.
+    d.cinfo.out_color_space = JCS_EXT_RGBX;
     jpeg_start_decompress(&d.cinfo);
     const int W = static_cast<int>(d.cinfo.output_width);
     const int H = static_cast<int>(d.cinfo.output_height);
@@ -247,7 +256,7 @@ bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y
     JDIMENSION width = static_cast<JDIMENSION>(right - left);
     if (width < d.cinfo.output_width) jpeg_crop_scanline(&d.cinfo, &xoffset, &width);  // widened to iMCUs
     if (top > 0) jpeg_skip_scanlines(&d.cinfo, static_cast<JDIMENSION>(top));
-    const std::size_t stride = std::size_t(d.cinfo.output_width) * 3;
+    const std::size_t stride = std::size_t(d.cinfo.output_width) * 4;
     r.pixels.resize(stride * static_cast<std::size_t>(bottom - top));
     while (d.cinfo.output_scanline < static_cast<JDIMENSION>(bottom)) {
         JSAMPROW row = r.pixels.data() + stride * (d.cinfo.output_scanline - static_cast<JDIMENSION>(top));
@@ -262,6 +271,7 @@ bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y
     jpeg_abort_decompress(&d.cinfo);  // the rows below the window are never read
     return true;
 }
+#endif
 
 }  // namespace
 
@@ -269,6 +279,11 @@ bool have_libjpeg() noexcept { return true; }
 
 RegionResult decode_jpeg_region(ByteSpan input, int x0, int y0, int x1, int y1, std::size_t max_memory) {
     RegionResult r;
+#ifndef FASTFEED_HAVE_JPEG_REGION
+    (void)input, (void)x0, (void)y0, (void)x1, (void)y1, (void)max_memory;
+    r.error = "fastfeed._native was built against a libjpeg without libjpeg-turbo's cropping (2.0 or later)";
+    return r;
+#else
     if (input.size == 0 || input.size > (std::size_t(1) << 31)) {
         r.error = input.size == 0 ? "empty input" : "input larger than 2 GiB";
         return r;
@@ -284,6 +299,7 @@ RegionResult decode_jpeg_region(ByteSpan input, int x0, int y0, int x1, int y1, 
         r.error = failure.message[0] ? std::string(failure.message) : std::string("libjpeg failed");
     }
     return r;
+#endif
 }
 
 std::string check_jpeg_scans(ByteSpan input, const ScanCheckOptions& options) {

