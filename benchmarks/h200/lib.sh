@@ -44,3 +44,21 @@ gpu_tests() {  # pytest -m gpu on GPU 0, the log in $OUT
       > $OUT/pytest-gpu.log 2>&1
   tail -3 $OUT/pytest-gpu.log
 }
+install_and_test() {  # step 5 of the later stage scripts: DALI and Lightning installed; the GPU tests unless TESTS=0
+  install_dali
+  install_frameworks
+  if [ "${TESTS:-1}" = 1 ]; then
+    gpu_tests
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_frameworks.py \
+        > $OUT/pytest-gpu-fw.log 2>&1
+    tail -2 $OUT/pytest-gpu-fw.log
+  fi
+}
+bench_rows() {  # `fastfeed bench` on the ImageNet-like set with each consumer given ($@), its JSON in $OUT
+  local c
+  for c in "$@"; do
+    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -c "import sys; from fastfeed.cli import main; sys.exit(main())" \
+        bench $W/base-wds --consumer $c --dtype float16 --channels-last --no-progress --json $OUT/bench-$c.json \
+        2>&1 | quiet | grep -E "note|samples/s|settings|steps\)|data wait" | head -8
+  done
+}

@@ -26,16 +26,7 @@ s25='start25=dict(_start=0.25)'
 p1s25='p1s25=dict(pipelines=1,_share=0.25)'
 p1s38='p1s38=dict(pipelines=1,_share=0.375)'
 case $K in
-5)
-  install_dali
-  install_frameworks
-  if [ "${TESTS:-1}" = 1 ]; then
-    gpu_tests
-    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_frameworks.py \
-        > $OUT/pytest-gpu-fw.log 2>&1
-    tail -2 $OUT/pytest-gpu-fw.log
-  fi
-  ;;
+5) install_and_test ;;
 6) table $PWD r50-$tag resnet50 $long --extra-ff "$s25;dflt=dict();$p1s38;$p1s25" ;;
 7) table $PWD r18-$tag resnet18 $long --extra-ff "dflt=dict();$s25" ;;
 8) table $PWD r50b-$tag resnet50 $long --extra-ff "dflt=dict();$p1s25;$p1s38;$s25" ;;
@@ -49,9 +40,5 @@ case $K in
     done ;;
 11) # the final tree: the GPU tests, and `fastfeed bench` warming up until the pipeline tuner settles
     gpu_tests
-    for c in none resnet50; do
-      CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -c "import sys; from fastfeed.cli import main; sys.exit(main())" \
-          bench $W/base-wds --consumer $c --dtype float16 --channels-last --no-progress --json $OUT/bench-$c.json \
-          2>&1 | quiet | grep -E "note|samples/s|settings|steps)|data wait" | head -8
-    done ;;
+    bench_rows none resnet50 ;;
 esac

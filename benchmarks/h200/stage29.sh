@@ -33,46 +33,26 @@ source benchmarks/h200/lib.sh
 tag=${TAG:-a}
 pin='pin=dict(_pinned=True);pin-async=dict(_pinned="async")'
 long="--per-step --warmup 150 --steps ${STEPS:-300} --rows dali-file"
+phone() {  # the 12-MP photos, 8 + 12 steps: $1 = consumers, $2 = --rows, $3 = --extra-ff, $4 = time limit (s)
+  CUDA_VISIBLE_DEVICES=0 timeout $4 python3 $T --label phone --data $W/phone-wds --images $W/phone-images \
+      --steps 12 --warmup 8 --consumers $1 --rows $2 --dali-grid 0.9:4 --extra-ff "$3" \
+      --json $OUT/table-phone-$tag.json 2>&1 | grep -E "^\[" | quiet | grep -E "img/s|could not|failed" | tail -14
+}
 case $K in
-5)
-  install_dali
-  install_frameworks
-  if [ "${TESTS:-1}" = 1 ]; then
-    gpu_tests
-    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_frameworks.py \
-        > $OUT/pytest-gpu-fw.log 2>&1
-    tail -2 $OUT/pytest-gpu-fw.log
-  fi
-  ;;
+5) install_and_test ;;
 6) table $PWD alone-$tag none --per-step --warmup 200 --steps 200 --rows dali \
        --extra-ff "dflt=dict();first2=dict(_first=2);$pin"
    table $PWD r50-$tag resnet50 $long --extra-ff "dflt=dict();$pin" ;;
-7) CUDA_VISIBLE_DEVICES=0 timeout 400 python3 $T --label phone --data $W/phone-wds --images $W/phone-images \
-       --steps 12 --warmup 8 --consumers none,resnet50 --rows default,dali-file --dali-grid 0.9:4 \
-       --extra-ff "$pin" --json $OUT/table-phone-$tag.json 2>&1 | grep -E "^\[" | quiet \
-       | grep -E "img/s|could not|failed" | tail -14 ;;
-8) for c in none resnet50; do
-     CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -c "import sys; from fastfeed.cli import main; sys.exit(main())" \
-         bench $W/base-wds --consumer $c --dtype float16 --channels-last --no-progress --json $OUT/bench-$c.json \
-         2>&1 | quiet | grep -E "note|samples/s|settings|steps)|data wait" | head -8
-   done
+7) phone none,resnet50 default,dali-file "$pin" 400 ;;
+8) bench_rows none resnet50
    table $PWD r18-$tag resnet18 $long --extra-ff "dflt=dict();pin=dict(_pinned=True)" ;;
 9) table $PWD alone-$tag none --per-step --warmup 200 --steps 200 --rows dali \
        --extra-ff "dflt=dict();nopin=dict(_pinned=False);first2=dict(_first=2)"
    table $PWD r18-$tag resnet18 $long --extra-ff "dflt=dict();nopin=dict(_pinned=False)"
    table $PWD r50-$tag resnet50 $long --extra-ff "dflt=dict();nopin=dict(_pinned=False)" ;;
-10) CUDA_VISIBLE_DEVICES=0 timeout 400 python3 $T --label phone --data $W/phone-wds --images $W/phone-images \
-       --steps 12 --warmup 8 --consumers none,resnet50 --rows default,dali-file --dali-grid 0.9:4 \
-       --extra-ff "nopin=dict(_pinned=False)" --json $OUT/table-phone-$tag.json 2>&1 | grep -E "^\[" | quiet \
-       | grep -E "img/s|could not|failed" | tail -14
-    for c in none resnet50; do
-      CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -c "import sys; from fastfeed.cli import main; sys.exit(main())" \
-          bench $W/base-wds --consumer $c --dtype float16 --channels-last --no-progress --json $OUT/bench-$c.json \
-          2>&1 | quiet | grep -E "note|samples/s|settings|steps\)|data wait" | head -8
-    done ;;
+10) phone none,resnet50 default,dali-file "nopin=dict(_pinned=False)" 400
+    bench_rows none resnet50 ;;
 11) install_dali
     gpu_tests
-    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 $T --label phone --data $W/phone-wds --images $W/phone-images \
-       --steps 12 --warmup 8 --consumers none --rows default --extra-ff "nopin=dict(_pinned=False)" \
-       --json $OUT/table-phone-$tag.json 2>&1 | grep -E "^\[" | quiet | grep -E "img/s|could not|failed" ;;
+    phone none default "nopin=dict(_pinned=False)" 150 ;;
 esac
