@@ -255,11 +255,12 @@ class DaliDecoder:
             windows = _clamp_displayed(samples, windows, good)
         # Page-locked samples (the ring's slots) are handed to DALI as such: its decoders then read them in place
         # instead of copying every batch into a page-locked buffer of their own first (NVIDIA/DALI#5003).
-        pinned = self._pinned_input and _page_locked([samples[i] for i in good])
+        batch = _subset(samples, windows, good)
+        pinned = self._pinned_input and _page_locked(batch[0])
         out = None
         if good:
             try:
-                out = self._run(*_subset(samples, windows, good), pinned)
+                out = self._run(*batch, pinned)
             except RuntimeError as e:
                 self._find_bad(samples, windows, good, bad, (DECODE_ERROR, _short(e)))
                 good = [i for i in range(n) if i not in bad]
