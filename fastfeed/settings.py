@@ -51,8 +51,9 @@ HYBRID_RESERVED_CORES = 4
 # and fewer are not slower. Why one to start: every pipeline is built before the first batch, 0.3-0.6 s each on an
 # H200 (a hybrid one is two DALI pipelines): started with one the first batch came in 1.85-2.43 s, with two in
 # 2.06-2.89 s, DALI's reader 1.77-1.91 s (benchmarks/RESULTS.md, eleventh session); ResNet-50 trains on one anyway,
-# ResNet-18 gets its second within ~90 batches, the loader alone its third within ~200 (a data-bound loop pays the
-# longer climb: 15.8k against 18.5k img/s over 200 batches after 200 of warm-up).
+# ResNet-18 gets its second within ~90 batches; the loader alone reached four within 200 once the tuner tried the
+# next pipeline at once and measured none across a build (twelfth session; before, it paid the longer climb: 15.8k
+# against 18.5k img/s over 200 batches after 200 of warm-up).
 # Their decode threads are sized for DEFAULT_DALI_PIPELINES, the count measured most, whatever the start.
 AUTO_START_PIPELINES = 1
 MAX_AUTO_PIPELINES = 4
