@@ -60,20 +60,25 @@ MAX_AUTO_PIPELINES = 4
 CORES_PER_PIPELINE = 4
 MIN_AUTO_PIPELINES = 1
 
-# Large photos (median at least LARGE_PHOTO_PIXELS) decode faster with a tenth of the JPEGs on DALI's CUDA decoder
-# (its Huffman stage on LARGE_PHOTO_DALI_THREADS CPU threads) beside the hardware decoder, which is the bottleneck for
-# them. Measured on an H200 with 12-MP phone photos held in memory (benchmarks/h200/phone_probe.py, 2026-11-30): one
-# pipeline 472 img/s at hw_decoder_load 0.9 and 4 threads against 267 at 1.0 and 2, DALI's own best row 496 (also
-# 0.9 and 4 threads, in every session; 434 against DALI's 499 in a later run). The Loader: 413 against 354.
-# ImageNet-like photos (~0.2 MP) keep 1.0 and 2 threads, which trained fastest; sizes in between were not measured.
-# Large photos' GPU decoders also read the ring's page-locked slots in place (`pinned_input`, decode/dali.py) instead of
-# DALI's copying each batch (~1.5 GB of them) into its own page-locked buffer: on an H200 (twelfth session, same runs)
-# 428-431 against 392 img/s alone, 422-431 against 392-400 beside ResNet-50. ImageNet-like photos keep DALI's copy:
-# read in place they slowed ResNet-18's step by 19% (28.5 against 24.0 ms p50) and the loader alone stopped gaining
-# from a third pipeline (16.7k against 18.8k img/s).
-LARGE_PHOTO_PIXELS = 4_000_000
+# Photos larger than ImageNet's (median at least LARGE_PHOTO_PIXELS) decode faster with a tenth of the JPEGs on DALI's
+# CUDA decoder (its Huffman stage on LARGE_PHOTO_DALI_THREADS CPU threads) beside the hardware decoder, which is the
+# bottleneck for them. Measured on an H200: 12-MP phone photos held in memory (benchmarks/h200/phone_probe.py,
+# 2026-11-30), one pipeline 472 img/s at hw_decoder_load 0.9 and 4 threads against 267 at 1.0 and 2, DALI's own best
+# row 496 (also 0.9 and 4 threads, in every session), the Loader 413 against 354; photos of 1.9-3.4 MP (median ~2.5,
+# thirteenth session), beside ResNet-50 1,805 against 1,646 img/s, DALI's readers 1,788-1,830 against 1,650-1,672.
+# ImageNet-like photos (~0.2 MP) keep 1.0 and 2 threads, which trained fastest. The bound sits at the hybrid's upper
+# bound (decode/__init__.py, HYBRID_MAX_PIXELS): sizes between 0.2 and 1.9 MP were not measured.
+LARGE_PHOTO_PIXELS = 1_000_000
 LARGE_PHOTO_HW_DECODER_LOAD = 0.9
 LARGE_PHOTO_DALI_THREADS = 4
+# Photos of PINNED_INPUT_PIXELS or more also have their GPU decoders read the ring's page-locked slots in place
+# (`pinned_input`, decode/dali.py) instead of DALI's copying each batch (~1.5 GB of 12-MP photos) into its own
+# page-locked buffer: on an H200 (twelfth session, same runs) 428-431 against 392 img/s alone, 422-431 against
+# 392-400 beside ResNet-50. Smaller photos keep DALI's copy: read in place, ImageNet-like photos slowed ResNet-18's step
+# by 19% (28.5 against 24.0 ms p50; 9,490 against 10,365 img/s in the thirteenth session, where not waiting for
+# DALI's reads at all was as slow: the wait is not the cause) and the loader alone stopped gaining from a third
+# pipeline (16.7k against 18.8k img/s); photos of ~2.5 MP trained at 1,545 against 1,646 img/s.
+PINNED_INPUT_PIXELS = 4_000_000
 
 # The ring's read-ahead (encoded batches in host memory, page-locked on a GPU) may take at most this share of the
 # machine's memory, split evenly between the ranks on it. The ring is sized by the data: 12-MP photos make one batch
@@ -291,8 +296,8 @@ def _default_hw_decoder_load(images: ImageProfile | None) -> float:
 
 
 def _default_pinned_input(images: ImageProfile | None) -> bool:
-    """Whether DALI reads the ring's page-locked samples in place: for large photos only (see LARGE_PHOTO_PIXELS)."""
-    return _large_photos(images)
+    """Whether DALI reads the ring's page-locked samples in place: for photos of PINNED_INPUT_PIXELS or more."""
+    return images is not None and images.median_pixels >= PINNED_INPUT_PIXELS
 
 
 def _map_dataloader_kwargs(kwargs: dict, num_threads, prefetch):
