@@ -269,6 +269,30 @@ def test_verdicts_name_the_bottleneck_and_the_change_to_try():
     assert "at the resident-data ceiling" not in v and "compute-bound, the model sets the pace" in v
 
 
+def test_a_gpu_loader_whose_tuner_tried_more_pipelines_is_not_told_to_raise_them():
+    """Photos of ~2.5 MP beside ResNet-50 on an H200 (benchmarks/RESULTS.md, thirteenth session): the loop waited 50%
+    with 5.7 of 16 cores busy, the tuner had tried a third pipeline and gone back to two. "Raise --pipelines" sent the
+    user after what the tuner had measured; the limit was the GPU's JPEG decode (DALI's reader waited as long)."""
+    from fastfeed.bench.report import verdicts
+
+    def result(history, settled=True, pipelines=2):
+        info = {"decoder": "dali", "device": "cuda:0", "num_threads": 4, "pipelines": pipelines, "prefetch": 2,
+                "reader_threads": 4, "hw_decoder_load": 0.9, "pipeline_limit": 4, "tuning_settled": settled}
+        return {"wait_fraction": 0.497, "samples_per_s": 1865.6, "wall_s": 10.0, "step_s": {"p50": 0.0985},
+                "host": {"cpu_cores_busy": 5.73, "cpu_count": 16, "system_cpu_busy_frac": 0.37, "iowait_frac": 0.0},
+                "loader_stats": {"info": info, "stages": {"read_wait": {"seconds": 0.0}},
+                                 "pipeline_history": history}}
+
+    measured = [[1, 0.150, 0.571], [2, 0.120, 0.319], [3, 0.121, 0.245], [2, 0.121, 0.389], [2, 0.118, 0.399]]
+    [v] = verdicts({"fastfeed": result(measured)}, 4583.3, "resnet50")
+    assert "input-bound" in v and "the GPU's JPEG decode (the pipeline tuner tried 3 pipelines, no faster than 2" in v
+    assert "`fastfeed pack --max-side 512`" in v and "--hw-decoder-load (now 0.9)" in v and "raise" not in v
+    # still tuning, or never tried more than it runs: more pipelines are still worth trying
+    for r in (result(measured, settled=False), result(measured[:2]), result(measured, pipelines=3)):
+        [v] = verdicts({"fastfeed": r}, 4583.3, "resnet50")
+        assert "raise --num-threads (now 4), --pipelines (now" in v
+
+
 def test_max_seconds_ends_the_timed_steps_early_and_counts_what_ran():
     batch = (torch.zeros(2, 3, 8, 8), torch.zeros(2, dtype=torch.int64))
 

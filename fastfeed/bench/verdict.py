@@ -78,8 +78,29 @@ def bottleneck(r: dict, gpu: bool = True) -> str:
                 "cores): numbers are low; measure again on an idle machine")
     if not fastfeed:
         return f"only {busy:.1f} of {cpus} cores busy: raise --torch-workers"
+    tried = _pipelines_tried_beyond(r)
+    if tried and info.get("decoder") in ("dali", "hybrid") and str(info.get("device", "")).startswith("cuda"):
+        # More pipelines were tried on this loop and did not pay: neither cores nor pipelines are what is short, so
+        # "raise --pipelines" would send the user after what the tuner already measured. What is left is the GPU's
+        # JPEG decode itself (on an H200 the hardware decoder limits photos of a few MP for DALI's own reader too).
+        return (f"the GPU's JPEG decode (the pipeline tuner tried {tried} pipelines, no faster than "
+                f"{info.get('pipelines')}; {busy:.1f} of {cpus} cores busy): for photos much larger than the "
+                "training crop, pack them downscaled (`fastfeed pack --max-side 512`); or a lower --hw-decoder-load "
+                f"(now {info.get('hw_decoder_load')}) moves JPEGs from the hardware decoder to DALI's CUDA decoder")
     return (f"only {busy:.1f} of {cpus} cores busy: raise --num-threads (now {info.get('num_threads')}), "
             f"--pipelines (now {info.get('pipelines')}) or --prefetch (now {info.get('prefetch')})")
+
+
+def _pipelines_tried_beyond(r: dict) -> int | None:
+    """The most pipelines the Loader's tuner tried, when that is more than it settled on (its history: (count, period,
+    wait) per measurement, fastfeed/pipelines.py); None when it did not try more or did not settle."""
+    stats = r.get("loader_stats") or {}
+    info = stats.get("info") or {}
+    history, now = stats.get("pipeline_history") or [], info.get("pipelines")
+    if not info.get("tuning_settled") or not isinstance(now, int) or not history:
+        return None
+    most = max(int(h[0]) for h in history)
+    return most if most > now else None
 
 
 def slowdown_advice(r: dict, gpu: bool = True) -> str:
