@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--rows", default="ceiling,ff,dali", help="of ceiling, ff, ff-gpu, dali, dali4 (see below)")
+    p.add_argument("--rows", default="ceiling,ff,dali", help="of ceiling, ff, ff-gpu, ff-pin, dali, dali4 (see below)")
     p.add_argument("--json", default=None)
     p.add_argument("--trace-dir", default=None, help="keep each row's timeline here as <consumer>-<row>.json.gz")
     a = p.parse_args(argv)
@@ -173,6 +173,17 @@ def main(argv=None) -> int:
         return lambda: fastfeed.Loader(a.data, batch_size=bs, train=True, device=dev, channels_last=True, **kw,
                                        dtype=torch.float16 if dev == "cuda" else torch.float32)
 
+    def pinned(make):
+        """`make` with the settings' pinned_input on (settings.py turns it on for large photos only)."""
+        def build():
+            import fastfeed.settings as FS
+            saved, FS._default_pinned_input = FS._default_pinned_input, lambda images: True
+            try:
+                return make()
+            finally:
+                FS._default_pinned_input = saved
+        return build
+
     def dali(hw, threads):
         def make():
             from dali_reference import DaliReference
@@ -183,7 +194,10 @@ def main(argv=None) -> int:
 
     # ff: the defaults (on a GPU host with 8+ cores per rank, the hybrid decoder); ff-gpu: decoder="dali" (all on the
     # GPU); dali: DALI's file reader, hw 1.0 and 2 threads; dali4: hw 0.9 and 4 threads (its best row on ResNet-50).
+    # ff-pin: the defaults with DALI reading the ring's page-locked slots in place (twelfth session: ResNet-18's step
+    # 19% longer that way on ImageNet-like photos, not explained).
     makers = {"ff": ("fastfeed default", ff()), "ff-gpu": ("fastfeed decoder=dali", ff(decoder="dali")),
+              "ff-pin": ("fastfeed default, pinned_input", pinned(ff())),
               "dali": ("dali-file hw1.0 t2", dali(1.0, 2)), "dali4": ("dali-file hw0.9 t4", dali(0.9, 4))}
     for row in rows:
         if row == "ceiling" or (row.startswith("dali") and dev != "cuda"):

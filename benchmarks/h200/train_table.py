@@ -226,6 +226,11 @@ def main(argv=None) -> int:
     import fastfeed.decode.dali as D
     inputs_read = D._inputs_read
 
+    def read_by_event(device):
+        event = torch.cuda.Event(blocking=True)
+        event.record(torch.cuda.current_stream(device))
+        event.synchronize()
+
     def ff(_start=None, _share=None, _first=None, _pinned=None, **kw):
         """_start: the hybrid climber starts at this CPU share; _share: every batch split at this share (the climber
         replaced, as in share_sweep.py; give `pipelines` too: a tuner's later decoders would get the real one);
@@ -233,14 +238,15 @@ def main(argv=None) -> int:
         session). Benchmark-only: they patch the modules while the Loader (and so its decoders) is built.
         _pinned (twelfth session): the settings' pinned_input (True/False; settings.py decides it from the images),
         or "async": True without waiting for DALI's reads (unsafe: the ring may refill a slot DALI still reads; an
-        upper bound)."""
+        upper bound), or "event" (thirteenth session): True, the wait on a blocking-sync event (the thread sleeps in
+        the driver instead of spinning in cudaStreamSynchronize)."""
         kw.setdefault("channels_last", True)
 
         def build():
             import fastfeed.decode.hybrid as H
             import fastfeed.settings as FS
             # read at every batch: set for this row, reset by the next ff row's build
-            D._inputs_read = (lambda device: None) if _pinned == "async" else inputs_read
+            D._inputs_read = {"async": lambda device: None, "event": read_by_event}.get(_pinned, inputs_read)
             saved, first = (H.START_SHARE, H.climber_for, FS._default_pinned_input), FS.AUTO_START_PIPELINES
             if _pinned is not None:
                 FS._default_pinned_input = lambda images: bool(_pinned)
