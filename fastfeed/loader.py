@@ -106,9 +106,9 @@ class Loader:
             normalised with `mean`/`std` (given in 0-1 units).
         image_size: output side S.
         device: "cuda", "cuda:N" or "cpu"; default: this rank's local GPU when CUDA is available, else "cpu".
-        decoder: "dali", "cpu" (the fastest CPU decoder), "cpu-pil", "cpu-dali", "hybrid" (each batch split
-            between DALI's CPU backend and the GPU, the split following the training loop's pace) or "auto"
-            (DALI when importable; fastfeed/decode/__init__.py says which).
+        decoder: "dali", "cpu" (= "cpu-pil", the fastest CPU decoder for photos), "cpu-pil", "cpu-dali", "hybrid"
+            (each batch split between DALI's CPU backend and the GPU, the split following the training loop's pace)
+            or "auto" (DALI when importable; fastfeed/decode/__init__.py says which).
         dtype: torch.float32 (default: what ToTensor + Normalize give), float16 or bfloat16 (half the bytes: use
             with autocast / half models), or uint8 (0-255, no normalisation).
         channels_last: return NCHW tensors with NHWC memory (what channels_last models want), written directly.

@@ -66,7 +66,10 @@ def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
     assert profile.median_pixels == float(np.median([w * h for w, h in sizes.values()]))
     assert profile.cpu_decode_share == pytest.approx(2 / 5)  # the PNGs
     with fastfeed.Loader(tmp_path / "wds", batch_size=2, device="cpu") as L:
-        assert L.settings.decoder == "cpu-pil"  # no GPU here: the profile changes nothing on the CPU path
+        # thumbnails (median <= CPU_DECODE_MAX_PIXELS): DALI's CPU backend, on the CPU path too
+        assert L.settings.decoder == "cpu-dali"
+        images, _ = next(iter(L))
+        assert images.shape == (2, 3, 224, 224) and images.device.type == "cpu"
         info = L.stats()["info"]
         assert info["images"] == {"median_pixels": profile.median_pixels, "cpu_decode_share": 0.4}
         assert info["ring_slots"] == L.stats()["ring"]["slots"]

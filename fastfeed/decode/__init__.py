@@ -30,6 +30,10 @@ CPU_DEFAULT = "cpu-pil"
 # dataset's median image has at most this many pixels: see resolve_kind. Measured on an H200 (benchmarks/RESULTS.md,
 # third and fourth sessions): thumbnails (median ~11,500 px) train a 64-px ResNet-50 6-14% faster so; ImageNet-like
 # photos (~190,000 px) are decoded on the GPU. Sizes in between were not measured: the bound sits near the thumbnails.
+# Without a GPU the same bound picks DALI's CPU backend over CPU_DEFAULT (2 cores, 64-px crops, thirteenth session):
+# ~100-px thumbnails 5,229-5,294 against 3,530-3,995 img/s (the pillow-simd path's per-image Python, under the GIL,
+# left 0.6 of 2 cores idle), ~150 px even (4,435-4,456 against 3,843-4,529), ~230 px the other way (2,856-2,998
+# against 3,064-3,351); ImageNet-like photos 0.6x.
 CPU_DECODE_MAX_PIXELS = 128 * 128
 # Above it, `auto` splits each batch between the CPU and the GPU (decoder "hybrid", decode/hybrid.py) when the rank
 # has HYBRID_MIN_CORES cores, the median image is at most HYBRID_MAX_PIXELS, and JPEGs the hardware decoder takes
@@ -51,7 +55,8 @@ def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None 
     and this rank's cores: "cpu-dali" for thumbnails (median <= CPU_DECODE_MAX_PIXELS; per image the GPU path's fixed
     costs — launches from decoder threads of the training process — outweigh a thumbnail's decode and slow the
     training step itself), "hybrid" for photos up to HYBRID_MAX_PIXELS on a rank with HYBRID_MIN_CORES cores, else
-    "dali" (see the constants above for what was measured)."""
+    "dali". Without a CUDA device: "cpu-dali" for thumbnails (when DALI is installed), else CPU_DEFAULT (see the
+    constants above for what was measured)."""
     import torch
 
     from fastfeed.decode.dali import dali_available
@@ -59,12 +64,14 @@ def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None 
     if kind not in KINDS:
         raise ValueError(f"unknown decoder kind {kind!r}; expected one of {KINDS}")
     if kind == "auto":
-        cuda = str(device).startswith("cuda") and torch.cuda.is_available()
-        if not (cuda and dali_available()):
+        if not dali_available():
             return CPU_DEFAULT
+        thumbnails = images is not None and images.median_pixels <= CPU_DECODE_MAX_PIXELS
+        if not (str(device).startswith("cuda") and torch.cuda.is_available()):
+            return "cpu-dali" if thumbnails else CPU_DEFAULT
         if images is None:
             return "dali"
-        if images.median_pixels <= CPU_DECODE_MAX_PIXELS:
+        if thumbnails:
             return "cpu-dali"
         if (cpus_per_rank or 0) >= HYBRID_MIN_CORES and images.median_pixels <= HYBRID_MAX_PIXELS \
                 and images.cpu_decode_share < DALI_CPU_SHARE_FOR_MORE_THREADS:
