@@ -196,7 +196,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
 
     num_threads, prefetch = _map_dataloader_kwargs(dataloader_kwargs or {}, num_threads, prefetch)
     dev = _resolve_device(device, world)
-    kind = resolve_kind(decoder, str(dev), images, world.cpus_per_rank)
+    kind = resolve_kind(decoder, str(dev), images, world.cpus_per_rank, image_size)
     auto = num_threads is None or num_threads == "auto"
     if not auto:
         num_threads = _int("num_threads", num_threads, 1, MAX_THREADS)

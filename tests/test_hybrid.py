@@ -18,8 +18,8 @@ import torch
 from PIL import Image
 
 import fastfeed
-from fastfeed.decode import (CPU_DECODE_MAX_PIXELS, HYBRID_MIN_CORES, CorruptSampleError, crop_windows, make_decoder,
-                             resolve_kind)
+from fastfeed.decode import (CPU_DALI_MAX_OUTPUT, CPU_DECODE_MAX_PIXELS, HYBRID_MIN_CORES, CorruptSampleError,
+                             crop_windows, make_decoder, resolve_kind)
 from fastfeed.decode.dali import DaliDecoder
 from fastfeed.decode.hybrid import DDP_START_SHARE, START_SHARE, STEP, HybridDecoder, ShareClimber, climber_for
 from fastfeed.pace import ConsumerPace
@@ -316,12 +316,16 @@ def test_auto_for_a_gpu_follows_the_images_and_the_cores(monkeypatch, pixels, pn
     images = ImageProfile(median_pixels=pixels, cpu_decode_share=png_share)
     assert resolve_kind("auto", "cuda:0", images, cores) == want
     assert resolve_kind("auto", "cuda:0", None, cores) == "dali"  # before the dataset is open
-    # without a GPU: DALI's CPU backend for thumbnails (1.3-1.5x pillow-simd's path on them), pillow-simd otherwise
-    assert resolve_kind("auto", "cpu", images, cores) == ("cpu-dali" if pixels <= CPU_DECODE_MAX_PIXELS else "cpu-pil")
-    assert resolve_kind("auto", "cpu", None, cores) == "cpu-pil"  # before the dataset is open
-    assert resolve_kind("cpu", "cpu", images, cores) == "cpu-pil"  # "cpu" names the pillow-simd path
+    # without a GPU: DALI's CPU backend for thumbnails cropped small (1.4-1.8x pillow-simd's path on them; 0.37x at
+    # 224 px), pillow-simd otherwise
+    small = pixels <= CPU_DECODE_MAX_PIXELS
+    assert resolve_kind("auto", "cpu", images, cores, CPU_DALI_MAX_OUTPUT) == ("cpu-dali" if small else "cpu-pil")
+    assert resolve_kind("auto", "cpu", images, cores, CPU_DALI_MAX_OUTPUT + 1) == "cpu-pil"
+    assert resolve_kind("auto", "cpu", images, cores) == "cpu-pil"  # output size not given
+    assert resolve_kind("auto", "cpu", None, cores, 64) == "cpu-pil"  # before the dataset is open
+    assert resolve_kind("cpu", "cpu", images, cores, 64) == "cpu-pil"  # "cpu" names the pillow-simd path
     monkeypatch.setattr(dali, "dali_available", lambda: False)
-    assert resolve_kind("auto", "cpu", images, cores) == resolve_kind("auto", "cuda:0", images, cores) == "cpu-pil"
+    assert resolve_kind("auto", "cpu", images, cores, 64) == resolve_kind("auto", "cuda:0", images, cores) == "cpu-pil"
 
 
 def test_a_rank_of_a_distributed_job_starts_its_climber_at_a_quarter():

@@ -18,8 +18,8 @@ from fastfeed.decode.base import CorruptSampleError, DecodeResult, Replaced
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, crop_windows, oriented_size
 
 __all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "DecodeResult", "Replaced",
-           "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS", "HYBRID_MIN_CORES",
-           "HYBRID_MAX_PIXELS", "ORIENTATIONS", "resolve_kind"]
+           "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS", "CPU_DALI_MAX_OUTPUT",
+           "HYBRID_MIN_CORES", "HYBRID_MAX_PIXELS", "ORIENTATIONS", "resolve_kind"]
 
 KINDS = ("auto", "dali", "hybrid", "cpu", "cpu-dali", "cpu-pil")
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
@@ -30,11 +30,15 @@ CPU_DEFAULT = "cpu-pil"
 # dataset's median image has at most this many pixels: see resolve_kind. Measured on an H200 (benchmarks/RESULTS.md,
 # third and fourth sessions): thumbnails (median ~11,500 px) train a 64-px ResNet-50 6-14% faster so; ImageNet-like
 # photos (~190,000 px) are decoded on the GPU. Sizes in between were not measured: the bound sits near the thumbnails.
-# Without a GPU the same bound picks DALI's CPU backend over CPU_DEFAULT (2 cores, 64-px crops, thirteenth session):
-# ~100-px thumbnails 5,229-5,294 against 3,530-3,995 img/s (the pillow-simd path's per-image Python, under the GIL,
-# left 0.6 of 2 cores idle), ~150 px even (4,435-4,456 against 3,843-4,529), ~230 px the other way (2,856-2,998
-# against 3,064-3,351); ImageNet-like photos 0.6x.
+# Without a GPU the same bound picks DALI's CPU backend over CPU_DEFAULT for outputs of at most CPU_DALI_MAX_OUTPUT
+# px (2 cores, thirteenth session, benchmarks/RESULTS.md). Loaders with 64-px crops: ~100-px thumbnails 5,229-5,294
+# against 3,530-3,995 img/s (the pillow-simd path's per-image Python, under the GIL, left 0.6 of 2 cores idle), ~150
+# px even, ~230 px the other way (2,856-2,998 against 3,064-3,351); ImageNet-like photos 0.6x. The decoders alone on
+# thumbnails, by output size (benchmarks/bench_decode.py, float16): 1.8-2.2x at 32-64 px, 1.1-1.6x at 96-128, 1.0-1.1x
+# at 160, 0.7-0.8x at 224 (float32: 0.37x): DALI's CPU resize and the normalisation after it, which runs in one
+# thread, grow with the output, pillow-simd's cost per image hardly does.
 CPU_DECODE_MAX_PIXELS = 128 * 128
+CPU_DALI_MAX_OUTPUT = 128
 # Above it, `auto` splits each batch between the CPU and the GPU (decoder "hybrid", decode/hybrid.py) when the rank
 # has HYBRID_MIN_CORES cores, the median image is at most HYBRID_MAX_PIXELS, and JPEGs the hardware decoder takes
 # are nearly all of the data. Measured on an H200 x2, each next to "dali" in the same run: ImageNet-like photos
@@ -48,15 +52,16 @@ HYBRID_MIN_CORES = 8
 HYBRID_MAX_PIXELS = 1_000_000
 
 
-def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None = None) -> str:
+def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None = None,
+                 image_size: int | None = None) -> str:
     """The concrete decoder `make_decoder(kind, device=device)` builds ("auto"/"cpu" resolved).
 
     "auto" with a CUDA device and DALI, given the dataset's `images` (a types.ImageProfile; None: not known yet)
     and this rank's cores: "cpu-dali" for thumbnails (median <= CPU_DECODE_MAX_PIXELS; per image the GPU path's fixed
     costs — launches from decoder threads of the training process — outweigh a thumbnail's decode and slow the
     training step itself), "hybrid" for photos up to HYBRID_MAX_PIXELS on a rank with HYBRID_MIN_CORES cores, else
-    "dali". Without a CUDA device: "cpu-dali" for thumbnails (when DALI is installed), else CPU_DEFAULT (see the
-    constants above for what was measured)."""
+    "dali". Without a CUDA device: "cpu-dali" for thumbnails cropped to at most CPU_DALI_MAX_OUTPUT px (`image_size`;
+    when DALI is installed), else CPU_DEFAULT (see the constants above for what was measured)."""
     import torch
 
     from fastfeed.decode.dali import dali_available
@@ -68,7 +73,8 @@ def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None 
             return CPU_DEFAULT
         thumbnails = images is not None and images.median_pixels <= CPU_DECODE_MAX_PIXELS
         if not (str(device).startswith("cuda") and torch.cuda.is_available()):
-            return "cpu-dali" if thumbnails else CPU_DEFAULT
+            small_output = image_size is not None and image_size <= CPU_DALI_MAX_OUTPUT
+            return "cpu-dali" if thumbnails and small_output else CPU_DEFAULT
         if images is None:
             return "dali"
         if thumbnails:
