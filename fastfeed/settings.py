@@ -65,7 +65,8 @@ MIN_AUTO_PIPELINES = 1
 # bottleneck for them. Measured on an H200: 12-MP phone photos held in memory (benchmarks/h200/phone_probe.py,
 # 2026-11-30), one pipeline 472 img/s at hw_decoder_load 0.9 and 4 threads against 267 at 1.0 and 2, DALI's own best
 # row 496 (also 0.9 and 4 threads, in every session), the Loader 413 against 354; photos of 1.9-3.4 MP (median ~2.5,
-# thirteenth session), beside ResNet-50 1,805 against 1,646 img/s, DALI's readers 1,788-1,830 against 1,650-1,672.
+# thirteenth session), beside ResNet-50 1,805 against 1,646 img/s and 1,804 against 1,503 in two runs, DALI's readers
+# 1,788-1,830 against 1,650-1,672.
 # ImageNet-like photos (~0.2 MP) keep 1.0 and 2 threads, which trained fastest. The bound sits at the hybrid's upper
 # bound (decode/__init__.py, HYBRID_MAX_PIXELS): sizes between 0.2 and 1.9 MP were not measured.
 LARGE_PHOTO_PIXELS = 1_000_000

@@ -83,7 +83,7 @@ def bottleneck(r: dict, gpu: bool = True) -> str:
         # More pipelines were tried on this loop and did not pay: neither cores nor pipelines are what is short, so
         # "raise --pipelines" would send the user after what the tuner already measured. What is left is the GPU's
         # JPEG decode itself (on an H200 the hardware decoder limits photos of a few MP for DALI's own reader too).
-        return (f"the GPU's JPEG decode (the pipeline tuner tried {tried} pipelines, no faster than "
+        return (f"the GPU's JPEG decode is the limit (the pipeline tuner tried {tried} pipelines, no faster than "
                 f"{info.get('pipelines')}; {busy:.1f} of {cpus} cores busy): for photos much larger than the "
                 "training crop, pack them downscaled (`fastfeed pack --max-side 512`); or a lower --hw-decoder-load "
                 f"(now {info.get('hw_decoder_load')}) moves JPEGs from the hardware decoder to DALI's CUDA decoder")
