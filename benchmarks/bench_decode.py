@@ -1,7 +1,8 @@
 """img/s of the CPU decoders (cpu-pil with and without JPEG draft, cpu-dali) on the same JPEGs in one run.
 
 `--rounds N` repeats the rows N times, interleaved; cpu-pil also runs with its window decode off ("whole", every image
-decoded by PIL whole: decode/cpu.py `_REGION_DECODE`, the twelfth session's change) for a side-by-side baseline.
+decoded by PIL whole: decode/cpu.py `_REGION_DECODE`, the twelfth session's change) and with one pool task per image
+("per-image tasks": decode/cpu.py `TASKS_PER_THREAD`, the thirteenth session's change) for side-by-side baselines.
 
     python benchmarks/bench_decode.py [--images DIR] [--num 256] [--batch 64] [--threads 2] [--size 224] [--eval]
 
@@ -54,13 +55,15 @@ def main(argv=None) -> int:
           f"{'eval' if a.eval else 'train RRC'}, mean {np.mean([len(d) for d in data]) / 1e3:.0f} KB")
     import fastfeed.decode.cpu as C
 
-    window_decode = C._REGION_DECODE
-    configs = [("cpu-pil", {"draft": True}), ("cpu-pil", {"draft": True, "whole": True}), ("cpu-pil", {"draft": False}),
-               ("cpu-dali", {})]
+    window_decode, tasks_per_thread = C._REGION_DECODE, C.TASKS_PER_THREAD
+    configs = [("cpu-pil", {"draft": True}), ("cpu-pil", {"draft": True, "whole": True}),
+               ("cpu-pil", {"draft": True, "per_image": True}), ("cpu-pil", {"draft": False}), ("cpu-dali", {})]
     print(f"{'decoder':<28}{'img/s':>10}")
     for kind, extra in configs * a.rounds:
         extra = dict(extra)
         C._REGION_DECODE = None if extra.pop("whole", False) else window_decode
+        per_image = extra.pop("per_image", False)
+        C.TASKS_PER_THREAD = a.num if per_image else tasks_per_thread  # a.num: one image per task
         dec = make_decoder(kind, device="cpu", image_size=a.size, dtype=torch.float16, batch_size=a.batch,
                            num_threads=a.threads, **extra)
         batches = [list(range(i, min(i + a.batch, n))) for i in range(0, n, a.batch)]
@@ -74,6 +77,7 @@ def main(argv=None) -> int:
         dec.close()
         label = kind + ("" if not extra else f" draft={extra['draft']}")
         label += " whole" if C._REGION_DECODE is None else ""
+        label += " per-image tasks" if per_image else ""
         print(f"{label:<28}{n / dt:>10.0f}")
     return 0
 

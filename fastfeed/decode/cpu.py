@@ -1,6 +1,6 @@
 """CPU decoder: pillow-simd decode with JPEG draft mode, SIMD crop+resize, numba-fused flip/normalize/layout.
 
-Per sample, on a thread pool (PIL and the numba kernel both release the GIL):
+Per sample, on a thread pool, a few samples per task (PIL and the numba kernel both release the GIL):
   1. `Image.draft("RGB", size)` lets libjpeg-turbo downscale by 1/2, 1/4 or 1/8 in the DCT domain, choosing the
      largest factor that still leaves the crop window at least `draft_min_scale * S` pixels on each side. DCT
      scaling is sharper than PIL's antialiased bilinear: measured against a full decode it moves the output by up
@@ -144,6 +144,13 @@ def _resized_region(sample, box, image_size: int):
     return np.asarray(out)[:, :, :3]
 
 
+# Pool tasks per decode thread and batch (PilDecoder.__call__): 4 images per task for a batch of 64 on 2 threads.
+# Against one image per task, a Loader on the dev box (2 cores, 224-px crops, benchmarks/bench_pil_tasks.py,
+# thirteenth session): ~100-px thumbnails 1.05-1.18x the images/s, 200-260-px images 1.04-1.10x, the demo photos
+# (~0.23 MP) 0.99-1.01x.
+TASKS_PER_THREAD = 8
+
+
 class PilDecoder:
     """pillow-simd + numba batch decoder.
 
@@ -172,7 +179,8 @@ class PilDecoder:
         self.channels_last = bool(channels_last)
         self.on_error = on_error
         self._lut = make_lut(self._dtype_name, mean, std)
-        self._pool = ThreadPoolExecutor(max_workers=int(num_threads), thread_name_prefix="fastfeed-decode")
+        self._threads = int(num_threads)
+        self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="fastfeed-decode")
         self._staging: list = []  # (pinned tensor, event or None) when the output goes to a CUDA device
         self._recycle: list = []  # (CPU output tensor, its use count when only this list holds it)
         self._next_staging = 0
@@ -212,6 +220,9 @@ class PilDecoder:
             slot[0] = self._alloc(max(n, self._batch_size), pinned=True)
         return slot[0][:n], slot
 
+    def _some(self, lo, hi, samples, boxes, flips, out_np):
+        return [self._one(i, samples[i], boxes[i], flips[i], out_np) for i in range(lo, hi)]
+
     def _one(self, i, sample, box, flip, out_np):
         if not is_image(sample):
             return i, (NOT_IMAGE, "unknown file signature")
@@ -233,12 +244,17 @@ class PilDecoder:
         host, slot = self._host_buffer(n)
         out_np = numpy_view(host)
         boxes = windows.box.tolist()
-        futs = [self._pool.submit(self._one, i, samples[i], boxes[i], windows.flip[i], out_np) for i in range(n)]
+        # A few images per pool task, not one: every task's hand-off (its future, the wake-up of this thread, the GIL
+        # changing hands) costs about what decoding a thumbnail does. TASKS_PER_THREAD tasks per thread keep the
+        # threads evenly loaded when image sizes differ.
+        step = max(1, n // (self._threads * TASKS_PER_THREAD))
+        futs = [self._pool.submit(self._some, lo, min(lo + step, n), samples, boxes, windows.flip, out_np)
+                for lo in range(0, n, step)]
         bad = {}
         for f in futs:
-            i, err = f.result()
-            if err is not None:
-                bad[i] = err
+            for i, err in f.result():
+                if err is not None:
+                    bad[i] = err
         repl = resolve_errors(bad, n, self.on_error)
         apply_replacements(host, repl)
         images = host if slot is None else self._to_device(host, slot)
