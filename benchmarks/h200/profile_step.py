@@ -174,7 +174,7 @@ def main(argv=None) -> int:
                                        dtype=torch.float16 if dev == "cuda" else torch.float32)
 
     def pinned(make):
-        """`make` with the settings' pinned_input on (settings.py turns it on for large photos only)."""
+        """`make` with the settings' pinned_input on (settings.py turns it on for photos of 4 MP or more)."""
         def build():
             import fastfeed.settings as FS
             saved, FS._default_pinned_input = FS._default_pinned_input, lambda images: True
