@@ -204,17 +204,19 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     fixed_pipelines = pipelines is not None
     if fixed_pipelines:
         pipelines = _int("pipelines", pipelines, 1, 16)
-    # CPU decoders spread a batch over their own thread pool: one pipeline, except DALI's CPU backend feeding a GPU,
-    # where a second pipeline overlaps one batch's copy and normalisation with the next one's decode (H200,
-    # thumbnails: 24.5k vs 13.2k img/s alone, ResNet-50 at 64 px 8,472 vs 7,942: benchmarks/RESULTS.md).
-    cpu_for_gpu = kind == "cpu-dali" and dev.type == "cuda"
+    # CPU decoders spread a batch over their own thread pool: one pipeline, except DALI's CPU backend, where a second
+    # pipeline overlaps one batch's copy and normalisation (done after DALI's run, outside its threads) with the next
+    # one's decode. Feeding a GPU (H200, thumbnails): 24.5k vs 13.2k img/s alone, ResNet-50 at 64 px 8,472 vs 7,942;
+    # on the CPU (2 cores, two pipelines of one thread against one of two, benchmarks/bench_cpu_pipelines.py,
+    # thirteenth session): thumbnails at 64 and 128 px 1.11-1.22x, the demo photos at 224 px 1.17-1.20x.
+    dali_cpu = kind == "cpu-dali"
     tuned = not fixed_pipelines and kind in ("dali", "hybrid") and dev.type == "cuda"
     if tuned:
         pipelines, threads_for = AUTO_START_PIPELINES, DEFAULT_DALI_PIPELINES
         limit = max(DEFAULT_DALI_PIPELINES, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE))
         floor = MIN_AUTO_PIPELINES
     else:
-        pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind in ("dali", "hybrid") or cpu_for_gpu else 1)
+        pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind in ("dali", "hybrid") or dali_cpu else 1)
         threads_for = limit = floor = pipelines
     if hw_decoder_load is not None:
         if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, numbers.Real) \

@@ -54,6 +54,17 @@ def test_only_large_photos_are_read_by_dali_in_place_from_the_ring():
     assert settings_for(decoder="dali").pinned_input is False  # profile not known
 
 
+def test_dalis_cpu_backend_runs_two_pipelines_sharing_the_cores():
+    """Two pipelines of half the threads each, on the CPU as for a GPU: one batch is normalised (after DALI's run,
+    outside its threads) while the next is decoded (2 cores: 1.11-1.22x one pipeline of two threads)."""
+    s = settings_for(world=World(cpus=8), decoder="cpu-dali", num_threads="auto")
+    assert (s.pipelines, s.decode_threads) == (2, 4)
+    one = settings_for(world=World(cpus=2), decoder="cpu-dali", num_threads="auto")
+    assert (one.pipelines, one.decode_threads) == (2, 1)
+    assert settings_for(decoder="cpu-pil", num_threads="auto").pipelines == 1  # pillow-simd: one pool per batch
+    assert settings_for(decoder="cpu-dali", pipelines=1).pipelines == 1  # given: kept
+
+
 def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
     src = tmp_path / "src" / "c0"
     src.mkdir(parents=True)
@@ -68,6 +79,7 @@ def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
     # thumbnails (median <= CPU_DECODE_MAX_PIXELS) cropped small: DALI's CPU backend, on the CPU path too
     with fastfeed.Loader(tmp_path / "wds", batch_size=2, device="cpu", image_size=64) as L:
         assert L.settings.decoder == "cpu-dali"
+        assert L.settings.pipelines == 2  # one batch normalised while the next is decoded (settings.py)
         images, _ = next(iter(L))
         assert images.shape == (2, 3, 64, 64) and images.device.type == "cpu"
     with fastfeed.Loader(tmp_path / "wds", batch_size=2, device="cpu") as L:
