@@ -9,25 +9,17 @@ times `--seconds`.
 from __future__ import annotations
 
 import argparse
-import time
 
 
 def _rate(path: str, size: int, seconds: float, **kw):
     import fastfeed
+    from fastfeed.bench.runner import run_loader
 
-    n, t0, taken = 0, None, 0
     with fastfeed.Loader(path, batch_size=64, train=True, image_size=size, device="cpu", decoder="cpu-dali",
                          **kw) as L:
-        shape = f"{L.settings.pipelines} x {L.settings.decode_threads} threads"
-        while True:
-            for images, _ in L:
-                taken += 1
-                if taken == 8:
-                    t0 = time.perf_counter()
-                elif taken > 8:
-                    n += images.shape[0]
-                    if time.perf_counter() - t0 > seconds:
-                        return n / (time.perf_counter() - t0), shape
+        res = run_loader(L, lambda images, labels: None, name="cpu-dali", steps=1 << 30, warmup=8,
+                         max_seconds=seconds, progress=False)
+        return res.to_dict()["samples_per_s"], f"{L.settings.pipelines} x {L.settings.decode_threads} threads"
 
 
 def main(argv=None) -> int:

@@ -9,25 +9,18 @@ times `--seconds`.
 from __future__ import annotations
 
 import argparse
-import time
 
 
 def _rate(path: str, size: int, tasks_per_thread: int, seconds: float) -> float:
     import fastfeed
     import fastfeed.decode.cpu as C
+    from fastfeed.bench.runner import run_loader
 
     C.TASKS_PER_THREAD = tasks_per_thread  # read at every batch
-    n, t0, taken = 0, None, 0
     with fastfeed.Loader(path, batch_size=64, train=True, image_size=size, device="cpu", decoder="cpu-pil") as L:
-        while True:
-            for images, _ in L:
-                taken += 1
-                if taken == 8:
-                    t0 = time.perf_counter()
-                elif taken > 8:
-                    n += images.shape[0]
-                    if time.perf_counter() - t0 > seconds:
-                        return n / (time.perf_counter() - t0)
+        res = run_loader(L, lambda images, labels: None, name="cpu-pil", steps=1 << 30, warmup=8,
+                         max_seconds=seconds, progress=False)
+    return res.to_dict()["samples_per_s"]
 
 
 def main(argv=None) -> int:
