@@ -44,9 +44,9 @@ esac
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
 regime() {  # $1 = set, $2 = consumers, $3 = image size, $4 = steps, $5 = warm-up, $6 = --dali-grid, $7 = --extra-ff,
-            # $8 = time limit (s): the defaults, $7's rows, DALI's two readers and the DataLoader
+            # $8 = time limit (s): the defaults, $7's rows and ROWS (default: DALI's two readers and the DataLoader)
   CUDA_VISIBLE_DEVICES=0 timeout $8 python3 $T --label $1 --data $W/$1-wds --images $W/$1-images \
-      --image-size $3 --steps $4 --warmup $5 --max-warmup 100 --consumers $2 --rows default,dali,torch \
+      --image-size $3 --steps $4 --warmup $5 --max-warmup 100 --consumers $2 --rows ${ROWS-default,dali,torch} \
       --dali-grid $6 --extra-ff "$7" --json $OUT/table-$1-$tag.json 2>&1 | grep -E "^\[" | quiet \
       | grep -E "img/s|could not|failed" | tail -16
 }
@@ -70,12 +70,6 @@ case $K in
        'hw09t4=dict(hw_decoder_load=0.9, num_threads=4);pin=dict(_pinned=True)' 480 ;;
 8) regime mixed none,resnet50 224 40 10 0.9:4 'gpu=dict(decoder="dali")' 280
    regime png none,resnet50 224 40 10 0.9:8 '' 280 ;;
-10) old='hw1.0 t2=dict(hw_decoder_load=1.0, num_threads=2)'
-    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 $T --label mid --data $W/mid-wds --images $W/mid-images --steps 40 \
-        --warmup 10 --max-warmup 100 --consumers resnet50 --rows default --extra-ff "$old" \
-        --json $OUT/table-mid-$tag.json 2>&1 | grep -E "^\[" | quiet | grep -E "img/s|could not|failed"
-    CUDA_VISIBLE_DEVICES=0 timeout 300 python3 $T --label mixed --data $W/mixed-wds --images $W/mixed-images \
-        --steps 40 --warmup 10 --max-warmup 100 --consumers none,resnet50 --rows default,dali-wds,torch \
-        --dali-grid 0.9:4 --json $OUT/table-mixed-$tag.json 2>&1 | grep -E "^\[" | quiet \
-        | grep -E "img/s|could not|failed" ;;
+10) ROWS=default regime mid resnet50 224 40 10 0.9:4 'hw1.0 t2=dict(hw_decoder_load=1.0, num_threads=2)' 150
+    ROWS=default,dali-wds,torch regime mixed none,resnet50 224 40 10 0.9:4 '' 300 ;;
 esac
