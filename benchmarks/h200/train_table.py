@@ -97,6 +97,7 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
     finally:
         if hasattr(loader, "close"):
             loader.close()
+        Renicer.stop_all()
     d = res.to_dict()
     d["warmup_steps"] = res.warmup_steps  # more than --warmup when --max-warmup waited for the tuning to settle
     per_step = d.pop("per_step", None)
@@ -180,6 +181,58 @@ class Timeline:
                 "gc_ms": gc_ms, "gc_gen2": gen2, "epoch_first_batch": first}
 
 
+class Renicer:
+    """Benchmark-only (fourteenth session): lowers the CPU scheduling priority (nice `level`) of every thread that
+    appears after it starts (a loader's: its ring's readers, decode workers, DALI's and nvJPEG's threads), re-scanning
+    every 0.2 s for threads built later (a pipeline the tuner adds). The threads that were there before (the training
+    thread, torch's autograd threads "pt_*") keep theirs, and with keep_python the interpreter's threads (the decode
+    workers, which hold the GIL the training thread needs) too. Does the training step, launch-bound on a busy host,
+    get its CPU sooner when the loader's threads yield to it?"""
+    active: list = []
+
+    def __init__(self, level: int, keep_python: bool):
+        import threading
+
+        self.level, self.keep_python = level, keep_python
+        self.before = set(self._tids())
+        self.done: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="renicer")
+        Renicer.active.append(self)
+        self._thread.start()
+
+    @staticmethod
+    def _tids():
+        return [int(t) for t in os.listdir("/proc/self/task")]
+
+    def _run(self):
+        import threading
+
+        while True:
+            keep = {t.native_id for t in threading.enumerate()} if self.keep_python else set()
+            for tid in self._tids():
+                if tid in self.before or tid in self.done or tid in keep:
+                    continue
+                try:
+                    name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+                    if not name.startswith("pt_"):
+                        os.setpriority(os.PRIO_PROCESS, tid, self.level)
+                    self.done.add(tid)
+                except OSError:
+                    pass
+            if self._stop.wait(0.2):
+                return
+
+    @classmethod
+    def stop_all(cls):
+        for r in cls.active:
+            r._stop.set()
+            r._thread.join()
+        if cls.active:
+            log(f"reniced {sum(len(r.done) for r in cls.active)} threads")
+        cls.active.clear()
+
+
 class _null:
     def __enter__(self):
         return self
@@ -231,7 +284,7 @@ def main(argv=None) -> int:
         event.record(torch.cuda.current_stream(device))
         event.synchronize()
 
-    def ff(_start=None, _share=None, _first=None, _pinned=None, **kw):
+    def ff(_start=None, _share=None, _first=None, _pinned=None, _nice=None, **kw):
         """_start: the hybrid climber starts at this CPU share; _share: every batch split at this share (the climber
         replaced, as in share_sweep.py; give `pipelines` too: a tuner's later decoders would get the real one);
         _first: a tuned Loader starts with this many pipelines (settings.AUTO_START_PIPELINES; 2 until the eleventh
@@ -239,7 +292,9 @@ def main(argv=None) -> int:
         _pinned (twelfth session): the settings' pinned_input (True/False; settings.py decides it from the images),
         or "async": True without waiting for DALI's reads (unsafe: the ring may refill a slot DALI still reads; an
         upper bound), or "event" (thirteenth session): True, the wait on a blocking-sync event (the thread sleeps in
-        the driver instead of spinning in cudaStreamSynchronize)."""
+        the driver instead of spinning in cudaStreamSynchronize).
+        _nice (fourteenth session): the loader's threads at this nice level (`Renicer`); "N,py": the Python threads
+        kept at the training thread's."""
         kw.setdefault("channels_last", True)
 
         def build():
@@ -257,6 +312,9 @@ def main(argv=None) -> int:
             if _share is not None:
                 from share_sweep import FixedShare
                 H.climber_for = lambda pace, settle, start=0.0, _f=FixedShare(_share): _f
+            if _nice is not None:
+                level, _, py = str(_nice).partition(",")
+                Renicer(int(level), keep_python=py == "py")
             try:
                 return fastfeed.Loader(args.data, batch_size=bs, train=True, image_size=S, device="cuda",
                                        dtype=torch.float16, **kw)
