@@ -130,10 +130,18 @@ void Ring::stop() {
         if (t.joinable()) t.join();
 }
 
-void Ring::start(std::vector<int64_t> order) {
+void Ring::check_order(const std::vector<int64_t>& order) const {
     const int64_t n = static_cast<int64_t>(size_.size());
     for (int64_t i : order)
         if (i < 0 || i >= n) throw std::out_of_range("sample index " + std::to_string(i) + " is out of range");
+}
+
+static int64_t batches_in(size_t samples, size_t batch_size) {
+    return static_cast<int64_t>((samples + batch_size - 1) / batch_size);
+}
+
+void Ring::start(std::vector<int64_t> order) {
+    check_order(order);
     std::unique_lock<std::mutex> lock(mu_);
     if (stop_) throw std::runtime_error("the ring is closed");
     resetting_ = true;
@@ -145,9 +153,9 @@ void Ring::start(std::vector<int64_t> order) {
             s.state = Slot::Free;
             ++s.ticket;
         }
-    order_ = std::move(order);
-    const int64_t b = static_cast<int64_t>(config_.batch_size);
-    num_batches_ = (static_cast<int64_t>(order_.size()) + b - 1) / b;
+    epochs_.clear();
+    num_batches_ = batches_in(order.size(), config_.batch_size);
+    epochs_.push_back(Epoch{0, num_batches_, std::move(order)});
     assign_batch_ = 0;
     consume_batch_ = 0;
     started_ = true;
@@ -156,10 +164,32 @@ void Ring::start(std::vector<int64_t> order) {
     ready_cv_.notify_all();
 }
 
+void Ring::extend(std::vector<int64_t> order) {
+    check_order(order);
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) throw std::runtime_error("the ring is closed");
+        if (!started_) throw std::logic_error("extend() needs an epoch started with start()");
+        // Epochs whose batches were all claimed: their indices are copied into the slots (claim_locked).
+        while (!epochs_.empty() && epochs_.front().first_batch + epochs_.front().num_batches <= assign_batch_)
+            epochs_.pop_front();
+        const int64_t count = batches_in(order.size(), config_.batch_size);
+        epochs_.push_back(Epoch{num_batches_, count, std::move(order)});
+        num_batches_ += count;
+    }
+    work_cv_.notify_all();
+    ready_cv_.notify_all();
+}
+
 void Ring::claim_locked(Slot& s, int64_t batch) {
-    const size_t begin = static_cast<size_t>(batch) * config_.batch_size;
-    const size_t count = std::min(config_.batch_size, order_.size() - begin);
-    s.indices.assign(order_.begin() + begin, order_.begin() + begin + count);
+    // The queued epoch holding `batch` (one or two are queued; a claimed one is dropped only after its last batch).
+    const Epoch* epoch = &epochs_.front();
+    for (const Epoch& e : epochs_)
+        if (batch >= e.first_batch) epoch = &e;
+    const int64_t position = batch - epoch->first_batch;
+    const size_t begin = static_cast<size_t>(position) * config_.batch_size;
+    const size_t count = std::min(config_.batch_size, epoch->order.size() - begin);
+    s.indices.assign(epoch->order.begin() + begin, epoch->order.begin() + begin + count);
     s.offsets.resize(count);
     s.sizes.resize(count);
     if (config_.digests) s.digests.resize(count);
@@ -191,6 +221,7 @@ void Ring::claim_locked(Slot& s, int64_t batch) {
     s.chunks_done = 0;
     s.failure = ReadFailure{};
     s.batch = batch;
+    s.position = position;
     ++s.ticket;
     s.state = Slot::Filling;
 }
@@ -340,7 +371,7 @@ NextStatus Ring::next(BatchView& out, double timeout_seconds) {
     s.state = Slot::InUse;
     ++consume_batch_;
     ++batches_;
-    out.batch = s.batch;
+    out.batch = s.position;
     out.slot = static_cast<uint32_t>(&s - slots_.data());
     out.ticket = s.ticket;
     out.count = s.indices.size();

@@ -39,6 +39,11 @@
 //
 // Epochs. start(order) may be called at any time: it waits for chunks in flight (bounded by one pread each), drops
 // Filling/Ready slots of the abandoned epoch, and leaves InUse slots alone until the consumer releases them.
+// extend(order) queues the next epoch behind the current one instead: its batches are numbered on from the last
+// queued batch (the slot rule above holds across the boundary), so the producers read into it as slots free up and
+// the consumer takes its first batch right after the previous epoch's last, with nothing dropped or waited for. An
+// epoch's last batch may be short; the next epoch starts a new batch. BatchView::batch stays the position within the
+// batch's own epoch. Queued epochs whose batches are all claimed are dropped at the next extend().
 //
 // Shutdown. stop() sets stop_, wakes every waiter (producers waiting for a free slot, a consumer waiting for a ready
 // batch in another thread) and joins the producers; it is idempotent and safe from any thread. Every wait is on a
@@ -64,6 +69,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -102,7 +108,7 @@ struct ReadError {
 
 // What next() hands to the consumer. Pointers stay valid until release(slot, ticket).
 struct BatchView {
-    int64_t batch = -1;  // position within the epoch
+    int64_t batch = -1;  // position within its epoch (start() or extend() order)
     uint32_t slot = 0;
     uint64_t ticket = 0;
     size_t count = 0;
@@ -131,6 +137,8 @@ public:
     Ring& operator=(const Ring&) = delete;
 
     void start(std::vector<int64_t> order);
+    // Queue the next epoch's order behind the ones queued (see "Epochs" in the NOTE); start() must have been called.
+    void extend(std::vector<int64_t> order);
     // timeout_seconds < 0 waits until a batch is ready, the epoch ends or stop().
     NextStatus next(BatchView& out, double timeout_seconds);
     void release(uint32_t slot, uint64_t ticket);
@@ -158,7 +166,8 @@ private:
     struct Slot {
         enum State { Free, Filling, Ready, InUse } state = Free;
         uint64_t ticket = 0;
-        int64_t batch = -1;
+        int64_t batch = -1;     // over all queued epochs (the slot rule's number)
+        int64_t position = -1;  // within its epoch
         std::vector<int64_t> indices, offsets, sizes;
         std::vector<uint64_t> digests;  // empty unless config_.digests
         uint8_t* data = nullptr;
@@ -203,8 +212,15 @@ private:
     std::condition_variable work_cv_;   // producers: a slot became free, a new epoch, stop
     std::condition_variable ready_cv_;  // consumer: a batch became ready, stop
     std::condition_variable idle_cv_;   // start(): the last chunk in flight finished
-    std::vector<int64_t> order_;
-    int64_t num_batches_ = 0;
+    // One queued epoch: its order, batched from first_batch on.
+    struct Epoch {
+        int64_t first_batch = 0;
+        int64_t num_batches = 0;
+        std::vector<int64_t> order;
+    };
+    void check_order(const std::vector<int64_t>& order) const;
+    std::deque<Epoch> epochs_;   // start() leaves one, extend() appends
+    int64_t num_batches_ = 0;    // batches queued over all epochs
     int64_t assign_batch_ = 0;   // oldest batch with chunks not yet taken
     int64_t consume_batch_ = 0;  // next batch for the consumer
     size_t in_flight_ = 0;       // chunks being read right now

@@ -8,7 +8,7 @@
 namespace py = pybind11;
 
 // ---- ring bindings (owner: ring) -------------------------------------------------------------------------
-// GIL: the constructor starts threads that never touch Python; start(), next() and the destructor's join run
+// GIL: the constructor starts threads that never touch Python; start(), extend(), next() and the destructor's join run
 // with the GIL released; next() waits in short steps so Ctrl-C (PyErr_CheckSignals) reaches the caller.
 // Lifetime: every NativeBatch keeps its ring object alive, and numpy views made from a NativeBatch keep the
 // batch alive, so the slot memory outlives all views and a batch dropped without release() is released on GC.
@@ -158,6 +158,12 @@ void bind_ring(py::module_& m) {
                  auto v = to_vector(order, "order");
                  py::gil_scoped_release nogil;
                  r.core->start(std::move(v));
+             })
+        .def("extend",
+             [](PyRing& r, py::array_t<int64_t, py::array::c_style | py::array::forcecast> order) {
+                 auto v = to_vector(order, "order");
+                 py::gil_scoped_release nogil;
+                 r.core->extend(std::move(v));
              })
         // Returns (RingStatus, handle); handle is None unless the status is RingStatus.ok.
         .def("next",

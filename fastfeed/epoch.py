@@ -74,9 +74,9 @@ class EpochRun:
     decoders to another run.
 
     next_plan(epoch) -> the plan of the epoch after `epoch`, or None: given, the run reads on into that epoch as soon
-    as the ring has handed out the last batch of the current one (the ring starts the next epoch's order then), so
-    its first batches are read and decoded while the loop finishes this epoch (NOTE [Reading on into the next
-    epoch] in fastfeed/loader.py).
+    as the ring's read-ahead reaches the end of the current one (it is queued in the ring behind it), so its first
+    batches are read and decoded while the loop finishes this epoch (NOTE [Reading on into the next epoch] in
+    fastfeed/loader.py).
 
     tuner: a `pipelines.PipelineTuner` (or None: every decoder works, always): asked at each batch the consumer takes
     how many workers decode; worker w works while w < that count and waits, holding no batch, otherwise. A worker
@@ -102,7 +102,6 @@ class EpochRun:
         self._decoders_lock = threading.Lock()  # a worker appending the decoder it built
         self.active = tuner.current() if tuner is not None else len(decoders)  # workers that decode now
         self.window = self._window(self.active)  # decoded batches allowed ahead of the consumer
-        self._held = 0  # ring batches in workers' hands (taken, not released yet)
         self.ring_lock = threading.Lock()  # workers take ring batches one at a time, so positions are in order
         self.dispatched = 0
         # Set once batch 0 is decoded (or the run stops): until then the other workers wait with the batch they took,
@@ -169,7 +168,7 @@ class EpochRun:
                 return
             if not self._wait_for_first(k) or not self._wait_for_room(k):
                 if not isinstance(slot, BaseException):
-                    self._release(slot)
+                    slot.release()
                 return
             try:
                 item = self._produce(k, slot, decoder, stream)
@@ -219,7 +218,9 @@ class EpochRun:
         """(position, ring batch or the exception the ring raised for it); (None, None) when the epoch is
         dispatched or stopping. Errors are returned, not raised, so they reach the consumer at their position."""
         with self.ring_lock:
-            if self.dispatched >= self.total and not self._chain():
+            if self._next_plan is not None and self.dispatched + self.ring.num_slots >= self.total:
+                self._chain()  # the ring's read-ahead reaches the epoch's end: queue the next one behind it
+            if self.dispatched >= self.total:
                 return None, None
             k = self.dispatched
             with self.stats.timed("read_wait"):
@@ -244,43 +245,25 @@ class EpochRun:
             if slot is None:
                 plan, j = self._locate(k)
                 slot = LoaderError(f"the ring ended after {j} of {plan.num_batches} batches of epoch {plan.epoch}")
-            elif not isinstance(slot, BaseException):
-                with self.cond:
-                    self._held += 1
             self.dispatched += 1
             return k, slot
 
-    def _release(self, slot) -> None:
-        slot.release()
-        with self.cond:
-            self._held -= 1
-            self.cond.notify_all()
-
-    def _chain(self) -> bool:
-        """Called with ring_lock held once every planned batch is handed out: plan the next epoch and start the
-        ring on it. False when the run does not chain, is stopping, or there is no next epoch."""
-        if self._next_plan is None or self.stop_flag.is_set():
-            return False
+    def _chain(self) -> None:
+        """Called with ring_lock held once the ring's read-ahead (its slots) reaches the end of the epochs planned:
+        plan the next epoch and queue it in the ring behind them (`PrefetchRing.extend`), so the ring reads its first
+        batches into the slots the current one frees and the workers decode them while the loop finishes this epoch;
+        nothing waits at the boundary. Reads on no more (`_next_plan` None) once there is no next epoch."""
+        if self.stop_flag.is_set():
+            return
         plan = self._next_plan(self._segments[-1][1].epoch)
         if plan is None or plan.num_batches == 0:
             self._next_plan = None
-            return False
-        # Every batch of the current epoch has left the ring, so starting the next order abandons nothing. But the
-        # ring numbers the new epoch's batches from 0 (batch b in slot b % slots): a batch of this epoch still in a
-        # worker's hands may sit in the slot the new epoch's first batches need, and the ring would refuse them
-        # ("all slots hold batches"). So the new epoch starts once the workers have released them (decoded: a few
-        # ms; they need no ring batch to finish, and the consumer goes on taking decoded batches meanwhile).
-        with self.cond:
-            while self._held and not self.stop_flag.is_set():
-                self.cond.wait(_POLL_S)
-        if self.stop_flag.is_set():
-            return False
-        self.ring.start(np.ascontiguousarray(plan.indices, dtype=np.int64))
+            return
+        self.ring.extend(np.ascontiguousarray(plan.indices, dtype=np.int64))
         with self.cond:
             self._segments.append((self.total, plan))
             self.total += plan.num_batches
             self.cond.notify_all()
-        return True
 
     def _locate(self, k: int):
         """(plan, batch number within its epoch) of batch position k."""
@@ -368,7 +351,7 @@ class EpochRun:
         finally:
             del samples
             if rb is not None:
-                self._release(rb)  # the decoder has returned: nothing reads the slot any more
+                rb.release()  # the decoder has returned: nothing reads the slot any more
         for p, code, detail in replaced:
             self._count_skip(code, self.table.keys[indices[p]], detail)
         self.stats.add("samples", len(indices))

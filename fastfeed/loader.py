@@ -46,20 +46,21 @@ destructor of the parent's pipelines runs in the child; the native ring already 
 in a worker travels to the consumer wrapped with where it happened and is raised at the batch that hit it.
 
 NOTE [Reading on into the next epoch]
-A training Loader does not stop at the end of an epoch. Once the ring has handed out the last batch of epoch e, the
-run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and, once the workers have released
-e's batches (the ring numbers each epoch's batches from 0, into slots some of them may still hold), starts the ring on
-its order; the ring reads it while the consumer still takes e's last decoded batches, and the workers decode up to the
-window (prefetch + pipelines) of e + 1's first batches. Positions count on across epochs. When the loop has taken all
-of e, the run is parked; the next iteration continues it if it runs exactly epoch e + 1 with no loaded state (a plain
-`for` again, or set_epoch(e + 1)), else the parked run is stopped and a new one starts (set_epoch to another epoch,
-load_state_dict, close). So an epoch boundary costs the loop nothing: before, the ring started the next epoch only
-when the loop asked for it, and the first steps of every epoch waited for a read and a decode (ResNet-18 on an H200,
-20k photos: ~50 ms per boundary, 2.6% of the throughput; benchmarks/RESULTS.md). A loop that breaks out of an epoch
-stops the run as before. Evaluation Loaders do not read on: their next pass usually comes after a training epoch,
-which their read-ahead would only compete with; nor do datasets at a URL (their shard cache follows one epoch).
-Workers still reading when the interpreter exits are stopped by an exit hook that runs before DALI's own
-(`_close_live_loaders`).
+A training Loader does not stop at the end of an epoch. Once the ring's read-ahead (its slots) reaches the end of
+epoch e, the run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and queues its order in
+the ring behind e's (`PrefetchRing.extend`: batch numbers, and so slots, count on), so the ring reads e + 1's first
+batches into the slots e's batches free and the workers decode them as they would e's next batch. Positions count on
+across epochs. When the loop has taken all of e, the run is parked; the next iteration continues it if it runs exactly
+epoch e + 1 with no loaded state (a plain `for` again, or set_epoch(e + 1)), else the parked run is stopped and a new
+one starts (set_epoch to another epoch, load_state_dict, close). So an epoch boundary costs the loop nothing. Twice it
+did: first the ring started the next epoch only when the loop asked for it, and the first steps of every epoch waited
+for a read and a decode (ResNet-18 on an H200, 20k photos: ~50 ms per boundary, 2.6% of the throughput); then the ring
+started it only once the workers had released every batch of e (it numbered each epoch's batches from 0, into slots
+e's batches might hold), so the pipelines drained at every boundary (benchmarks/RESULTS.md, fourteenth session).
+A loop that breaks out of an epoch stops the run as before. Evaluation Loaders do not read on: their next pass usually
+comes after a training epoch, which their read-ahead would only compete with; nor do datasets at a URL (their shard
+cache follows one epoch). Workers still reading when the interpreter exits are stopped by an exit hook that runs
+before DALI's own (`_close_live_loaders`).
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@
     while (b := ring.next_batch()) is not None:
         with b:                             # release() on exit: the slot goes back to the producers
             decode(b.samples())             # zero-copy uint8 views into the slot, invalid after release
+    ring.extend(next_order)                 # (any time after start) the next epoch, read on without a gap
 
 Memory is reserved at construction: `num_slots` slots of `slot_bytes` in one page-aligned allocation, faulted in by
 the reader threads as they first fill each slot. When CUDA is available each slot is page-locked with
@@ -132,6 +133,13 @@ class RingBatch:
         self.release()
 
 
+def _order(order) -> np.ndarray:
+    order = np.asarray(order)
+    if order.ndim != 1 or (order.size and not np.issubdtype(order.dtype, np.integer)):
+        raise ValueError(f"order must be a 1-D integer array, got dtype {order.dtype} shape {order.shape}")
+    return order.astype(np.int64, copy=False)
+
+
 def _stop(native, pid: int) -> None:
     if os.getpid() == pid:
         native.stop()
@@ -179,11 +187,13 @@ class PrefetchRing:
 
     def start(self, order) -> None:
         """Queue one epoch; abandons whatever is left of the previous one."""
-        native = self._live()
-        order = np.asarray(order)
-        if order.ndim != 1 or (order.size and not np.issubdtype(order.dtype, np.integer)):
-            raise ValueError(f"order must be a 1-D integer array, got dtype {order.dtype} shape {order.shape}")
-        native.start(order.astype(np.int64, copy=False))
+        self._live().start(_order(order))
+
+    def extend(self, order) -> None:
+        """Queue the next epoch behind the ones queued: its batches follow theirs (`next_batch` goes on into it
+        without returning None in between), read ahead as slots free up; nothing queued is dropped. Its batches'
+        `position` counts from 0 again. Needs `start` first."""
+        self._live().extend(_order(order))
 
     def next_batch(self, timeout: float | None = None) -> RingBatch | None:
         """The next batch of the epoch, strictly in order; None at the end of the epoch."""

@@ -150,6 +150,78 @@ def test_packed_dataset_extents(tmp_path, kind):
             assert drain(ring, 5, order) == expected
 
 
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    epochs=st.lists(st.integers(0, 23), min_size=1, max_size=4),
+    batch_size=st.integers(1, 7),
+    num_threads=st.integers(1, 4),
+    num_slots=st.integers(1, 4),
+    extend_after=st.integers(0, 30),
+    seed=st.integers(0, 2**16),
+)
+def test_extend_reads_on_into_the_next_epochs(epochs, batch_size, num_threads, num_slots, extend_after, seed):
+    """Epochs queued with extend() come out back to back, each batched from its own start (an epoch's last batch may
+    be short), positions counting from 0 per epoch; extend() may come before or after the consumer took the queued
+    epoch's batches, and never drops one."""
+    with tempfile.TemporaryDirectory() as root:
+        sizes = list(np.random.default_rng(seed).integers(0, 3000, 23))
+        ext, payloads = write_files(root, sizes, 2, seed)
+        rng = np.random.default_rng(seed + 1)
+        orders = [rng.permutation(23)[:n] for n in epochs]
+        expected = [(e, p, o[p * batch_size:(p + 1) * batch_size]) for e, o in enumerate(orders)
+                    for p in range(-(-len(o) // batch_size))]
+        got = []
+        with PrefetchRing(ext, batch_size, num_threads=num_threads, num_slots=num_slots, pin_memory=False) as ring:
+            ring.start(orders[0])
+            queued, taken = 1, 0
+            while True:
+                if queued < len(orders) and taken >= min(extend_after, sum(e[0] < queued for e in expected)):
+                    ring.extend(orders[queued])
+                    queued += 1
+                    continue
+                b = ring.next_batch(timeout=30)
+                if b is None:
+                    break
+                with b:
+                    got.append((b.position, b.indices.copy(), [bytes(s) for s in b.samples()]))
+                taken += 1
+        assert len(got) == len(expected)
+        for (position, indices, data), (_, want_position, want) in zip(got, expected):
+            assert position == want_position
+            np.testing.assert_array_equal(indices, want)
+            assert data == [payloads[i] for i in want]
+
+
+def test_extend_queues_behind_held_batches():
+    """The next epoch is read into the slots its predecessor's batches free, while one of them is still held: no
+    reset, nothing waited for (start() would drop the read-ahead and could not reuse a held batch's slot number)."""
+    with tempfile.TemporaryDirectory() as root:
+        ext, payloads = write_files(root, [2000] * 10, 2, 9)
+        with PrefetchRing(ext, 4, num_threads=2, num_slots=3, pin_memory=False) as ring:
+            ring.start(np.arange(10))  # batches of 4, 4, 2
+            first = ring.next_batch(timeout=10)
+            ring.extend(np.arange(10)[::-1].copy())
+            rest = [ring.next_batch(timeout=10) for _ in range(2)]
+            first.release()  # frees the slot batch 3 (the new epoch's first) goes to
+            nxt = ring.next_batch(timeout=10)
+            assert nxt.position == 0 and list(nxt.indices) == [9, 8, 7, 6]
+            assert [bytes(s) for s in nxt.samples()] == [payloads[i] for i in (9, 8, 7, 6)]
+            for b in rest + [nxt]:
+                b.release()
+            assert [list(b.indices) for b in iter(lambda: ring.next_batch(timeout=10), None)] == [[5, 4, 3, 2], [1, 0]]
+
+
+def test_extend_needs_a_started_ring():
+    with tempfile.TemporaryDirectory() as root:
+        ext, _ = write_files(root, [10] * 4, 1, 5)
+        with PrefetchRing(ext, 2, pin_memory=False) as ring:
+            with pytest.raises(RuntimeError, match="start"):
+                ring.extend(np.arange(4))
+            ring.start(np.arange(4))
+            with pytest.raises(IndexError, match="out of range"):
+                ring.extend(np.array([0, 9]))
+
+
 def test_restart_mid_epoch_abandons_the_rest():
     with tempfile.TemporaryDirectory() as root:
         ext, payloads = write_files(root, [3000] * 40, 2, 1)
