@@ -10,9 +10,10 @@
 // >= the batch) used instead of its arena range. Overflow buffers are not pinned; a replaced one is kept until the
 // ring is destroyed, so a stale view can read stale bytes but never freed memory.
 //
-// Ordering. Batch b of an epoch always lives in slot b % num_slots. Producers start filling batch b only after
-// batch b - num_slots was released; the consumer takes batch b only after it is complete. So batches come out in
-// the order asked for whatever the thread count, and the consumer can be at most num_slots batches behind.
+// Ordering. Batch b (numbered on across the epochs queued, see Epochs) always lives in slot b % num_slots.
+// Producers start filling batch b only after batch b - num_slots was released; the consumer takes batch b only after
+// it is complete. So batches come out in the order asked for whatever the thread count, and the consumer can be at
+// most num_slots batches behind.
 //
 // Slot lifecycle (all transitions under mu_):
 //     Free --(a producer claims batch b: lays out offsets, picks arena/overflow memory)--> Filling
