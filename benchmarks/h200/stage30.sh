@@ -22,34 +22,14 @@
 # K=5 [.carry/p5, .carry/x2, .carry/fw], K=6.. [].
 set -uo pipefail
 K=$1; shift
-W=/tmp/ffbench
-mk() {  # $1 = set: its images and its webdataset shards
-  local args
-  case $1 in
-  thumb) args="20000 --regime thumb" ;; png) args="4000 --regime png" ;; mixed) args="4000 --regime mixed" ;;
-  mid) args="2000 --short-side 1200:1800" ;;
-  esac
-  (export PYTHONPATH=/tmp/site:$PWD; cp /tmp/ffnative/_native*.so fastfeed/
-   python3 tools/make_dataset.py $W/$1-images --num-images $args --num-classes 100 --seed 0 | tail -1
-   python3 -m fastfeed.cli pack $W/$1-images $W/$1-wds --format wds --shard-size 256MB --jpeg keep \
-       --shuffle-seed 0 --workers 16 --quiet --overwrite | tail -1)
-}
+source benchmarks/h200/sets.sh
 case $K in
 1|4) exec bash benchmarks/h200/stage15.sh $K ;;
-2|3) bash benchmarks/h200/stage15.sh $K
-   if [ $K = 2 ]; then sets=${SETS2-thumb png}; else sets=${SETS3-mixed mid}; fi
-   for set in $sets; do time mk $set; done
-   exit 0 ;;
+2) stage_with_sets 2 "${SETS2-thumb png}"; exit 0 ;;
+3) stage_with_sets 3 "${SETS3-mixed mid}"; exit 0 ;;
 esac
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
-regime() {  # $1 = set, $2 = consumers, $3 = image size, $4 = steps, $5 = warm-up, $6 = --dali-grid, $7 = --extra-ff,
-            # $8 = time limit (s): the defaults, $7's rows and ROWS (default: DALI's two readers and the DataLoader)
-  CUDA_VISIBLE_DEVICES=0 timeout $8 python3 $T --label $1 --data $W/$1-wds --images $W/$1-images \
-      --image-size $3 --steps $4 --warmup $5 --max-warmup 100 --consumers $2 --rows ${ROWS-default,dali,torch} \
-      --dali-grid $6 --extra-ff "$7" --json $OUT/table-$1-$tag.json 2>&1 | grep -E "^\[" | quiet \
-      | grep -E "img/s|could not|failed" | tail -16
-}
 prof() {  # ResNet-18, rows $1: torch.profiler timelines, then what trace_gaps.py reads in them
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/h200/profile_step.py --data $W/base-wds \
       --images $W/base-images --consumer resnet18 --rows $1 --warmup 100 --steps 20 --trace-dir /tmp/traces \

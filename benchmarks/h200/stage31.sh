@@ -24,36 +24,16 @@
 # (round 2: and .carry/old), K=6.. [].
 set -uo pipefail
 K=$1; shift
-W=/tmp/ffbench
-mk() {  # $1 = set: its images and its webdataset shards
-  local args
-  case $1 in
-  thumb) args="20000 --regime thumb" ;; half) args="4000 --short-side 560:820" ;;
-  mid) args="2000 --short-side 1200:1800" ;;
-  esac
-  (export PYTHONPATH=/tmp/site:$PWD; cp /tmp/ffnative/_native*.so fastfeed/
-   python3 tools/make_dataset.py $W/$1-images --num-images $args --num-classes 100 --seed 0 | tail -1
-   python3 -m fastfeed.cli pack $W/$1-images $W/$1-wds --format wds --shard-size 256MB --jpeg keep \
-       --shuffle-seed 0 --workers 16 --quiet --overwrite | tail -1)
-}
+source benchmarks/h200/sets.sh
 case $K in
 1) lscpu | grep -E "^(Model name|Thread|Core|Socket|NUMA node\(s\)|CPU\(s\))"
    exec bash benchmarks/h200/stage15.sh 1 ;;
 4) exec bash benchmarks/h200/stage15.sh 4 ;;
-2|3) bash benchmarks/h200/stage15.sh $K
-   if [ $K = 2 ]; then sets=${SETS2-thumb}; else sets=${SETS3-half}; fi
-   for set in $sets; do time mk $set; done
-   exit 0 ;;
+2) stage_with_sets 2 "${SETS2-thumb}"; exit 0 ;;
+3) stage_with_sets 3 "${SETS3-half}"; exit 0 ;;
 esac
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
-regime() {  # $1 = set, $2 = consumers, $3 = image size, $4 = steps, $5 = warm-up, $6 = --dali-grid, $7 = --extra-ff,
-            # $8 = time limit (s): the defaults, $7's rows and ROWS (default: DALI's two readers and the DataLoader)
-  CUDA_VISIBLE_DEVICES=0 timeout $8 python3 $T --label $1 --data $W/$1-wds --images $W/$1-images \
-      --image-size $3 --steps $4 --warmup $5 --max-warmup 100 --consumers $2 --rows ${ROWS-default,dali,torch} \
-      --dali-grid $6 --extra-ff "$7" --json $OUT/table-$1-$tag.json 2>&1 | grep -E "^\[" | quiet \
-      | grep -E "img/s|could not|failed|reniced" | tail -24
-}
 NICE='nice10=dict(_nice=10);nice10 py0=dict(_nice="10,py")'
 OLD=/tmp/old
 abba() {  # $1 = set, $2 = consumers, $3 = name, rest: train_table.py arguments; this tree and the old one, ABBA
