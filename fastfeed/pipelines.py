@@ -48,6 +48,7 @@ MAX_HOLD_BATCHES = 8 * HOLD_BATCHES  # (a try that starves the loop costs it ~40
 REVISIT_BATCHES = 2 * HOLD_BATCHES  # after a pipeline more paid: try one fewer this many batches later
 BASE_MEASUREMENTS = 4  # a try is compared with the mean of this many measurements of the count it left
 STALL = 8.0  # an interval this many times the measurement's mean is a stall (evaluation, a checkpoint), not a step
+REMEASURE = False  # experiment (fifteenth session), see _measured
 _HISTORY = 64  # measurements kept for stats and tests
 # A pipeline is built only while the device has this much memory free (both): a DALI pipeline takes some hundreds of
 # MB of it, and a model that fills its GPU must not meet an out-of-memory error because the loader grew beside it.
@@ -84,6 +85,7 @@ class PipelineTuner:
         self._hold = {1: HOLD_BATCHES, -1: HOLD_BATCHES}
         self._want: int | None = None  # the count the rules asked for at the last measurement of the base
         self.history: list[tuple[int, float, float]] = []  # (count, period s, wait share) per measurement
+        self._remeasure, self._holding = REMEASURE, False
 
     @property
     def settled(self) -> bool:
@@ -126,6 +128,12 @@ class PipelineTuner:
                 if way < 0:
                     self._since = ticks  # the base defended itself: revisit it later
             self._want = None  # decided once the count kept is measured again
+            if kept and way > 0 and wait >= GROW_WAIT and self.count < self.limit and self._remeasure:
+                # (experiment, fifteenth session) measure the count kept once more, still holding the turn, and try
+                # the next one against that window instead of against the try's own
+                self._base_periods, self._holding = [], True
+                self._set(self.count)
+                return
             if kept and way > 0 and wait >= GROW_WAIT and self.count < self.limit:
                 # The loop still waits beside the pipeline more that paid: try the next one now, keeping the turn,
                 # with this measurement as the new count's base. Handing the turn to the climber between the two
@@ -152,6 +160,9 @@ class PipelineTuner:
         # a try waits while the climber's is measured (fastfeed/pace.py): measure this count again meanwhile
         if want == count:
             self._pace.withdraw(self)
+            if self._holding:
+                self._pace.release(self, undone=False)
+        self._holding = False
         self._set(want if want == count or self._pace.claim(self) else count)
 
     def _pays(self, base: int, count: int, period: float) -> bool:

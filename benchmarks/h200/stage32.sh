@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Issue 14, prepared in the fourteenth session (2026-12-01) for the next one, on one nvidia-h200: does a tuned GPU
-# Loader that starts with two pipelines (`_first=2`) reach three or four on the loader alone where one to start
-# stopped at two in 4 of 6 runs (RESULTS.md, fourteenth session, "Found"), and what does it cost the first batch and
-# training? Make the carry with `bash benchmarks/h200/prepare_carry.sh`.
+# Issue 14, prepared in the fourteenth session (2026-12-01), widened in the fifteenth, on one nvidia-h200: the loader
+# alone on ImageNet-like photos stopped at two pipelines in 4 of 6 runs started with one (RESULTS.md, fourteenth
+# session, "Found"). Two ways out, side by side with the defaults, in both orders (A B C, then C B A, two processes):
+#   first2     a tuned Loader starts with two pipelines (`_first=2`)
+#   remeasure  a pipeline more that paid while the loop still waits is measured once more before the next try
+#              (`_remeasure=True`: pipelines.REMEASURE) instead of the next try judged against the try's own window
+# Make the carry with `bash benchmarks/h200/prepare_carry.sh`.
 #   bash benchmarks/h200/stage32.sh K     K = 1..4: staging (stage31.sh's; the ImageNet-like set in 1)
 #                                          5: DALI installed, tests/test_gpu.py unless TESTS=0
-#                                          6: the loader alone, the defaults and `_first=2` in both orders (two
-#                                             processes), each after its tuners settled; DALI's webdataset reader
-#                                          7: ResNet-18 and ResNet-50, the same two rows in both orders
+#                                          6: the loader alone: the three rows in both orders, each after its tuners
+#                                             settled; two, three and four pipelines given; DALI's webdataset reader
+#                                          7: ResNet-18, the three rows in both orders, DALI's readers in the first
+#                                          8: ResNet-50, the same
 # TAG names the JSON. Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2],
 # K=6.. [].
 set -uo pipefail
@@ -17,17 +21,21 @@ case $K in
 esac
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
-both_orders() {  # $1 = name, $2 = consumers, rest: train_table.py arguments
-  local name=$1 consumers=$2; shift 2
-  table $PWD $name-ab-$tag $consumers --rows default --extra-ff 'first2=dict(_first=2)' "$@"
-  table $PWD $name-ba-$tag $consumers --rows none --extra-ff 'first2=dict(_first=2);ff-default=dict()' "$@"
+B='first2=dict(_first=2)' C='remeasure=dict(_remeasure=True)'
+both_orders() {  # $1 = name, $2 = consumers, $3 = the first order's --rows, rest: train_table.py arguments
+  local name=$1 consumers=$2 rows=$3; shift 3
+  table $PWD $name-abc-$tag $consumers --rows $rows --extra-ff "$B;$C" "$@"
+  table $PWD $name-cba-$tag $consumers --rows none --extra-ff "$C;$B;ff-default=dict()" "$@"
 }
 case $K in
 5) install_dali
    if [ "${TESTS:-1}" = 1 ]; then gpu_tests; fi ;;
-6) both_orders alone none --steps 200 --warmup 50 --max-warmup 400
+6) both_orders alone none default --steps 200 --warmup 50 --max-warmup 400
+   table $PWD alone-fixed-$tag none --rows none --steps 200 --warmup 50 \
+       --extra-ff 'p2=dict(pipelines=2);p3=dict(pipelines=3);p4=dict(pipelines=4)'
    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 $T --data $W/base-wds --images $W/base-images \
        --consumers none --rows dali-wds --dali-grid 0.9:4 --steps 100 --warmup 20 --json $OUT/table-dali-$tag.json \
        2>&1 | grep -E "img/s" | quiet ;;
-7) both_orders train resnet18,resnet50 --max-warmup 500 ;;
+7) both_orders r18 resnet18 default,dali --max-warmup 500 ;;
+8) both_orders r50 resnet50 default,dali --max-warmup 500 ;;
 esac
