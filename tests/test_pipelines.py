@@ -94,7 +94,8 @@ def test_a_loop_waiting_for_data_gets_pipelines_while_each_one_pays():
     used = drive(tuner, pace, clock, lambda n, b: (0.001, feed[n]), 2000, noise=0.03)
     assert used[0] == 2
     assert used[-1] == 3  # it tried 4, which did not pay, and went back
-    assert 4 in used and used.count(4) < 0.1 * len(used)  # tries only: one per HOLD_BATCHES
+    # tries only: one after the climb, then one per hold (500, then 1000 batches), each two measurements long
+    assert 4 in used and used.count(4) <= 3 * 2 * (10 + tuner_mod.MEASURE_INTERVALS + 2)
     assert [h[0] for h in tuner.history][:2] == [2, 3]
 
 
@@ -170,9 +171,30 @@ def test_a_pipeline_more_that_does_not_pay_is_dropped_and_tried_again_only_after
     tries = [i for i, (a, b) in enumerate(zip(used, used[1:])) if b > a]
     assert 1 <= len(tries) <= 3000 // tuner_mod.HOLD_BATCHES + 1
     assert all(b - a > tuner_mod.HOLD_BATCHES for a, b in zip(tries, tries[1:]))
-    lasts = 10 + tuner_mod.MEASURE_INTERVALS + 2  # settle, a measurement, and the batch that asks
+    lasts = 2 * (10 + tuner_mod.MEASURE_INTERVALS + 1) + 1  # twice a settle and a measurement, the batch that asks
     assert all(used[i + lasts] == 2 for i in tries if i + lasts < len(used))
-    assert used.count(3) < 0.1 * len(used)
+    assert all(used[i + lasts - 10] == 3 for i in tries if i + lasts < len(used))  # the second look
+    assert used.count(3) < 0.15 * len(used)
+
+
+def test_a_pipeline_more_whose_first_measurement_reads_slow_is_measured_again_and_kept():
+    """ResNet-18 on an H200 from one pipeline (28-32 ms a step, waiting ~20%): the first measurement of the second
+    pipeline read 27.0-29.5 ms in 8 of 28 runs, not the 24-27 it trains at, and a try lost there left ResNet-18 on one
+    pipeline (8.5-9.5k against 10.2-10.4k img/s; benchmarks/RESULTS.md, fifteenth session). Here the first 45
+    batches after each change run at 29.5 ms: the try is judged on its second measurement, kept, and the loop trains
+    at 25."""
+    tuner, pace, clock = make(start=1, limit=2, floor=1)
+    changed = {"count": 1, "at": 0}
+
+    def loop(n, b):
+        if n != changed["count"]:
+            changed.update(count=n, at=b)
+        step = 0.0295 if n == 2 and b - changed["at"] < 45 else 0.025
+        return step, 0.030 / n
+    used = drive(tuner, pace, clock, loop, 600, noise=0.01)
+    first, second = [period for count, period, _ in tuner.history if count == 2][:2]
+    assert first > 0.029 and second < 0.0255  # lost on the first, kept on the second
+    assert used[-1] == 2 and used[-400:].count(2) == 400
 
 
 def test_when_the_loop_stops_waiting_the_pipelines_beyond_the_start_go():
@@ -206,7 +228,7 @@ def test_a_pipeline_more_that_slows_the_step_is_not_kept():
     """A loop that waits a fifth of its time, but whose step a third pipeline slows by more than it feeds faster."""
     tuner, pace, clock = make()
     used = drive(tuner, pace, clock, lambda n, b: (0.020 * (1 + 0.3 * (n - 2)), 0.025 - 0.002 * (n - 2)), 2000)
-    assert used[-1] == 2 and used.count(3) < 0.1 * len(used)
+    assert used[-1] == 2 and used.count(3) < 0.15 * len(used)
 
 
 def test_the_batches_decoded_at_the_old_count_do_not_count():
@@ -235,9 +257,9 @@ def test_batches_taken_in_bursts_and_a_stall_are_measured_as_the_loop_ran():
             gap += 2.0
         clock.t += gap
         pace.tick(wait=gap)
-    counts = [h[0] for h in tuner.history]  # each try of 3 gained nothing: back to 2, hold, try again
-    assert counts[:2] == [2, 3] and counts.count(3) >= 2
-    assert all(b == 2 for a, b in zip(counts, counts[1:]) if a == 3)
+    counts = [h[0] for h in tuner.history]  # each try of 3 gained nothing, twice: back to 2, hold, try again
+    assert counts[:3] == [2, 3, 3] and counts.count(3) >= 4
+    assert "".join(map(str, counts)).replace("33", "").count("3") == 0
     for count, period, wait in tuner.history:  # the stall's measurement among them would be 1/32 x 2 s too long
         assert period == pytest.approx(feed, rel=0.001) and wait == pytest.approx(1.0)
 
