@@ -306,7 +306,7 @@ def main(argv=None) -> int:
             # read at every batch: set for this row, reset by the next ff row's build
             D._inputs_read = {"async": lambda device: None, "event": read_by_event}.get(_pinned, inputs_read)
             saved, first = (H.START_SHARE, H.climber_for, FS._default_pinned_input), FS.AUTO_START_PIPELINES
-            remeasure = FP.REMEASURE
+            remeasure = getattr(FP, "REMEASURE", None)  # commit 07ed697 only (stage32.sh)
             if _remeasure is not None:
                 FP.REMEASURE = bool(_remeasure)
             if _pinned is not None:
@@ -326,7 +326,8 @@ def main(argv=None) -> int:
                                        dtype=torch.float16, **kw)
             finally:
                 (H.START_SHARE, H.climber_for, FS._default_pinned_input), FS.AUTO_START_PIPELINES = saved, first
-                FP.REMEASURE = remeasure
+                if remeasure is not None:
+                    FP.REMEASURE = remeasure
         return build
 
     def dali(source, root, hw, t):
