@@ -232,17 +232,45 @@ def test_on_a_16_core_host_resnet18_keeps_its_decode_on_the_gpu(seed):
     assert mean <= _R18_16_CORES[0.0] * 1.03, (mean, climber.history)  # the probes of 1/8 cost under 3%
 
 
+# ResNet-18 on one H200 with 16 cores, fifteenth session (benchmarks/results/gpu-h200-2026-12-01p-r*-table-r18*:
+# the mean step of the timed rows by the share the climber ended on; 3/8 from its one window there).
+_R18_16_CORES_P = {0.0: 0.0247, 0.125: 0.0255, 0.25: 0.0264, 0.375: 0.0335}
+
+
+def test_on_a_16_core_host_a_first_cpu_share_is_judged_on_two_windows_of_each():
+    """There every CPU share slows ResNet-18 (1/8 by 3%, 1/4 by 7%), but its 32-batch windows spread by 3-5%, and
+    judged on one window of the GPU alone the climber kept 1/8 or 1/4 in 5 of 20 runs (9,683-10,190 img/s against
+    10,177-10,678). Here each window of the loop is 3% off at random and the first 45 batches 5% slow (warm-up): a share
+    kept on one window of the GPU alone ended above 0 in 13 of 40 runs; measured twice, in 3."""
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        climber, pace, clock = _climber(settle=10)
+        for t in range(600):
+            if t % 32 == 0:
+                window = 1 + 0.03 * rng.standard_normal()
+            share = climber.current()
+            period = _R18_16_CORES_P.get(round(share, 3), 0.0335 * (1 + share))
+            clock[0] += period * window * (1.05 if t < 45 else 1) * (1 + 0.02 * rng.standard_normal())
+            pace.tick()
+        return climber.current(), clock[0] / 600
+
+    runs = [run(seed) for seed in range(40)]
+    assert sum(share > 0 for share, _ in runs) <= 4
+    assert np.mean([mean for _, mean in runs]) <= _R18_16_CORES_P[0.0] * 1.01  # the probes cost under 1%
+
+
 @pytest.mark.parametrize("model", ["resnet50", "resnet18"])
 @pytest.mark.parametrize("batches", [300, 3000])
 def test_on_the_measured_loops_the_climber_comes_close_to_the_best_fixed_share(model, batches):
     """ResNet-50's period is flat from 1/8 to 3/4 and 4% shorter than on the GPU alone; ResNet-18's is shortest at
     0-1/8 and a third longer at 1/2. Averaged over replays, the climber's loop must come within 2.5% of the best fixed
-    share and never be more than 1% slower than the GPU decode alone (the climber of the fourth session, which
-    started at 1/4 with steps of 1/4, made a 300-batch ResNet-18 loop 6% slower than the GPU alone)."""
+    share (3% over 300 batches: its first share is measured twice, ~80 batches more on the GPU alone) and never be
+    more than 1% slower than the GPU decode alone (the climber of the fourth session, which started at 1/4 with steps
+    of 1/4, made a 300-batch ResNet-18 loop 6% slower than the GPU alone)."""
     steps = _measured_steps(model)
     means = {share: float(np.mean(v)) for share, v in steps.items()}
     got = float(np.mean([_replay(steps, batches, seed) for seed in range(12)]))
-    assert min(means.values()) / got >= 0.975, (got, means)
+    assert min(means.values()) / got >= (0.97 if batches <= 300 else 0.975), (got, means)
     assert got <= means[0.0] * 1.01, (got, means[0.0])
 
 
