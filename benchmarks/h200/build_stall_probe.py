@@ -1,0 +1,172 @@
+"""Why a training step stalls while the Loader builds a decode pipeline: the GIL, or the device?
+
+Fifteenth session (benchmarks/RESULTS.md): in 6 of 26 ResNet-18 rows a third pipeline was tried inside the 150 timed
+steps, and those rows ran 17-22% slow (median step unchanged, p99 up to 143 ms). A pipeline is built in a decode
+worker thread (fastfeed/epoch.py), so the training thread waits only if the build holds the GIL, or if its CUDA
+calls (context set-up, nvJPEG's hardware decoder, page-locked and device allocations) hold the driver or the device
+the step needs. This probe tells them apart. A training loop runs on resident data; at --build-at steps, another
+thread builds a DaliDecoder as the Loader would and decodes --decodes batches of real JPEGs with it; meanwhile a
+ticker thread sleeps 1 ms at a time. A first decoder is built and run before, untimed, as the Loader's first pipeline
+is before its first batch. Reported:
+  - each step's time (synchronised), the median and the steps during the build and the first decodes;
+  - the ticker's longest gap during each phase: a gap as long as the stall means the GIL was held;
+    a long step with a short ticker gap means the driver or the device held the step.
+
+    python3 benchmarks/h200/build_stall_probe.py --model resnet18 --json OUT.json
+    python3 benchmarks/h200/build_stall_probe.py --device cpu --model resnet18 --batch-size 32 --image-size 64
+
+On the dev box (DALI's CPU backend, results/cpu-build-stall-devbox-2026-12-01p.txt, before the untimed first run was
+added) a build took 7-18 ms and only the process's first DALI run was slow (428-471 ms, the ticker waiting up to
+91-156 ms; the next runs 25-47 ms, a second pipeline's first run 35 ms). What a GPU pipeline's build and first runs
+cost, and whether they hold the GIL or the device, is what this is for (not yet run on the H200).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import threading
+import time
+
+import numpy as np
+import torch
+
+
+def jpegs(n: int, seed: int = 0) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
+    """n JPEGs of ~0.2 MP (ImageNet-like) made from scikit-image's sample photos."""
+    import skimage.data
+    from PIL import Image
+
+    photos = [getattr(skimage.data, name)() for name in ("astronaut", "coffee", "chelsea", "rocket")]
+    rng = np.random.default_rng(seed)
+    out, sizes = [], []
+    for i in range(n):
+        img = Image.fromarray(photos[i % len(photos)]).convert("RGB")
+        w = int(rng.integers(400, 600))
+        img = img.resize((w, w * 3 // 4))
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=90)
+        out.append(np.frombuffer(buf.getvalue(), dtype=np.uint8))
+        sizes.append(img.size)
+    return out, sizes
+
+
+class Ticker(threading.Thread):
+    """Sleeps 1 ms at a time and records (time, gap) after each sleep."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.gaps: list[tuple[float, float]] = []
+        self.stop = False
+
+    def run(self):
+        last = time.perf_counter()
+        while not self.stop:
+            time.sleep(0.001)
+            now = time.perf_counter()
+            self.gaps.append((now, now - last))
+            last = now
+
+    def longest(self, t0: float, t1: float) -> float:
+        return max((g for t, g in self.gaps if t0 <= t <= t1), default=0.0)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--model", default="resnet18", help="a fastfeed.bench consumer: none, resnet18, resnet50, ...")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--build-at", default="40,80", help="steps at which a decoder is built (comma-separated)")
+    p.add_argument("--decodes", type=int, default=3, help="batches each new decoder decodes after its build")
+    p.add_argument("--threads", type=int, default=2, help="the decoder's DALI threads")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    from fastfeed.bench.consumers import make_consumer, synthetic_batch
+    from fastfeed.decode.crop import crop_windows
+    from fastfeed.decode.dali import DaliDecoder
+
+    device = torch.device(args.device)
+    device_id = (device.index or 0) if device.type == "cuda" else None
+    step = make_consumer(args.model, device)
+    batch = synthetic_batch(args.batch_size, args.image_size, device)
+    samples, sizes = jpegs(args.batch_size)
+    windows = crop_windows([s[0] for s in sizes], [s[1] for s in sizes], np.arange(len(sizes)), seed=0, epoch=0,
+                           train=True, image_size=args.image_size)
+    # The Loader's first pipeline, built and run before the first batch: the process's first DALI build and run
+    # (imports, thread pools: 430-470 ms for the first run on the dev box) are paid here, untimed, as a Loader does.
+    first = DaliDecoder(device_id=device_id, image_size=args.image_size, dtype=torch.float16,
+                        batch_size=args.batch_size, num_threads=args.threads, on_error="skip")
+    first(samples, windows)
+    for _ in range(5):
+        step(*batch)
+
+    ticker = Ticker()
+    ticker.start()
+    phases: list[dict] = []
+    decoders = []
+
+    def build_and_decode():
+        t0 = time.perf_counter()
+        d = DaliDecoder(device_id=device_id, image_size=args.image_size, dtype=torch.float16,
+                        batch_size=args.batch_size, num_threads=args.threads, on_error="skip")
+        t1 = time.perf_counter()
+        ends = []
+        for _ in range(args.decodes):
+            d(samples, windows)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            ends.append(time.perf_counter())
+        decoders.append(d)
+        phases.append({"build": (t0, t1), "decodes": [(a, b) for a, b in zip([t1] + ends[:-1], ends)]})
+
+    build_at = {int(x) for x in args.build_at.split(",") if x}
+    times, workers, k = [], [], 0
+    # the loop runs on until every build and decode is over, so that each overlaps steps
+    while k < args.steps or any(w.is_alive() for w in workers):
+        if k in build_at:
+            workers.append(threading.Thread(target=build_and_decode))
+            workers[-1].start()
+        t0 = time.perf_counter()
+        step(*batch)
+        times.append((t0, time.perf_counter()))
+        k += 1
+    for w in workers:
+        w.join()
+    ticker.stop = True
+    for d in decoders + [first]:
+        d.close()
+
+    def steps_in(t0, t1):
+        return [b - a for a, b in times if a < t1 and b > t0]
+
+    median = statistics.median(b - a for a, b in times)
+    first = min((ph["build"][0] for ph in phases), default=times[-1][1])
+    idle = ticker.longest(times[0][0], first)
+    report = {"args": vars(args), "median_step_s": median, "steps_s": [b - a for a, b in times],
+              "longest_ticker_gap_before_builds_s": idle, "phases": []}
+    print(f"{args.model} on {device}: median step {median * 1e3:.1f} ms over {len(times)} steps; the ticker's "
+          f"longest gap before the first build {idle * 1e3:.1f} ms")
+    for i, ph in enumerate(sorted(phases, key=lambda ph: ph["build"][0])):
+        parts = [("build", *ph["build"])] + [(f"decode {j + 1}", a, b) for j, (a, b) in enumerate(ph["decodes"])]
+        rows = []
+        for name, a, b in parts:
+            during = steps_in(a, b)
+            rows.append({"phase": name, "seconds": b - a, "longest_ticker_gap_s": ticker.longest(a, b),
+                         "steps_s": during})
+            steps = (f"{len(during)} steps meanwhile, median {statistics.median(during) * 1e3:.1f} ms, longest "
+                     f"{max(during) * 1e3:.1f}" if during else "no step meanwhile")
+            print(f"  decoder {i + 1} {name:9s} {(b - a) * 1e3:7.1f} ms: ticker's longest gap "
+                  f"{ticker.longest(a, b) * 1e3:6.1f} ms; {steps}")
+        report["phases"].append(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
