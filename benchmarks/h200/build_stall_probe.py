@@ -110,15 +110,23 @@ def main(argv=None) -> int:
     decoders = []
 
     def build_and_decode():
+        # as a Loader's decode worker (fastfeed/epoch.py): the device set, its own stream, not the training one
+        stream = None
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            stream = torch.cuda.Stream(device=device)
         t0 = time.perf_counter()
         d = DaliDecoder(device_id=device_id, image_size=args.image_size, dtype=torch.float16,
                         batch_size=args.batch_size, num_threads=args.threads, on_error="skip")
         t1 = time.perf_counter()
         ends = []
         for _ in range(args.decodes):
-            d(samples, windows)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            if stream is not None:
+                with torch.cuda.stream(stream):
+                    d(samples, windows)
+                stream.synchronize()
+            else:
+                d(samples, windows)
             ends.append(time.perf_counter())
         decoders.append(d)
         phases.append({"build": (t0, t1), "decodes": [(a, b) for a, b in zip([t1] + ends[:-1], ends)]})
