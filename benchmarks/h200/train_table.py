@@ -308,6 +308,8 @@ def main(argv=None) -> int:
             saved, first = (H.START_SHARE, H.climber_for, FS._default_pinned_input), FS.AUTO_START_PIPELINES
             remeasure = getattr(FP, "REMEASURE", None)  # commit 07ed697 only (stage32.sh)
             if _remeasure is not None:
+                if remeasure is None:
+                    raise ValueError("_remeasure: pipelines.REMEASURE is only in commit 07ed697 (stage32.sh)")
                 FP.REMEASURE = bool(_remeasure)
             if _pinned is not None:
                 FS._default_pinned_input = lambda images: bool(_pinned)
