@@ -5,7 +5,8 @@
 #   first2     a tuned Loader starts with two pipelines (`_first=2`)
 #   remeasure  a pipeline more that paid while the loop still waits is measured once more before the next try
 #              (`_remeasure=True`: pipelines.REMEASURE) instead of the next try judged against the try's own window;
-#              REMEASURE exists only in commit 07ed697, where this ran (RESULTS.md, fifteenth session): run it there
+#              REMEASURE and train_table.py's `_remeasure` exist only in commit 07ed697, where this ran (RESULTS.md,
+#              fifteenth session): run it there
 # Make the carry with `bash benchmarks/h200/prepare_carry.sh`.
 #   bash benchmarks/h200/stage32.sh K     K = 1..4: staging (stage31.sh's; the ImageNet-like set in 1)
 #                                          5: DALI installed, tests/test_gpu.py unless TESTS=0
