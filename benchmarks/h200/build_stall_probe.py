@@ -15,15 +15,15 @@ is before its first batch. Reported:
     python3 benchmarks/h200/build_stall_probe.py --model resnet18 --json OUT.json
     python3 benchmarks/h200/build_stall_probe.py --device cpu --model resnet18 --batch-size 32 --image-size 64
 
-On the dev box (DALI's CPU backend, results/cpu-build-stall-devbox-2026-12-01p.txt, before the untimed first run was
-added) a build took 7-18 ms and only the process's first DALI run was slow (428-471 ms, the ticker waiting up to
-91-156 ms; the next runs 25-47 ms, a second pipeline's first run 35 ms). What a GPU pipeline's build and first runs
+On the dev box (DALI's CPU backend, results/cpu-build-stall-devbox-2026-12-01p.txt; the first runs before the
+untimed first run was added, and on simpler images than demo_data's) a build took 7-18 ms and only the process's first
+DALI run was slow (428-471 ms, the ticker waiting up to 91-156 ms; the next runs 25-47 ms, a second pipeline's first
+run 35 ms; on demo_data's images 51-72 ms). What a GPU pipeline's build and first runs
 cost, and whether they hold the GIL or the device, is what this is for (not yet run on the H200).
 """
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 import threading
@@ -34,21 +34,15 @@ import torch
 
 
 def jpegs(n: int, seed: int = 0) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
-    """n JPEGs of ~0.2 MP (ImageNet-like) made from scikit-image's sample photos."""
-    import skimage.data
-    from PIL import Image
+    """n ImageNet-like JPEGs (fastfeed.demo_data's, the images `make demo` and tools/make_dataset.py write)."""
+    from fastfeed import demo_data as dd
 
-    photos = [getattr(skimage.data, name)() for name in ("astronaut", "coffee", "chelsea", "rocket")]
-    rng = np.random.default_rng(seed)
+    dd._init_worker()  # its source photos and grain texture
     out, sizes = [], []
     for i in range(n):
-        img = Image.fromarray(photos[i % len(photos)]).convert("RGB")
-        w = int(rng.integers(400, 600))
-        img = img.resize((w, w * 3 // 4))
-        buf = io.BytesIO()
-        img.save(buf, format="JPEG", quality=90)
-        out.append(np.frombuffer(buf.getvalue(), dtype=np.uint8))
-        sizes.append(img.size)
+        data, size, _ = dd._render(seed, i, progressive=False)
+        out.append(np.frombuffer(data, dtype=np.uint8))
+        sizes.append(size)
     return out, sizes
 
 
