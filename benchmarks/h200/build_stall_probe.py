@@ -76,6 +76,10 @@ def main(argv=None) -> int:
     p.add_argument("--build-at", default="40,80", help="steps at which a decoder is built (comma-separated)")
     p.add_argument("--decodes", type=int, default=3, help="batches each new decoder decodes after its build")
     p.add_argument("--threads", type=int, default=2, help="the decoder's DALI threads")
+    p.add_argument("--prealloc-mb", default="0,0",
+                   help="DEVICE,PINNED: MB DALI's pools hold before the loop (nvidia.dali.backend.Preallocate*), so "
+                        "that the builds and first decodes take their memory from the pools, not from the driver")
+    p.add_argument("--hw-decoder-load", type=float, default=None, help="the decoders' (default: DaliDecoder's)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -84,6 +88,8 @@ def main(argv=None) -> int:
     from fastfeed.decode.dali import DaliDecoder
 
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:  # set_device() and Stream() want the index
+        device = torch.device("cuda", torch.cuda.current_device())
     device_id = (device.index or 0) if device.type == "cuda" else None
     step = make_consumer(args.model, device)
     batch = synthetic_batch(args.batch_size, args.image_size, device)
@@ -92,9 +98,22 @@ def main(argv=None) -> int:
                            train=True, image_size=args.image_size)
     # The Loader's first pipeline, built and run before the first batch: the process's first DALI build and run
     # (imports, thread pools: 430-470 ms for the first run on the dev box) are paid here, untimed, as a Loader does.
+    hw = {} if args.hw_decoder_load is None else {"hw_decoder_load": args.hw_decoder_load}
+    free0 = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
     first = DaliDecoder(device_id=device_id, image_size=args.image_size, dtype=torch.float16,
-                        batch_size=args.batch_size, num_threads=args.threads, on_error="skip")
+                        batch_size=args.batch_size, num_threads=args.threads, on_error="skip", **hw)
     first(samples, windows)
+    first_mb = ((free0 - torch.cuda.mem_get_info(device)[0]) / 2**20) if device.type == "cuda" else 0.0
+    print(f"the first decoder's build and first batch took {first_mb:.0f} MB of device memory")
+    dev_mb, pinned_mb = (int(x) for x in args.prealloc_mb.split(","))
+    if dev_mb or pinned_mb:
+        from nvidia.dali import backend as dali_backend
+
+        if dev_mb and device.type == "cuda":
+            dali_backend.PreallocateDeviceMemory(dev_mb << 20, device_id)
+        if pinned_mb:
+            dali_backend.PreallocatePinnedMemory(pinned_mb << 20)
+    free = lambda: torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0  # noqa: E731
     for _ in range(5):
         step(*batch)
 
@@ -111,8 +130,9 @@ def main(argv=None) -> int:
             stream = torch.cuda.Stream(device=device)
         t0 = time.perf_counter()
         d = DaliDecoder(device_id=device_id, image_size=args.image_size, dtype=torch.float16,
-                        batch_size=args.batch_size, num_threads=args.threads, on_error="skip")
+                        batch_size=args.batch_size, num_threads=args.threads, on_error="skip", **hw)
         t1 = time.perf_counter()
+        free_before = free()
         ends = []
         for _ in range(args.decodes):
             if stream is not None:
@@ -123,7 +143,8 @@ def main(argv=None) -> int:
                 d(samples, windows)
             ends.append(time.perf_counter())
         decoders.append(d)
-        phases.append({"build": (t0, t1), "decodes": [(a, b) for a, b in zip([t1] + ends[:-1], ends)]})
+        phases.append({"build": (t0, t1), "decodes": [(a, b) for a, b in zip([t1] + ends[:-1], ends)],
+                       "device_mb_taken_by_decodes": (free_before - free()) / 2**20})
 
     build_at = {int(x) for x in args.build_at.split(",") if x}
     times, workers, k = [], [], 0
@@ -149,7 +170,8 @@ def main(argv=None) -> int:
     first = min((ph["build"][0] for ph in phases), default=times[-1][1])
     idle = ticker.longest(times[0][0], first)
     report = {"args": vars(args), "median_step_s": median, "steps_s": [b - a for a, b in times],
-              "longest_ticker_gap_before_builds_s": idle, "phases": []}
+              "longest_ticker_gap_before_builds_s": idle, "first_decoder_device_mb": first_mb,
+              "phases": []}
     print(f"{args.model} on {device}: median step {median * 1e3:.1f} ms over {len(times)} steps; the ticker's "
           f"longest gap before the first build {idle * 1e3:.1f} ms")
     for i, ph in enumerate(sorted(phases, key=lambda ph: ph["build"][0])):
@@ -164,6 +186,8 @@ def main(argv=None) -> int:
             print(f"  decoder {i + 1} {name:9s} {(b - a) * 1e3:7.1f} ms: ticker's longest gap "
                   f"{ticker.longest(a, b) * 1e3:6.1f} ms; {steps}")
         report["phases"].append(rows)
+        print(f"  decoder {i + 1}: its decodes took {ph['device_mb_taken_by_decodes']:.0f} MB more device memory "
+              "from the driver (torch.cuda.mem_get_info)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

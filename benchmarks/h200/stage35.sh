@@ -19,8 +19,11 @@ tag=${TAG:-a}
 probe() {  # $1 = model, rest: build_stall_probe.py arguments
   local m=$1; shift
   CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/h200/build_stall_probe.py --model $m \
-      --json $OUT/build-stall-$m-$tag.json "$@" 2>&1 | quiet | tail -9
+      --json $OUT/build-stall-$m-$tag.json "$@" 2>&1 | quiet | tail -16
 }
 case $K in
-6) probe resnet18; probe resnet50 --steps 100 --build-at 30,60; probe none --steps 200 ;;
+6) probe resnet18; probe resnet50 --steps 100 --build-at 30,60; probe none --steps 200
+   # the same with DALI's pools filled first (2 GiB device, 512 MiB pinned): is it the driver's allocations?
+   tag=$tag-prealloc probe resnet18 --prealloc-mb 2048,512
+   tag=$tag-prealloc probe resnet50 --steps 100 --build-at 30,60 --prealloc-mb 2048,512 ;;
 esac
