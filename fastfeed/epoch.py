@@ -66,24 +66,6 @@ class _Failure:
     exc: BaseException
 
 
-def another_pipeline(new_decoder, device: torch.device, have: int, building=nullcontext):
-    """A decoder built by `new_decoder()` (inside `building()`) beside the `have` built, while the device has room
-    for it (`pipelines.room_for_a_pipeline`); None when it has not or the build fails (logged): GPU memory, a driver
-    limit — the Loader runs on with the pipelines it has."""
-    try:
-        if device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(device)
-            if not room_for_a_pipeline(free, total):
-                raise MemoryError(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB of device memory free: left to "
-                                  "the model")
-        with building():
-            return new_decoder()
-    except Exception as exc:  # noqa: BLE001 - see the docstring
-        log.warning("fastfeed: could not build decode pipeline %d (%s: %s); running on with %d", have + 1,
-                    type(exc).__name__, exc, have)
-        return None
-
-
 class EpochRun:
     """One iteration of a Loader: its decode workers and the in-order hand-off to the consumer.
 
@@ -207,14 +189,23 @@ class EpochRun:
         the build fails (logged): the worker ends, the others go on, and the tuner, which sees no gain from the
         count it asked for, goes back."""
         with self._decoders_lock:
-            while len(self.decoders) <= w:
-                # the tuners measure nothing across the build (it stalls the loop), and start after it
-                building = self.pace.building if self.pace is not None else nullcontext
-                decoder = another_pipeline(self._new_decoder, self.settings.device, len(self.decoders), building)
-                if decoder is None:
-                    return None
-                self.decoders.append(decoder)
-            return self.decoders[w]
+            if w < len(self.decoders):
+                return self.decoders[w]
+            try:
+                while len(self.decoders) <= w:
+                    if self.settings.device.type == "cuda":
+                        free, total = torch.cuda.mem_get_info(self.settings.device)
+                        if not room_for_a_pipeline(free, total):
+                            raise MemoryError(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB of device memory "
+                                              "free: left to the model")
+                    # the tuners measure nothing across the build (it stalls the loop), and start after it
+                    with self.pace.building() if self.pace is not None else nullcontext():
+                        self.decoders.append(self._new_decoder())
+                return self.decoders[w]
+            except Exception as exc:  # noqa: BLE001 - GPU memory, a driver limit: run on with the pipelines built
+                log.warning("fastfeed: could not build decode pipeline %d (%s: %s); running on with %d",
+                            w + 1, type(exc).__name__, exc, len(self.decoders))
+                return None
 
     def _wait_active(self, w: int) -> bool:
         """Wait, holding no batch, while the tuner runs fewer than w + 1 workers; False when the run stops."""

@@ -79,7 +79,7 @@ from fastfeed.compat import AccelerateState, EpochSampler, seeded_call
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.decode import build_decoder, oriented_size
 from fastfeed.decode.crop import DEFAULT_ORIENTATION
-from fastfeed.epoch import EpochRun, LoaderError, SampleTable, another_pipeline
+from fastfeed.epoch import EpochRun, LoaderError, SampleTable
 from fastfeed.formats import integrity, open_dataset
 from fastfeed.pace import ConsumerPace
 from fastfeed.pipelines import PipelineTuner
@@ -189,6 +189,7 @@ class Loader:
         extents = self.dataset.extents()
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
         self._pace = ConsumerPace()  # the loop's pace, for decoders that size work by it (decode/hybrid.py)
+        self._decoders = self._build_decoders()
         # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
         # a CUDA process (see the NOTE on fork) touching CUDA at all fails.
         slot_bytes = auto_slot_bytes(extents.size, s.batch_size)
@@ -207,8 +208,6 @@ class Loader:
         limit = s.pipeline_limit_within(slots)
         self._tuner = PipelineTuner(self._pace, start=s.pipelines, limit=limit, settle=slots,
                                     floor=s.pipeline_floor) if limit > s.pipeline_floor else None
-        self._spares = min(s.spare_pipelines, limit - s.pipelines)  # parked until the tuner asks for them
-        self._decoders = self._build_decoders()
         self._publish_settings()
 
         self._epoch = 0
@@ -495,15 +494,9 @@ class Loader:
                            read=lambda i: ds.read(i, check=False), bad_checksums=check)
 
     def _build_decoders(self) -> list:
-        """One decoder per starting pipeline, and the spares while the device has room for them (a run's workers build
-        more with `_new_decoder` when the tuner asks)."""
+        """One decoder per starting pipeline (a run's workers build more with `_new_decoder` when the tuner asks)."""
         new = self._new_decoder
         decoders = [new() for _ in range(self.settings.pipelines)]
-        for _ in range(self._spares):
-            spare = another_pipeline(new, self.settings.device, len(decoders))
-            if spare is None:
-                break
-            decoders.append(spare)
         _register_exit_hook()  # after the decoders: DALI registers its own when it is first imported
         return decoders
 

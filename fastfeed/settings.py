@@ -56,10 +56,6 @@ HYBRID_RESERVED_CORES = 4
 # against 18.5k img/s over 200 batches after 200 of warm-up).
 # Their decode threads are sized for DEFAULT_DALI_PIPELINES, the count measured most, whatever the start.
 AUTO_START_PIPELINES = 1
-# Pipelines built before the first batch beyond the start, parked until the tuner asks for them (an experiment, off):
-# a GPU pipeline's build holds the GIL throughout, 450-575 ms beside ResNet-18/-50 on an H200, so the training step
-# stalls as long; 220-250 ms on an idle GPU (benchmarks/h200/build_stall_probe.py, sixteenth session).
-SPARE_PIPELINES = 0
 MAX_AUTO_PIPELINES = 4
 CORES_PER_PIPELINE = 4
 MIN_AUTO_PIPELINES = 1
@@ -128,7 +124,6 @@ class LoaderSettings:
     pipelines: int  # decoders working side by side on consecutive batches (at the start)
     pipeline_limit: int  # the most the pipeline tuner may run (fastfeed/pipelines.py); == pipelines: fixed
     pipeline_floor: int  # the fewest it may run; == pipelines: fixed
-    spare_pipelines: int  # built before the first batch beyond `pipelines`, for the tuner to take (SPARE_PIPELINES)
     hw_decoder_load: float
     pinned_input: bool  # the GPU decoders read the ring's page-locked samples in place (large photos, see above)
     hybrid_start_share: float  # the CPU share decoder "hybrid" starts tuning from (decode/hybrid.py)
@@ -238,7 +233,6 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         pipelines=pipelines,
         pipeline_limit=limit,
         pipeline_floor=floor,
-        spare_pipelines=min(SPARE_PIPELINES, limit - pipelines) if tuned else 0,
         hw_decoder_load=_default_hw_decoder_load(images) if hw_decoder_load is None else float(hw_decoder_load),
         pinned_input=_default_pinned_input(images),
         hybrid_start_share=_hybrid_start_share(world),

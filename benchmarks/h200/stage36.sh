@@ -3,7 +3,9 @@
 # GIL throughout (the ticker waited as long as the build: 450-575 ms beside ResNet-18/-50, 220-250 ms on an idle GPU),
 # so the training step stalls while the tuner's next pipeline is built; DALI's pools filled first did not shorten it.
 # Here: what the build's time is (its hardware decoder or not), and spare pipelines built before the first batch
-# (settings.SPARE_PIPELINES, train_table.py's `_spares`) against the defaults, both orders, DALI's readers in the first:
+# (settings.SPARE_PIPELINES, train_table.py's `_spares`) against the defaults, both orders, DALI's readers in the first.
+# SPARE_PIPELINES and `_spares` exist only in commit 2eb58c1, where this ran (not adopted: RESULTS.md, sixteenth
+# session): run K=7.. there.
 #   bash benchmarks/h200/stage36.sh K     K = 1..5: staging as stage32.sh (5: with tests/test_gpu.py unless TESTS=0)
 #                                          6: the probe beside ResNet-18, hw_decoder_load 0 and the default
 #                                          7: ResNet-18: defaults, 1 spare, 3 spares    8: ResNet-50, the same

@@ -284,7 +284,7 @@ def main(argv=None) -> int:
         event.record(torch.cuda.current_stream(device))
         event.synchronize()
 
-    def ff(_start=None, _share=None, _first=None, _pinned=None, _nice=None, _spares=None, **kw):
+    def ff(_start=None, _share=None, _first=None, _pinned=None, _nice=None, **kw):
         """_start: the hybrid climber starts at this CPU share; _share: every batch split at this share (the climber
         replaced, as in share_sweep.py; give `pipelines` too: a tuner's later decoders would get the real one);
         _first: a tuned Loader starts with this many pipelines (settings.AUTO_START_PIPELINES; 2 until the eleventh
@@ -294,8 +294,7 @@ def main(argv=None) -> int:
         upper bound), or "event" (thirteenth session): True, the wait on a blocking-sync event (the thread sleeps in
         the driver instead of spinning in cudaStreamSynchronize).
         _nice (fourteenth session): the loader's threads at this nice level (`Renicer`); "N,py": the Python threads
-        kept at the training thread's.
-        _spares (sixteenth session): pipelines built before the first batch beyond the start (settings.SPARE_PIPELINES)."""
+        kept at the training thread's."""
         kw.setdefault("channels_last", True)
 
         def build():
@@ -304,9 +303,6 @@ def main(argv=None) -> int:
             # read at every batch: set for this row, reset by the next ff row's build
             D._inputs_read = {"async": lambda device: None, "event": read_by_event}.get(_pinned, inputs_read)
             saved, first = (H.START_SHARE, H.climber_for, FS._default_pinned_input), FS.AUTO_START_PIPELINES
-            spares = FS.SPARE_PIPELINES
-            if _spares is not None:
-                FS.SPARE_PIPELINES = _spares
             if _pinned is not None:
                 FS._default_pinned_input = lambda images: bool(_pinned)
             if _first is not None:
@@ -324,7 +320,6 @@ def main(argv=None) -> int:
                                        dtype=torch.float16, **kw)
             finally:
                 (H.START_SHARE, H.climber_for, FS._default_pinned_input), FS.AUTO_START_PIPELINES = saved, first
-                FS.SPARE_PIPELINES = spares
         return build
 
     def dali(source, root, hw, t):
