@@ -18,8 +18,9 @@ is before its first batch. Reported:
 On the dev box (DALI's CPU backend, results/cpu-build-stall-devbox-2026-12-01p.txt; the first runs before the
 untimed first run was added, and on simpler images than demo_data's) a build took 7-18 ms and only the process's first
 DALI run was slow (428-471 ms, the ticker waiting up to 91-156 ms; the next runs 25-47 ms, a second pipeline's first
-run 35 ms; on demo_data's images 51-72 ms). What a GPU pipeline's build and first runs
-cost, and whether they hold the GIL or the device, is what this is for (not yet run on the H200).
+run 35 ms; on demo_data's images 51-72 ms). On the H200 (stage35.sh, sixteenth session; RESULTS.md) a GPU pipeline's
+build held the GIL throughout, 450-575 ms beside ResNet-18/-50 (220-250 ms on an idle GPU), with DALI's pools filled
+first (--prealloc-mb) or without the hardware decoder (--hw-decoder-load 0) alike; its first decodes held neither.
 """
 from __future__ import annotations
 
