@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 14, written in the fifteenth session (2026-12-01), run in the sixteenth (RESULTS.md), on one nvidia-h200: what stalls
-# the training step while the Loader builds a decode pipeline (6 of 26 ResNet-18 rows of the fifteenth session had a
-# build inside their timed steps, 17-22% off the row)? `build_stall_probe.py`: a training loop on resident data,
+# Issue 14, written in the fifteenth session (2026-12-01), run in the sixteenth (RESULTS.md), on one nvidia-h200: what
+# stalls the training step while the Loader builds a decode pipeline (6 of 26 ResNet-18 rows of the fifteenth session
+# had a build inside their timed steps, 17-22% off the row)? `build_stall_probe.py`: a training loop on resident data,
 # decoders built from another thread at steps 40 and 80 after an untimed first one (as the Loader's first pipeline),
 # each decoding three batches; per phase the steps meanwhile and a 1-ms ticker's longest wait (the GIL).
 #   bash benchmarks/h200/stage35.sh K     K = 1..5: staging as stage32.sh (5: with tests/test_gpu.py unless TESTS=0)
