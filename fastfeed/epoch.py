@@ -201,6 +201,7 @@ class EpochRun:
                     # the tuners measure nothing across the build (it stalls the loop), and start after it
                     with self.pace.building() if self.pace is not None else nullcontext():
                         self.decoders.append(self._new_decoder())
+                    self.stats.add("pipelines_built")  # fastfeed bench notes a build inside its timed steps
                 return self.decoders[w]
             except Exception as exc:  # noqa: BLE001 - GPU memory, a driver limit: run on with the pipelines built
                 log.warning("fastfeed: could not build decode pipeline %d (%s: %s); running on with %d",

@@ -420,7 +420,9 @@ class Loader:
         `wait` (the training loop waiting for a batch: the number that matters). `ring` has the raw ring counters
         (`digest_seconds`: the reader threads' per-sample checksum hashing, when checksums are verified).
         `skipped` counts replaced samples by code: read_error, checksum, not_image, decode_error. With
-        decoder="hybrid", `cpu_decoded`/`gpu_decoded` count the images each part has decoded.
+        decoder="hybrid", `cpu_decoded`/`gpu_decoded` count the images each part has decoded. `pipelines_built`
+        counts the decode pipelines built, before the first batch and when the tuner asked for more (a GPU
+        pipeline's build stalls the training step ~0.5 s, once: fastfeed/pipelines.py).
         """
         snap = self._stats.snapshot()
         ring = self._ring.stats()
@@ -497,6 +499,7 @@ class Loader:
         """One decoder per starting pipeline (a run's workers build more with `_new_decoder` when the tuner asks)."""
         new = self._new_decoder
         decoders = [new() for _ in range(self.settings.pipelines)]
+        self._stats.add("pipelines_built", len(decoders))
         _register_exit_hook()  # after the decoders: DALI registers its own when it is first imported
         return decoders
 

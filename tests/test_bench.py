@@ -350,6 +350,39 @@ def test_bench_notes_how_long_a_tuning_loader_warmed_up(wds_path):
         assert any(want in n for n in report["notes"]), report["notes"]
 
 
+class _BuildsAt:
+    """A loader whose stats are fastfeed's (a real StageStats) and that counts a decode pipeline built when batch
+    `at` is taken, as a tuned Loader's worker does when its tuner asks for one more."""
+
+    def __init__(self, at):
+        from fastfeed.stats import StageStats
+
+        self.at, self.taken, self._stats = at, 0, StageStats(stages=("wait",))
+        self._stats.add("pipelines_built")  # the one built before the first batch
+
+    def __iter__(self):
+        for _ in range(1000):
+            self.taken += 1
+            if self.taken == self.at:
+                self._stats.add("pipelines_built")
+            yield torch.zeros(2, 3, 8, 8), torch.zeros(2, dtype=torch.int64)
+
+    def stats(self):
+        return self._stats.snapshot()
+
+
+def test_bench_notes_a_pipeline_built_during_the_timed_steps(wds_path):
+    """A GPU pipeline's build stalls the step ~0.5 s once (fastfeed/pipelines.py): a run that timed one says so,
+    one that built it while warming up, or before the first batch, does not."""
+    from fastfeed.bench.session import BenchConfig, run_bench
+
+    cfg = BenchConfig(dataset=wds_path, batch_size=2, image_size=8, device="cpu", steps=4, warmup=5, max_warmup=5)
+    for at, noted in ((3, False), (7, True), (10_000, False)):
+        report = run_bench(cfg, loaders={"fastfeed": lambda at=at: _BuildsAt(at)}, progress=False)
+        want = "fastfeed: 1 decode pipeline built during the timed steps; a GPU pipeline's build stalls the step"
+        assert any(want in n for n in report["notes"]) == noted, (at, report["notes"])
+
+
 def test_settings_lines_show_the_dali_settings():
     from fastfeed.bench.report import settings_lines
 

@@ -458,12 +458,12 @@ def parts(wds_path):
     ds.close()
 
 
-def run_epoch(parts, plan, decoders, script=None, new_decoder=None):
+def run_epoch(parts, plan, decoders, script=None, new_decoder=None, stats=None):
     ds, s, table, ring = parts
     box = {}
     tuner = Scripted(box, script) if script is not None else None
-    run = EpochRun(plan, ring=ring, decoders=decoders, settings=s, table=table, stats=StageStats(), tuner=tuner,
-                   new_decoder=new_decoder)
+    run = EpochRun(plan, ring=ring, decoders=decoders, settings=s, table=table, stats=stats or StageStats(),
+                   tuner=tuner, new_decoder=new_decoder)
     box["run"] = run
     run.begin()
     taken = []
@@ -496,12 +496,14 @@ def test_workers_come_and_go_mid_epoch_and_the_batches_stay_the_same(parts):
     def script(k):
         return 3 if 8 <= k < 24 else 1
     decoders = [Recording(build_decoder(s), seen)]
+    stats = StageStats()
     try:
-        got = run_epoch(parts, plan, decoders, script, new_decoder)
+        got = run_epoch(parts, plan, decoders, script, new_decoder, stats)
     finally:
         for d in decoders:
             d.close()
     assert len(got) == len(want) == 40
+    assert stats.snapshot()["counters"]["pipelines_built"] == 2  # fastfeed bench notes builds in its timed steps
     for (xa, ya, _), (xb, yb, _) in zip(got, want):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)  # which thread decoded a batch changes nothing
     assert [a for _, _, a in got][6:8] == [1, 3] and got[-1][2] == 1  # taking batch 7 moved next_out to 8
@@ -523,12 +525,14 @@ def test_a_worker_whose_decoder_cannot_be_built_leaves_the_others_to_finish(part
     def new_decoder():
         raise RuntimeError("out of device memory")
     decoders = [build_decoder(s)]
+    stats = StageStats()
     try:
         with caplog.at_level("WARNING", logger="fastfeed"):
-            got = run_epoch(parts, plan, decoders, lambda k: 1 if k < 5 else 2, new_decoder)
+            got = run_epoch(parts, plan, decoders, lambda k: 1 if k < 5 else 2, new_decoder, stats)
     finally:
         decoders[0].close()
     assert len(got) == plan.num_batches and len(decoders) == 1
+    assert "pipelines_built" not in stats.snapshot()["counters"]
     assert "could not build decode pipeline 2 (RuntimeError: out of device memory); running on with 1" in caplog.text
 
 
@@ -543,6 +547,7 @@ def test_a_cpu_loader_and_a_given_pipeline_count_are_not_tuned(wds_path):
         assert L._tuner is None
         next(iter(L))
         assert L.stats()["info"]["pipelines"] == 1 and "pipeline_history" not in L.stats()
+        assert L.stats()["counters"]["pipelines_built"] == 1
         assert L.stats()["info"]["tuning_settled"] is True  # nothing tuned: fastfeed bench need not wait
 
 

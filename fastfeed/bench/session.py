@@ -246,4 +246,12 @@ def _measure(name: str, factory: Callable[[], Iterable], consumer, cfg: BenchCon
     elif res.warmup_steps > cfg.warmup:
         note = (f"{name} warmed up {res.warmup_steps} steps (asked {cfg.warmup}), until its online tuning (pipeline "
                 "count, CPU share) settled")
+    built = ((res.loader_stats or {}).get("counters") or {}).get("pipelines_built", 0)
+    if built:
+        # A GPU pipeline's build holds the GIL (fastfeed/pipelines.py): the step waits as long, once per pipeline,
+        # and a short run's rate carries all of it.
+        built_note = (f"{name}: {built} decode pipeline{'s' if built > 1 else ''} built during the timed steps; "
+                      "a GPU pipeline's build stalls the step ~0.5 s once, which this rate includes: time more steps "
+                      "(--steps) for the steady state")
+        note = f"{note}; {built_note}" if note else built_note
     return res.to_dict(), note
