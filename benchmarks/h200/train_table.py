@@ -119,6 +119,10 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
                 d["pipelines_now"], d["pipeline_history"] = info.get("pipelines"), snap["pipeline_history"]
         except Exception:  # noqa: BLE001 - DaliReference etc.
             pass
+    # a pipeline built inside the timed steps stalled one of them ~0.5 s (fastfeed/pipelines.py): the row reads low
+    built = ((res.loader_stats or {}).get("counters") or {}).get("pipelines_built", 0)
+    if built:
+        d["pipelines_built_timed"] = built
     d.update(extra or {})
     host = d["host"] or {}
     log(f"{name:34s} {d['samples_per_s']:9,.0f} img/s  step p50 {d['step_s']['p50'] * 1e3:6.1f} ms  "
@@ -126,6 +130,7 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
         f"first batch {ttfb:5.2f} s" + (f"  cpu share {d['cpu_share']:.0%}" if "cpu_share" in d else "")
         + (f" (last {d['final_cpu_share']:.0%})" if "final_cpu_share" in d else "")
         + (f"  pipelines {d['pipelines_now']}" if "pipelines_now" in d else "")
+        + (f" (+{d['pipelines_built_timed']} built in the timed steps)" if "pipelines_built_timed" in d else "")
         + (f"  warm-up {d['warmup_steps']}" if d["warmup_steps"] > (args.warmup if warmup is None else warmup) else ""))
     return d
 
