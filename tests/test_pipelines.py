@@ -462,8 +462,9 @@ def run_epoch(parts, plan, decoders, script=None, new_decoder=None, stats=None):
     ds, s, table, ring = parts
     box = {}
     tuner = Scripted(box, script) if script is not None else None
-    run = EpochRun(plan, ring=ring, decoders=decoders, settings=s, table=table, stats=stats or StageStats(),
-                   tuner=tuner, new_decoder=new_decoder)
+    stats = StageStats() if stats is None else stats
+    run = EpochRun(plan, ring=ring, decoders=decoders, settings=s, table=table, stats=stats, tuner=tuner,
+                   new_decoder=new_decoder)
     box["run"] = run
     run.begin()
     taken = []
