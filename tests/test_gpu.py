@@ -219,12 +219,15 @@ def test_the_pipeline_tuner_changes_no_batch(gpu_wds):
         got = [(x.clone(), y.clone()) for _ in range(epochs) for x, y in tuned]
         history = tuned.stats()["pipeline_history"]
         now = tuned.stats()["info"]["pipelines"]
+        built = tuned.stats()["counters"]["pipelines_built"]  # one before the first batch, the rest by the workers
     print(f"pipelines now {now}, measured (count, period s, wait share): {history}")
     assert history and all(1 <= count <= limit for count, _, _ in history) and 1 <= now <= limit
     assert history[0][0] == 1 and history[0][2] >= GROW_WAIT and any(c == 2 for c, _, _ in history)
+    assert max(c for c, _, _ in history) <= built <= limit  # a pipeline dropped stays built: never built twice
     with fastfeed.Loader(gpu_wds, pipelines=2, **kw) as fixed:
         assert fixed.settings.pipeline_limit == 2 and "pipeline_history" not in fixed.stats()
         want = [(x.clone(), y.clone()) for _ in range(epochs) for x, y in fixed]
+        assert fixed.stats()["counters"]["pipelines_built"] == 2
     assert len(got) == len(want) == epochs * 20
     for (xa, ya), (xb, yb) in zip(got, want):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
