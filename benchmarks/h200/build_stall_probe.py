@@ -14,6 +14,7 @@ is before its first batch. Reported:
 
     python3 benchmarks/h200/build_stall_probe.py --model resnet18 --json OUT.json
     python3 benchmarks/h200/build_stall_probe.py --device cpu --model resnet18 --batch-size 32 --image-size 64
+    python3 benchmarks/h200/build_stall_probe.py --model resnet18 --part decoder    (one part's build: PartPipeline)
 
 On the dev box (DALI's CPU backend, results/cpu-build-stall-devbox-2026-12-01p.txt; the first runs before the
 untimed first run was added, and on simpler images than demo_data's) a build took 7-18 ms and only the process's first
@@ -45,6 +46,38 @@ def jpegs(n: int, seed: int = 0) -> tuple[list[np.ndarray], list[tuple[int, int]
         out.append(np.frombuffer(data, dtype=np.uint8))
         sizes.append(size)
     return out, sizes
+
+
+class PartPipeline:
+    """A DALI pipeline of one part of DaliDecoder's (`--part`), built only, to tell which operator's construction the
+    build's time goes to: "decoder" (fn.decoders.image, mixed on a GPU), "post" (resize and crop_mirror_normalize
+    on the device's images), "empty" (an external source alone: the pipeline's own set-up)."""
+
+    def __init__(self, part: str, *, device_id, batch_size: int, threads: int, image_size: int, hw: dict):
+        from nvidia.dali import fn, pipeline_def, types
+
+        gpu = device_id is not None
+
+        @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, prefetch_queue_depth=1,
+                      exec_dynamic=True)
+        def pipe():
+            if part == "decoder":
+                raw = fn.external_source(name="raw", dtype=types.UINT8, ndim=1)
+                return fn.decoders.image(raw, device="mixed" if gpu else "cpu", output_type=types.RGB,
+                                         jpeg_fancy_upsampling=True, **(hw if gpu else {}))
+            images = fn.external_source(name="images", dtype=types.UINT8, ndim=3, layout="HWC",
+                                        device="gpu" if gpu else "cpu")
+            if part == "empty":
+                return images
+            images = fn.resize(images, size=[image_size, image_size], interp_type=types.INTERP_LINEAR,
+                               antialias=True)
+            return fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="HWC")
+
+        self.pipe = pipe()
+        self.pipe.build()
+
+    def close(self):
+        self.pipe = None
 
 
 class Ticker(threading.Thread):
@@ -81,6 +114,9 @@ def main(argv=None) -> int:
                    help="DEVICE,PINNED: MB DALI's pools hold before the loop (nvidia.dali.backend.Preallocate*), so "
                         "that the builds and first decodes take their memory from the pools, not from the driver")
     p.add_argument("--hw-decoder-load", type=float, default=None, help="the decoders' (default: DaliDecoder's)")
+    p.add_argument("--part", choices=("full", "decoder", "post", "empty"), default="full",
+                   help="build DaliDecoder's whole pipeline and decode with it (full), or one part only, built and "
+                        "not run (PartPipeline)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -130,12 +166,16 @@ def main(argv=None) -> int:
             torch.cuda.set_device(device)
             stream = torch.cuda.Stream(device=device)
         t0 = time.perf_counter()
-        d = DaliDecoder(device_id=device_id, image_size=args.image_size, dtype=torch.float16,
-                        batch_size=args.batch_size, num_threads=args.threads, on_error="skip", **hw)
+        if args.part == "full":
+            d = DaliDecoder(device_id=device_id, image_size=args.image_size, dtype=torch.float16,
+                            batch_size=args.batch_size, num_threads=args.threads, on_error="skip", **hw)
+        else:
+            d = PartPipeline(args.part, device_id=device_id, batch_size=args.batch_size, threads=args.threads,
+                             image_size=args.image_size, hw=hw)
         t1 = time.perf_counter()
         free_before = free()
         ends = []
-        for _ in range(args.decodes):
+        for _ in range(args.decodes if args.part == "full" else 0):
             if stream is not None:
                 with torch.cuda.stream(stream):
                     d(samples, windows)
