@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -199,9 +200,15 @@ class EpochRun:
                             raise MemoryError(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB of device memory "
                                               "free: left to the model")
                     # the tuners measure nothing across the build (it stalls the loop), and start after it
+                    t0 = time.perf_counter()
                     with self.pace.building() if self.pace is not None else nullcontext():
                         self.decoders.append(self._new_decoder())
                     self.stats.add("pipelines_built")  # fastfeed bench notes a build inside its timed steps
+                    # Said once per pipeline: a GPU build holds the GIL, so the training step waited as long
+                    # (fastfeed/pipelines.py); a dip in the user's own throughput log is explained here.
+                    log.info("fastfeed: built decode pipeline %d in %.2f s for the pipeline tuner (a GPU pipeline's "
+                             "build keeps the training step waiting, once)", len(self.decoders),
+                             time.perf_counter() - t0)
                 return self.decoders[w]
             except Exception as exc:  # noqa: BLE001 - GPU memory, a driver limit: run on with the pipelines built
                 log.warning("fastfeed: could not build decode pipeline %d (%s: %s); running on with %d",

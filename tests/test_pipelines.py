@@ -477,7 +477,7 @@ def run_epoch(parts, plan, decoders, script=None, new_decoder=None, stats=None):
     return taken
 
 
-def test_workers_come_and_go_mid_epoch_and_the_batches_stay_the_same(parts):
+def test_workers_come_and_go_mid_epoch_and_the_batches_stay_the_same(parts, caplog):
     ds, s, table, ring = parts
     plan = sampling.plan_epoch(len(ds), seed=s.seed, epoch=1, world=World(), batch_size=s.batch_size, shuffle=True)
     assert plan.num_batches == 40
@@ -499,12 +499,17 @@ def test_workers_come_and_go_mid_epoch_and_the_batches_stay_the_same(parts):
     decoders = [Recording(build_decoder(s), seen)]
     stats = StageStats()
     try:
-        got = run_epoch(parts, plan, decoders, script, new_decoder, stats)
+        with caplog.at_level("INFO", logger="fastfeed"):
+            got = run_epoch(parts, plan, decoders, script, new_decoder, stats)
     finally:
         for d in decoders:
             d.close()
     assert len(got) == len(want) == 40
     assert stats.snapshot()["counters"]["pipelines_built"] == 2  # fastfeed bench notes builds in its timed steps
+    # each build said once, with its time: a dip in the user's throughput log has its reason in the log
+    said = [r.getMessage() for r in caplog.records if "built decode pipeline" in r.getMessage()]
+    assert [m.split(" in ")[0] for m in said] == ["fastfeed: built decode pipeline 2",
+                                                  "fastfeed: built decode pipeline 3"], said
     for (xa, ya, _), (xb, yb, _) in zip(got, want):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)  # which thread decoded a batch changes nothing
     assert [a for _, _, a in got][6:8] == [1, 3] and got[-1][2] == 1  # taking batch 7 moved next_out to 8
