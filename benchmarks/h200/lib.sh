@@ -17,6 +17,12 @@ table() {  # $1 = tree, $2 = tag, $3 = consumers, rest: more train_table.py argu
       --dali-grid 0.9:4 --json $OUT/table-$tag.json "$@" 2>&1 | grep -E "^\[" | quiet \
       | grep -E "img/s|could not|failed" | tail -14)
 }
+both_orders() {  # two extra fastfeed rows $B and $C against the defaults, A B C then C B A in another process
+  # $1 = name, $2 = consumers, $3 = the first order's --rows, rest: train_table.py arguments; JSON names use $tag
+  local name=$1 consumers=$2 rows=$3; shift 3
+  table $PWD $name-abc-$tag $consumers --rows $rows --extra-ff "$B;$C" "$@"
+  table $PWD $name-cba-$tag $consumers --rows none --extra-ff "$C;$B;ff-default=dict()" "$@"
+}
 ddp() {  # $1 = label, $2 = ranks, rest = extra args
   local label=$1 n=$2; shift 2
   timeout 120 torchrun --standalone --nproc-per-node $n benchmarks/h200/ddp_scaling.py --data $W/base-wds \

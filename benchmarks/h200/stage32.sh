@@ -23,12 +23,7 @@ case $K in
 esac
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
-B='first2=dict(_first=2)' C='remeasure=dict(_remeasure=True)'
-both_orders() {  # $1 = name, $2 = consumers, $3 = the first order's --rows, rest: train_table.py arguments
-  local name=$1 consumers=$2 rows=$3; shift 3
-  table $PWD $name-abc-$tag $consumers --rows $rows --extra-ff "$B;$C" "$@"
-  table $PWD $name-cba-$tag $consumers --rows none --extra-ff "$C;$B;ff-default=dict()" "$@"
-}
+B='first2=dict(_first=2)' C='remeasure=dict(_remeasure=True)'  # the rows lib.sh's both_orders runs
 case $K in
 5) install_dali
    if [ "${TESTS:-1}" = 1 ]; then gpu_tests; fi ;;

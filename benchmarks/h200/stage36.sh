@@ -19,12 +19,7 @@ case $K in
 esac
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
-B='spares1=dict(_spares=1)' C='spares3=dict(_spares=3)'
-both_orders() {  # $1 = name, $2 = consumers, $3 = the first order's --rows, rest: train_table.py arguments
-  local name=$1 consumers=$2 rows=$3; shift 3
-  table $PWD $name-abc-$tag $consumers --rows $rows --extra-ff "$B;$C" "$@"
-  table $PWD $name-cba-$tag $consumers --rows none --extra-ff "$C;$B;ff-default=dict()" "$@"
-}
+B='spares1=dict(_spares=1)' C='spares3=dict(_spares=3)'  # the rows lib.sh's both_orders runs
 probe() {  # $1 = name, rest: build_stall_probe.py arguments
   local name=$1; shift
   CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/h200/build_stall_probe.py --model resnet18 \
