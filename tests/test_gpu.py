@@ -148,6 +148,34 @@ def test_samples_handed_to_dali_as_page_locked_decode_to_the_same_bits(gpu_wds, 
     assert seen > 3
 
 
+def test_zero_copy_batches_stay_valid_after_later_batches(gpu_wds):
+    """zero_copy hands DALI's output buffer to torch without a copy (decode/dali_capi.py: _CudaArray keeps it alive):
+    a batch kept while the decoder runs on must still hold its own pixels, equal to a copied decode of the same
+    samples."""
+    from fastfeed.decode.crop import crop_windows
+    from fastfeed.decode.dali import DaliDecoder
+    from fastfeed.formats import open_dataset
+
+    ds = open_dataset(gpu_wds)
+    n = 16
+    batches = []
+    for start in range(0, 4 * n, n):
+        idx = np.arange(start, start + n)
+        samples = [np.frombuffer(ds.read(int(i)), dtype=np.uint8) for i in idx]
+        batches.append((samples, crop_windows(np.asarray(ds.widths)[idx], np.asarray(ds.heights)[idx], idx, seed=1,
+                                              epoch=0, train=True, image_size=64)))
+    kw = dict(device_id=0, image_size=64, dtype=torch.float16, batch_size=n, hw_decoder_load=0.0)  # bit-exact
+    shared, copied = DaliDecoder(zero_copy=True, **kw), DaliDecoder(**kw)
+    kept = [shared(*b).images for b in batches]  # each kept while the next ones are decoded
+    torch.cuda.synchronize()
+    for k, b in zip(kept, batches):
+        assert torch.equal(k, copied(*b).images)
+    assert not torch.equal(kept[0], kept[1])
+    shared.close()
+    copied.close()
+    assert kept[0].float().std() > 0.1  # still readable after the decoder is gone
+
+
 def test_cpu_decode_for_a_gpu_is_the_cpu_paths_bits_on_the_gpu(gpu_wds):
     """decoder="cpu-dali" with a CUDA device decodes on the CPU and normalises on the GPU (decode/split.py): the
     batches equal, bit for bit, the same decoder's batches on the CPU device."""

@@ -18,12 +18,16 @@ instead of copying each batch into a page-locked buffer of their own, possibly a
 __call__ also waits until the work on its stream, which follows every read, has finished. The Loader asks for it
 for large photos only (settings.py says why).
 
-Output lifetime and streams: run(cuda_stream=torch's current stream) makes DALI's outputs ready on torch's stream
-(DALI inserts the wait). They are then copied into a tensor from torch's caching allocator on that same stream
-(feed_ndarray, ~50 us for 256x3x224x224 fp16 on an H200), so the result's lifetime belongs to torch alone: DALI may
-reuse its own buffers for the next batch while the training step still reads ours. zero_copy=True hands DALI's
-buffer over through DLPack instead (torch keeps DALI's buffer alive through the capsule); it is faster by the copy
-but depends on DALI's stream-ordered deallocation for safety, so it is opt-in.
+Building and running: the pipeline is defined here with DALI's Python API, serialized, and built, fed and run through
+libdali's C API (dali_capi.py), whose blocking calls release the GIL: DALI's Python binding held it through each whole
+build, 0.45-0.58 s in which the training thread of the same process could not launch a kernel.
+
+Output lifetime and streams: run(stream=torch's current stream) makes DALI's outputs ready on torch's stream. They
+are then copied into a tensor from torch's caching allocator on that same stream (~50 us for 256x3x224x224 fp16 on
+an H200), so the result's lifetime belongs to torch alone: DALI may reuse its own buffers for the next batch while
+the training step still reads ours. zero_copy=True hands DALI's buffer over instead (__cuda_array_interface__; torch
+keeps DALI's tensor alive until it drops the batch); it is faster by the copy but depends on DALI's stream-ordered
+deallocation for safety, so it is opt-in.
 
 Errors: DALI fails a whole batch. A cheap signature check drops non-images first; if the run still fails, the
 batch is bisected (runs on halves) to find the culprit records, and only the good ones are decoded again.
@@ -55,8 +59,9 @@ def dali_available() -> bool:
     return True
 
 
-def _build(batch_size, num_threads, device_id, image_size, dtype_name, channels_last, mean, std, hw_decoder_load,
-           adjust_orientation, chroma):
+def _graph(batch_size, num_threads, device_id, image_size, dtype_name, channels_last, mean, std, hw_decoder_load,
+           adjust_orientation, chroma) -> bytes:
+    """The pipeline, serialized (DALI's protobuf): defined here with DALI's Python API, built by dali_capi."""
     from nvidia.dali import fn, pipeline_def, types
 
     dali_dtype = {"float16": types.FLOAT16, "bfloat16": types.FLOAT16, "float32": types.FLOAT,
@@ -94,9 +99,7 @@ def _build(batch_size, num_threads, device_id, image_size, dtype_name, channels_
         return fn.crop_mirror_normalize(img, dtype=dali_dtype, output_layout="HWC" if channels_last else "CHW",
                                         mean=mean, std=std, mirror=mirror)
 
-    p = pipe()
-    p.build()
-    return p
+    return pipe().serialize()
 
 
 class DaliDecoder:
@@ -146,47 +149,51 @@ class DaliDecoder:
             self._lut = make_lut(self._dtype_name, mean, std)
             pipe_dtype, pipe_hwc = "uint8", True
         self.chroma = chroma_mode(device_id is not None)
-        self._args = (self.batch_size, int(num_threads), device_id, self.image_size, pipe_dtype,
-                      pipe_hwc, mean, std, hw_decoder_load, orientation == "exif", self.chroma)
-        self._pipe = _build(*self._args)
+        self._device_id = device_id
+        self._num_threads = int(num_threads)
+        self._graph = _graph(self.batch_size, self._num_threads, device_id, self.image_size, pipe_dtype, pipe_hwc,
+                             mean, std, hw_decoder_load, orientation == "exif", self.chroma)
+        self._pipe = self._build()
+
+    def _build(self):
+        from fastfeed.decode.dali_capi import CPipeline
+
+        return CPipeline(self._graph, batch_size=self.batch_size, num_threads=self._num_threads,
+                         device_id=self._device_id)
 
     # -- running ---------------------------------------------------------------------------------------------
-    def _feed(self, samples, windows: Windows, pinned: bool = False):
-        from nvidia.dali.tensors import TensorCPU, TensorListCPU
-
+    def _feed(self, samples, windows: Windows, pinned: bool = False) -> None:
+        """Hand the batch to the pipeline: the encoded bytes in place (`pinned`: they are page-locked, see the
+        module docstring), the per-sample parameters copied."""
+        pipe = self._pipe
         box = windows.box
-        # One TensorListCPU of views, not a list of arrays: feed_input checks a list in Python sample by sample,
-        # ~2x the GIL time per batch (benchmarks/bench_decoder_gil.py), which a decode worker takes from the training
-        # thread. contiguous=False keeps the views (no copy); TensorCPU also takes read-only buffers (DLPack does not).
-        # `pinned`: the views are page-locked (pinned_input, see the module docstring).
-        raw = TensorListCPU([TensorCPU(s, "", pinned) for s in samples], "", False)
-        feed = dict(raw=raw, mirror=windows.flip.astype(np.int32))
+        pipe.feed_samples("raw", samples, pinned)
+        pipe.feed_array("mirror", windows.flip.astype(np.int32))
         if self.chroma == "full":
             x = y = np.zeros(len(box))  # resize's ROI on the whole decoded image
         else:
             x = windows.x.astype(np.float64)
             y = windows.y.astype(np.float64)
-            feed["anchor"] = np.ascontiguousarray(np.stack([windows.x, windows.y], axis=1), dtype=np.int32)
-            feed["shape"] = np.ascontiguousarray(np.stack([windows.w, windows.h], axis=1), dtype=np.int32)
+            pipe.feed_array("anchor", np.stack([windows.x, windows.y], axis=1).astype(np.int32))
+            pipe.feed_array("shape", np.stack([windows.w, windows.h], axis=1).astype(np.int32))
         # resize's ROI is relative to what was decoded, in tensor order (H, W).
-        feed["roi_start"] = np.stack([box[:, 1] - y, box[:, 0] - x], axis=1).astype(np.float32)
-        feed["roi_end"] = np.stack([box[:, 3] - y, box[:, 2] - x], axis=1).astype(np.float32)
-        return feed
+        pipe.feed_array("roi_start", np.stack([box[:, 1] - y, box[:, 0] - x], axis=1).astype(np.float32))
+        pipe.feed_array("roi_end", np.stack([box[:, 3] - y, box[:, 2] - x], axis=1).astype(np.float32))
 
     def _run(self, samples, windows: Windows, pinned: bool = False):
+        """Run one batch; the caller closes the returned Outputs once it has copied them."""
         import torch
 
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        for name, value in self._feed(samples, windows, pinned).items():
-            self._pipe.feed_input(name, value)
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else None
         try:
-            (out,) = self._pipe.run() if stream is None else self._pipe.run(stream)
+            self._feed(samples, windows, pinned)
+            return self._pipe.run(stream)
         except RuntimeError:
             # DALI marks a pipeline that hit an operator error as "no longer valid"; start from a fresh one.
+            self._pipe.close()
             self._pipe = None
-            self._pipe = _build(*self._args)
+            self._pipe = self._build()
             raise
-        return out
 
     def _find_bad(self, samples, windows: Windows, positions: list[int], bad: dict, err: tuple[str, str]) -> None:
         """Bisect `positions` (whose joint run failed with `err`) down to the records that fail on their own."""
@@ -196,33 +203,32 @@ class DaliDecoder:
         half = len(positions) // 2
         for part in (positions[:half], positions[half:]):
             try:
-                self._run([samples[i] for i in part], windows.take(part))
+                self._run([samples[i] for i in part], windows.take(part)).close()
             except RuntimeError as e:
                 self._find_bad(samples, windows, part, bad, (DECODE_ERROR, _short(e)))
 
     def _to_torch(self, out):
+        """The batch in `out` (dali_capi.Outputs) as a tensor that torch alone owns (or, zero_copy, shares)."""
         import torch
 
-        from nvidia.dali.plugin.pytorch import feed_ndarray
-
-        tensor = out.as_tensor()
         if self.device.type == "cpu":
-            # A view of DALI's batch (valid until its next run); torch copies it out with the GIL released. DALI's
-            # own copy (feed_ndarray -> copy_to_external) holds the GIL throughout and is several times slower on
-            # the CPU (benchmarks/bench_decoder_gil.py), time the training thread of a GPU job cannot launch in.
-            host = np.asarray(tensor)
+            # A view of DALI's batch where it is one block (valid until out is closed): the lookup-table kernel or
+            # torch copies it out with the GIL released.
+            host = out.host_view()
+            if host is None:
+                host = np.empty(out.shape, out.dtype)
+                out.copy_to(host.ctypes.data, gpu=False)
             if self._lut is not None:
                 return self._normalize_cpu(host)
             src = torch.from_numpy(host)
             return torch.empty(src.shape, dtype=src.dtype, pin_memory=self._pinned_output).copy_(src)
         if self._zero_copy:
-            images = torch.from_dlpack(tensor)
+            images = torch.as_tensor(out.as_cuda_array(), device=self.device)
         else:
-            shape = tuple(tensor.shape())
-            dt = torch.uint8 if self._dtype_name == "uint8" else (
-                torch.float32 if self._dtype_name == "float32" else torch.float16)
-            images = torch.empty(shape, dtype=dt, device=self.device)
-            feed_ndarray(tensor, images, cuda_stream=torch.cuda.current_stream(self.device))
+            images = torch.empty(out.shape, dtype=getattr(torch, out.dtype.name), device=self.device)  # same names
+            # On torch's stream, where the outputs are ready (run popped them there).
+            out.copy_to(images.data_ptr(), gpu=True, device_id=self.device.index,
+                        stream=torch.cuda.current_stream(self.device).cuda_stream)
         if self._dtype_name == "bfloat16":
             images = images.to(torch.bfloat16)
         return images
@@ -268,7 +274,8 @@ class DaliDecoder:
         repl = resolve_errors(bad, n, self.on_error)
         if out is None:  # a failure was bisected: decode the good records once more
             out = self._run(*_subset(samples, windows, good), pinned)
-        images = self._to_torch(out)
+        with out:
+            images = self._to_torch(out)
         if pinned:
             # DALI may still be copying the samples to the GPU when its outputs are handed back; the caller reuses
             # their memory when this returns. The outputs, ready on this stream, come after every read of them.
@@ -283,7 +290,9 @@ class DaliDecoder:
         return DecodeResult(images, replaced_list(bad))
 
     def close(self) -> None:
-        self._pipe = None  # DALI tears the pipeline down when the last reference goes
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.close()
 
     def __enter__(self):
         return self

@@ -1,0 +1,123 @@
+"""DaliDecoder's pipelines run through libdali's C API (fastfeed/decode/dali_capi.py, ctypes), on DALI's CPU backend:
+the same pixels as DALI's Python binding gives for the same serialized graph, DALI's own error messages, and handles
+that cannot be used after close."""
+import numpy as np
+import pytest
+
+pytest.importorskip("nvidia.dali")
+torch = pytest.importorskip("torch")
+
+from fastfeed.decode.crop import crop_windows  # noqa: E402
+from fastfeed.decode.dali import DaliDecoder  # noqa: E402
+from fastfeed.decode.dali_capi import CPipeline, DaliCError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def photos():
+    from fastfeed import demo_data as dd
+
+    dd._init_worker()
+    out, sizes = [], []
+    for i in range(12):
+        data, size, _ = dd._render(3, i, progressive=i % 4 == 0)
+        out.append(np.frombuffer(data, dtype=np.uint8))
+        sizes.append(size)
+    # one buffer with views, as the ring hands a batch over
+    buf = np.concatenate(out)
+    ends = np.cumsum([len(x) for x in out])
+    views = [buf[e - len(x):e] for e, x in zip(ends, out)]
+    windows = crop_windows([s[0] for s in sizes], [s[1] for s in sizes], np.arange(12), seed=1, epoch=0, train=True,
+                           image_size=64)
+    return views, windows
+
+
+def _binding_run(dec, samples, windows):
+    """The decoder's graph built and run by DALI's Python binding, fed what the decoder feeds."""
+    from nvidia.dali import Pipeline
+    from nvidia.dali.tensors import TensorCPU, TensorListCPU
+
+    class Recorder:
+        def __init__(self):
+            self.fed = {}
+
+        def feed_samples(self, name, s, pinned=False):
+            self.fed[name] = TensorListCPU([TensorCPU(x, "", False) for x in s], "", False)
+
+        def feed_array(self, name, a):
+            self.fed[name] = np.array(a)
+
+    rec, dec._pipe = dec._pipe, Recorder()
+    try:
+        dec._feed(samples, windows)
+        fed = dec._pipe.fed
+    finally:
+        dec._pipe = rec
+    p = Pipeline.deserialize(serialized_pipeline=dec._graph, batch_size=dec.batch_size, num_threads=2,
+                             device_id=None, prefetch_queue_depth=1, exec_dynamic=True)
+    p.build()
+    for name, value in fed.items():
+        p.feed_input(name, value)
+    (out,) = p.run()
+    return np.asarray(out.as_tensor())
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_same_pixels_as_the_python_binding(photos, channels_last):
+    # uint8: everything the batch goes through is DALI's (other dtypes are normalised afterwards by the lookup-table
+    # kernel on the CPU backend: decode/dali.py).
+    samples, windows = photos
+    dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, channels_last=channels_last, batch_size=16)
+    try:
+        ours = dec(samples, windows).images
+        raw = _binding_run(dec, samples, windows)
+    finally:
+        dec.close()
+    expect = torch.from_numpy(raw)
+    if channels_last:
+        expect = expect.permute(0, 3, 1, 2)
+    assert ours.shape == expect.shape == (12, 3, 64, 64)
+    assert raw.std() > 10
+    assert torch.equal(ours, expect)
+
+
+def test_operator_error_is_dalis_message_and_the_decoder_goes_on(photos):
+    samples, windows = photos
+    broken = np.concatenate([samples[0][:200], np.full(3000, 7, np.uint8)])  # JPEG signature, body cut
+    dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
+    try:
+        with pytest.raises(DaliCError, match="encountered"):
+            dec._run([broken] + samples[1:], windows)
+        res = dec([broken] + samples[1:], windows)
+        assert [r[0] for r in res.replaced] == [0] and "DALI:" in res.replaced[0][2]
+        again = dec(samples, windows).images
+        assert again.shape == (12, 3, 64, 64) and again.float().std() > 10
+    finally:
+        dec.close()
+
+
+def test_closed_handles_refuse_work(photos):
+    samples, windows = photos
+    dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
+    pipe = CPipeline(dec._graph, batch_size=16, num_threads=2, device_id=None)
+    dec.close()
+    pipe.close()
+    pipe.close()  # twice is fine
+    with pytest.raises(RuntimeError, match="closed"):
+        pipe.run()
+    with pytest.raises(RuntimeError, match="closed"):
+        dec(samples, windows)
+
+
+def test_outputs_view_and_copy_agree(photos):
+    samples, windows = photos
+    dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, channels_last=True, batch_size=16)
+    try:
+        with dec._run(samples, windows) as out:
+            assert out.shape == (12, 64, 64, 3) and out.dtype == np.uint8
+            copy = np.empty(out.shape, out.dtype)
+            out.copy_to(copy.ctypes.data, gpu=False)
+            view = out.host_view()
+            assert view is None or np.array_equal(view, copy)
+            assert copy.std() > 10
+    finally:
+        dec.close()
