@@ -421,8 +421,7 @@ class Loader:
         (`digest_seconds`: the reader threads' per-sample checksum hashing, when checksums are verified).
         `skipped` counts replaced samples by code: read_error, checksum, not_image, decode_error. With
         decoder="hybrid", `cpu_decoded`/`gpu_decoded` count the images each part has decoded. `pipelines_built`
-        counts the decode pipelines built, before the first batch and when the tuner asked for more (a GPU
-        pipeline's build stalls the training step ~0.5 s, once: fastfeed/pipelines.py).
+        counts the decode pipelines built, before the first batch and when the tuner asked for more.
         """
         snap = self._stats.snapshot()
         ring = self._ring.stats()

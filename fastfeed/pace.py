@@ -111,11 +111,11 @@ class ConsumerPace:
     @contextmanager
     def building(self):
         """The loader builds a part it was changed to use (a new decode pipeline) inside this block: no measurement
-        is taken meanwhile, and every one starts after it. Why: DALI builds a pipeline holding the GIL for 0.3-0.6 s
-        while the other pipelines feed the loop; a try measured across the build read the loader alone slower with
-        three pipelines than with two (17.9 against 15.8 ms per batch, while the climber's trimmed mean of the same
-        batches read 14.4; H200, twelfth session) and was lost, and a short loop could even be measured before the
-        new pipeline had decoded anything."""
+        is taken meanwhile, and every one starts after it. Why: a build takes 0.3-1.1 s on an H200 while the other
+        pipelines feed the loop (until decode/dali_capi.py it also held the GIL throughout); a try measured across it
+        read the loader alone slower with three pipelines than with two (17.9 against 15.8 ms per batch, while the
+        climber's trimmed mean of the same batches read 14.4; H200, twelfth session) and was lost, and a short loop
+        could even be measured before the new pipeline had decoded anything."""
         with self._lock:
             self._builds += 1
         try:

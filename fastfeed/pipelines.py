@@ -25,13 +25,12 @@ the prior — they hold less of the GPU, its memory and the host's cores:
 A lost try holds the next try the same way for HOLD_BATCHES, twice as long after each further loss (a try that
 starves the loop costs it ~40 slow batches). The tuner must not cost a training loop what an earlier one did (its
 switches rebuilt pipelines and stalled the step ~1.5 s; RESULTS.md, 2026-11-30). Here a change costs nothing but a
-new pipeline's one-time build: a pipeline dropped stays built, parked, and one taken back is warm. That build holds
-the GIL throughout (DALI's Python binding calls Pipeline::Build without releasing it: dali/python/backend_impl.cc),
-so the training step stalls as long, once per pipeline: 450-575 ms beside ResNet-18/-50 on an H200, with DALI's
-memory pools filled first or without the hardware decoder alike; 220-250 ms on an idle GPU. Spares built before the
-first batch instead did not pay: one trained as fast (-7% to +6% in pairs), three held the first batch past 4 s
-(benchmarks/RESULTS.md, sixteenth session). A pipeline is built only while the device has memory to spare
-(`room_for_a_pipeline`): the model comes first.
+new pipeline's one-time build: a pipeline dropped stays built, parked, and one taken back is warm. Through DALI's
+Python binding that build held the GIL throughout (dali/python/backend_impl.cc calls Pipeline::Build without
+releasing it), and the training step stalled as long, once per pipeline: 450-620 ms beside ResNet-18/-50 on an H200.
+Built through libdali's C API instead (decode/dali_capi.py) it runs beside the step: 0.8-1.1 s of build during which
+ResNet-18/-50's median step was unchanged and the longest 29-80 ms (benchmarks/RESULTS.md, seventeenth session).
+A pipeline is built only while the device has memory to spare (`room_for_a_pipeline`): the model comes first.
 
 Why the wait gates the tries: the period alone cannot tell a loop fed too slowly from one whose step is slow, and
 trying a pipeline more on a loop that does not wait costs that loop the try (a slower step for ~40 batches every

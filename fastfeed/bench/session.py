@@ -248,10 +248,10 @@ def _measure(name: str, factory: Callable[[], Iterable], consumer, cfg: BenchCon
                 "count, CPU share) settled")
     built = ((res.loader_stats or {}).get("counters") or {}).get("pipelines_built", 0)
     if built:
-        # A GPU pipeline's build holds the GIL (fastfeed/pipelines.py): the step waits as long, once per pipeline,
-        # and a short run's rate carries all of it.
+        # The tuner was still trying pipelines: the rate includes a try, the build and the new pipeline's first
+        # batches, which a short run cannot average out.
         built_note = (f"{name}: {built} decode pipeline{'s' if built > 1 else ''} built during the timed steps; "
-                      "a GPU pipeline's build stalls the step ~0.5 s once, which this rate includes: time more steps "
+                      "the pipeline tuner was still trying, and this rate includes its try: time more steps "
                       "(--steps) for the steady state")
         note = f"{note}; {built_note}" if note else built_note
     return res.to_dict(), note
