@@ -1,31 +1,31 @@
-"""The GIL a DALI decoder's calling thread holds per batch: what a fastfeed decode worker takes from the training
-thread of the same process (on the GPU the training thread cannot launch kernels while a worker holds the GIL:
-benchmarks/RESULTS.md, the sixth session's step profile). Two ways of doing each step, side by side in one run, on
-real demo JPEGs (~117 KB, DALI's CPU backend, uint8 batches as decode/split.py's CPU part produces them):
+"""The GIL a DALI decoder takes from the other threads of its process: DALI's Python binding (how DaliDecoder ran
+its pipelines until 2026-12-01: benchmarks/dali_binding.py) against libdali's C API called through ctypes (how it runs
+them now: fastfeed/decode/dali_capi.py). On the GPU the training thread cannot launch kernels while a decode worker
+holds the GIL (benchmarks/RESULTS.md: the sixth and sixteenth sessions). The same graph, the same real demo JPEGs
+(~117 KB), DALI's CPU backend, uint8 batches as decode/split.py's CPU part produces them; both ways in one run:
 
-    python benchmarks/bench_decoder_gil.py [--images 512] [--batch 256] [--repeat 30] [--seconds 2]
+    python benchmarks/bench_decoder_gil.py [--images 512] [--batch 256] [--repeat 20] [--seconds 2]
 
-1. Feeding a batch (the encoded bytes and the crop windows): the bytes as a list of numpy views (`feed_input`
-   checks the list in Python, sample by sample) vs one `TensorListCPU` of `TensorCPU` views (what `DaliDecoder`
-   feeds now), each built and fed. Calling thread's CPU time.
-2. Copying a decoded CPU batch out of DALI into a tensor allocated once (as torch's pinned-memory cache gives
-   the GPU path one): `feed_ndarray` (DALI's `copy_to_external`, which holds the GIL) vs a numpy view of DALI's
-   batch copied by torch (which releases it; what `DaliDecoder` does now). Calling thread's CPU time, and the
-   progress of a GIL-bound thread beside a thread doing only these copies (1.00: the copy never held the GIL; two
-   cores are enough for both threads).
-3. A whole decoder call, the calling thread's CPU time: `DaliDecoder` as it was (the list and DALI's copy) vs now.
-   DALI's own threads decode; what the calling thread spends is Python, DALI's bindings and the copy (into a new
-   tensor per batch, as for device="cpu": its pages are faulted in during the copy, under the GIL before).
+1. Building a pipeline: its wall time, and the longest a thread that sleeps 1 ms at a time was kept waiting
+   meanwhile (as long as the build: the build held the GIL throughout).
+2. A whole decoder call: the calling thread's CPU time (DALI's own threads decode), and how fast a GIL-bound thread
+   runs beside a thread that only decodes, relative to running alone (1.00: the decoder never held the GIL; the
+   dev box's two cores are shared by DALI's threads, the decoding thread and the GIL-bound one, so read the two
+   ways against each other, not against 1.00).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import sys
 import tempfile
 import threading
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def thread_ms(fn, repeat: int) -> float:
@@ -62,36 +62,45 @@ def spinner_progress(seconds: float, work) -> float:
     return beside / alone
 
 
+def longest_wait_during(fn) -> tuple[float, float]:
+    """(seconds fn took, the longest a 1 ms sleeper in another thread was kept waiting meanwhile)."""
+    gaps, stop = [], threading.Event()
+
+    def tick():
+        last = time.perf_counter()
+        while not stop.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    t = threading.Thread(target=tick)
+    t.start()
+    time.sleep(0.02)
+    t0 = time.perf_counter()
+    result = fn()
+    took = time.perf_counter() - t0
+    stop.set()
+    t.join()
+    return took, max(gaps), result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=512)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=2.0, help="per GIL-bound loop measurement")
     a = ap.parse_args()
 
     import torch
-    from nvidia.dali.plugin.pytorch import feed_ndarray
+    from dali_binding import BindingDecoder
 
     import fastfeed
     from fastfeed.decode import crop_windows
     from fastfeed.decode.dali import DaliDecoder
     from fastfeed.demo_data import make_dataset
     from fastfeed.pack import PackOptions, pack
-
-    class ListFeedDecoder(DaliDecoder):
-        """DaliDecoder as it was before 2026-12-01: raw bytes fed as a list, the batch copied out by DALI."""
-
-        def _feed(self, samples, windows):
-            feed = super()._feed(samples, windows)
-            feed["raw"] = list(samples)
-            return feed
-
-        def _to_torch(self, out):
-            tensor = out.as_tensor()
-            images = torch.empty(tuple(tensor.shape()), dtype=torch.uint8)
-            feed_ndarray(tensor, images)
-            return images
 
     with tempfile.TemporaryDirectory() as tmp:
         make_dataset(os.path.join(tmp, "src"), num_images=a.images, num_classes=4, seed=0, workers=os.cpu_count())
@@ -107,45 +116,24 @@ def main() -> None:
             samples = [buf[o:o + s] for o, s in zip(offs.tolist(), sizes.tolist())]
             windows = crop_windows(ds.widths[ids], ds.heights[ids], ids, seed=0, epoch=0, train=True, image_size=224)
 
-        kw = dict(device_id=None, dtype=torch.uint8, channels_last=True, batch_size=n, num_threads=2)
-        now, before = DaliDecoder(**kw), ListFeedDecoder(**kw)
-        print(f"{n} samples of {sizes.mean() / 1e3:.0f} KB, DALI CPU backend, {os.cpu_count()} CPUs")
-
-        print("1. feeding a batch (calling thread CPU per batch; the pipeline runs between feeds)")
-        for name, dec in (("list of numpy views (before)", before), ("TensorListCPU of views (now)", now)):
-            pipe = dec._pipe
-
-            def feed_and_run(dec=dec, pipe=pipe):
-                t0 = time.thread_time()
-                feed = dec._feed(samples, windows)  # builds the raw input and the window arrays
-                for key, value in feed.items():
-                    pipe.feed_input(key, value)
-                spent = time.thread_time() - t0
-                pipe.run()
-                return spent
-
-            feed_and_run()
-            ms = 1e3 * float(np.median([feed_and_run() for _ in range(a.repeat)]))
-            print(f"   {name:32s}: {ms:6.3f} ms")
-
-        print("2. copying a decoded uint8 batch out of DALI")
-        out = now._run(samples, windows)
-        tensor = out.as_tensor()
-        dst = torch.empty(tuple(tensor.shape()), dtype=torch.uint8)
-        rows = (("feed_ndarray (before)", lambda: feed_ndarray(tensor, dst)),
-                ("numpy view + torch copy_ (now)", lambda: dst.copy_(torch.from_numpy(np.asarray(tensor)))))
-        for name, fn in rows:
-            ms = thread_ms(fn, a.repeat)
-            print(f"   {name:32s}: {ms:6.3f} ms of the calling thread ({dst.nbytes / 1e6:.0f} MB), a GIL-bound "
-                  f"thread beside it runs at {spinner_progress(a.seconds, fn):.2f} of its speed alone")
-        del out, tensor
-
-        print("3. a whole decoder call (calling thread CPU per batch)")
-        for name, dec in (("before", before), ("now", now)):
-            dec(samples, windows)
-            print(f"   {name:32s}: {thread_ms(lambda dec=dec: dec(samples, windows), a.repeat):6.3f} ms")
-        now.close()
-        before.close()
+    kw = dict(device_id=None, dtype=torch.uint8, channels_last=True, batch_size=n, num_threads=2)
+    ways = (("DALI's Python binding (before)", BindingDecoder), ("libdali's C API via ctypes (now)", DaliDecoder))
+    print(f"{n} samples of {sizes.mean() / 1e3:.0f} KB, DALI CPU backend, {os.cpu_count()} CPUs")
+    DaliDecoder(**kw)(samples, windows)  # the process's first DALI build and run, for neither way
+    print("1. building a pipeline (median of 5): wall ms, the 1 ms sleeper's longest wait ms")
+    decoders = {}
+    for name, cls in ways:
+        runs = [longest_wait_during(lambda cls=cls: cls(**kw)) for _ in range(5)]
+        decoders[name] = runs[-1][2]
+        print(f"   {name:34s}: {1e3 * statistics.median(r[0] for r in runs):7.1f} "
+              f"{1e3 * statistics.median(r[1] for r in runs):7.1f}")
+    print("2. a whole decoder call: calling thread CPU ms per batch; a GIL-bound thread's speed beside it")
+    for name, dec in decoders.items():
+        dec(samples, windows)
+        ms = thread_ms(lambda dec=dec: dec(samples, windows), a.repeat)
+        print(f"   {name:34s}: {ms:7.2f} ms, {spinner_progress(a.seconds, lambda dec=dec: dec(samples, windows)):.2f}")
+    for dec in decoders.values():
+        dec.close()
 
 
 if __name__ == "__main__":

@@ -22,12 +22,16 @@ DALI run was slow (428-471 ms, the ticker waiting up to 91-156 ms; the next runs
 run 35 ms; on demo_data's images 51-72 ms). On the H200 (stage35.sh, sixteenth session; RESULTS.md) a GPU pipeline's
 build held the GIL throughout, 450-575 ms beside ResNet-18/-50 (220-250 ms on an idle GPU), with DALI's pools filled
 first (--prealloc-mb) or without the hardware decoder (--hw-decoder-load 0) alike; its first decodes held neither.
+DaliDecoder now builds and runs its pipelines through libdali's C API with the GIL released (decode/dali_capi.py);
+`--binding python` builds the decoders of the timed phases the old way, for the comparison in one run.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import threading
 import time
 
@@ -117,6 +121,9 @@ def main(argv=None) -> int:
     p.add_argument("--part", choices=("full", "decoder", "post", "empty"), default="full",
                    help="build DaliDecoder's whole pipeline and decode with it (full), or one part only, built and "
                         "not run (PartPipeline)")
+    p.add_argument("--binding", choices=("capi", "python"), default="capi",
+                   help="the built decoders' pipelines through libdali's C API (DaliDecoder now) or DALI's Python "
+                        "binding (DaliDecoder until 2026-12-01: benchmarks/dali_binding.py); --part full only")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -124,6 +131,10 @@ def main(argv=None) -> int:
     from fastfeed.decode.crop import crop_windows
     from fastfeed.decode.dali import DaliDecoder
 
+    Built = DaliDecoder
+    if args.binding == "python":
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from dali_binding import BindingDecoder as Built
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:  # set_device() and Stream() want the index
         device = torch.device("cuda", torch.cuda.current_device())
@@ -167,7 +178,7 @@ def main(argv=None) -> int:
             stream = torch.cuda.Stream(device=device)
         t0 = time.perf_counter()
         if args.part == "full":
-            d = DaliDecoder(device_id=device_id, image_size=args.image_size, dtype=torch.float16,
+            d = Built(device_id=device_id, image_size=args.image_size, dtype=torch.float16,
                             batch_size=args.batch_size, num_threads=args.threads, on_error="skip", **hw)
         else:
             d = PartPipeline(args.part, device_id=device_id, batch_size=args.batch_size, threads=args.threads,
