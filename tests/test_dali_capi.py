@@ -46,12 +46,9 @@ def _binding_run(dec, samples, windows):
         def feed_array(self, name, a):
             self.fed[name] = np.array(a)
 
-    rec, dec._pipe = dec._pipe, Recorder()
-    try:
-        dec._feed(samples, windows)
-        fed = dec._pipe.fed
-    finally:
-        dec._pipe = rec
+    recorder = Recorder()
+    dec._feed(recorder, samples, windows)
+    fed = recorder.fed
     p = Pipeline.deserialize(serialized_pipeline=dec._graph, batch_size=dec.batch_size, num_threads=2,
                              device_id=None, prefetch_queue_depth=1, exec_dynamic=True)
     p.build()
@@ -121,3 +118,48 @@ def test_outputs_view_and_copy_agree(photos):
             assert copy.std() > 10
     finally:
         dec.close()
+
+
+def test_closing_while_another_thread_decodes_ends_it_with_an_error(photos):
+    """A Loader closes its decoders after joining its workers with a timeout: a worker that did not stop may still be
+    inside a pipeline call. close() waits for that call instead of destroying the pipeline under it; the worker's
+    next call raises instead of touching a destroyed pipeline."""
+    import threading
+    import time
+
+    samples, windows = photos
+    dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
+    done, errors = [], []
+
+    def work():
+        try:
+            while True:
+                dec(samples, windows)
+                done.append(1)
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=work)
+    t.start()
+    while len(done) < 2 and t.is_alive():
+        time.sleep(0.002)
+    dec.close()
+    t.join(timeout=30)
+    assert not t.is_alive() and len(done) >= 2
+    assert errors and "closed" in errors[0], errors
+
+
+def test_outputs_outlive_their_closed_pipeline(photos):
+    """Outputs kept past close() stay readable, and the pipeline is destroyed when the last of them is closed
+    (DALI 2.4 crashed destroying outputs after their pipeline)."""
+    samples, windows = photos
+    dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
+    pipe = dec._pipe
+    out = dec._run(samples, windows)
+    dec.close()
+    assert pipe._closing is not None  # waiting for its outputs
+    copy = np.empty(out.shape, out.dtype)
+    out.copy_to(copy.ctypes.data, gpu=False)
+    assert copy.std() > 10
+    out.close()
+    assert pipe._closing is None and pipe._dependents == 0

@@ -162,10 +162,9 @@ class DaliDecoder:
                          device_id=self._device_id)
 
     # -- running ---------------------------------------------------------------------------------------------
-    def _feed(self, samples, windows: Windows, pinned: bool = False) -> None:
-        """Hand the batch to the pipeline: the encoded bytes in place (`pinned`: they are page-locked, see the
-        module docstring), the per-sample parameters copied."""
-        pipe = self._pipe
+    def _feed(self, pipe, samples, windows: Windows, pinned: bool = False) -> None:
+        """Hand the batch to `pipe`: the encoded bytes in place (`pinned`: they are page-locked, see the module
+        docstring), the per-sample parameters copied."""
         box = windows.box
         pipe.feed_samples("raw", samples, pinned)
         pipe.feed_array("mirror", windows.flip.astype(np.int32))
@@ -185,12 +184,17 @@ class DaliDecoder:
         import torch
 
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else None
+        pipe = self._pipe
+        if pipe is None:
+            raise RuntimeError("decoder is closed")
         try:
-            self._feed(samples, windows, pinned)
-            return self._pipe.run(stream)
+            self._feed(pipe, samples, windows, pinned)
+            return pipe.run(stream)
         except RuntimeError:
+            if self._pipe is not pipe:  # closed meanwhile (by the Loader, from another thread): nothing to rebuild
+                raise
             # DALI marks a pipeline that hit an operator error as "no longer valid"; start from a fresh one.
-            self._pipe.close()
+            pipe.close()
             self._pipe = None
             self._pipe = self._build()
             raise

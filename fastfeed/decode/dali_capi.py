@@ -142,9 +142,14 @@ def _stream_arg(stream: int | None):
 
 
 class CPipeline:
-    """A pipeline deserialized from `serialized` (Pipeline.serialize()) and built, with the GIL released throughout.
-    device_id None: DALI's CPU backend. Executor: the dynamic one, one iteration in flight (as decode/dali.py's Python
-    pipelines were: prefetch_queue_depth=1, exec_dynamic=True)."""
+    """A pipeline deserialized from `serialized` (Pipeline.serialize()) and built, with the GIL released. device_id
+    None: DALI's CPU backend. Executor: the dynamic one, one iteration in flight (as decode/dali.py's Python
+    pipelines were: prefetch_queue_depth=1, exec_dynamic=True).
+
+    Lifetime: each call holds the pipeline's lock, so close() from another thread (a Loader closing while a worker
+    that did not stop still decodes) waits for the call in flight instead of destroying the pipeline under it, and
+    later calls raise RuntimeError. Outputs and zero-copy views count as dependents: DALI 2.4 crashed destroying
+    outputs after their pipeline (tests/test_dali_capi.py), so a closed pipeline is destroyed with its last one."""
 
     def __init__(self, serialized: bytes, *, batch_size: int, num_threads: int, device_id: int | None):
         self.device_id = device_id
@@ -156,9 +161,10 @@ class CPipeline:
             p.device_id = int(device_id)
         p.exec_type, p.prefetch_cpu, p.prefetch_gpu = _EXEC_DYNAMIC, 1, 1
         h = _handle()
+        self._lock = threading.RLock()  # reentrant: an orphaned Outputs collected inside a call releases under it
+        self._dependents, self._closing = 0, None
         _call("daliPipelineDeserialize", C.byref(h), serialized, len(serialized), C.byref(p))
         self._h = h
-        self._lock = threading.Lock()  # close() may come from another thread than the worker's run()
         try:
             _call("daliPipelineBuild", h)
         except BaseException:
@@ -194,34 +200,55 @@ class CPipeline:
         _call("daliTensorListCreate", C.byref(tl), _Placement(_STORAGE_CPU, max(self.device_id or 0, 0), pinned))
         try:
             attach(tl)
-            _call("daliPipelineFeedInput", self._live(), name.encode(), tl, None, flags, None)
+            with self._lock:
+                _call("daliPipelineFeedInput", self._live(), name.encode(), tl, None, flags, None)
         finally:
             _call("daliTensorListDecRef", tl, None)  # the pipeline holds its own reference
 
     def run(self, stream: int | None = None) -> "Outputs":
         """Run one iteration on what was fed and wait for its outputs (GPU outputs: ready on `stream`, a CUDA
         stream handle). A failed operator raises DaliCError with DALI's message."""
-        h = self._live()
-        _call("daliPipelineRun", h)
         out = _handle()
-        if stream is None:
-            _call("daliPipelinePopOutputs", h, C.byref(out))
-        else:
-            _call("daliPipelinePopOutputsAsync", h, C.byref(out), C.c_void_p(stream))
-        return Outputs(out, self.device_id)
+        with self._lock:
+            h = self._live()
+            _call("daliPipelineRun", h)
+            if stream is None:
+                _call("daliPipelinePopOutputs", h, C.byref(out))
+            else:
+                _call("daliPipelinePopOutputsAsync", h, C.byref(out), C.c_void_p(stream))
+            self._dependents += 1
+        return Outputs(out, self)
+
+    def _drop(self, release) -> None:
+        """Run `release` (a DALI call that frees one dependent: outputs or a view) under the lock; a closed pipeline
+        goes with its last dependent."""
+        with self._lock:
+            try:
+                release()
+            finally:
+                self._dependents -= 1
+                if self._closing is not None and self._dependents == 0:
+                    h, self._closing = self._closing, None
+                    _call("daliPipelineDestroy", h)
 
     def _live(self):
-        if self._h is None:
+        if getattr(self, "_h", None) is None:  # closed, or the constructor failed before the handle was set
             raise RuntimeError("DALI pipeline is closed")
         return self._h
 
     def close(self) -> None:
         with self._lock:
-            h, self._h = self._h, None
-        if h is not None:
-            _call("daliPipelineDestroy", h)
+            h, self._h = getattr(self, "_h", None), None
+            if h is None:
+                return
+            if self._dependents:
+                self._closing = h  # destroyed by _drop, with the last dependent
+            else:
+                _call("daliPipelineDestroy", h)
 
     def __del__(self):
+        if getattr(self, "_lock", None) is None:  # the constructor failed before anything was created
+            return
         try:
             self.close()
         except Exception:  # interpreter shutdown: the library may already be gone
@@ -229,11 +256,12 @@ class CPipeline:
 
 
 class Outputs:
-    """One iteration's outputs; only output 0 is used (decode/dali.py's pipelines have one)."""
+    """One iteration's outputs (a dependent of `pipeline`, counted by its run()); only output 0 is used (decode/
+    dali.py's pipelines have one)."""
 
-    def __init__(self, handle, device_id):
+    def __init__(self, handle, pipeline: CPipeline):
         self._h = handle
-        self._device_id = device_id
+        self._pipeline = pipeline
         self._tl = _handle()
         try:
             _call("daliPipelineOutputsGet", handle, C.byref(self._tl), 0)
@@ -280,16 +308,21 @@ class Outputs:
         """The GPU batch without a copy, for torch.as_tensor: DALI's buffer stays alive until torch drops it. The
         outputs are already ready on the stream they were popped on (run's `stream`)."""
         t = _handle()
-        _call("daliTensorListViewAsTensor", self._tl, C.byref(t))
-        return _CudaArray(t, self.shape, self.dtype)
+        with self._pipeline._lock:
+            _call("daliTensorListViewAsTensor", self._tl, C.byref(t))
+            self._pipeline._dependents += 1
+        return _CudaArray(t, self.shape, self.dtype, self._pipeline)
 
     def close(self) -> None:
         tl, self._tl = self._tl, None
         h, self._h = self._h, None
-        if tl:
-            _call("daliTensorListDecRef", tl, None)
         if h:
-            _call("daliPipelineOutputsDestroy", h)
+            def release():
+                if tl:
+                    _call("daliTensorListDecRef", tl, None)
+                _call("daliPipelineOutputsDestroy", h)
+
+            self._pipeline._drop(release)
 
     def __enter__(self):
         return self
@@ -307,8 +340,9 @@ class Outputs:
 class _CudaArray:
     """__cuda_array_interface__ over a DALI tensor; torch keeps this object, and so the tensor, alive."""
 
-    def __init__(self, handle, shape, dtype):
+    def __init__(self, handle, shape, dtype, pipeline: CPipeline):
         self._t = handle
+        self._pipeline = pipeline
         d = _TensorDesc()
         _call("daliTensorGetDesc", handle, C.byref(d))
         self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": np.dtype(dtype).str,
@@ -318,6 +352,6 @@ class _CudaArray:
         t, self._t = self._t, None
         if t:
             try:
-                _call("daliTensorDecRef", t, None)
+                self._pipeline._drop(lambda: _call("daliTensorDecRef", t, None))
             except Exception:
                 pass
