@@ -20,6 +20,21 @@ from fastfeed.formats import open_dataset
 from fastfeed.ring import PrefetchRing
 
 
+class _Fed:
+    """Takes what DaliDecoder._feed hands a pipeline, as a decoder whose pipeline decodes windows (plain chroma, as
+    this pipeline does): one place builds the per-sample inputs."""
+    chroma = "plain"
+
+    def __init__(self):
+        self.fed = {}
+
+    def feed_samples(self, name, samples, pinned=False):
+        self.fed[name] = samples
+
+    def feed_array(self, name, batch):
+        self.fed[name] = batch
+
+
 class RingDaliPrefetch:
     def __init__(self, path, *, batch_size=256, num_threads=2, hw_decoder_load=1.0, depth=2, image_size=224,
                  seed=0, device_id=0):
@@ -70,7 +85,9 @@ class RingDaliPrefetch:
             rb.release()
         w = crop_windows(self.widths[idx], self.heights[idx], idx, seed=self.seed, epoch=self.epoch, train=True,
                          image_size=self.S)
-        f = DaliDecoder._feed(None, samples, w)
+        f = _Fed()
+        DaliDecoder._feed(f, f, samples, w)
+        f = f.fed
         self._pending_labels.append(self.labels[torch.from_numpy(idx)])
         return (f["raw"], f["anchor"], f["shape"], f["roi_start"], f["roi_end"], f["mirror"])
 
