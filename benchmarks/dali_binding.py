@@ -68,5 +68,5 @@ class BindingDecoder(DaliDecoder):
     """DaliDecoder whose pipelines go through DALI's Python binding instead of its C API."""
 
     def _build(self):
-        return BindingPipeline(self._graph, batch_size=self.batch_size, num_threads=self._num_threads,
+        return BindingPipeline(self._serialized, batch_size=self.batch_size, num_threads=self._num_threads,
                                device_id=self._device_id)

@@ -49,7 +49,7 @@ def _binding_run(dec, samples, windows):
     recorder = Recorder()
     dec._feed(recorder, samples, windows)
     fed = recorder.fed
-    p = Pipeline.deserialize(serialized_pipeline=dec._graph, batch_size=dec.batch_size, num_threads=2,
+    p = Pipeline.deserialize(serialized_pipeline=dec._serialized, batch_size=dec.batch_size, num_threads=2,
                              device_id=None, prefetch_queue_depth=1, exec_dynamic=True)
     p.build()
     for name, value in fed.items():
@@ -95,7 +95,7 @@ def test_operator_error_is_dalis_message_and_the_decoder_goes_on(photos):
 def test_closed_handles_refuse_work(photos):
     samples, windows = photos
     dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
-    pipe = CPipeline(dec._graph, batch_size=16, num_threads=2, device_id=None)
+    pipe = CPipeline(dec._serialized, batch_size=16, num_threads=2, device_id=None)
     dec.close()
     pipe.close()
     pipe.close()  # twice is fine

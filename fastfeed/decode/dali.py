@@ -151,14 +151,14 @@ class DaliDecoder:
         self.chroma = chroma_mode(device_id is not None)
         self._device_id = device_id
         self._num_threads = int(num_threads)
-        self._graph = _graph(self.batch_size, self._num_threads, device_id, self.image_size, pipe_dtype, pipe_hwc,
-                             mean, std, hw_decoder_load, orientation == "exif", self.chroma)
+        self._serialized = _graph(self.batch_size, self._num_threads, device_id, self.image_size, pipe_dtype,
+                                  pipe_hwc, mean, std, hw_decoder_load, orientation == "exif", self.chroma)
         self._pipe = self._build()
 
     def _build(self):
         from fastfeed.decode.dali_capi import CPipeline
 
-        return CPipeline(self._graph, batch_size=self.batch_size, num_threads=self._num_threads,
+        return CPipeline(self._serialized, batch_size=self.batch_size, num_threads=self._num_threads,
                          device_id=self._device_id)
 
     # -- running ---------------------------------------------------------------------------------------------
