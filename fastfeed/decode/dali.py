@@ -230,7 +230,8 @@ class DaliDecoder:
             images = torch.as_tensor(out.as_cuda_array(), device=self.device)
         else:
             images = torch.empty(out.shape, dtype=getattr(torch, out.dtype.name), device=self.device)  # same names
-            # On torch's stream, where the outputs are ready (run popped them there).
+            # On torch's stream, where the outputs are ready (run popped them there). Closing them right after, as
+            # __call__ does, leaves the copy in flight: DALI frees the buffers in order on that stream, after it.
             out.copy_to(images.data_ptr(), gpu=True, device_id=self.device.index,
                         stream=torch.cuda.current_stream(self.device).cuda_stream)
         if self._dtype_name == "bfloat16":
