@@ -163,3 +163,27 @@ def test_outputs_outlive_their_closed_pipeline(photos):
     assert copy.std() > 10
     out.close()
     assert pipe._closing is None and pipe._dependents == 0
+
+
+def test_a_zero_copy_view_keeps_its_pipeline(photos):
+    """zero_copy's view (what torch.as_tensor keeps on a GPU) is a dependent too: its data stays readable after the
+    outputs and the decoder are closed, and the pipeline goes when the view does. On the CPU backend the view points
+    at host memory, so the lifetime can be checked here; tests/test_gpu.py checks it through torch."""
+    import ctypes
+    import gc
+
+    samples, windows = photos
+    dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, channels_last=True, batch_size=16)
+    pipe = dec._pipe
+    with dec._run(samples, windows) as out:
+        view, shape = out.as_cuda_array(), out.shape
+        expect = np.empty(shape, np.uint8)
+        out.copy_to(expect.ctypes.data, gpu=False)
+    dec.close()
+    assert pipe._closing is not None and pipe._dependents == 1
+    ptr = view.__cuda_array_interface__["data"][0]
+    data = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8)), shape)
+    assert np.array_equal(data, expect) and expect.std() > 10
+    del view, data
+    gc.collect()
+    assert pipe._closing is None and pipe._dependents == 0
