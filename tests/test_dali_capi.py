@@ -1,6 +1,9 @@
 """DaliDecoder's pipelines run through libdali's C API (fastfeed/decode/dali_capi.py, ctypes), on DALI's CPU backend:
 the same pixels as DALI's Python binding gives for the same serialized graph, DALI's own error messages, and handles
 that cannot be used after close."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -32,30 +35,15 @@ def photos():
 
 
 def _binding_run(dec, samples, windows):
-    """The decoder's graph built and run by DALI's Python binding, fed what the decoder feeds."""
-    from nvidia.dali import Pipeline
-    from nvidia.dali.tensors import TensorCPU, TensorListCPU
+    """The decoder's graph built, fed and run by DALI's Python binding: benchmarks/dali_binding.py, the baseline the
+    H200 benchmarks compare the C API against (so this also checks that baseline decodes what the decoder does)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from dali_binding import BindingPipeline
 
-    class Recorder:
-        def __init__(self):
-            self.fed = {}
-
-        def feed_samples(self, name, s, pinned=False):
-            self.fed[name] = TensorListCPU([TensorCPU(x, "", False) for x in s], "", False)
-
-        def feed_array(self, name, a):
-            self.fed[name] = np.array(a)
-
-    recorder = Recorder()
-    dec._feed(recorder, samples, windows)
-    fed = recorder.fed
-    p = Pipeline.deserialize(serialized_pipeline=dec._serialized, batch_size=dec.batch_size, num_threads=2,
-                             device_id=None, prefetch_queue_depth=1, exec_dynamic=True)
-    p.build()
-    for name, value in fed.items():
-        p.feed_input(name, value)
-    (out,) = p.run()
-    return np.asarray(out.as_tensor())
+    pipe = BindingPipeline(dec._serialized, batch_size=dec.batch_size, num_threads=2, device_id=None)
+    dec._feed(pipe, samples, windows)
+    with pipe.run() as out:
+        return np.array(out.host_view())
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
