@@ -327,8 +327,8 @@ def test_a_loop_that_still_waits_gets_the_next_pipeline_before_the_climber_probe
 
 def test_a_try_is_measured_only_after_the_new_pipeline_is_built():
     """The Loader builds a pipeline when the tuner first asks for it, and the build slows the loop while the old
-    pipelines feed it (pace.building). Measured across the build, a third pipeline that pays
-    23% was lost (H200, twelfth session); measured after it, it is kept, and nothing is measured during the build."""
+    pipelines feed it (pace.building). Measured across the build, a third pipeline that pays 23% was lost (H200,
+    twelfth session); measured after it, it is kept, and nothing is measured during the build."""
     tuner, pace, clock = make(start=2, limit=3, floor=1)
     per_batch = {2: 256 / 14_200, 3: 256 / 17_500}
     built, used, measured_in_build = {2}, [], 0
