@@ -1,6 +1,7 @@
 # Shared by the device rounds since the third session (stage18.sh .. stage25.sh, gpucheck.sh), sourced after staging:
 # the data and results folders (W, OUT: defaults below), the DALI parts this call carries, environment, log filter,
-# installing DALI and Lightning, the GPU tests, a train_table.py table and the DDP row.
+# installing DALI and Lightning, the GPU tests, a train_table.py table, an ABBA of two trees, a build-stall probe
+# and the DDP row. Functions that name their JSON use the caller's $tag.
 W=${W:-/tmp/ffbench}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/dali
 # Every DALI part carried in this call, whichever step it belongs to (a path not carried is absent on the host).
@@ -22,6 +23,23 @@ both_orders() {  # two extra fastfeed rows $B and $C against the defaults, A B C
   local name=$1 consumers=$2 rows=$3; shift 3
   table $PWD $name-abc-$tag $consumers --rows $rows --extra-ff "$B;$C" "$@"
   table $PWD $name-cba-$tag $consumers --rows none --extra-ff "$C;$B;ff-default=dict()" "$@"
+}
+OLD_TREE=/tmp/old  # the tree before (not prepare_carry.sh's OLD, a commit), unpacked from .carry/old, for abba
+unpack_old() {  # $1 = the carried tarball: the tree before into $OLD_TREE, with this tree's native build
+  rm -rf $OLD_TREE && mkdir -p $OLD_TREE && tar -xzf "$1" -C $OLD_TREE \
+      && cp /tmp/ffnative/_native*.so $OLD_TREE/fastfeed/ && echo "old tree: $(ls $OLD_TREE)"
+}
+abba() {  # $1 = name, $2 = consumers, rest: train_table.py arguments; this tree and $OLD_TREE, ABBA (DALI in the first)
+  local name=$1 consumers=$2; shift 2
+  table $PWD $name-new-a-$tag $consumers --max-warmup 500 "$@"
+  table $OLD_TREE $name-old-a-$tag $consumers --rows default --max-warmup 500 "$@"
+  table $OLD_TREE $name-old-b-$tag $consumers --rows default --max-warmup 500 "$@"
+  table $PWD $name-new-b-$tag $consumers --rows default --max-warmup 500 "$@"
+}
+stall_probe() {  # $1 = JSON name, rest: build_stall_probe.py arguments; its build, decode and median-step lines
+  local name=$1; shift
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/h200/build_stall_probe.py --json $OUT/build-stall-$name.json \
+      "$@" 2>&1 | quiet | grep -E " build | decode |median step"
 }
 ddp() {  # $1 = label, $2 = ranks, rest = extra args
   local label=$1 n=$2; shift 2

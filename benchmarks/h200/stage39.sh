@@ -20,21 +20,9 @@ case $K in
 esac
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
-OLD=/tmp/old
-probe() {  # $1 = model, $2 = binding
-  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/h200/build_stall_probe.py --model $1 --binding $2 \
-      --json $OUT/build-stall-$1-$2-$tag.json 2>&1 | quiet | grep -E " build | decode |median step"
-}
-abba() {  # $1 = name, $2 = consumers, rest: train_table.py arguments; this tree and the old one, ABBA
-  local name=$1 consumers=$2; shift 2
-  table $PWD $name-new-a-$tag $consumers --max-warmup 500 "$@"
-  table $OLD $name-old-a-$tag $consumers --rows default --max-warmup 500 "$@"
-  table $OLD $name-old-b-$tag $consumers --rows default --max-warmup 500 "$@"
-  table $PWD $name-new-b-$tag $consumers --rows default --max-warmup 500 "$@"
-}
+probe() { stall_probe $1-$2-$tag --model $1 --binding $2; }  # $1 = model, $2 = binding (lib.sh)
 case $K in
-5) rm -rf $OLD && mkdir -p $OLD && tar -xzf .carry/old/tree-9f616f6.tar.gz -C $OLD \
-       && cp /tmp/ffnative/_native*.so $OLD/fastfeed/ && echo "old tree: $(ls $OLD)"
+5) unpack_old .carry/old/tree-9f616f6.tar.gz
    install_dali
    if [ "${TESTS:-1}" = 1 ]; then gpu_tests; fi ;;
 6) for m in resnet18 resnet50; do probe $m capi; probe $m python; done ;;
