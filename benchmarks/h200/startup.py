@@ -104,7 +104,7 @@ def main() -> int:
         return f"build_decoder[{counter['decoder'] - 1}]"
 
     wrap(L, "build_decoder", decoder_label)
-    wrap(D, "_build", lambda a, k: "dali_build_" + ("cpu" if a[2] is None else "gpu"))
+    wrap(D.DaliDecoder, "_build", lambda a, k: "dali_build_" + ("cpu" if a[0]._device_id is None else "gpu"))
     wrap(D.DaliDecoder, "_run", lambda a, k: f"dali_first_run_{a[0].device.type}@{id(a[0]) % 10000}",
          first_only=True)
     wrap(E.EpochRun, "_take", lambda a, k: f"take[{threading.current_thread().name}]", first_only=True)
