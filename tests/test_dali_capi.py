@@ -80,6 +80,24 @@ def test_operator_error_is_dalis_message_and_the_decoder_goes_on(photos):
         dec.close()
 
 
+def test_a_replacement_that_cannot_be_built_closes_the_decoder(photos, monkeypatch):
+    """The build of the fresh pipeline fails (the device out of memory, say): the failed pipeline is closed all the
+    same, the decoder refuses further work, and the build's error is what the caller sees."""
+    samples, windows = photos
+    broken = np.concatenate([samples[0][:200], np.full(3000, 7, np.uint8)])
+    dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
+    failed = dec._pipe
+
+    def no_build():
+        raise MemoryError("no room for a pipeline")
+    monkeypatch.setattr(dec, "_build", no_build)
+    with pytest.raises(MemoryError, match="no room"):
+        dec._run([broken] + samples[1:], windows)
+    assert dec._pipe is None and failed._h is None
+    with pytest.raises(RuntimeError, match="closed"):
+        dec(samples, windows)
+
+
 def test_closed_handles_refuse_work(photos):
     samples, windows = photos
     dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
