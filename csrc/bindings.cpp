@@ -57,6 +57,20 @@ fastfeed::TranscodeOptions make_options(bool progressive, bool arithmetic, bool 
     return o;
 }
 
+// What jpeg.py's `jpeg_info` raises on in a frame header (SOF payload): too short, no or too few components, a zero
+// size, a sampling factor outside 1..4. The rest of its classification decides, it does not refuse.
+bool frame_header_ok(const std::string& seg) {
+    if (seg.size() < 6) return false;
+    const auto* b = reinterpret_cast<const std::uint8_t*>(seg.data());
+    const int height = (b[1] << 8) | b[2], width = (b[3] << 8) | b[4], ncomp = b[5];
+    if (ncomp == 0 || seg.size() < 6 + 3 * static_cast<std::size_t>(ncomp) || width == 0 || height == 0) return false;
+    for (int c = 0; c < ncomp; ++c) {
+        const int h = b[7 + 3 * c] >> 4, v = b[7 + 3 * c] & 15;
+        if (h < 1 || h > 4 || v < 1 || v > 4) return false;
+    }
+    return true;
+}
+
 }  // namespace
 
 static void bind_jpeg(py::module_& m) {
@@ -397,6 +411,31 @@ static void bind_tar(py::module_& m) {
         py::arg("data"),
         "The tar writer's probe (csrc/image_probe.h) on one buffer: the facts tuple of TarWriter.add's check "
         "(scan None), or None where jpeg.py's header walk would fail.");
+
+    m.def(
+        "jpeg_header_failures",
+        [](py::iterable samples) {
+            std::vector<ReadOnlyBuffer> buffers;
+            for (py::handle item : samples) buffers.emplace_back(item);
+            std::vector<std::size_t> failing;
+            {
+                // One release for the batch: per sample the walk takes well under a microsecond, less than winning
+                // the GIL back would cost (decode/dali_capi.py says the same of DALI's quick calls).
+                py::gil_scoped_release nogil;
+                fastfeed::JpegFacts facts;
+                for (std::size_t i = 0; i < buffers.size(); ++i) {
+                    const auto span = buffers[i].span();
+                    if (span.size < 2 || span.data[0] != 0xFF || span.data[1] != 0xD8) continue;  // not a JPEG
+                    if (!fastfeed::probe_jpeg(span.data, span.size, facts) || !frame_header_ok(facts.sof_segment))
+                        failing.push_back(i);
+                }
+            }
+            return failing;
+        },
+        py::arg("samples"),
+        "Positions of the samples that start like a JPEG (FF D8) but whose header walk up to the first scan fails "
+        "(csrc/image_probe.h) or whose frame header is malformed: exactly where jpeg.py's `probe` raises. One call "
+        "per batch, GIL released.");
 
     m.def(
         "xxh3_64",

@@ -20,7 +20,8 @@ import torch
 
 from fastfeed.constants import IGNORE_INDEX
 from fastfeed.decode import crop_windows
-from fastfeed.decode.base import CorruptSampleError, replacement_map
+from fastfeed import jpeg
+from fastfeed.decode.base import DECODE_ERROR, CorruptSampleError, replacement_map
 from fastfeed.pipelines import room_for_a_pipeline
 from fastfeed.ring import RingReadError
 
@@ -336,9 +337,8 @@ class EpochRun:
             samples = rb.samples()
             digests = rb.digests
         try:
-            if self.table.bad_checksums is not None:
-                for p in self.table.bad_checksums(indices, samples, digests=digests):
-                    bad.setdefault(p, ("checksum", "its bytes do not match the checksum in the sample table"))
+            for p, why in self._untrusted(indices, samples, digests).items():
+                bad.setdefault(p, why)
             if bad and s.on_error == "raise":
                 raise LoaderError(f"sample(s) {self._names(indices, sorted(bad))} in batch {j} of epoch "
                                   f"{plan.epoch}: " + "; ".join(f"{c}: {d}" for c, d in bad.values()))
@@ -385,6 +385,17 @@ class EpochRun:
             labels[dst] = labels[src]
         return result.images, self._finish_labels(plan, k, labels, sources), replaced
 
+    def _untrusted(self, indices, samples, digests=None) -> dict[int, tuple[str, str]]:
+        """The samples no decoder may see, by position, with (code, detail). Bytes that match the checksum pack
+        stored are the bytes pack validated. Where no checksum is checked (the dataset has none, or
+        verify_checksums=False), JPEGs whose header pack would have refused are held back: DALI's decoders crash
+        the process on some of them instead of failing the batch (DALI 2.4: a JPEG whose first segments are followed
+        by garbage, tests/test_bad_input.py), and a crash is no way to report a bad sample."""
+        if self.table.bad_checksums is not None:
+            return {p: ("checksum", "its bytes do not match the checksum in the sample table")
+                    for p in self.table.bad_checksums(indices, samples, digests=digests)}
+        return {p: (DECODE_ERROR, f"bad image header: {why}") for p, why in jpeg.header_failures(samples)}
+
     def _fill_from_epoch(self, plan, k, decoder, indices, exc: CorruptSampleError, bad):
         """Every sample of batch k is bad (skip mode): fill the batch with one good sample taken from the rest of
         the epoch (the next ones in the plan, cyclically), so the run goes on and the batch keeps its shape."""
@@ -397,8 +408,7 @@ class EpochRun:
         candidates = np.concatenate((order[start:], order[:start]))[:_FILL_CANDIDATES]
         for c in candidates.tolist():
             data, err = self._read_one(c)
-            if err or (self.table.bad_checksums is not None
-                       and self.table.bad_checksums(np.asarray([c]), [data])):
+            if err or self._untrusted(np.asarray([c]), [data]):
                 continue
             windows = crop_windows(self.table.widths[[c]], self.table.heights[[c]], np.asarray([c]), seed=s.seed,
                                    epoch=plan.epoch, train=s.train, image_size=s.image_size)

@@ -346,3 +346,36 @@ def test_full_verify_reports_undecodable_sample_and_accepts_the_rest(packed, cop
     report = verify(str(root), workers=2)
     assert len(report.errors) == 1 and key in report.errors[0] and os.path.basename(path) in report.errors[0]
     assert "does not decode" in report.errors[0]
+
+
+def test_a_garbled_jpeg_header_read_unchecked_is_reported_not_decoded(packed, copy_dataset):
+    """With verify_checksums=False (or a dataset without checksums) damaged bytes reach the Loader unchecked. A JPEG
+    whose first segments are followed by garbage crashed the process in DALI 2.4's CPU decoder (a segfault in its
+    worker threads, in 4 to 6 runs of 6 at batch 64, while the batch was bisected for the bad record). The Loader
+    reports it as pack does ("bad image header", the sample's key) and decodes the rest; run in a child process,
+    so that a crash fails this test instead of ending the suite."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("nvidia.dali")
+    root = copy_dataset(packed["wds"])
+    key, path, offset, size = _sample(root)
+    b = bytearray(Path(path).read_bytes())
+    b[offset + 200:offset + size] = bytes([7]) * (size - 200)  # same length: the shard and its index still read
+    _rewrite(Path(path), bytes(b))
+    child = f"""
+import json
+import fastfeed
+with fastfeed.Loader({str(root)!r}, batch_size=64, image_size=64, device="cpu", decoder="cpu-dali", num_threads=2,
+                     verify_checksums=False, shuffle=False, drop_last=False) as loader:
+    n = sum(len(labels) for _, labels in loader)
+    s = loader.stats()["skipped"]
+print(json.dumps([n, s["by_reason"], s["examples"]]))
+"""
+    run = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    n, by_reason, examples = json.loads(run.stdout.strip().splitlines()[-1])
+    assert n == 160 and by_reason == {"decode_error": 1}
+    assert [e["key"] for e in examples] == [key]
+    said = [line for line in run.stderr.splitlines() if "replaced by another sample" in line]
+    assert len(said) == 1 and key in said[0] and "decode_error: bad image header: JPEG:" in said[0], said

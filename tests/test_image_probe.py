@@ -142,3 +142,28 @@ def test_mutated_headers(bases):
                 i = int(rng.integers(3, 300))
                 del b[i: i + int(rng.integers(1, 20))]
             _same(bytes(b), opts)
+
+
+def test_header_failures_is_the_python_walk_over_a_batch(bases):
+    """`jpeg.header_failures`, the Loader's check of unchecked bytes (epoch.py `_untrusted`), names exactly the JPEGs
+    whose header `jpeg.probe` cannot read, with its message, in one native call per batch (numpy views, as the
+    ring hands them over, and other buffers alike)."""
+    rng = np.random.default_rng(1)
+    batch = [np.frombuffer(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, np.uint8), np.empty(0, np.uint8), b"\xff\xd8"]
+    for base in bases:
+        for _ in range(40):
+            b = bytearray(base)
+            if rng.integers(2):
+                b[rng.integers(2, 400)] = rng.integers(256)
+            else:
+                b = b[: rng.integers(2, len(b))]
+            batch.append(np.frombuffer(bytes(b), np.uint8))
+    want = []
+    for i, s in enumerate(batch):
+        if bytes(s[:2]) == b"\xff\xd8":
+            try:
+                jpeg.probe(bytes(s))
+            except jpeg.ImageProbeError as e:
+                want.append((i, str(e)))
+    got = jpeg.header_failures(batch)
+    assert got == want and 2 < len(want) < len(batch) - 20
