@@ -426,16 +426,17 @@ static void bind_tar(py::module_& m) {
                 for (std::size_t i = 0; i < buffers.size(); ++i) {
                     const auto span = buffers[i].span();
                     if (span.size < 2 || span.data[0] != 0xFF || span.data[1] != 0xD8) continue;  // not a JPEG
-                    if (!fastfeed::probe_jpeg(span.data, span.size, facts) || !frame_header_ok(facts.sof_segment))
+                    if (!fastfeed::probe_jpeg(span.data, span.size, facts) || !frame_header_ok(facts.sof_segment) ||
+                        !facts.ends_with_eoi)
                         failing.push_back(i);
                 }
             }
             return failing;
         },
         py::arg("samples"),
-        "Positions of the samples that start like a JPEG (FF D8) but whose header walk up to the first scan fails "
-        "(csrc/image_probe.h) or whose frame header is malformed: exactly where jpeg.py's `probe` raises. One call "
-        "per batch, GIL released.");
+        "Positions of the samples that start like a JPEG (FF D8) but that pack would refuse as they are: the header "
+        "walk up to the first scan fails (csrc/image_probe.h) or the frame header is malformed (where jpeg.py's "
+        "`probe` raises), or the file does not end in EOI (padding aside). One call per batch, GIL released.");
 
     m.def(
         "xxh3_64",

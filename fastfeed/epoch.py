@@ -18,9 +18,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from fastfeed import jpeg
 from fastfeed.constants import IGNORE_INDEX
 from fastfeed.decode import crop_windows
-from fastfeed import jpeg
 from fastfeed.decode.base import DECODE_ERROR, CorruptSampleError, replacement_map
 from fastfeed.pipelines import room_for_a_pipeline
 from fastfeed.ring import RingReadError
@@ -388,13 +388,14 @@ class EpochRun:
     def _untrusted(self, indices, samples, digests=None) -> dict[int, tuple[str, str]]:
         """The samples no decoder may see, by position, with (code, detail). Bytes that match the checksum pack
         stored are the bytes pack validated. Where no checksum is checked (the dataset has none, or
-        verify_checksums=False), JPEGs whose header pack would have refused are held back: DALI's decoders crash
-        the process on some of them instead of failing the batch (DALI 2.4: a JPEG whose first segments are followed
-        by garbage, tests/test_bad_input.py), and a crash is no way to report a bad sample."""
+        verify_checksums=False), JPEGs that pack would not have stored as they are (a broken header, no end marker)
+        are held back: on an H200 DALI 2.4's GPU decoder segfaulted on the first batch holding a JPEG whose first
+        segments are followed by garbage, its CPU decoder did in 4-6 runs of 6, and the GPU decoder gave a truncated
+        JPEG's missing rows as pixels without an error (benchmarks/RESULTS.md, eighteenth session)."""
         if self.table.bad_checksums is not None:
             return {p: ("checksum", "its bytes do not match the checksum in the sample table")
                     for p in self.table.bad_checksums(indices, samples, digests=digests)}
-        return {p: (DECODE_ERROR, f"bad image header: {why}") for p, why in jpeg.header_failures(samples)}
+        return {p: (DECODE_ERROR, why) for p, why in jpeg.header_failures(samples)}
 
     def _fill_from_epoch(self, plan, k, decoder, indices, exc: CorruptSampleError, bad):
         """Every sample of batch k is bad (skip mode): fill the batch with one good sample taken from the rest of

@@ -227,18 +227,19 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
 
 
 def header_failures(samples) -> list[tuple[int, str]]:
-    """(position, why) for each of `samples` (buffers) that starts like a JPEG (FF D8) but whose header `probe`
-    cannot read: the files pack refuses ("bad image header"). The walk runs natively over the whole batch with the
-    GIL released (~0.2 us a sample); the Python walk runs again on the failures only, for its message."""
+    """(position, why) for each of `samples` (buffers) that starts like a JPEG (FF D8) but that pack would not have
+    stored as it is: a header `probe` cannot read ("bad image header: ..."), or no end-of-image marker ("truncated
+    JPEG", which pack trims to its EOI or refuses). The walk runs natively over the whole batch with the GIL released
+    (~0.2 us a sample); the Python walk runs again on the failures only, for the message."""
     from fastfeed import _native
 
     out = []
     for i in _native.jpeg_header_failures(samples):
         try:
             _probe_jpeg(bytes(samples[i]))
-            why = "JPEG: header unreadable"  # not reached while the two walks agree (tests/test_image_probe.py)
+            why = "truncated JPEG (no end-of-image marker)"  # the native tail check, as pack's (validate._tail)
         except ImageProbeError as e:
-            why = str(e)
+            why = f"bad image header: {e}"
         out.append((i, why))
     return out
 

@@ -348,12 +348,15 @@ def test_full_verify_reports_undecodable_sample_and_accepts_the_rest(packed, cop
     assert "does not decode" in report.errors[0]
 
 
-def test_a_garbled_jpeg_header_read_unchecked_is_reported_not_decoded(packed, copy_dataset):
+@pytest.mark.parametrize("damage,said", [("garbage", "bad image header: JPEG:"),
+                                          ("cut", "truncated JPEG (no end-of-image marker)")])
+def test_a_broken_jpeg_read_unchecked_is_reported_not_decoded(packed, copy_dataset, damage, said):
     """With verify_checksums=False (or a dataset without checksums) damaged bytes reach the Loader unchecked. A JPEG
     whose first segments are followed by garbage crashed the process in DALI 2.4's CPU decoder (a segfault in its
-    worker threads, in 4 to 6 runs of 6 at batch 64, while the batch was bisected for the bad record). The Loader
-    reports it as pack does ("bad image header", the sample's key) and decodes the rest; run in a child process,
-    so that a crash fails this test instead of ending the suite."""
+    worker threads, in 4 to 6 runs of 6 at batch 64, while the batch was bisected for the bad record; its GPU
+    decoder on the first such batch), and its GPU decoder gave a cut JPEG's missing rows as pixels. The Loader
+    reports both as pack does (the reason, the sample's key) and decodes the rest; run in a child process, so that a
+    crash fails this test instead of ending the suite."""
     import subprocess
     import sys
 
@@ -361,7 +364,10 @@ def test_a_garbled_jpeg_header_read_unchecked_is_reported_not_decoded(packed, co
     root = copy_dataset(packed["wds"])
     key, path, offset, size = _sample(root)
     b = bytearray(Path(path).read_bytes())
-    b[offset + 200:offset + size] = bytes([7]) * (size - 200)  # same length: the shard and its index still read
+    # The same length, so that the shard and its index still read: garbage after 200 bytes, or the second half
+    # zeroed (zeros after the end marker are padding some writers add; here they follow a cut scan).
+    keep, fill = (200, 7) if damage == "garbage" else (size // 2, 0)
+    b[offset + keep:offset + size] = bytes([fill]) * (size - keep)
     _rewrite(Path(path), bytes(b))
     child = f"""
 import json
@@ -377,5 +383,5 @@ print(json.dumps([n, s["by_reason"], s["examples"]]))
     n, by_reason, examples = json.loads(run.stdout.strip().splitlines()[-1])
     assert n == 160 and by_reason == {"decode_error": 1}
     assert [e["key"] for e in examples] == [key]
-    said = [line for line in run.stderr.splitlines() if "replaced by another sample" in line]
-    assert len(said) == 1 and key in said[0] and "decode_error: bad image header: JPEG:" in said[0], said
+    logged = [line for line in run.stderr.splitlines() if "replaced by another sample" in line]
+    assert len(logged) == 1 and key in logged[0] and f"decode_error: {said}" in logged[0], logged

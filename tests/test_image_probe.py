@@ -146,8 +146,8 @@ def test_mutated_headers(bases):
 
 def test_header_failures_is_the_python_walk_over_a_batch(bases):
     """`jpeg.header_failures`, the Loader's check of unchecked bytes (epoch.py `_untrusted`), names exactly the JPEGs
-    whose header `jpeg.probe` cannot read, with its message, in one native call per batch (numpy views, as the
-    ring hands them over, and other buffers alike)."""
+    pack would not store as they are: a header `jpeg.probe` cannot read (with its message) or a missing end marker
+    (validate._tail), in one native call per batch (numpy views, as the ring hands them over, and other buffers)."""
     rng = np.random.default_rng(1)
     batch = [np.frombuffer(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, np.uint8), np.empty(0, np.uint8), b"\xff\xd8"]
     for base in bases:
@@ -163,7 +163,11 @@ def test_header_failures_is_the_python_walk_over_a_batch(bases):
         if bytes(s[:2]) == b"\xff\xd8":
             try:
                 jpeg.probe(bytes(s))
+                if not _tail(bytes(s)).endswith(b"\xff\xd9"):
+                    want.append((i, "truncated JPEG (no end-of-image marker)"))
             except jpeg.ImageProbeError as e:
-                want.append((i, str(e)))
+                want.append((i, f"bad image header: {e}"))
     got = jpeg.header_failures(batch)
-    assert got == want and 2 < len(want) < len(batch) - 20
+    assert got == want
+    assert {w.split(":")[0].split(" (")[0] for _, w in want} == {"bad image header", "truncated JPEG"}
+    assert len(want) < len(batch) - 20  # the flipped bytes that leave the header readable pass
