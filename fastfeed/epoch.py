@@ -390,8 +390,8 @@ class EpochRun:
         stored are the bytes pack validated. Where no checksum is checked (the dataset has none, or
         verify_checksums=False), JPEGs that pack would not have stored as they are (a broken header, no end marker)
         are held back: on an H200 DALI 2.4's GPU decoder segfaulted on the first batch holding a JPEG whose first
-        segments are followed by garbage, its CPU decoder did in 4-6 runs of 6, and the GPU decoder gave a truncated
-        JPEG's missing rows as pixels without an error (benchmarks/RESULTS.md, eighteenth session)."""
+        segments are followed by garbage, its CPU decoder did in 4 runs of 6 at batch 64, and the GPU decoder gave
+        a cut JPEG's missing rows as pixels without an error (benchmarks/RESULTS.md, eighteenth session)."""
         if self.table.bad_checksums is not None:
             return {p: ("checksum", "its bytes do not match the checksum in the sample table")
                     for p in self.table.bad_checksums(indices, samples, digests=digests)}
