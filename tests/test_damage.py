@@ -353,10 +353,10 @@ def test_full_verify_reports_undecodable_sample_and_accepts_the_rest(packed, cop
 def test_a_broken_jpeg_read_unchecked_is_reported_not_decoded(packed, copy_dataset, damage, said):
     """With verify_checksums=False (or a dataset without checksums) damaged bytes reach the Loader unchecked. A JPEG
     whose first segments are followed by garbage crashed the process in DALI 2.4's CPU decoder (a segfault in its
-    worker threads, in 4 runs of 6 at batch 64, while the batch was bisected for the bad record; its GPU
-    decoder on the first such batch), and its GPU decoder gave a cut JPEG's missing rows as pixels. The Loader
-    reports both as pack does (the reason, the sample's key) and decodes the rest; run in a child process, so that a
-    crash fails this test instead of ending the suite."""
+    worker threads while the batch was bisected for the bad record, 4 runs of 6 at batch 64) and in its GPU decoder
+    (on the first such batch, H200), and the GPU decoder gave a cut JPEG's missing rows as pixels. The Loader reports
+    both as pack does (the reason, the sample's key) and decodes the rest; run in a child process, so that a crash
+    fails this test instead of ending the suite."""
     import subprocess
     import sys
 
