@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 
 namespace py = pybind11;
@@ -413,7 +414,7 @@ static void bind_tar(py::module_& m) {
         "(scan None), or None where jpeg.py's header walk would fail.");
 
     m.def(
-        "jpeg_header_failures",
+        "header_failures",
         [](py::iterable samples) {
             std::vector<ReadOnlyBuffer> buffers;
             for (py::handle item : samples) buffers.emplace_back(item);
@@ -423,20 +424,25 @@ static void bind_tar(py::module_& m) {
                 // the GIL back would cost (decode/dali_capi.py says the same of DALI's quick calls).
                 py::gil_scoped_release nogil;
                 fastfeed::JpegFacts facts;
+                static const std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
                 for (std::size_t i = 0; i < buffers.size(); ++i) {
                     const auto span = buffers[i].span();
-                    if (span.size < 2 || span.data[0] != 0xFF || span.data[1] != 0xD8) continue;  // not a JPEG
-                    if (!fastfeed::probe_jpeg(span.data, span.size, facts) || !frame_header_ok(facts.sof_segment) ||
-                        !facts.ends_with_eoi)
-                        failing.push_back(i);
+                    if (span.size >= 2 && span.data[0] == 0xFF && span.data[1] == 0xD8) {
+                        if (!fastfeed::probe_jpeg(span.data, span.size, facts) ||
+                            !frame_header_ok(facts.sof_segment) || !facts.ends_with_eoi)
+                            failing.push_back(i);
+                    } else if (span.size >= 8 && std::memcmp(span.data, png_signature, 8) == 0) {
+                        if (!fastfeed::png_structure_ok(span.data, span.size)) failing.push_back(i);
+                    }
                 }
             }
             return failing;
         },
         py::arg("samples"),
-        "Positions of the samples that start like a JPEG (FF D8) but that pack would refuse as they are: the header "
-        "walk up to the first scan fails (csrc/image_probe.h) or the frame header is malformed (where jpeg.py's "
-        "`probe` raises), or the file does not end in EOI (padding aside). One call per batch, GIL released.");
+        "Positions of the JPEGs (FF D8) and PNGs among `samples` that pack would refuse as they are: a JPEG whose "
+        "header walk up to the first scan fails (csrc/image_probe.h) or whose frame header is malformed (where "
+        "jpeg.py's `probe` raises), or that does not end in EOI (padding aside); a PNG whose chunk walk fails "
+        "(headers.py `png_facts`). Other samples are not looked at. One call per batch, GIL released.");
 
     m.def(
         "xxh3_64",

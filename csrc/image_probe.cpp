@@ -101,4 +101,34 @@ bool probe_jpeg(const std::uint8_t* d, std::size_t n, JpegFacts& out) {
     return true;
 }
 
+bool png_structure_ok(const std::uint8_t* d, std::size_t n) {
+    auto be32 = [d](std::size_t at) {
+        return (std::uint32_t{d[at]} << 24) | (std::uint32_t{d[at + 1]} << 16) | (std::uint32_t{d[at + 2]} << 8) |
+               std::uint32_t{d[at + 3]};
+    };
+    std::size_t pos = 8;
+    bool have_ihdr = false, have_idat = false;
+    while (pos + 8 <= n) {
+        const std::uint64_t length = be32(pos);
+        const std::uint8_t* kind = d + pos + 4;
+        const std::size_t body = pos + 8;
+        const std::uint64_t next = body + length + 4;  // 64-bit: a 4 GB length cannot wrap
+        if (next > n) return false;  // a chunk runs past the end
+        if (!have_ihdr) {
+            if (std::memcmp(kind, "IHDR", 4) != 0 || length != 13) return false;
+            const std::uint32_t width = be32(body), height = be32(body + 4);
+            const int ctype = d[body + 9];
+            if (width == 0 || height == 0 || !(ctype == 0 || ctype == 2 || ctype == 3 || ctype == 4 || ctype == 6))
+                return false;
+            have_ihdr = true;
+        } else if (std::memcmp(kind, "IDAT", 4) == 0) {
+            have_idat = true;
+        } else if (std::memcmp(kind, "IEND", 4) == 0) {
+            return have_idat;
+        }
+        pos = static_cast<std::size_t>(next);
+    }
+    return false;  // no IEND
+}
+
 }  // namespace fastfeed

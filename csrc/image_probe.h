@@ -31,4 +31,9 @@ bool probe_jpeg(const std::uint8_t* data, std::size_t size, JpegFacts& out);
 // fastfeed/headers.py `tiff_orientation` on a TIFF-structured EXIF block.
 int tiff_orientation(const std::uint8_t* tiff, std::size_t size);
 
+// True when a PNG's chunk walk succeeds, exactly when fastfeed/headers.py `png_facts` returns facts instead of a
+// reason: IHDR first (13 bytes, a nonzero size, a known colour type), every chunk inside the data, IDAT before IEND.
+// `data` starts after the 8-byte signature's check by the caller (the walk starts at byte 8).
+bool png_structure_ok(const std::uint8_t* data, std::size_t size);
+
 }  // namespace fastfeed

@@ -388,10 +388,11 @@ class EpochRun:
     def _untrusted(self, indices, samples, digests=None) -> dict[int, tuple[str, str]]:
         """The samples no decoder may see, by position, with (code, detail). Bytes that match the checksum pack
         stored are the bytes pack validated. Where no checksum is checked (the dataset has none, or
-        verify_checksums=False), JPEGs that pack would not have stored as they are (a broken header, no end marker)
-        are held back: on an H200 DALI 2.4's GPU decoder segfaulted on the first batch holding a JPEG whose first
-        segments are followed by garbage, its CPU decoder did in 4 runs of 6 at batch 64, and the GPU decoder gave
-        a cut JPEG's missing rows as pixels without an error (benchmarks/RESULTS.md, eighteenth session)."""
+        verify_checksums=False), JPEGs and PNGs that pack would not have stored as they are (a broken header or
+        chunk, no end marker) are held back: on an H200 DALI 2.4's GPU decoder segfaulted on the first batch holding a
+        JPEG whose first segments are followed by garbage, its CPU decoder did in 4 runs of 6 at batch 64 (on such a
+        PNG in 2 of 5), and the GPU decoder gave a cut JPEG's missing rows as pixels without an error
+        (benchmarks/RESULTS.md, eighteenth session)."""
         if self.table.bad_checksums is not None:
             return {p: ("checksum", "its bytes do not match the checksum in the sample table")
                     for p in self.table.bad_checksums(indices, samples, digests=digests)}

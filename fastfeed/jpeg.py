@@ -39,6 +39,7 @@ from typing import Mapping, Sequence
 
 from fastfeed.headers import STANDALONE_MARKERS as _STANDALONE
 from fastfeed.headers import exif_orientation, jpeg_end, tiff_orientation  # exif_orientation, jpeg_end: re-exported
+from fastfeed.headers import _PNG_SIG, png_facts
 
 __all__ = [
     "KIND_NOT_JPEG",
@@ -227,19 +228,25 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
 
 
 def header_failures(samples) -> list[tuple[int, str]]:
-    """(position, why) for each of `samples` (buffers) that starts like a JPEG (FF D8) but that pack would not have
-    stored as it is: a header `probe` cannot read ("bad image header: ..."), or no end-of-image marker ("truncated
-    JPEG", which pack trims to its EOI or refuses). The walk runs natively over the whole batch with the GIL released
-    (~0.2 us a sample); the Python walk runs again on the failures only, for the message."""
+    """(position, why) for each JPEG (FF D8) and PNG among `samples` (buffers) that pack would not have stored as it
+    is: a JPEG header `probe` cannot read ("bad image header: ..."), a JPEG without its end-of-image marker
+    ("truncated JPEG", which pack trims to its EOI or refuses), a PNG whose chunks `png_facts` cannot walk (its
+    reason). The walk runs natively over the whole batch with the GIL released (~0.2 us a sample); the Python walk
+    runs again on the failures only, for the message."""
     from fastfeed import _native
 
     out = []
-    for i in _native.jpeg_header_failures(samples):
-        try:
-            _probe_jpeg(bytes(samples[i]))
-            why = "truncated JPEG (no end-of-image marker)"  # the native tail check, as pack's (validate._tail)
-        except ImageProbeError as e:
-            why = f"bad image header: {e}"
+    for i in _native.header_failures(samples):
+        data = bytes(samples[i])
+        if data[:8] == _PNG_SIG:
+            facts = png_facts(data)
+            why = facts if isinstance(facts, str) else "bad image header: PNG"  # unreached while the walks agree
+        else:
+            try:
+                _probe_jpeg(data)
+                why = "truncated JPEG (no end-of-image marker)"  # the native tail check, as pack's (validate._tail)
+            except ImageProbeError as e:
+                why = f"bad image header: {e}"
         out.append((i, why))
     return out
 

@@ -51,12 +51,11 @@ def _flip(path: Path, at: int, n: int) -> None:
     _rewrite(path, bytes(b))
 
 
-def _sample(root: Path) -> tuple[str, str, int, int]:
-    """(key, data file path, offset, size) of SAMPLE."""
+def _sample(root: Path, i: int = SAMPLE) -> tuple[str, str, int, int]:
+    """(key, data file path, offset, size) of sample i (SAMPLE unless given)."""
     with fastfeed.open_dataset(root) as ds:
         ext = ds.extents()
-        return (str(ds.keys[SAMPLE]), ext.paths[ext.file_index[SAMPLE]], int(ext.offset[SAMPLE]),
-                int(ext.size[SAMPLE]))
+        return str(ds.keys[i]), ext.paths[ext.file_index[i]], int(ext.offset[i]), int(ext.size[i])
 
 
 def _manifest(root: Path) -> dict:
@@ -348,25 +347,50 @@ def test_full_verify_reports_undecodable_sample_and_accepts_the_rest(packed, cop
     assert "does not decode" in report.errors[0]
 
 
+@pytest.fixture(scope="module")
+def packed_with_pngs(demo_tree, pack_cli, tmp_path_factory) -> Path:
+    """The demo tree with 16 of its photos stored as PNG, packed by the CLI keeping each file's format."""
+    import shutil
+
+    from PIL import Image
+
+    from conftest import DEMO_SHARD_SIZE
+
+    src = tmp_path_factory.mktemp("pngs") / "src"
+    shutil.copytree(demo_tree, src)
+    for p in sorted(src.rglob("*.jpg"))[:16]:
+        Image.open(p).save(p.with_suffix(".png"))
+        p.unlink()
+    out = src.parent / "wds"
+    pack_cli(src, out, "--format", "wds", "--shard-size", DEMO_SHARD_SIZE, "--jpeg", "keep")
+    return out
+
+
 @pytest.mark.parametrize("damage,said", [("garbage", "bad image header: JPEG:"),
-                                          ("cut", "truncated JPEG (no end-of-image marker)")])
-def test_a_broken_jpeg_read_unchecked_is_reported_not_decoded(packed, copy_dataset, damage, said):
+                                          ("cut", "truncated JPEG (no end-of-image marker)"),
+                                          ("png", "truncated PNG (a chunk runs past the end of the file)")])
+def test_a_broken_image_read_unchecked_is_reported_not_decoded(packed, packed_with_pngs, copy_dataset, damage,
+                                                                 said):
     """With verify_checksums=False (or a dataset without checksums) damaged bytes reach the Loader unchecked. A JPEG
     whose first segments are followed by garbage crashed the process in DALI 2.4's CPU decoder (a segfault in its
     worker threads while the batch was bisected for the bad record, 4 runs of 6 at batch 64) and in its GPU decoder
-    (on the first such batch, H200), and the GPU decoder gave a cut JPEG's missing rows as pixels. The Loader reports
-    both as pack does (the reason, the sample's key) and decodes the rest; run in a child process, so that a crash
-    fails this test instead of ending the suite."""
+    (on the first such batch, H200), a PNG so damaged crashed the CPU decoder in 2 runs of 5, and the GPU decoder
+    gave a cut JPEG's missing rows as pixels. The Loader reports each as pack does (the reason, the sample's key)
+    and decodes the rest; run in a child process, so that a crash fails this test instead of ending the suite."""
     import subprocess
     import sys
 
     pytest.importorskip("nvidia.dali")
-    root = copy_dataset(packed["wds"])
-    key, path, offset, size = _sample(root)
+    root = copy_dataset(packed_with_pngs if damage == "png" else packed["wds"])
+    i = SAMPLE
+    if damage == "png":
+        with fastfeed.open_dataset(root) as ds:
+            i = next(j for j in range(len(ds)) if bytes(ds.read(j)[:4]) == b"\x89PNG")
+    key, path, offset, size = _sample(root, i)
     b = bytearray(Path(path).read_bytes())
-    # The same length, so that the shard and its index still read: garbage after 200 bytes, or the second half
-    # zeroed (zeros after the end marker are padding some writers add; here they follow a cut scan).
-    keep, fill = (200, 7) if damage == "garbage" else (size // 2, 0)
+    # The same length, so that the shard and its index still read: garbage after the first bytes, or the second
+    # half zeroed (zeros after the end marker are padding some writers add; here they follow a cut scan).
+    keep, fill = {"garbage": (200, 7), "cut": (size // 2, 0), "png": (60, 7)}[damage]
     b[offset + keep:offset + size] = bytes([fill]) * (size - keep)
     _rewrite(Path(path), bytes(b))
     child = f"""

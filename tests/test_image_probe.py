@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from fastfeed import _native, jpeg
+from fastfeed.headers import png_facts
 from fastfeed.pack.validate import Loaded, LoadOptions, _tail, check_image
 from odd_images.build import build_corpus, photo
 
@@ -146,28 +147,38 @@ def test_mutated_headers(bases):
 
 def test_header_failures_is_the_python_walk_over_a_batch(bases):
     """`jpeg.header_failures`, the Loader's check of unchecked bytes (epoch.py `_untrusted`), names exactly the JPEGs
-    pack would not store as they are: a header `jpeg.probe` cannot read (with its message) or a missing end marker
-    (validate._tail), in one native call per batch (numpy views, as the ring hands them over, and other buffers)."""
+    and PNGs pack would not store as they are: a JPEG header `jpeg.probe` cannot read (with its message) or a missing
+    end marker (validate._tail), a PNG whose chunks `headers.png_facts` cannot walk (its reason); in one native call
+    per batch (numpy views, as the ring hands them over, and other buffers). Other formats are not looked at."""
     rng = np.random.default_rng(1)
-    batch = [np.frombuffer(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, np.uint8), np.empty(0, np.uint8), b"\xff\xd8"]
-    for base in bases:
+    png = io.BytesIO()
+    Image.fromarray(photo(48, 40, seed=5)).save(png, "PNG")
+    batch = [np.empty(0, np.uint8), b"\xff\xd8", b"GIF89a" + b"\x00" * 20, b"\x89PNG\r\n\x1a\n"]
+    for base in bases + [png.getvalue()]:
         for _ in range(40):
             b = bytearray(base)
-            if rng.integers(2):
+            op = rng.integers(3)
+            if op == 0:  # a header byte changed
                 b[rng.integers(2, 400)] = rng.integers(256)
-            else:
+            elif op == 1:  # cut
                 b = b[: rng.integers(2, len(b))]
+            else:  # garbage after the first bytes
+                cut = int(rng.integers(8, 300))
+                b[cut:] = bytes([7]) * (len(b) - cut)
             batch.append(np.frombuffer(bytes(b), np.uint8))
     want = []
     for i, s in enumerate(batch):
-        if bytes(s[:2]) == b"\xff\xd8":
+        s = bytes(s)
+        if s[:2] == b"\xff\xd8":
             try:
-                jpeg.probe(bytes(s))
-                if not _tail(bytes(s)).endswith(b"\xff\xd9"):
+                jpeg.probe(s)
+                if not _tail(s).endswith(b"\xff\xd9"):
                     want.append((i, "truncated JPEG (no end-of-image marker)"))
             except jpeg.ImageProbeError as e:
                 want.append((i, f"bad image header: {e}"))
+        elif s[:8] == b"\x89PNG\r\n\x1a\n" and isinstance(png_facts(s), str):
+            want.append((i, png_facts(s)))
     got = jpeg.header_failures(batch)
     assert got == want
-    assert {w.split(":")[0].split(" (")[0] for _, w in want} == {"bad image header", "truncated JPEG"}
-    assert len(want) < len(batch) - 20  # the flipped bytes that leave the header readable pass
+    assert {w.split(":")[0].split(" (")[0] for _, w in want} >= {"bad image header", "truncated JPEG", "truncated PNG"}
+    assert len(want) < len(batch) - 20  # the changed bytes that leave the structure readable pass
