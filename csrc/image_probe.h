@@ -33,7 +33,8 @@ int tiff_orientation(const std::uint8_t* tiff, std::size_t size);
 
 // True when a PNG's chunk walk succeeds, exactly when fastfeed/headers.py `png_facts` returns facts instead of a
 // reason: IHDR first (13 bytes, a nonzero size, a known colour type), every chunk inside the data, IDAT before IEND.
-// `data` starts after the 8-byte signature's check by the caller (the walk starts at byte 8).
+// The caller has checked the 8-byte signature; the walk starts after it. (The Loader's check of bytes no checksum
+// vouches for, bindings.cpp `header_failures`; pack walks PNGs in Python.)
 bool png_structure_ok(const std::uint8_t* data, std::size_t size);
 
 }  // namespace fastfeed
