@@ -6,6 +6,7 @@ mk() {  # $1 = set: its images and its webdataset shards
   case $1 in
   thumb) args="20000 --regime thumb" ;; png) args="4000 --regime png" ;; mixed) args="4000 --regime mixed" ;;
   half) args="4000 --short-side 560:820" ;; mid) args="2000 --short-side 1200:1800" ;;
+  phone) args="512 --regime phone" ;;  # 12-MP photos, two batches an epoch
   *) echo "unknown set $1" >&2; return 1 ;;
   esac
   (export PYTHONPATH=/tmp/site:$PWD; cp /tmp/ffnative/_native*.so fastfeed/
