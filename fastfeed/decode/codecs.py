@@ -1,0 +1,88 @@
+"""Which of nvImageCodec's extension modules a DALI pipeline loads when it is built.
+
+DALI's image decoder creates an nvImageCodec instance when its pipeline is built, and the instance loads every
+extension module in nvImageCodec's `extensions` folder, or in $NVIMGCODEC_EXTENSIONS_PATH when that is set (read at
+each instance's creation). On a host that sees a GPU the GPU ones (nvJPEG, nvJPEG2000, nvTIFF) set up GPU state as
+they load, also for a pipeline on DALI's CPU backend, which never uses them. Measured on an H200
+(benchmarks/h200/codec_probe.py, 2026-12-02), a CPU pipeline's build took 1,040 ms with every extension and 4 ms
+with the CPU ones only; a process's first took 1,500 against 475 ms. The thumbnails' decoder, DALI's CPU backend,
+paid that second per pipeline: two before the first batch, one per pipeline the tuner tries.
+
+So a pipeline on the CPU backend is built while the variable names a folder of links to the CPU extensions only
+(one folder per process, removed at exit). Builds take one lock, so that a GPU pipeline built meanwhile in another
+thread never sees that folder. A variable the user set is left alone: they chose the extensions. (DALI's CPU backend
+decodes JPEGs with libjpeg-turbo and PNGs with OpenCV, so the folder changes no pixels.)
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+__all__ = ["VARIABLE", "GPU_EXTENSIONS", "extensions_for"]
+
+log = logging.getLogger("fastfeed")
+
+VARIABLE = "NVIMGCODEC_EXTENSIONS_PATH"
+# File-name prefixes of the extensions that need a GPU; libjpeg-turbo, OpenCV (PNG), libtiff, BMP and PNM stay.
+GPU_EXTENSIONS = ("libnvjpeg_ext", "libnvjpeg2k_ext", "libnvtiff_ext")
+
+_lock = threading.Lock()
+_cpu_folder: dict[int, str | None] = {}  # pid -> the folder (None: none could be made); a forked child makes its own
+
+
+def _installed() -> Path | None:
+    """nvImageCodec's own extensions folder: next to libnvimgcodec, in the nvidia-nvimgcodec package DALI loads."""
+    try:
+        spec = importlib.util.find_spec("nvidia.nvimgcodec")
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        folder = Path(location) / "extensions"
+        if folder.is_dir():
+            return folder
+    return None
+
+
+def _cpu_only_folder() -> str | None:
+    """This process's folder of links to the CPU extensions, made at the first call; None where it cannot be made
+    (no extensions folder found, no symbolic links): the pipeline is then built with every extension, as DALI does."""
+    pid = os.getpid()
+    if pid not in _cpu_folder:
+        source, folder = _installed(), None
+        if source is not None:
+            try:
+                folder = tempfile.mkdtemp(prefix="fastfeed-nvimgcodec-cpu-")
+                atexit.register(shutil.rmtree, folder, True)
+                for f in source.iterdir():
+                    if not f.name.startswith(GPU_EXTENSIONS):
+                        os.symlink(f, os.path.join(folder, f.name))
+            except OSError as e:
+                log.debug("fastfeed: no CPU-only nvImageCodec extensions folder (%s); building with every one", e)
+                folder = None
+        _cpu_folder[pid] = folder
+    return _cpu_folder[pid]
+
+
+@contextlib.contextmanager
+def extensions_for(gpu: bool):
+    """Held around a DALI pipeline's build (and only the build: the extensions are loaded then). gpu: the pipeline
+    runs on a GPU and gets every extension."""
+    with _lock:
+        folder = None if gpu or VARIABLE in os.environ else _cpu_only_folder()
+        if folder is None:
+            yield
+            return
+        # The C environment only, which is what nvImageCodec reads: os.environ, which other threads may be copying,
+        # never holds it.
+        os.putenv(VARIABLE, folder)
+        try:
+            yield
+        finally:
+            os.unsetenv(VARIABLE)
