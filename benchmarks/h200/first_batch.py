@@ -26,7 +26,7 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def loader_row(path, batch_size, batches, pin: bool) -> dict:
+def loader_row(path, batch_size, batches, pin: bool, image_size: int = 224) -> dict:
     import fastfeed
     import fastfeed.loader as L
     from fastfeed.ring import PrefetchRing
@@ -37,7 +37,7 @@ def loader_row(path, batch_size, batches, pin: bool) -> dict:
     try:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loader = fastfeed.Loader(path, batch_size=batch_size, train=True, image_size=224, device="cuda",
+        loader = fastfeed.Loader(path, batch_size=batch_size, train=True, image_size=image_size, device="cuda",
                                  dtype=torch.float16, channels_last=True)
         built = time.perf_counter() - t0
         it = iter(loader)
@@ -64,6 +64,7 @@ def main() -> int:
     p.add_argument("--data", required=True)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--batches", type=int, default=8)
+    p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     from fastfeed.formats import open_dataset
@@ -83,7 +84,9 @@ def main() -> int:
         res["ring_arena_bytes"] = ring.slot_bytes * ring.num_slots
         ring.close()
         del ring
-    res["loader"] = [loader_row(args.data, args.batch_size, args.batches, pin) for pin in (True, False, True, False)]
+    res["image_size"] = args.image_size
+    res["loader"] = [loader_row(args.data, args.batch_size, args.batches, pin, args.image_size)
+                     for pin in (True, False, True, False)]
     res["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     res["gpu"] = torch.cuda.get_device_name(0)
     print(json.dumps(res, indent=1))
