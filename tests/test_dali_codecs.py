@@ -58,7 +58,7 @@ dec.close()
 def _child(tmp_path, name, variable=None):
     """The child's result and its pixels; `variable`: the user's NVIMGCODEC_EXTENSIONS_PATH (none by default)."""
     env = {k: v for k, v in os.environ.items() if k != codecs.VARIABLE}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     if variable is not None:
         env[codecs.VARIABLE] = variable
     pixels = tmp_path / f"{name}.npy"
