@@ -5,13 +5,17 @@
 Times, in this order and each in the same process: opening the dataset; building the native ring (its arena is
 prefaulted in the constructor) without and with page-locking; then fastfeed.Loader with its defaults, and the same
 Loader with the ring left pageable, each from the constructor call to the first batch on the GPU, then --batches
-more batches with nothing consuming them (the loader alone).
+more batches with nothing consuming them (the loader alone). --prealloc grows DALI's memory pools for the first
+Loader of the process, before its constructor or in a thread beside it (nineteenth session: the ~2.5-MP photos' first
+Loader waits ~1 s between its constructor and the first batch, a later one 0.3 s; DALI's pools live as long as the
+process).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +30,7 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def loader_row(path, batch_size, batches, pin: bool, image_size: int = 224) -> dict:
+def loader_row(path, batch_size, batches, pin: bool, image_size: int = 224, prealloc=None, mode="none") -> dict:
     import fastfeed
     import fastfeed.loader as L
     from fastfeed.ring import PrefetchRing
@@ -37,6 +41,13 @@ def loader_row(path, batch_size, batches, pin: bool, image_size: int = 224) -> d
     try:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        pre_s, worker = None, None
+        if mode == "before":
+            prealloc()
+            pre_s = time.perf_counter() - t0
+        elif mode == "parallel":
+            worker = threading.Thread(target=prealloc)
+            worker.start()
         loader = fastfeed.Loader(path, batch_size=batch_size, train=True, image_size=image_size, device="cuda",
                                  dtype=torch.float16, channels_last=True)
         built = time.perf_counter() - t0
@@ -44,6 +55,9 @@ def loader_row(path, batch_size, batches, pin: bool, image_size: int = 224) -> d
         next(it)
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
+        if worker is not None:
+            worker.join()
+            pre_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         n = 0
         for _ in range(batches):
@@ -56,7 +70,7 @@ def loader_row(path, batch_size, batches, pin: bool, image_size: int = 224) -> d
     finally:
         L.PrefetchRing = original
     return {"pinned_ring": pin, "constructor_s": built, "first_batch_s": first, "images_per_s": rate,
-            "ring_pinned_reported": info.get("pinned")}
+            "ring_pinned_reported": info.get("pinned"), "prealloc": mode, "prealloc_done_s": pre_s}
 
 
 def main() -> int:
@@ -65,6 +79,11 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--batches", type=int, default=8)
     p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--prealloc", choices=("none", "before", "parallel"), default="none",
+                   help="before the first Loader: DALI's memory pools grown (--pinned-mb, --device-mb) first, or in a "
+                        "thread beside its constructor (does the first run on large images wait on their growth?)")
+    p.add_argument("--pinned-mb", type=int, default=1024)
+    p.add_argument("--device-mb", type=int, default=4096)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     from fastfeed.formats import open_dataset
@@ -85,8 +104,16 @@ def main() -> int:
         ring.close()
         del ring
     res["image_size"] = args.image_size
-    res["loader"] = [loader_row(args.data, args.batch_size, args.batches, pin, args.image_size)
-                     for pin in (True, False, True, False)]
+
+    def prealloc():
+        import nvidia.dali.backend as b
+
+        b.PreallocatePinnedMemory(args.pinned_mb << 20)
+        b.PreallocateDeviceMemory(args.device_mb << 20, 0)
+
+    res["loader"] = [loader_row(args.data, args.batch_size, args.batches, pin, args.image_size, prealloc,
+                                args.prealloc if i == 0 else "none")
+                     for i, pin in enumerate((True, False, True, False))]
     res["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     res["gpu"] = torch.cuda.get_device_name(0)
     print(json.dumps(res, indent=1))
