@@ -98,6 +98,26 @@ def test_a_replacement_that_cannot_be_built_closes_the_decoder(photos, monkeypat
         dec(samples, windows)
 
 
+def test_a_decoder_closed_while_its_pipeline_is_rebuilt_stays_closed(photos, monkeypatch):
+    """close() from another thread lands while a failed run rebuilds the pipeline (the build runs without the
+    decoder's lock, as a GPU build takes 1.7 s): the fresh pipeline is closed too, not left on the closed decoder."""
+    samples, windows = photos
+    broken = np.concatenate([samples[0][:200], np.full(3000, 7, np.uint8)])
+    dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
+    build, built = dec._build, []
+
+    def build_while_closed():
+        dec.close()  # what the other thread does meanwhile
+        built.append(build())
+        return built[-1]
+    monkeypatch.setattr(dec, "_build", build_while_closed)
+    with pytest.raises(DaliCError):
+        dec._run([broken] + samples[1:], windows)
+    assert dec._pipe is None and built and built[0]._h is None
+    with pytest.raises(RuntimeError, match="closed"):
+        dec(samples, windows)
+
+
 def test_closed_handles_refuse_work(photos):
     samples, windows = photos
     dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)

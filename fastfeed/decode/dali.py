@@ -41,6 +41,8 @@ parser pack used for the `orientation` column) and the windows are clamped to it
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
@@ -154,6 +156,8 @@ class DaliDecoder:
         self._num_threads = int(num_threads)
         self._serialized = _graph(self.batch_size, self._num_threads, device_id, self.image_size, pipe_dtype,
                                   pipe_hwc, mean, std, hw_decoder_load, orientation == "exif", self.chroma)
+        # Guards the pipeline's replacement after a failed run against close() from another thread.
+        self._swap, self._closed = threading.Lock(), False
         self._pipe = self._build()
 
     def _build(self):
@@ -194,12 +198,20 @@ class DaliDecoder:
             self._feed(pipe, samples, windows, pinned)
             return pipe.run(stream)
         except RuntimeError:
-            if self._pipe is not pipe:  # closed meanwhile (by the Loader, from another thread): nothing to rebuild
-                raise
-            # DALI marks a pipeline that hit an operator error as "no longer valid"; start from a fresh one.
+            # DALI marks a pipeline that hit an operator error as "no longer valid"; start from a fresh one, unless
+            # the decoder was closed meanwhile (by the Loader, from another thread).
+            with self._swap:
+                if self._pipe is not pipe:
+                    raise
+                self._pipe = None
             pipe.close()
-            self._pipe = None
-            self._pipe = self._build()
+            fresh = self._build()  # without the lock: close() need not wait out a build (1.7 s on a GPU)
+            with self._swap:
+                closed = self._closed
+                if not closed:
+                    self._pipe = fresh
+            if closed:  # close() ran during the build: the fresh pipeline goes too
+                fresh.close()
             raise
 
     def _find_bad(self, samples, windows: Windows, positions: list[int], bad: dict, err: tuple[str, str]) -> None:
@@ -298,7 +310,9 @@ class DaliDecoder:
         return DecodeResult(images, replaced_list(bad))
 
     def close(self) -> None:
-        pipe, self._pipe = self._pipe, None
+        with self._swap:
+            self._closed = True
+            pipe, self._pipe = self._pipe, None
         if pipe is not None:
             pipe.close()
 
