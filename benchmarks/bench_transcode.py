@@ -2,8 +2,8 @@
 
 Generates ImageNet-like progressive JPEGs (~100 KB, ~500x375, 4:2:0, skimage's photos), then times:
   - PIL full decode of the same files (the reference cost a sample pays anyway, once per epoch),
-  - fastfeed.jpeg.transcode_to_baseline one file at a time (GIL released, 1 thread),
-  - fastfeed.jpeg.transcode_many with 1 and 2 native threads,
+  - fastfeed.transcode.transcode_to_baseline one file at a time (GIL released, 1 thread),
+  - fastfeed.transcode.transcode_many with 1 and 2 native threads,
   - the native transcoder without Huffman optimisation (what optimize_coding costs).
 Reports files/s, MB/s (input bytes), CPU ms per file, and the baseline/progressive size ratio. Checks a few
 outputs decode pixel-identical first.
@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 from skimage import data as skdata
 
-from fastfeed import jpeg
+from fastfeed import jpeg, transcode
 
 
 def make_corpus(n: int, seed: int = 0) -> list[bytes]:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
-    if not jpeg.HAVE_TRANSCODE:
+    if not transcode.HAVE_TRANSCODE:
         print("transcoding unavailable: fastfeed._native was built without libjpeg", file=sys.stderr)
         return 2
     from fastfeed import _native
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"corpus: {n} progressive JPEGs, mean {1e3 * mb / n:.1f} KB, "
           f"{Image.open(io.BytesIO(files[0])).size} px, 4:2:0")
 
-    outs = jpeg.transcode_many(files, num_threads=2)
+    outs = transcode.transcode_many(files, num_threads=2)
     for f, o in zip(files[:5], outs[:5]):
         assert np.array_equal(np.asarray(Image.open(io.BytesIO(f))), np.asarray(Image.open(io.BytesIO(o))))
     assert all(jpeg.probe(o).jpeg_kind == jpeg.KIND_BASELINE for o in outs)
@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cases = {
         "PIL decode (reference)": lambda: pil_decode_all(files),
-        "transcode_to_baseline, 1 by 1": lambda: [jpeg.transcode_to_baseline(f) for f in files],
-        "transcode_many, 1 thread": lambda: jpeg.transcode_many(files, num_threads=1),
-        "transcode_many, 2 threads": lambda: jpeg.transcode_many(files, num_threads=2),
+        "transcode_to_baseline, 1 by 1": lambda: [transcode.transcode_to_baseline(f) for f in files],
+        "transcode_many, 1 thread": lambda: transcode.transcode_many(files, num_threads=1),
+        "transcode_many, 2 threads": lambda: transcode.transcode_many(files, num_threads=2),
         "no Huffman optimisation, 1 by 1": lambda: [_native.transcode(f, optimize_coding=False) for f in files],
     }
     results = {"files": n, "input_mb": mb, "baseline_mb": out_mb, "baseline_unoptimized_mb": unopt_mb, "cases": {}}

@@ -308,7 +308,7 @@ def check_manifest(path: str, gpu: bool = True) -> list[Check]:
         out.append(Check("jpeg_mix", OK, "no GPU here: the JPEG mix matters only for a GPU's hardware decoder"))
         return out
     try:
-        from fastfeed.jpeg import hw_decoder_advice
+        from fastfeed.transcode import hw_decoder_advice
 
         advice = hw_decoder_advice(man.jpeg_mix)
     except ValueError as e:

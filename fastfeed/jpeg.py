@@ -1,4 +1,4 @@
-"""What an image is, from its header alone, and how to store it so the GPU's hardware JPEG decoder can take it.
+"""What an image is, from its header alone, and whether the GPU's hardware JPEG decoder can take it as stored.
 
 The hardware JPEG decoder of A100/H100/H200 (nvJPEG's hardware backend, which DALI's ``mixed`` decoder uses)
 accepts only *baseline* (SOF0) Huffman-coded 8-bit JPEGs with one component or three YCbCr components in one of
@@ -6,36 +6,18 @@ nvJPEG's chroma subsamplings. Everything else (progressive, arithmetic-coded, CM
 back to the much slower CUDA/CPU decoders: 20% progressive JPEGs cost 59% of GPU-path throughput (issue 8).
 
 - `probe(data)` classifies an image by parsing its JPEG markers (no decoding) or, for other formats, PIL's lazy
-  header read.
-- `prepare(data, mode)` returns the bytes the packer should store:
+  header read: format, size, JPEG kind (`KIND_NAMES`), chroma subsampling, EXIF orientation, `hw_decodable`.
+- `header_failures(samples)` walks a batch's headers in the native core, for bytes no checksum vouches for.
+- `displayed_size(data)` is the size after the EXIF rotation.
 
-  ======== =============================================== ============================================
-  mode     what changes                                    pixels
-  ======== =============================================== ============================================
-  keep     nothing                                         identical
-  baseline progressive and arithmetic-coded JPEGs are       identical (DCT coefficients are copied, only
-           transcoded to baseline Huffman; the rest kept    the entropy coding changes; markers kept)
-  reencode as baseline, then whatever the hardware decoder  lossy for the re-encoded images only
-           still rejects (CMYK/YCCK/RGB JPEGs, exotic
-           subsampling, 12-bit, lossless, PNG/GIF/WebP/...)
-           is decoded and re-encoded as a baseline JPEG at
-           ``quality`` (RGB, or grey for grey images)
-  ======== =============================================== ============================================
-
-  Re-encoding converts to RGB (alpha dropped, first frame of animations) because that is what both fastfeed
-  decoders deliver for such images anyway; the ICC profile is kept unless the colour mode changed.
-- `hw_decoder_advice(jpeg_mix)` turns a manifest's ``jpeg_mix`` (counts by `KIND_NAMES` name, plus optional
-  ``"baseline_not_hw"``) into the warning `fastfeed doctor`/`inspect` print, or None.
-
-Lossless transcoding runs in the native core (`csrc/jpeg_transcode.cpp`, libjpeg-turbo); when the extension was
-built without libjpeg, `HAVE_TRANSCODE` is False and transcoding raises `TranscodeUnavailableError`.
+What pack stores instead of what the hardware decoder rejects (lossless transcoding, re-encoding), and the advice
+`fastfeed doctor` gives about it, is `fastfeed.transcode`.
 """
 from __future__ import annotations
 
 import io
 import struct
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from fastfeed.headers import STANDALONE_MARKERS as _STANDALONE
 from fastfeed.headers import exif_orientation, jpeg_end, tiff_orientation  # exif_orientation, jpeg_end: re-exported
@@ -49,23 +31,14 @@ __all__ = [
     "KIND_OTHER_JPEG",
     "KIND_NAMES",
     "KIND_CODES",
-    "PREPARE_MODES",
-    "HAVE_TRANSCODE",
     "ImageInfo",
     "ImageProbeError",
-    "JpegTranscodeError",
-    "TranscodeUnavailableError",
     "probe",
     "jpeg_info",
     "exif_orientation",
     "displayed_size",
     "jpeg_end",
-    "prepare",
-    "transcode_to_baseline",
-    "transcode_many",
-    "HAVE_SCAN_CHECK",
-    "check_scans",
-    "hw_decoder_advice",
+    "header_failures",
 ]
 
 # uint8 codes stored per sample in samples.npz (`jpeg` column): never renumber.
@@ -82,11 +55,9 @@ KIND_NAMES = {
     KIND_OTHER_JPEG: "other_jpeg",
 }
 KIND_CODES = {name: code for code, name in KIND_NAMES.items()}
-PREPARE_MODES = ("keep", "baseline", "reencode")
 
 # nvJPEG's supported chroma subsamplings for 3-component images, plus 1-component grey.
 _HW_SUBSAMPLINGS = frozenset({"4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1", "4:1:0", "gray"})
-_TRANSCODABLE_KINDS = frozenset({KIND_PROGRESSIVE, KIND_ARITHMETIC})
 
 # (H_luma / H_chroma, V_luma / V_chroma) -> J:a:b name
 _SUBSAMPLING_NAMES = {
@@ -141,30 +112,12 @@ class ImageProbeError(ValueError):
     """The bytes are not a readable image header (garbage, truncated, or malformed)."""
 
 
-class JpegTranscodeError(ValueError):
-    """libjpeg rejected the JPEG while transcoding (corrupt data; warnings count as errors)."""
-
-
-class TranscodeUnavailableError(RuntimeError):
-    """fastfeed._native was built without libjpeg, so JPEGs cannot be transcoded."""
-
-
 def _native():
     try:
         from fastfeed import _native
     except ImportError:  # an uncompiled checkout: the probe still works
         return None
     return _native
-
-
-def _have_transcode() -> bool:
-    native = _native()
-    return bool(native is not None and getattr(native, "HAVE_LIBJPEG", False))
-
-
-HAVE_TRANSCODE = _have_transcode()
-# The scan check needs libjpeg too (csrc/jpeg_transcode.h check_jpeg_scans).
-HAVE_SCAN_CHECK = HAVE_TRANSCODE
 
 
 # ---- probe ---------------------------------------------------------------------------------------------------
@@ -357,146 +310,3 @@ def _probe_other(data: bytes) -> ImageInfo:
         raise ImageProbeError(f"image has zero size {width}x{height}")
     colorspace = _PIL_COLORSPACES.get(mode, mode.lower())
     return ImageInfo(_PIL_FORMATS.get(fmt, fmt.lower()), width, height, KIND_NOT_JPEG, None, colorspace, False)
-
-
-# ---- transcoding ---------------------------------------------------------------------------------------------
-
-
-def _require_native():
-    native = _native()
-    if native is None or not getattr(native, "HAVE_LIBJPEG", False):
-        raise TranscodeUnavailableError(
-            "lossless JPEG transcoding is unavailable: fastfeed._native was built without libjpeg "
-            "(install libjpeg-turbo headers, e.g. `apt-get install libjpeg-dev`, and rebuild with "
-            "`python setup.py build_ext --inplace`), or pack with --jpeg keep"
-        )
-    return native
-
-
-def transcode_to_baseline(data: bytes) -> bytes:
-    """Losslessly re-code a JPEG as baseline Huffman (optimized tables), keeping all markers.
-
-    Raises JpegTranscodeError on corrupt input (libjpeg warnings included), TranscodeUnavailableError without
-    libjpeg. The GIL is released while libjpeg runs.
-    """
-    native = _require_native()
-    try:
-        return native.transcode_to_baseline(data)
-    except native.JpegError as e:
-        raise JpegTranscodeError(str(e)) from None
-
-
-def transcode_many(items: Sequence[bytes], num_threads: int = 0) -> list[bytes | JpegTranscodeError]:
-    """Transcode many JPEGs on `num_threads` native threads (0: one per CPU), GIL released.
-
-    Returns one entry per input, in order: the baseline bytes, or a JpegTranscodeError for that input.
-    """
-    native = _require_native()
-    if num_threads < 0:
-        raise ValueError(f"num_threads must be >= 0, got {num_threads}")
-    out = native.transcode_many(list(items), int(num_threads))
-    return [JpegTranscodeError(r) if isinstance(r, str) else r for r in out]
-
-
-def check_scans(items: Sequence, num_threads: int = 0) -> list[str | None]:
-    """Decode every scan of each JPEG to its DCT coefficients (libjpeg's Huffman/arithmetic pass; no IDCT, no
-    output) on `num_threads` native threads (0: one per CPU), GIL released. One entry per input: None when every
-    pixel is coded in the file, else libjpeg's message (premature end of the scan data or file, a bad code, lost
-    restart markers, an unsupported or malformed header...). Decoders fill uncoded pixels differently (PIL grey,
-    nvJPEG otherwise), so such a file gives different pixels per decoder. See csrc/jpeg_transcode.h
-    check_jpeg_scans for which libjpeg warnings count. Raises TranscodeUnavailableError without libjpeg."""
-    native = _require_native()
-    if num_threads < 0:
-        raise ValueError(f"num_threads must be >= 0, got {num_threads}")
-    return native.check_jpegs(list(items), int(num_threads))
-
-
-def prepare(data: bytes, mode: str, quality: int = 90, info: ImageInfo | None = None) -> tuple[bytes, str]:
-    """Return (bytes to store, action) for one image under pack mode 'keep' | 'baseline' | 'reencode'.
-
-    action is 'kept' (bytes returned unchanged), 'transcoded' (lossless) or 'reencoded' (lossy, quality Q).
-    Pass `info` when the caller already probed `data`. Raises ImageProbeError for unreadable images,
-    JpegTranscodeError for corrupt JPEGs, TranscodeUnavailableError when transcoding is needed but unavailable.
-    """
-    if mode not in PREPARE_MODES:
-        raise ValueError(f"mode must be one of {PREPARE_MODES}, got {mode!r}")
-    if not isinstance(quality, int) or not 1 <= quality <= 100:
-        raise ValueError(f"quality must be an int in 1..100, got {quality!r}")
-    if mode == "keep":
-        return data, "kept"
-    if info is None:
-        info = probe(data)
-    out, action = data, "kept"
-    if info.jpeg_kind in _TRANSCODABLE_KINDS:
-        out, action = transcode_to_baseline(data), "transcoded"
-        info = probe(out)
-    if mode == "reencode" and not info.hw_decodable:
-        return _reencode(data, quality), "reencoded"
-    return out, action
-
-
-def _reencode(data: bytes, quality: int) -> bytes:
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            from fastfeed.decode.contract import GREY_MODES, to_8bit, to_rgb
-
-            grey = im.mode in GREY_MODES
-            target = "L" if grey else "RGB"
-            icc = im.info.get("icc_profile") if im.mode == target else None
-            exif = im.info.get("exif") if im.format == "JPEG" else None  # keeps the EXIF orientation tag
-            # The decode contract's rules (16-bit -> v >> 8, alpha dropped), not PIL's clipping convert().
-            converted = im if im.mode == target else (to_8bit(im) if grey else to_rgb(im)).convert(target)
-            buf = io.BytesIO()
-            kwargs = {"quality": quality, "optimize": True, "progressive": False}
-            if icc:
-                kwargs["icc_profile"] = icc
-            if exif:
-                kwargs["exif"] = exif
-            converted.save(buf, format="JPEG", **kwargs)
-    except (Image.DecompressionBombError, OSError, ValueError, SyntaxError, struct.error, EOFError, IndexError, KeyError) as e:
-        raise ImageProbeError(f"cannot decode image for re-encoding: {type(e).__name__}: {e}") from e
-    return buf.getvalue()
-
-
-# ---- advice for doctor / inspect -----------------------------------------------------------------------------
-
-
-def hw_decoder_advice(jpeg_mix: Mapping[str, int], threshold: float = 0.01) -> str | None:
-    """The doctor/inspect warning for a manifest's jpeg_mix, or None when the hardware decoder stays busy.
-
-    jpeg_mix maps KIND_NAMES names to counts, plus an optional "baseline_not_hw": how many of the "baseline"
-    images the hardware still rejects (CMYK/YCCK/RGB, odd subsampling; `ImageInfo.hw_decodable` False), a
-    subset of "baseline". Warns when more than `threshold` (fraction) of the images miss the hardware decoder.
-    """
-    counts = {k: int(v) for k, v in jpeg_mix.items()}
-    unknown = set(counts) - set(KIND_CODES) - {"baseline_not_hw"}
-    if unknown:
-        raise ValueError(f"unknown jpeg_mix keys: {sorted(unknown)}")
-    if any(v < 0 for v in counts.values()) or counts.get("baseline_not_hw", 0) > counts.get("baseline", 0):
-        raise ValueError(f"inconsistent jpeg_mix counts: {counts}")
-    total = sum(counts.get(name, 0) for name in KIND_CODES)
-    if total <= 0:
-        return None
-    transcodable = counts.get("progressive", 0) + counts.get("arithmetic", 0)
-    rejected = counts.get("not_jpeg", 0) + counts.get("other_jpeg", 0) + counts.get("baseline_not_hw", 0)
-    missed = transcodable + rejected
-    if missed / total <= threshold:
-        return None
-    lines = [
-        f"{missed} of {total} images ({100 * missed / total:.1f}%) cannot use the GPU hardware JPEG decoder "
-        "and fall back to slower CUDA/CPU decoding (20% progressive cost 59% of GPU throughput on an H200)."
-    ]
-    if transcodable:
-        lines.append(
-            f"  {transcodable} progressive/arithmetic JPEGs: repack losslessly (identical pixels) with "
-            "`fastfeed pack SRC OUT --jpeg baseline`."
-        )
-    if rejected:
-        lines.append(
-            f"  {rejected} other images (non-JPEG, CMYK/YCCK, lossless/12-bit, unusual subsampling): repack with "
-            "`fastfeed pack SRC OUT --jpeg reencode --quality 95` (lossy for those images only)."
-        )
-    return "\n".join(lines)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastfeed import jpeg
+from fastfeed import jpeg, transcode
 from fastfeed.decode import crop_windows, make_decoder, oriented_size
 from fastfeed.pack.validate import CHANGES, Loaded, LoadOptions, check_image, load_image
 from odd_images.build import build_corpus
@@ -55,7 +55,7 @@ def test_corpus_is_deterministic_and_covers_the_cases(corpus, tmp_path):
 
 @pytest.mark.parametrize("mode", ["keep", "baseline"])
 def test_pack_validation_accepts_converts_and_rejects_as_documented(corpus, mode):
-    if mode == "baseline" and not jpeg.HAVE_TRANSCODE:
+    if mode == "baseline" and not transcode.HAVE_TRANSCODE:
         pytest.skip("native core built without libjpeg")
     for c in corpus:
         res = load_image(c.path, LoadOptions(jpeg_mode=mode))

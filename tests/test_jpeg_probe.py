@@ -1,4 +1,4 @@
-"""fastfeed.jpeg.probe and hw_decoder_advice on real encoded images (skimage photos) and crafted headers."""
+"""fastfeed.jpeg.probe and transcode.hw_decoder_advice on real encoded images (skimage photos) and crafted headers."""
 from __future__ import annotations
 
 import functools
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from skimage import data as skdata
 
-from fastfeed import jpeg
+from fastfeed import jpeg, transcode
 
 
 @functools.lru_cache(maxsize=None)
@@ -210,29 +210,29 @@ def test_fuzzed_jpeg_headers_never_crash(data):
 
 
 def test_advice_none_when_all_baseline():
-    assert jpeg.hw_decoder_advice({"baseline": 1000}) is None
-    assert jpeg.hw_decoder_advice({}) is None
-    assert jpeg.hw_decoder_advice({"baseline": 1000, "progressive": 5}) is None  # under 1%
+    assert transcode.hw_decoder_advice({"baseline": 1000}) is None
+    assert transcode.hw_decoder_advice({}) is None
+    assert transcode.hw_decoder_advice({"baseline": 1000, "progressive": 5}) is None  # under 1%
 
 
 def test_advice_for_progressive_points_at_lossless_repack():
-    text = jpeg.hw_decoder_advice({"baseline": 800, "progressive": 150, "arithmetic": 50})
+    text = transcode.hw_decoder_advice({"baseline": 800, "progressive": 150, "arithmetic": 50})
     assert text is not None
     assert "200 of 1000 images (20.0%)" in text
     assert "--jpeg baseline" in text and "--jpeg reencode" not in text
 
 
 def test_advice_for_rejected_images_points_at_reencode():
-    text = jpeg.hw_decoder_advice({"baseline": 93, "not_jpeg": 5, "other_jpeg": 2, "baseline_not_hw": 3})
+    text = transcode.hw_decoder_advice({"baseline": 93, "not_jpeg": 5, "other_jpeg": 2, "baseline_not_hw": 3})
     assert text is not None and "10 of 100" in text
     assert "--jpeg reencode" in text and "--jpeg baseline" not in text
 
 
 def test_advice_rejects_unknown_kinds():
     with pytest.raises(ValueError, match="unknown jpeg_mix"):
-        jpeg.hw_decoder_advice({"baseline": 3, "jpeg2000": 1})
+        transcode.hw_decoder_advice({"baseline": 3, "jpeg2000": 1})
     with pytest.raises(ValueError, match="inconsistent"):
-        jpeg.hw_decoder_advice({"baseline": 3, "baseline_not_hw": 4})
+        transcode.hw_decoder_advice({"baseline": 3, "baseline_not_hw": 4})
 
 
 def test_kind_codes_are_stable():

@@ -1,4 +1,4 @@
-"""Lossless progressive/arithmetic -> baseline transcoding (native core) and fastfeed.jpeg.prepare.
+"""Lossless progressive/arithmetic -> baseline transcoding (native core) and fastfeed.transcode.prepare.
 
 Every transcode is checked by decoding before and after with PIL: the pixels must be identical.
 """
@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from PIL import Image
 from skimage import data as skdata
 
-from fastfeed import jpeg
+from fastfeed import jpeg, transcode
 
 pytestmark = pytest.mark.skipif(
-    not jpeg.HAVE_TRANSCODE, reason="fastfeed._native built without libjpeg (no jpeglib.h at build time)"
+    not transcode.HAVE_TRANSCODE, reason="fastfeed._native built without libjpeg (no jpeglib.h at build time)"
 )
 
 
@@ -56,7 +56,7 @@ def progressive_jpeg(subsampling: str = "4:2:0") -> bytes:
 def test_progressive_to_baseline_is_pixel_identical(subsampling):
     src = progressive_jpeg(subsampling)
     assert jpeg.probe(src).jpeg_kind == jpeg.KIND_PROGRESSIVE
-    out = jpeg.transcode_to_baseline(src)
+    out = transcode.transcode_to_baseline(src)
     info = jpeg.probe(out)
     assert info.jpeg_kind == jpeg.KIND_BASELINE and info.hw_decodable
     assert info.subsampling == jpeg.probe(src).subsampling
@@ -70,14 +70,14 @@ def test_arithmetic_coded_to_baseline_is_pixel_identical(progressive):
     # PIL cannot write arithmetic coding; libjpeg-turbo can, through the same lossless path.
     src = native().transcode(progressive_jpeg("4:2:0"), arithmetic=True, progressive=progressive)
     assert jpeg.probe(src).jpeg_kind == jpeg.KIND_ARITHMETIC
-    out = jpeg.transcode_to_baseline(src)
+    out = transcode.transcode_to_baseline(src)
     assert jpeg.probe(out).jpeg_kind == jpeg.KIND_BASELINE
     assert np.array_equal(pixels(src), pixels(out))
 
 
 def test_cmyk_progressive_transcodes_but_stays_cmyk():
     src = encode(photo().convert("CMYK"), progressive=True)
-    out = jpeg.transcode_to_baseline(src)
+    out = transcode.transcode_to_baseline(src)
     info = jpeg.probe(out)
     assert (info.jpeg_kind, info.colorspace, info.hw_decodable) == (jpeg.KIND_BASELINE, "cmyk", False)
     assert np.array_equal(pixels(src), pixels(out))
@@ -85,7 +85,7 @@ def test_cmyk_progressive_transcodes_but_stays_cmyk():
 
 def test_baseline_input_round_trips():
     src = encode(photo(), quality=75)
-    out = jpeg.transcode_to_baseline(src)
+    out = transcode.transcode_to_baseline(src)
     assert np.array_equal(pixels(src), pixels(out))
 
 
@@ -94,7 +94,7 @@ def test_markers_are_copied():
     exif = Image.Exif()
     exif[0x010F] = "fastfeed-test-camera"
     src = encode(photo(), progressive=True, icc_profile=icc, exif=exif.tobytes(), comment=b"keep me")
-    out = jpeg.transcode_to_baseline(src)
+    out = transcode.transcode_to_baseline(src)
     with Image.open(io.BytesIO(out)) as im:
         assert im.info["icc_profile"] == icc
         assert im.info["comment"] == b"keep me"
@@ -104,14 +104,14 @@ def test_markers_are_copied():
 
 def test_accepts_any_bytes_like():
     src = progressive_jpeg()
-    expected = jpeg.transcode_to_baseline(src)
-    assert jpeg.transcode_to_baseline(bytearray(src)) == expected
-    assert jpeg.transcode_to_baseline(memoryview(src)) == expected
-    assert jpeg.transcode_to_baseline(np.frombuffer(src, dtype=np.uint8)) == expected
+    expected = transcode.transcode_to_baseline(src)
+    assert transcode.transcode_to_baseline(bytearray(src)) == expected
+    assert transcode.transcode_to_baseline(memoryview(src)) == expected
+    assert transcode.transcode_to_baseline(np.frombuffer(src, dtype=np.uint8)) == expected
     with pytest.raises((BufferError, ValueError), match="contiguous"):
-        jpeg.transcode_to_baseline(np.frombuffer(src * 2, dtype=np.uint8)[::2])
+        transcode.transcode_to_baseline(np.frombuffer(src * 2, dtype=np.uint8)[::2])
     with pytest.raises(TypeError):
-        jpeg.transcode_to_baseline("not bytes")  # type: ignore[arg-type]
+        transcode.transcode_to_baseline("not bytes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -127,8 +127,8 @@ def test_accepts_any_bytes_like():
     ids=["empty", "soi-only", "truncated", "zeroed", "png", "garbage"],
 )
 def test_corrupt_input_raises_clean_error(make_bad):
-    with pytest.raises(jpeg.JpegTranscodeError, match="JPEG|empty"):
-        jpeg.transcode_to_baseline(make_bad(progressive_jpeg()))
+    with pytest.raises(transcode.JpegTranscodeError, match="JPEG|empty"):
+        transcode.transcode_to_baseline(make_bad(progressive_jpeg()))
 
 
 def test_decompression_bomb_is_rejected_before_allocating():
@@ -136,14 +136,14 @@ def test_decompression_bomb_is_rejected_before_allocating():
     sof = bomb.index(b"\xff\xc2")
     bomb[sof + 5 : sof + 9] = struct.pack(">HH", 60000, 60000)  # 3.6 gigapixels of coefficients
     assert jpeg.probe(bytes(bomb)).width == 60000
-    with pytest.raises(jpeg.JpegTranscodeError, match="image too large"):
-        jpeg.transcode_to_baseline(bytes(bomb))
+    with pytest.raises(transcode.JpegTranscodeError, match="image too large"):
+        transcode.transcode_to_baseline(bytes(bomb))
 
 
 def test_lenient_mode_accepts_what_strict_rejects():
     truncated = progressive_jpeg()[: len(progressive_jpeg()) * 3 // 4]
-    with pytest.raises(jpeg.JpegTranscodeError, match="Premature end"):
-        jpeg.transcode_to_baseline(truncated)
+    with pytest.raises(transcode.JpegTranscodeError, match="Premature end"):
+        transcode.transcode_to_baseline(truncated)
     out = native().transcode(truncated, strict=False)
     assert jpeg.probe(out).jpeg_kind == jpeg.KIND_BASELINE
 
@@ -152,21 +152,21 @@ def test_lenient_mode_accepts_what_strict_rejects():
 def test_transcode_many_matches_single_calls_in_order(num_threads):
     good = [progressive_jpeg(s) for s in ("4:4:4", "4:2:2", "4:2:0", "gray")]
     items = [good[0], b"bad", good[1], good[2][:500], good[3], good[0]]
-    results = jpeg.transcode_many(items, num_threads=num_threads)
+    results = transcode.transcode_many(items, num_threads=num_threads)
     assert len(results) == len(items)
     for item, result in zip(items, results):
         if item in good:
-            assert result == jpeg.transcode_to_baseline(item)
+            assert result == transcode.transcode_to_baseline(item)
         else:
-            assert isinstance(result, jpeg.JpegTranscodeError)
-    assert jpeg.transcode_many([], num_threads=num_threads) == []
+            assert isinstance(result, transcode.JpegTranscodeError)
+    assert transcode.transcode_many([], num_threads=num_threads) == []
 
 
 def test_transcode_many_rejects_bad_arguments():
     with pytest.raises(ValueError, match="num_threads"):
-        jpeg.transcode_many([progressive_jpeg()], num_threads=-1)
+        transcode.transcode_many([progressive_jpeg()], num_threads=-1)
     with pytest.raises(TypeError):
-        jpeg.transcode_many([progressive_jpeg(), 3])  # type: ignore[list-item]
+        transcode.transcode_many([progressive_jpeg(), 3])  # type: ignore[list-item]
 
 
 @settings(max_examples=60, deadline=None)
@@ -184,8 +184,8 @@ def test_fuzzed_jpegs_give_identical_pixels_or_a_clean_error(data):
     except jpeg.ImageProbeError:
         pass
     try:
-        out = jpeg.transcode_to_baseline(corrupt)
-    except jpeg.JpegTranscodeError:
+        out = transcode.transcode_to_baseline(corrupt)
+    except transcode.JpegTranscodeError:
         return
     # Strict mode only passes data libjpeg decoded without a warning, so both decodes must agree exactly.
     try:
@@ -200,21 +200,21 @@ def test_fuzzed_jpegs_give_identical_pixels_or_a_clean_error(data):
 
 def test_prepare_keep_returns_input_unchanged():
     src = progressive_jpeg()
-    out, action = jpeg.prepare(src, "keep")
+    out, action = transcode.prepare(src, "keep")
     assert out is src and action == "kept"
 
 
 def test_prepare_baseline_transcodes_only_what_needs_it():
-    out, action = jpeg.prepare(progressive_jpeg(), "baseline")
+    out, action = transcode.prepare(progressive_jpeg(), "baseline")
     assert action == "transcoded" and jpeg.probe(out).hw_decodable
     assert np.array_equal(pixels(out), pixels(progressive_jpeg()))
     for already_fine in (encode(photo()), encode(photo(), "PNG"), encode(photo().convert("CMYK"))):
-        out, action = jpeg.prepare(already_fine, "baseline")
+        out, action = transcode.prepare(already_fine, "baseline")
         assert out is already_fine and action == "kept"
 
 
 def test_prepare_reencode_prefers_lossless_transcode():
-    out, action = jpeg.prepare(progressive_jpeg("4:4:4"), "reencode", quality=80)
+    out, action = transcode.prepare(progressive_jpeg("4:4:4"), "reencode", quality=80)
     assert action == "transcoded"
     assert np.array_equal(pixels(out), pixels(progressive_jpeg("4:4:4")))
 
@@ -231,7 +231,7 @@ def test_prepare_reencode_prefers_lossless_transcode():
 )
 def test_prepare_reencode_makes_rejected_images_hw_decodable(src, mode_after):
     data = src()
-    out, action = jpeg.prepare(data, "reencode", quality=92)
+    out, action = transcode.prepare(data, "reencode", quality=92)
     info = jpeg.probe(out)
     assert action == "reencoded"
     assert info.hw_decodable and (info.width, info.height) == (303, 231)
@@ -243,10 +243,10 @@ def test_prepare_reencode_makes_rejected_images_hw_decodable(src, mode_after):
 
 def test_prepare_rejects_bad_arguments():
     with pytest.raises(ValueError, match="mode"):
-        jpeg.prepare(progressive_jpeg(), "fast")
+        transcode.prepare(progressive_jpeg(), "fast")
     with pytest.raises(ValueError, match="quality"):
-        jpeg.prepare(progressive_jpeg(), "reencode", quality=0)
+        transcode.prepare(progressive_jpeg(), "reencode", quality=0)
     with pytest.raises(jpeg.ImageProbeError):
-        jpeg.prepare(b"garbage", "baseline")
-    with pytest.raises(jpeg.JpegTranscodeError):
-        jpeg.prepare(progressive_jpeg()[:2000], "baseline")
+        transcode.prepare(b"garbage", "baseline")
+    with pytest.raises(transcode.JpegTranscodeError):
+        transcode.prepare(progressive_jpeg()[:2000], "baseline")

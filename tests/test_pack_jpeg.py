@@ -14,13 +14,13 @@ from PIL import Image
 from skimage import data as skdata
 
 import fastfeed
-from fastfeed import jpeg
+from fastfeed import jpeg, transcode
 from fastfeed.cli import main as cli
 from fastfeed.demo_data import make_dataset
 from fastfeed.pack import PackError, PackOptions, pack
 from fastfeed.pack.run import NO_TRANSCODER_NOTE, resolve_jpeg_mode
 
-needs_libjpeg = pytest.mark.skipif(not jpeg.HAVE_TRANSCODE, reason="fastfeed._native built without libjpeg")
+needs_libjpeg = pytest.mark.skipif(not transcode.HAVE_TRANSCODE, reason="fastfeed._native built without libjpeg")
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +105,8 @@ def _corrupt_progressive() -> tuple[bytes, bytes]:
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 def test_corrupt_jpeg_that_libjpeg_refuses_is_stored_untouched(tmp_path, fmt, capsys):
     good, bad = _corrupt_progressive()
-    with pytest.raises(jpeg.JpegTranscodeError, match="Corrupt JPEG data"):
-        jpeg.transcode_to_baseline(bad)
+    with pytest.raises(transcode.JpegTranscodeError, match="Corrupt JPEG data"):
+        transcode.transcode_to_baseline(bad)
     _pixels(bad)  # ...yet PIL decodes it, as DALI does: dropping it would lose a sample
     root = tmp_path / "src" / "c"
     root.mkdir(parents=True)
@@ -132,7 +132,7 @@ def test_corrupt_jpeg_that_libjpeg_refuses_is_stored_untouched(tmp_path, fmt, ca
 
 def test_without_transcoder_default_keeps_bytes_and_explicit_baseline_exits_2(src, tmp_path, monkeypatch, capsys):
     # Stands in for a build without libjpeg headers: the packer reads this flag when a pack starts.
-    monkeypatch.setattr(jpeg, "HAVE_TRANSCODE", False)
+    monkeypatch.setattr(transcode, "HAVE_TRANSCODE", False)
     for mode in ("baseline", "reencode"):
         out = tmp_path / mode
         assert cli(["pack", src, str(out), "--jpeg", mode]) == 2

@@ -16,13 +16,13 @@ import torch
 from PIL import Image
 
 import fastfeed
-from fastfeed import jpeg
+from fastfeed import jpeg, transcode
 from fastfeed.pack.validate import REPAIRED, Loaded, LoadOptions, Rejected, check_image, load_image
 from odd_images.build import build_corpus, photo
 from odd_images.reference import reference_eval
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning"),
-              pytest.mark.skipif(not jpeg.HAVE_SCAN_CHECK, reason="native core built without libjpeg")]
+              pytest.mark.skipif(not transcode.HAVE_SCAN_CHECK, reason="native core built without libjpeg")]
 
 S = 48
 TOL = 2.0  # /255, mean abs per image: the decode contract's tolerance (tests/test_decode_odd.py)
@@ -66,15 +66,15 @@ def lies() -> dict[str, bytes]:
 
 
 def test_check_finds_every_lie_and_passes_the_clean_originals(lies):
-    res = jpeg.check_scans(list(lies.values()), 2)
+    res = transcode.check_scans(list(lies.values()), 2)
     assert all(r is not None and ("premature" in r.lower() or "corrupt" in r.lower()) for r in res), res
     clean = [_jpeg(1, 160, 120), _jpeg(2, 128, 96, progressive=True)]
-    assert jpeg.check_scans(clean, 2) == [None, None]
+    assert transcode.check_scans(clean, 2) == [None, None]
     # bytes-like inputs of every kind; an empty list; a bad thread count
-    assert jpeg.check_scans([memoryview(clean[0]), bytearray(clean[1])]) == [None, None]
-    assert jpeg.check_scans([]) == []
+    assert transcode.check_scans([memoryview(clean[0]), bytearray(clean[1])]) == [None, None]
+    assert transcode.check_scans([]) == []
     with pytest.raises(ValueError):
-        jpeg.check_scans(clean, -1)
+        transcode.check_scans(clean, -1)
 
 
 def test_corpus_only_the_header_lie_fails_among_stored_jpegs(tmp_path):
@@ -99,7 +99,7 @@ def test_corpus_only_the_header_lie_fails_among_stored_jpegs(tmp_path):
 def test_demo_jpegs_all_pass(demo_tree):
     files = sorted(p for p in Path(demo_tree).rglob("*.jpg"))
     assert len(files) >= 50
-    assert jpeg.check_scans([f.read_bytes() for f in files], 2) == [None] * len(files)
+    assert transcode.check_scans([f.read_bytes() for f in files], 2) == [None] * len(files)
 
 
 def test_repair_stores_pils_pixels_as_png_and_keeps_orientation(lies):
@@ -122,7 +122,7 @@ def test_repair_stores_pils_pixels_as_png_and_keeps_orientation(lies):
 
 def test_a_corrupt_jpeg_pil_cannot_read_stays_rejected():
     bad = _bad_huffman_table(_jpeg(4, 96, 64))
-    assert jpeg.check_scans([bad])[0] is not None
+    assert transcode.check_scans([bad])[0] is not None
     res = check_image(bad, LoadOptions(jpeg_mode="keep"))
     assert isinstance(res, Rejected) and "corrupt scan data" in res.reason and "PIL cannot decode" in res.reason
 

@@ -25,7 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="baseline (default when built with libjpeg, else keep): losslessly transcode progressive/"
                         "arithmetic JPEGs to baseline for the GPU hardware decoder (identical pixels); keep: store "
                         "bytes untouched; reencode: also re-encode, lossily, what that decoder cannot take "
-                        "(see fastfeed/jpeg.py)")
+                        "(see fastfeed/transcode.py)")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality for re-encoded images")
     p.add_argument("--max-side", type=int, default=None,
                    help="re-encode images whose longer side exceeds N pixels to JPEG at --quality")

@@ -138,7 +138,7 @@ class NativeTarShardWriter:
         unusable (call abort()).
 
         `probe=True`: the reader threads also read each first member's JPEG header (csrc/image_probe.h) and, with
-        `scan_check`, run the JPEG scan check (jpeg.check_scans) on it; `check` is then called as
+        `scan_check`, run the JPEG scan check (transcode.check_scans) on it; `check` is then called as
         `check(i, data, facts)` with the facts tuple pack/validate.check_image takes (None when not a JPEG whose
         header walk succeeds).
 

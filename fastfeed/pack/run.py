@@ -12,7 +12,7 @@ WebDataset packs go through the native tar writer instead when the core has it (
 threads read, frame and hash; the same validation runs in its check hook; the same files, byte for byte).
 
 JPEG mode: `jpeg_mode=None` (the default) means 'baseline' when the native core has libjpeg
-(`fastfeed.jpeg.HAVE_TRANSCODE`) and 'keep' otherwise. Measured on an H200 (issue 8): 20% progressive JPEGs stored
+(`fastfeed.transcode.HAVE_TRANSCODE`) and 'keep' otherwise. Measured on an H200 (issue 8): 20% progressive JPEGs stored
 as-is give 4.0k-11.9k img/s through the GPU path, transcoded to baseline 14.8k-16.1k, for ~4.3 ms of CPU per
 progressive file at pack time. Asking for 'baseline' or 'reencode' explicitly without libjpeg is an error.
 """
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from fastfeed import __version__
-from fastfeed import jpeg as _jpeg
+from fastfeed import transcode as _transcode
 from fastfeed.formats.integrity import checksum
 from fastfeed.pack import table as tbl
 from fastfeed.pack.base import WRITERS, FormatWriter, PackError
@@ -59,8 +59,8 @@ NO_SCAN_CHECK_NOTE = ("JPEG scan check skipped (fastfeed._native built without l
 @dataclass(frozen=True)
 class PackOptions:
     """Args: format 'wds'|'lmdb'; shard_size in bytes (wds); shuffle_seed None keeps source order; workers
-    threads (None = all cores); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.jpeg.prepare) or None for the
-    default ('baseline' when fastfeed.jpeg.HAVE_TRANSCODE, else 'keep'); quality for re-encoding; max_side
+    threads (None = all cores); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.transcode.prepare) or None for the
+    default ('baseline' when fastfeed.transcode.HAVE_TRANSCODE, else 'keep'); quality for re-encoding; max_side
     re-encodes larger images as JPEG at `quality`; scan_check False skips the JPEG scan check (validate.py);
     num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN."""
 
@@ -116,8 +116,8 @@ def resolve_jpeg_mode(requested: str | None, have_transcode: bool) -> tuple[str,
     needs the transcoder and it is missing: better to stop at the start than to fail every progressive file."""
     if requested is None:
         return ("baseline", None) if have_transcode else ("keep", NO_TRANSCODER_NOTE)
-    if requested not in _jpeg.PREPARE_MODES:
-        raise PackError(f"--jpeg must be one of {', '.join(_jpeg.PREPARE_MODES)}, got {requested!r}")
+    if requested not in _transcode.PREPARE_MODES:
+        raise PackError(f"--jpeg must be one of {', '.join(_transcode.PREPARE_MODES)}, got {requested!r}")
     if requested != "keep" and not have_transcode:
         raise PackError(f"--jpeg {requested} needs lossless JPEG transcoding, but fastfeed._native was built "
                         f"without libjpeg: install libjpeg-turbo headers (e.g. `apt-get install libjpeg-dev`), "
@@ -196,9 +196,9 @@ def _fingerprint(src: Source, o: PackOptions) -> dict:
 def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     """Pack `src_path` into `out` (or `out/part-NNNNN` with num_parts > 1). Raises PackError on refusal."""
     _check_options(o)
-    mode, jpeg_note = resolve_jpeg_mode(o.jpeg_mode, _jpeg.HAVE_TRANSCODE)
+    mode, jpeg_note = resolve_jpeg_mode(o.jpeg_mode, _transcode.HAVE_TRANSCODE)
     o = replace(o, jpeg_mode=mode)
-    if o.scan_check and not _jpeg.HAVE_SCAN_CHECK:
+    if o.scan_check and not _transcode.HAVE_SCAN_CHECK:
         jpeg_note = "; ".join(n for n in (jpeg_note, NO_SCAN_CHECK_NOTE) if n)
     t0 = time.perf_counter()
     src = scan_source(src_path, o.source_kind)

@@ -12,10 +12,10 @@ reads the same way (README "Decode contract"):
   file under either orientation policy;
 - arithmetic-coded JPEGs: transcoded losslessly to baseline (native core), else converted to PNG;
 - JPEGs whose scans do not code every pixel (the frame header claims more rows than the scans hold, a bad
-  Huffman code, lost restart markers: the scan check, jpeg.check_scans) but that PIL loads: decoded by the
+  Huffman code, lost restart markers: the scan check, transcode.check_scans) but that PIL loads: decoded by the
   contract as PIL (and so torchvision) sees them, uncoded rows filled as PIL fills them, and stored as PNG
   ("repaired_corrupt_scan"): stored as they are, nvJPEG would fill the gap with other pixels. The check needs the
-  native core's libjpeg; without it (`jpeg.HAVE_SCAN_CHECK` False) it is skipped and pack says so in its note
+  native core's libjpeg; without it (`transcode.HAVE_SCAN_CHECK` False) it is skipped and pack says so in its note
   (a PIL decode cannot stand in: PIL fills the missing rows silently). A JPEG too large for the check's 1 GiB of
   coefficient memory (4:4:4 near the default pixel limit) fails it too and is stored as PNG: PIL's pixels, larger;
 - the rest is rejected with the reason (not an image, truncated, decompression bomb, PIL cannot decode it).
@@ -38,7 +38,7 @@ import stat
 import struct
 from dataclasses import dataclass
 
-from fastfeed import jpeg
+from fastfeed import jpeg, transcode
 from fastfeed.headers import exif_orientation, jpeg_end, png_data_ok, png_facts
 
 __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS",
@@ -78,11 +78,11 @@ _PNG_END = b"IEND\xaeB`\x82"
 
 @dataclass(frozen=True)
 class LoadOptions:
-    jpeg_mode: str = "keep"  # fastfeed.jpeg.prepare mode
+    jpeg_mode: str = "keep"  # fastfeed.transcode.prepare mode
     quality: int = 90
     max_side: int | None = None  # re-encode images whose longer side exceeds this
     max_pixels: int = DEFAULT_MAX_PIXELS
-    scan_check: bool = True  # run the JPEG scan check (when the native core has libjpeg: jpeg.HAVE_SCAN_CHECK)
+    scan_check: bool = True  # run the JPEG scan check (when the native core has libjpeg: transcode.HAVE_SCAN_CHECK)
 
 
 @dataclass(frozen=True)
@@ -199,19 +199,19 @@ def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.Ima
         what = (f"{info.precision}-bit JPEG" if info.precision != 8 else
                 f"{info.colorspace.upper()} JPEG" if info.colorspace in ("cmyk", "ycck") else "lossless/extended JPEG")
         return _convert(data, "jpeg", opts, change, what=what)
-    if opts.scan_check and jpeg.HAVE_SCAN_CHECK:
-        err = (scan or None) if scan is not None and change is None else jpeg.check_scans([data], 1)[0]
+    if opts.scan_check and transcode.HAVE_SCAN_CHECK:
+        err = (scan or None) if scan is not None and change is None else transcode.check_scans([data], 1)[0]
         if err is not None:
             return _convert(data, "jpeg", opts, change, what=f"JPEG with corrupt scan data ({err})", code=REPAIRED)
     if info.jpeg_kind == jpeg.KIND_ARITHMETIC and opts.jpeg_mode == "keep":
         # Not every decoder of every path reads arithmetic coding: make it baseline (or PNG) even in keep mode.
-        if jpeg.HAVE_TRANSCODE:
+        if transcode.HAVE_TRANSCODE:
             try:
-                out = jpeg.transcode_to_baseline(bytes(data))
+                out = transcode.transcode_to_baseline(bytes(data))
                 new = jpeg.probe(out)
                 return Loaded(out, "jpg", new.width, new.height, new.jpeg_kind, True, new.hw_decodable,
                               change=_worse(change, TRANSCODED), orientation=new.orientation)
-            except (jpeg.JpegTranscodeError, jpeg.ImageProbeError):
+            except (transcode.JpegTranscodeError, jpeg.ImageProbeError):
                 pass
         return _convert(data, "jpeg", opts, change, what="arithmetic-coded JPEG")
     return _maybe_convert(data, "jpeg", info, opts, change)
@@ -427,11 +427,11 @@ def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, chan
     kept = Loaded(data, EXTENSIONS[fmt], info.width, info.height, info.jpeg_kind, change is not None and
                   _WEIGHT[change] >= _WEIGHT[CONVERTED], info.hw_decodable, change=change,
                   orientation=info.orientation)
-    if opts.jpeg_mode == "keep" or (info.hw_decodable and opts.jpeg_mode in jpeg.PREPARE_MODES):
+    if opts.jpeg_mode == "keep" or (info.hw_decodable and opts.jpeg_mode in transcode.PREPARE_MODES):
         return kept
     try:
-        out, action = jpeg.prepare(bytes(data), opts.jpeg_mode, opts.quality, info=info)
-    except jpeg.JpegTranscodeError as e:
+        out, action = transcode.prepare(bytes(data), opts.jpeg_mode, opts.quality, info=info)
+    except transcode.JpegTranscodeError as e:
         # libjpeg's strict mode turns "Corrupt JPEG data" warnings into errors; the file still decodes in PIL
         # and DALI (the probe and end marker passed), so store it untouched rather than lose a sample.
         return Loaded(data, kept.ext, kept.width, kept.height, kept.jpeg_kind, kept.transcoded, kept.hw_decodable,

@@ -141,7 +141,7 @@ def _decode_all(ds, report: VerifyReport, indices: list[int], workers: int | Non
     # PIL warns about odd but decodable files (corrupt EXIF, truncated metadata); the Loader decodes them, so they
     # are not errors here, even under `-W error`. The filter is set once, on this (the calling) thread, around the
     # pool's whole life: catch_warnings() saves and restores the process-wide filter list, so calling it per
-    # decode on the pool threads would race (the reason jpeg.py avoids it).
+    # decode on the pool threads would race (the reason jpeg.py and transcode.py avoid it).
     with warnings.catch_warnings(), ThreadPoolExecutor(max_workers=nworkers,
                                                        thread_name_prefix="fastfeed-verify") as pool:
         warnings.filterwarnings("ignore", module=r"PIL(\..*)?$")
