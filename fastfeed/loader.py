@@ -39,11 +39,9 @@ consumer leaving the loop early (break, exception, Ctrl-C, garbage collection of
 joins the workers (bounded) and drops undelivered results; the next iteration restarts the ring cleanly. A worker
 that did not end within the bound may still hold its decoder: the Loader then builds new decoders for the next
 iteration instead of sharing one between two threads (the abandoned ones are left to that thread).
-Fork: a child process must not run the parent's DALI pipelines or CUDA state, not even their destructors (DALI's
-segfault in a forked child). After a fork the child's copies of every live Loader are marked forked: they refuse to
-iterate (build a new Loader in the child), and their decoders are deliberately kept alive forever so that no
-destructor of the parent's pipelines runs in the child; the native ring already sees itself closed there. An error
-in a worker travels to the consumer wrapped with where it happened and is raised at the batch that hit it.
+An error in a worker travels to the consumer wrapped with where it happened and is raised at the batch that hit
+it. Fork and interpreter exit: `lifecycle` (a forked child's copy of a Loader refuses to iterate; every live Loader is
+closed before DALI's own exit hook runs).
 
 NOTE [Reading on into the next epoch]
 A training Loader does not stop at the end of an epoch. Once the ring's read-ahead (its slots) reaches the end of
@@ -60,21 +58,18 @@ e's batches might hold), so the pipelines drained at every boundary (benchmarks/
 A loop that breaks out of an epoch stops the run as before. Evaluation Loaders do not read on: their next pass usually
 comes after a training epoch, which their read-ahead would only compete with; nor do datasets at a URL (their shard
 cache follows one epoch). Workers still reading when the interpreter exits are stopped by an exit hook that runs
-before DALI's own (`_close_live_loaders`).
+before DALI's own (`lifecycle`).
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
 import logging
-import os
 import threading
-import weakref
 
 import numpy as np
 import torch
 
-from fastfeed import sampling
+from fastfeed import lifecycle, sampling
 from fastfeed.compat import AccelerateState, EpochSampler, seeded_call
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.decode import build_decoder, oriented_size
@@ -225,7 +220,7 @@ class Loader:
         self.sampler = EpochSampler(self)
         self.batch_sampler = None  # batching happens inside; Lightning reads the attribute of every loader
         self._closed = False
-        _LIVE.add(self)
+        lifecycle.track(self)
 
     # ------------------------------------------------------------------ DataLoader-like surface
     @property
@@ -452,9 +447,9 @@ class Loader:
         if self._closed:
             return
         self._closed = True
-        _LIVE.discard(self)
+        lifecycle.forget(self)
         if self._forked:
-            return  # the parent's objects: see the NOTE on fork
+            return  # the parent's objects: see _after_fork
         if self._active is not None:
             self._stop_active()
         self._stop_parked()
@@ -468,6 +463,14 @@ class Loader:
 
     def __exit__(self, *exc):
         self.close()
+
+    def _after_fork(self) -> None:
+        """Called in a forked child (lifecycle.py): this is the parent's Loader. It refuses to iterate, and its
+        decoders are never destroyed here: DALI's pipelines segfault when their destructors run in a forked child."""
+        self._forked = True
+        self._active = self._parked = None
+        for d in self._decoders or ():
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(d))
 
     def __del__(self):
         try:
@@ -499,7 +502,7 @@ class Loader:
         """One decoder per starting pipeline (a run's workers build more with `_new_decoder` when the tuner asks)."""
         new = self._new_decoder
         decoders = [new() for _ in range(self.settings.pipelines)]
-        _register_exit_hook()  # after the decoders: DALI registers its own when it is first imported
+        lifecycle.register_exit_hook()  # after the decoders: DALI registers its own when it is first imported
         return decoders
 
     @property
@@ -547,46 +550,3 @@ class Loader:
                                        drop_last=s.drop_last, shuffle=s.shuffle, order=s.order, shard_of=shard_of,
                                        resume=resume)
         return plan
-
-
-# Every Loader alive in this process, for the fork rule (see the NOTE) and the exit hook.
-_LIVE: "weakref.WeakSet[Loader]" = weakref.WeakSet()
-_exit_hook_registered = False
-
-
-def _close_live_loaders() -> None:
-    """At interpreter exit, before DALI's own hook (atexit runs the last registered first): every live Loader stops
-    its workers and closes its decoders. DALI's hook shuts every pipeline down and then asserts that none is left; a
-    worker still decoding (a run reading on into the next epoch, or one left mid-epoch) saw its pipeline fail,
-    built a new one, and the process aborted (seen 1 exit in 4 on the CPU, and in tests/test_gpu.py)."""
-    for loader in list(_LIVE):
-        try:
-            loader.close()
-        except Exception:  # noqa: BLE001 - exiting: nothing to report to
-            pass
-
-
-def _register_exit_hook() -> None:
-    global _exit_hook_registered
-    if not _exit_hook_registered:
-        atexit.register(_close_live_loaders)
-        _exit_hook_registered = True
-
-
-def _after_fork_in_child() -> None:
-    import sys
-
-    dali = sys.modules.get("nvidia.dali.pipeline")
-    if dali is not None:
-        # DALI's atexit hook shuts down every pipeline it knows; in the child those are the parent's, whose threads
-        # do not exist here, and the hook would wait for them forever. Pipelines the child builds register anew.
-        dali.Pipeline._pipes.clear()
-    for loader in list(_LIVE):
-        loader._forked = True
-        loader._active = loader._parked = None
-        for d in loader._decoders or ():
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(d))  # never destroyed in the child: see the NOTE
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
