@@ -1,6 +1,7 @@
 """A DALI pipeline on the CPU backend is built with nvImageCodec's CPU extensions only (fastfeed/decode/codecs.py; on
 a GPU host the GPU ones cost ~1 s per build): which extensions a build loads, that it decodes the same pixels as with
-every extension, and that the variable is the user's again after the build."""
+every extension (after the build's folder of links is gone), that the variable is the user's again after the build,
+and that a child forked during a build can build."""
 import ctypes
 import json
 import os
@@ -93,7 +94,40 @@ def test_only_a_cpu_build_sees_the_folder_and_the_variable_goes_back():
     with codecs.extensions_for(gpu=False):
         folder = Path(getenv(codecs.VARIABLE.encode()).decode())
         names = sorted(f.name for f in folder.iterdir())
-    assert getenv(codecs.VARIABLE.encode()) is None
+    assert getenv(codecs.VARIABLE.encode()) is None and not folder.exists()  # made for the build, gone after it
     assert any(n.startswith("libjpeg_turbo_ext") for n in names)
     assert not [n for n in names if n.startswith(codecs.GPU_EXTENSIONS)]
     assert codecs.VARIABLE not in os.environ  # Python's copy of the environment was never touched
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_during_a_build_can_build():
+    """Another thread holds the build lock (a build in progress) when the process forks: the child, which no thread
+    of the parent's follows into, must still be able to build its own pipelines."""
+    import signal
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+
+    def building():
+        with codecs.extensions_for(gpu=True):
+            inside.set()
+            release.wait(30)
+    t = threading.Thread(target=building)
+    t.start()
+    try:
+        assert inside.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: a bounded try, then exit without running the parent's cleanup
+            signal.alarm(10)
+            try:
+                with codecs.extensions_for(gpu=True):  # the lock alone (no folder for the child to leave behind)
+                    pass
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        t.join()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status:#x} (killed by the alarm: hung)"

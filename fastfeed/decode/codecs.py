@@ -8,20 +8,20 @@ they load, also for a pipeline on DALI's CPU backend, which never uses them. Mea
 with the CPU ones only; a process's first took 1,500 against 475 ms. The thumbnails' decoder, DALI's CPU backend,
 paid that second per pipeline: two before the first batch, one per pipeline the tuner tries.
 
-So a pipeline on the CPU backend is built while the variable names a folder of links to the CPU extensions only
-(one folder per process, removed at exit). Builds take one lock, so that a GPU pipeline built meanwhile in another
-thread never sees that folder. A variable the user set is left alone: they chose the extensions. DALI's CPU backend
-decodes JPEGs with libjpeg-turbo and PNGs with OpenCV either way, so the folder changes no pixels
-(tests/test_dali_codecs.py, which passed on the H200 too).
+So a pipeline on the CPU backend is built while the variable names a folder of links to the CPU extensions only.
+The folder is made for that build and removed after it: the extensions are loaded by then, and a folder that
+outlived its build would be left behind by every process that ends in os._exit (a forked worker's way out). Builds
+take one lock, so that a GPU pipeline built meanwhile in another thread never sees that folder. A variable the user
+set is left alone: they chose the extensions. DALI's CPU backend decodes JPEGs with libjpeg-turbo and PNGs with
+OpenCV either way, so the folder changes no pixels (tests/test_dali_codecs.py, which passed on the H200 too).
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
+import functools
 import importlib.util
 import logging
 import os
-import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -35,9 +35,20 @@ VARIABLE = "NVIMGCODEC_EXTENSIONS_PATH"
 GPU_EXTENSIONS = ("libnvjpeg_ext", "libnvjpeg2k_ext", "libnvtiff_ext")
 
 _lock = threading.Lock()
-_cpu_folder: dict[int, str | None] = {}  # pid -> the folder (None: none could be made); a forked child makes its own
 
 
+def _after_fork_in_child() -> None:
+    # A fork while another thread was building (the pipeline tuner builds in the background) copies the lock held,
+    # and no thread of the child would ever release it: a Loader built in the child would hang at its first build.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@functools.lru_cache(maxsize=1)
 def _installed() -> Path | None:
     """nvImageCodec's own extensions folder: next to libnvimgcodec, in the nvidia-nvimgcodec package DALI loads."""
     try:
@@ -51,24 +62,29 @@ def _installed() -> Path | None:
     return None
 
 
-def _cpu_only_folder() -> str | None:
-    """This process's folder of links to the CPU extensions, made at the first call; None where it cannot be made
-    (no extensions folder found, no symbolic links): the pipeline is then built with every extension, as DALI does."""
-    pid = os.getpid()
-    if pid not in _cpu_folder:
-        source, folder = _installed(), None
-        if source is not None:
-            try:
-                folder = tempfile.mkdtemp(prefix="fastfeed-nvimgcodec-cpu-")
-                atexit.register(shutil.rmtree, folder, True)
-                for f in source.iterdir():
-                    if not f.name.startswith(GPU_EXTENSIONS):
-                        os.symlink(f, os.path.join(folder, f.name))
-            except OSError as e:
-                log.debug("fastfeed: no CPU-only nvImageCodec extensions folder (%s); building with every one", e)
-                folder = None
-        _cpu_folder[pid] = folder
-    return _cpu_folder[pid]
+@contextlib.contextmanager
+def _cpu_only_folder():
+    """A folder of links to the CPU extensions, removed on exit; None where it cannot be made (no extensions folder
+    found, no temporary folder, no symbolic links): the pipeline is then built with every extension, as DALI does."""
+    source = _installed()
+    try:
+        made = None if source is None else tempfile.TemporaryDirectory(prefix="fastfeed-nvimgcodec-cpu-",
+                                                                        ignore_cleanup_errors=True)
+    except OSError as e:
+        log.debug("fastfeed: no folder for the CPU nvImageCodec extensions (%s); building with every one", e)
+        made = None
+    if made is None:
+        yield None
+        return
+    with made as folder:
+        try:
+            for f in source.iterdir():
+                if not f.name.startswith(GPU_EXTENSIONS):
+                    os.symlink(f, os.path.join(folder, f.name))
+        except OSError as e:
+            log.debug("fastfeed: no links to the CPU nvImageCodec extensions (%s); building with every one", e)
+            folder = None
+        yield folder
 
 
 @contextlib.contextmanager
@@ -76,14 +92,17 @@ def extensions_for(gpu: bool):
     """Held around a DALI pipeline's build (and only the build: the extensions are loaded then). gpu: the pipeline
     runs on a GPU and gets every extension."""
     with _lock:
-        folder = None if gpu or VARIABLE in os.environ else _cpu_only_folder()
-        if folder is None:
+        if gpu or VARIABLE in os.environ:
             yield
             return
-        # The C environment only, which is what nvImageCodec reads: os.environ, which other threads may be copying,
-        # never holds it.
-        os.putenv(VARIABLE, folder)
-        try:
-            yield
-        finally:
-            os.unsetenv(VARIABLE)
+        with _cpu_only_folder() as folder:
+            if folder is None:
+                yield
+                return
+            # The C environment only, which is what nvImageCodec reads: os.environ, which other threads may be
+            # copying, never holds it.
+            os.putenv(VARIABLE, folder)
+            try:
+                yield
+            finally:
+                os.unsetenv(VARIABLE)
