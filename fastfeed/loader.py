@@ -74,7 +74,8 @@ from fastfeed.compat import AccelerateState, EpochSampler, seeded_call
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.decode import build_decoder, oriented_size
 from fastfeed.decode.crop import DEFAULT_ORIENTATION
-from fastfeed.epoch import EpochRun, LoaderError, SampleTable
+from fastfeed.assemble import LoaderError, SampleTable
+from fastfeed.epoch import EpochRun
 from fastfeed.formats import integrity, open_dataset
 from fastfeed.pace import ConsumerPace
 from fastfeed.pipelines import PipelineTuner
@@ -126,7 +127,7 @@ class Loader:
         orientation: "ignore" (torchvision's ImageFolder) or "exif"; see README, "Decode contract".
         verify_checksums: check each sample's bytes against the checksum `pack` stored (datasets that have one);
             the ring's reader threads hash them without the GIL, the check compares (benchmarks/RESULTS.md). Bytes
-            left unchecked get the header check that keeps broken JPEGs and PNGs from DALI (epoch.py `_untrusted`).
+            left unchecked get the header check that keeps broken JPEGs and PNGs from DALI (assemble.py `_untrusted`).
         batch_transform: fn(images, labels) -> (images, labels), applied to every batch on the device (MixUp,
             CutMix, ...), with torch's, numpy's and `random`'s generators seeded from (seed, epoch, batch) so it is
             deterministic and resume-exact.

@@ -12,7 +12,8 @@ import fastfeed
 from fastfeed import epoch as epoch_mod
 from fastfeed import sampling
 from fastfeed.decode import build_decoder
-from fastfeed.epoch import EpochRun, LoaderError, SampleTable
+from fastfeed.assemble import LoaderError, SampleTable
+from fastfeed.epoch import EpochRun
 from fastfeed.formats import integrity, open_dataset
 from fastfeed.ring import PrefetchRing
 from fastfeed.settings import resolve_settings

@@ -146,7 +146,7 @@ def test_mutated_headers(bases):
 
 
 def test_header_failures_is_the_python_walk_over_a_batch(bases):
-    """`jpeg.header_failures`, the Loader's check of unchecked bytes (epoch.py `_untrusted`), names exactly the JPEGs
+    """`jpeg.header_failures`, the Loader's check of unchecked bytes (assemble.py `_untrusted`), names exactly the JPEGs
     and PNGs pack would not store as they are: a JPEG header `jpeg.probe` cannot read (with its message) or a missing
     end marker (validate._tail), a PNG whose chunks `headers.png_facts` cannot walk (its reason); in one native call
     per batch (numpy views, as the ring hands them over, and other buffers). Other formats are not looked at."""

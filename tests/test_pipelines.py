@@ -14,7 +14,8 @@ import fastfeed
 from fastfeed import pipelines as tuner_mod
 from fastfeed import sampling
 from fastfeed.decode import build_decoder
-from fastfeed.epoch import EpochRun, SampleTable
+from fastfeed.assemble import SampleTable
+from fastfeed.epoch import EpochRun
 from fastfeed.formats import open_dataset
 from fastfeed.pace import ConsumerPace
 from fastfeed.pipelines import PipelineTuner

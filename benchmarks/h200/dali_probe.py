@@ -9,9 +9,9 @@ checked on the GPU.
    H200 (ad hoc, this session) the first GPU build of a process took ~1.7 s, one beside a live pipeline 0.25 s, and one
    after all were closed ~1.7 s again.
 2. damage: a batch of --batch-size JPEGs from --images, its first record damaged one way, decoded by a DaliDecoder
-   directly (not through a Loader, whose epoch holds back unchecked JPEGs with a broken header: epoch.py
-   `_untrusted`), on_error="skip", twice; each kind in a child process, so that a crash is a result: its exit code
-   and the records reported. Kinds: garbage (the first 200 bytes kept, the rest 0x07: the DALI 2.4 CPU decoder
+   directly (not through a Loader, which holds back unchecked JPEGs with a broken header: `_untrusted`, then in
+   epoch.py, now assemble.py), on_error="skip", twice; each kind in a child process, so that a crash is a result: its
+   exit code and the records reported. Kinds: garbage (the first 200 bytes kept, the rest 0x07: the DALI 2.4 CPU decoder
    segfaulted on it in 4-6 runs of 6 at batch 64), trunc (the first half), flip (40 bytes of the scan XORed), zeros
    (2,000 bytes of the scan zeroed).
 """

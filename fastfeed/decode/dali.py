@@ -351,7 +351,7 @@ def chroma_mode(gpu: bool) -> str:
 
 def _page_locked(samples) -> bool:
     """Whether the samples are views of one page-locked buffer (a ring slot, pinned by ring.py): the ring hands out a
-    batch's samples as views of its slot; a sample read again on its own (epoch.py) is not one."""
+    batch's samples as views of its slot; a sample read again on its own (assemble.py) is not one."""
     base = samples[0].base if samples else None
     if not isinstance(base, np.ndarray) or any(s.base is not base for s in samples):
         return False
