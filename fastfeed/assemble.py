@@ -40,7 +40,7 @@ class LoaderError(RuntimeError):
 
 @dataclass(frozen=True)
 class SampleTable:
-    """What the epoch needs to know about every sample, by sample id.
+    """What the batches need to know about every sample, by sample id.
 
     labels: int64 [N] (CPU). widths/heights: the displayed size crop windows are computed on (the stored size
     under the orientation policy: `decode.oriented_size`). keys: each sample's source
