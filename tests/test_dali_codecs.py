@@ -98,6 +98,14 @@ def test_only_a_cpu_build_sees_the_folder_and_the_variable_goes_back():
     assert any(n.startswith("libjpeg_turbo_ext") for n in names)
     assert not [n for n in names if n.startswith(codecs.GPU_EXTENSIONS)]
     assert codecs.VARIABLE not in os.environ  # Python's copy of the environment was never touched
+    # Set in the C environment only (by a library, say): the user's too, left as it is.
+    os.putenv(codecs.VARIABLE, "/their/extensions")
+    try:
+        with codecs.extensions_for(gpu=False):
+            assert getenv(codecs.VARIABLE.encode()) == b"/their/extensions"
+        assert getenv(codecs.VARIABLE.encode()) == b"/their/extensions"
+    finally:
+        os.unsetenv(codecs.VARIABLE)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

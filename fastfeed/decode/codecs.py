@@ -18,6 +18,7 @@ OpenCV either way, so the folder changes no pixels (tests/test_dali_codecs.py, w
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import importlib.util
 import logging
@@ -87,12 +88,22 @@ def _cpu_only_folder():
         yield folder
 
 
+def _user_set() -> bool:
+    """The variable is in the environment: the C one, which is what nvImageCodec reads (a library can set it there
+    without Python's copy, os.environ, knowing)."""
+    if VARIABLE in os.environ:
+        return True
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    return getenv(VARIABLE.encode()) is not None
+
+
 @contextlib.contextmanager
 def extensions_for(gpu: bool):
     """Held around a DALI pipeline's build (and only the build: the extensions are loaded then). gpu: the pipeline
     runs on a GPU and gets every extension."""
     with _lock:
-        if gpu or VARIABLE in os.environ:
+        if gpu or _user_set():
             yield
             return
         with _cpu_only_folder() as folder:
