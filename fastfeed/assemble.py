@@ -123,10 +123,8 @@ class BatchAssembler:
         """Batch k of `plan`: images, labels (on the device) and [(position, code, detail)] of positions holding
         another sample."""
         s = self.settings
-        windows = crop_windows(self.table.widths[indices], self.table.heights[indices], indices, seed=s.seed,
-                               epoch=plan.epoch, train=s.train, image_size=s.image_size)
         try:
-            result = decoder(samples, windows)
+            result = decoder(samples, self._windows(plan, indices))
         except CorruptSampleError as exc:
             if s.on_error == "raise":
                 raise LoaderError(f"corrupt sample(s) {self._names(indices, exc.positions)} in batch {k} of epoch "
@@ -140,6 +138,12 @@ class BatchAssembler:
         for dst, src in sources.items():
             labels[dst] = labels[src]
         return result.images, self._finish_labels(plan, k, labels, sources), replaced
+
+    def _windows(self, plan, indices: np.ndarray):
+        """The crop windows of samples `indices` in `plan`'s epoch (from the seed, the epoch and each sample's id)."""
+        s = self.settings
+        return crop_windows(self.table.widths[indices], self.table.heights[indices], indices, seed=s.seed,
+                            epoch=plan.epoch, train=s.train, image_size=s.image_size)
 
     def _untrusted(self, indices, samples, digests=None) -> dict[int, tuple[str, str]]:
         """The samples no decoder may see, by position, with (code, detail). Bytes that match the checksum pack
@@ -168,10 +172,8 @@ class BatchAssembler:
             data, err = self._read_one(c)
             if err or self._untrusted(np.asarray([c]), [data]):
                 continue
-            windows = crop_windows(self.table.widths[[c]], self.table.heights[[c]], np.asarray([c]), seed=s.seed,
-                                   epoch=plan.epoch, train=s.train, image_size=s.image_size)
             try:
-                one = decoder([data], windows)
+                one = decoder([data], self._windows(plan, np.asarray([c])))
             except CorruptSampleError:
                 continue
             images = one.images.expand(n, *one.images.shape[1:]).contiguous(
