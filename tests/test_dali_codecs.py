@@ -71,7 +71,7 @@ def _child(tmp_path, name, variable=None):
 
 
 def test_a_cpu_pipeline_loads_only_the_cpu_extensions_and_decodes_the_same_pixels(tmp_path):
-    installed = codecs._installed()
+    installed = codecs.extensions_folder()
     assert installed is not None and any(f.name.startswith("libnvjpeg_ext") for f in installed.iterdir())
     ours, pixels = _child(tmp_path, "ours")
     assert "libjpeg_turbo_ext" in ours["mapped"] and "libopencv_ext" in ours["mapped"]

@@ -31,19 +31,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from fastfeed.decode.codecs import GPU_EXTENSIONS, extensions_folder  # noqa: E402
+
 VARIANTS = ("default", "every", "cpu-ext", "no-nvjpeg", "no-nvjpeg2k", "no-nvtiff", "gpu-trim", "keep-nvjpeg")
-GPU_EXTS = ("nvjpeg_ext", "nvjpeg2k_ext", "nvtiff_ext")
-
-
-def ext_dir() -> Path:
-    import nvidia.dali
-    return Path(nvidia.dali.__file__).resolve().parents[1] / "nvimgcodec" / "extensions"
 
 
 def restricted(drop: tuple[str, ...], into: Path) -> Path:
+    """A folder of links to the installed extensions but those whose names start with one of `drop`."""
     into.mkdir(parents=True, exist_ok=True)
-    for f in ext_dir().iterdir():
-        if not any(f.name.startswith("lib" + d) for d in drop):
+    for f in extensions_folder().iterdir():
+        if not f.name.startswith(drop):
             (into / f.name).symlink_to(f)
     return into
 
@@ -108,10 +105,11 @@ def main() -> int:
     if args.child:
         print("RESULT " + json.dumps(child(args.rounds, args.child == "keep-nvjpeg")), flush=True)
         return 0
-    out = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "extensions": sorted(f.name for f in ext_dir().iterdir())}
+    out = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "extensions": sorted(f.name for f in extensions_folder().iterdir())}
     tmp = Path(tempfile.mkdtemp(prefix="codec-probe-"))
-    drops = {"every": (), "cpu-ext": GPU_EXTS, "no-nvjpeg": ("nvjpeg_ext",), "no-nvjpeg2k": ("nvjpeg2k_ext",),
-             "no-nvtiff": ("nvtiff_ext",), "gpu-trim": ("nvjpeg2k_ext", "nvtiff_ext")}
+    drops = {"every": (), "cpu-ext": GPU_EXTENSIONS, "no-nvjpeg": ("libnvjpeg_ext",),
+             "no-nvjpeg2k": ("libnvjpeg2k_ext",), "no-nvtiff": ("libnvtiff_ext",),
+             "gpu-trim": ("libnvjpeg2k_ext", "libnvtiff_ext")}
     for v in args.variants.split(","):
         env = dict(os.environ)
         if v in drops:

@@ -23,8 +23,7 @@ case $K in
 esac
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
-EVERY=$(python3 -c "import nvidia.dali, pathlib; print(pathlib.Path(nvidia.dali.__file__).resolve().parents[1] /
-'nvimgcodec' / 'extensions')" 2>/dev/null)
+EVERY=$(python3 -c "from fastfeed.decode.codecs import extensions_folder as f; print(f() or '')" 2>/dev/null)
 TRIM=/tmp/trim
 if [ -n "$EVERY" ] && [ ! -d $TRIM ]; then
   mkdir -p $TRIM

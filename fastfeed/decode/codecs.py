@@ -27,7 +27,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["VARIABLE", "GPU_EXTENSIONS", "extensions_for"]
+__all__ = ["VARIABLE", "GPU_EXTENSIONS", "extensions_folder", "extensions_for"]
 
 log = logging.getLogger("fastfeed")
 
@@ -50,7 +50,7 @@ if hasattr(os, "register_at_fork"):
 
 
 @functools.lru_cache(maxsize=1)
-def _installed() -> Path | None:
+def extensions_folder() -> Path | None:
     """nvImageCodec's own extensions folder: next to libnvimgcodec, in the nvidia-nvimgcodec package DALI loads."""
     try:
         spec = importlib.util.find_spec("nvidia.nvimgcodec")
@@ -67,7 +67,7 @@ def _installed() -> Path | None:
 def _cpu_only_folder():
     """A folder of links to the CPU extensions, removed on exit; None where it cannot be made (no extensions folder
     found, no temporary folder, no symbolic links): the pipeline is then built with every extension, as DALI does."""
-    source = _installed()
+    source = extensions_folder()
     try:
         made = None if source is None else tempfile.TemporaryDirectory(prefix="fastfeed-nvimgcodec-cpu-",
                                                                         ignore_cleanup_errors=True)
