@@ -1,5 +1,6 @@
 # The image sets of the regime tables (stage30.sh, stage31.sh), sourced before staging: `mk SET` writes SET's images
-# under $W/SET-images and packs them to $W/SET-wds; `stage_with_sets K "SETS"` runs staging step K, then mk for each.
+# under $W/SET-images and packs them to $W/SET-wds; `stage_with_sets K "SETS"` runs staging step K, then mk for each;
+# `staged K SETS2 SETS3` is a stage script's staging (stage40.sh on).
 W=${W:-/tmp/ffbench}
 mk() {  # $1 = set: its images and its webdataset shards
   local args
@@ -18,4 +19,12 @@ stage_with_sets() {  # $1 = staging step (2 or 3), $2 = the sets to make after i
   local set
   bash benchmarks/h200/stage15.sh $1
   for set in $2; do time mk $set; done
+}
+staged() {  # $1 = a stage script's step K: steps 1..4 are stage31.sh's staging, run in the script's place (exec);
+            # $2 / $3 = the sets steps 2 / 3 make unless SETS2 / SETS3 say. Later steps return to the script.
+  case $1 in
+  1|4) exec bash benchmarks/h200/stage31.sh $1 ;;
+  2) SETS2=${SETS2-$2} exec bash benchmarks/h200/stage31.sh 2 ;;
+  3) SETS3=${SETS3-$3} exec bash benchmarks/h200/stage31.sh 3 ;;
+  esac
 }

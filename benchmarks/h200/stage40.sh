@@ -24,10 +24,8 @@
 # K=5 [.carry/p5, .carry/x2, .carry/fw], K=6.. [].
 set -uo pipefail
 K=$1; shift
-case $K in
-1|2|4) exec bash benchmarks/h200/stage31.sh $K ;;
-3) SETS3=${SETS3-} exec bash benchmarks/h200/stage31.sh 3 ;;
-esac
+source benchmarks/h200/sets.sh
+staged $K "thumb" ""
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
 B='hw09=dict(hw_decoder_load=0.9)' C='dali94=dict(decoder="dali", hw_decoder_load=0.9, num_threads=4)'

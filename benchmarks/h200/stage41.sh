@@ -13,10 +13,8 @@
 # K=5 [.carry/p5, .carry/x2, .carry/fw], K=6.. [].
 set -uo pipefail
 K=$1; shift
-case $K in
-1|2|4) exec bash benchmarks/h200/stage31.sh $K ;;
-3) SETS3=${SETS3-} exec bash benchmarks/h200/stage31.sh 3 ;;
-esac
+source benchmarks/h200/sets.sh
+staged $K "thumb" ""
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
 case $K in

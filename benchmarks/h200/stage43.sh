@@ -9,11 +9,8 @@
 # Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2, .carry/fw], K=6 [].
 set -uo pipefail
 K=$1; shift
-case $K in
-1|4) exec bash benchmarks/h200/stage31.sh $K ;;
-2) SETS2= exec bash benchmarks/h200/stage31.sh 2 ;;
-3) SETS3=mid exec bash benchmarks/h200/stage31.sh 3 ;;
-esac
+source benchmarks/h200/sets.sh
+staged $K "" "mid"
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
 case $K in
