@@ -34,6 +34,11 @@ def photos():
     return views, windows
 
 
+def _broken(jpeg: np.ndarray) -> np.ndarray:
+    """A JPEG's signature and first segments, then garbage: DALI fails the batch holding it."""
+    return np.concatenate([jpeg[:200], np.full(3000, 7, np.uint8)])
+
+
 def _binding_run(dec, samples, windows):
     """The decoder's graph built, fed and run by DALI's Python binding: benchmarks/dali_binding.py, the baseline the
     H200 benchmarks compare the C API against (so this also checks that baseline decodes what the decoder does)."""
@@ -67,7 +72,7 @@ def test_same_pixels_as_the_python_binding(photos, channels_last):
 
 def test_operator_error_is_dalis_message_and_the_decoder_goes_on(photos):
     samples, windows = photos
-    broken = np.concatenate([samples[0][:200], np.full(3000, 7, np.uint8)])  # JPEG signature, body cut
+    broken = _broken(samples[0])
     dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
     try:
         with pytest.raises(DaliCError, match="encountered"):
@@ -84,7 +89,7 @@ def test_a_replacement_that_cannot_be_built_closes_the_decoder(photos, monkeypat
     """The build of the fresh pipeline fails (the device out of memory, say): the failed pipeline is closed all the
     same, the decoder refuses further work, and the build's error is what the caller sees."""
     samples, windows = photos
-    broken = np.concatenate([samples[0][:200], np.full(3000, 7, np.uint8)])
+    broken = _broken(samples[0])
     dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
     failed = dec._pipe
 
@@ -102,7 +107,7 @@ def test_a_decoder_closed_while_its_pipeline_is_rebuilt_stays_closed(photos, mon
     """close() from another thread lands while a failed run rebuilds the pipeline (the build runs without the
     decoder's lock, as a GPU build takes 1.7 s): the fresh pipeline is closed too, not left on the closed decoder."""
     samples, windows = photos
-    broken = np.concatenate([samples[0][:200], np.full(3000, 7, np.uint8)])
+    broken = _broken(samples[0])
     dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
     build, built = dec._build, []
 
