@@ -123,6 +123,22 @@ def test_a_decoder_closed_while_its_pipeline_is_rebuilt_stays_closed(photos, mon
         dec(samples, windows)
 
 
+def test_a_close_that_lands_inside_a_call_is_not_blamed_on_the_records(photos, monkeypatch):
+    """close() from another thread lands after a call checked the decoder and before its run: the call ends with the
+    decoder's closed error, not with every record of the batch reported as undecodable (seen in the full suite, where
+    test_closing_while_another_thread_decodes_ends_it_with_an_error then died with CorruptSampleError)."""
+    samples, windows = photos
+    dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)
+    run = dec._run
+
+    def closed_first(*a, **k):
+        dec.close()  # what the other thread does meanwhile
+        return run(*a, **k)
+    monkeypatch.setattr(dec, "_run", closed_first)
+    with pytest.raises(RuntimeError, match="decoder is closed"):
+        dec(samples, windows)
+
+
 def test_closed_handles_refuse_work(photos):
     samples, windows = photos
     dec = DaliDecoder(device_id=None, image_size=64, dtype=torch.uint8, batch_size=16)

@@ -105,6 +105,10 @@ def _graph(batch_size, num_threads, device_id, image_size, dtype_name, channels_
     return pipe().serialize()
 
 
+class _Closed(RuntimeError):
+    """The decoder was closed, before the call or during it: no record is to blame, so nothing is bisected."""
+
+
 class DaliDecoder:
     """Args: device_id (CUDA device, or None for DALI's CPU backend), image_size S, dtype (torch float16/bfloat16/
     float32/uint8; bfloat16 is produced as float16 by DALI and cast by torch, uint8 skips normalization),
@@ -193,16 +197,16 @@ class DaliDecoder:
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else None
         pipe = self._pipe
         if pipe is None:
-            raise RuntimeError("decoder is closed")
+            raise _Closed("decoder is closed")
         try:
             self._feed(pipe, samples, windows, pinned)
             return pipe.run(stream)
-        except RuntimeError:
+        except RuntimeError as exc:
             # DALI marks a pipeline that hit an operator error as "no longer valid"; start from a fresh one, unless
             # the decoder was closed meanwhile (by the Loader, from another thread).
             with self._swap:
                 if self._pipe is not pipe:
-                    raise
+                    raise _Closed("decoder is closed") from exc
                 self._pipe = None
             pipe.close()
             fresh = self._build()  # without the lock: close() need not wait out a build (1.7 s on a GPU)
@@ -223,6 +227,8 @@ class DaliDecoder:
         for part in (positions[:half], positions[half:]):
             try:
                 self._run([samples[i] for i in part], windows.take(part)).close()
+            except _Closed:
+                raise
             except RuntimeError as e:
                 self._find_bad(samples, windows, part, bad, (DECODE_ERROR, _short(e)))
 
@@ -269,7 +275,7 @@ class DaliDecoder:
 
     def __call__(self, samples, windows: Windows) -> DecodeResult:
         if self._pipe is None:
-            raise RuntimeError("decoder is closed")
+            raise _Closed("decoder is closed")
         n = len(samples)
         if n != len(windows):
             raise ValueError(f"{n} samples but {len(windows)} windows")
@@ -287,6 +293,8 @@ class DaliDecoder:
         if good:
             try:
                 out = self._run(*batch, pinned)
+            except _Closed:
+                raise
             except RuntimeError as e:
                 self._find_bad(samples, windows, good, bad, (DECODE_ERROR, _short(e)))
                 good = [i for i in range(n) if i not in bad]
