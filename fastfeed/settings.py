@@ -21,7 +21,7 @@ from fastfeed import sampling
 from fastfeed.constants import (DALI_CPU_SHARE_FOR_MORE_THREADS, DEFAULT_DALI_PIPELINES, DEFAULT_DALI_THREADS,
                                 DEFAULT_HW_DECODER_LOAD, DTYPE_NAMES)
 from fastfeed.decode import KINDS as DECODERS
-from fastfeed.decode import resolve_kind, thumbnails
+from fastfeed.decode import resolve_kind
 from fastfeed.decode.base import ON_ERROR
 from fastfeed.decode.crop import ORIENTATIONS
 from fastfeed.types import ImageProfile
@@ -214,9 +214,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     dali_cpu = kind == "cpu-dali"
     tuned = not fixed_pipelines and kind in ("dali", "hybrid") and dev.type == "cuda"
     if tuned:
-        # thumbnails start on the hybrid's CPU part alone, which wants DALI's CPU backend's two (see above)
-        start = DEFAULT_DALI_PIPELINES if kind == "hybrid" and thumbnails(images) else AUTO_START_PIPELINES
-        pipelines, threads_for = start, DEFAULT_DALI_PIPELINES
+        pipelines, threads_for = AUTO_START_PIPELINES, DEFAULT_DALI_PIPELINES
         limit = max(DEFAULT_DALI_PIPELINES, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE))
         floor = MIN_AUTO_PIPELINES
     else:
@@ -237,7 +235,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         pipeline_floor=floor,
         hw_decoder_load=_default_hw_decoder_load(images) if hw_decoder_load is None else float(hw_decoder_load),
         pinned_input=_default_pinned_input(images),
-        hybrid_start_share=_hybrid_start_share(world, images),
+        hybrid_start_share=_hybrid_start_share(world),
         prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),
         reader_threads=DEFAULT_READER_THREADS if reader_threads is None else _int(
             "reader_threads", reader_threads, 1, MAX_THREADS),
@@ -271,9 +269,8 @@ def _default_decode_threads(kind: str, world: World, pipelines: int, images: Ima
     cannot take (PNG, progressive or CMYK JPEG: `images.cpu_decode_share`), DALI decodes those on these threads, so
     they get that share of this rank's cores, split over the pipelines, capped. A CPU decoder: this rank's share of
     the machine's cores split over its pipelines, capped. Hybrid: its CPU part's threads, the rank's cores but
-    HYBRID_RESERVED_CORES split over the pipelines; for thumbnails, which it starts decoding on the CPU alone, those
-    of DALI's CPU backend."""
-    if kind == "hybrid" and not thumbnails(images):
+    HYBRID_RESERVED_CORES split over the pipelines."""
+    if kind == "hybrid":
         free = max(1, world.cpus_per_rank - HYBRID_RESERVED_CORES)
         return max(1, min(MAX_DEFAULT_DECODE_THREADS, free // pipelines))
     if kind == "dali":
@@ -285,14 +282,11 @@ def _default_decode_threads(kind: str, world: World, pipelines: int, images: Ima
     return max(1, min(MAX_DEFAULT_DECODE_THREADS, world.cpus_per_rank // pipelines))
 
 
-def _hybrid_start_share(world: World, images: ImageProfile | None) -> float:
-    """Thumbnails start the hybrid's climber with every image on the CPU; photos on a rank of a distributed job with
-    DDP_START_MIN_CORES cores of its own with a quarter of each batch; photos in one process, or on a rank with fewer
-    cores, with none (why: decode/hybrid.py)."""
-    from fastfeed.decode.hybrid import DDP_START_MIN_CORES, DDP_START_SHARE, START_SHARE, THUMBNAIL_START_SHARE
+def _hybrid_start_share(world: World) -> float:
+    """A rank of a distributed job with DDP_START_MIN_CORES cores of its own starts the hybrid's climber with a
+    quarter of each batch on the CPU; one process, or a rank with fewer cores, with none (why: decode/hybrid.py)."""
+    from fastfeed.decode.hybrid import DDP_START_MIN_CORES, DDP_START_SHARE, START_SHARE
 
-    if thumbnails(images):
-        return THUMBNAIL_START_SHARE
     ddp = world.world_size > 1 and world.cpus_per_rank >= DDP_START_MIN_CORES
     return DDP_START_SHARE if ddp else START_SHARE
 

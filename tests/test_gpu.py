@@ -191,7 +191,7 @@ def test_cpu_decode_for_a_gpu_is_the_cpu_paths_bits_on_the_gpu(gpu_wds):
         assert n == len(g) > 1
 
 
-def test_auto_starts_thumbnails_on_the_cpu_and_splits_photos(gpu_wds, tmp_path, pack_cli):
+def test_auto_decodes_thumbnails_on_the_cpu_and_photos_on_both(gpu_wds, tmp_path, pack_cli):
     from PIL import Image
 
     from fastfeed.decode import CPU_DECODE_MAX_PIXELS, HYBRID_MIN_CORES
@@ -206,14 +206,11 @@ def test_auto_starts_thumbnails_on_the_cpu_and_splits_photos(gpu_wds, tmp_path, 
     pack_cli(src, tmp_path / "wds", "--format", "wds")
     with fastfeed.Loader(tmp_path / "wds", batch_size=16, device="cuda") as thumbs, \
             fastfeed.Loader(gpu_wds, batch_size=16, device="cuda") as photos:
-        # thumbnails: the hybrid, started on the CPU alone; photos: split between CPU and GPU on a rank with cores
-        # to spare (decode/__init__.py, resolve_kind)
+        # photos: split between CPU and GPU on a rank with cores to spare (decode/__init__.py, resolve_kind)
         spare = photos.world.cpus_per_rank >= HYBRID_MIN_CORES
-        assert thumbs.settings.decoder == "hybrid" and photos.settings.decoder == ("hybrid" if spare else "dali")
-        assert thumbs.settings.hybrid_start_share == 1.0 > photos.settings.hybrid_start_share
+        assert thumbs.settings.decoder == "cpu-dali" and photos.settings.decoder == ("hybrid" if spare else "dali")
         x, y = next(iter(thumbs))
         assert x.is_cuda and y.is_cuda and x.shape == (16, 3, 224, 224)
-        assert sum(d.cpu_images for d in thumbs._decoders) >= 16 and sum(d.gpu_images for d in thumbs._decoders) == 0
 
 
 def test_hybrid_batches_match_the_cpu_path_and_use_both_parts(gpu_wds):

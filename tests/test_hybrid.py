@@ -21,8 +21,7 @@ import fastfeed
 from fastfeed.decode import (CPU_DALI_MAX_OUTPUT, CPU_DECODE_MAX_PIXELS, HYBRID_MIN_CORES, CorruptSampleError,
                              crop_windows, make_decoder, resolve_kind)
 from fastfeed.decode.dali import DaliDecoder
-from fastfeed.decode.hybrid import (DDP_START_SHARE, START_SHARE, STEP, THUMBNAIL_START_SHARE, HybridDecoder,
-                                    ShareClimber, climber_for)
+from fastfeed.decode.hybrid import DDP_START_SHARE, START_SHARE, STEP, HybridDecoder, ShareClimber, climber_for
 from fastfeed.pace import ConsumerPace
 from fastfeed.types import ImageProfile
 from fastfeed.settings import HYBRID_RESERVED_CORES
@@ -137,11 +136,11 @@ def _loop(climber, pace, clock, period_of_share, batches, noise=0.02, seed=0, se
     return shares
 
 
-def _climber(settle=6, start=START_SHARE):
+def _climber(settle=6):
     clock = [0.0]
     pace = ConsumerPace(clock=lambda: clock[0])
     pace.start()
-    return ShareClimber(pace, settle=settle, start=start), pace, clock
+    return ShareClimber(pace, settle=settle), pace, clock
 
 
 # Simple shapes: a loop that CPU decode speeds up (a GPU-bound model), one it slows down (a launch-bound one). The
@@ -176,28 +175,6 @@ def test_climber_finds_an_optimum_inside_and_follows_a_change_of_the_loop():
     # measures again.
     shares = _loop(climber, pace, clock, _r18, 1500, seed=1)
     assert max(shares[-100:]) <= STEP, climber.history[-12:]
-
-
-# Thumbnails start on the CPU alone (decode/hybrid.py). Beside ResNet-50 at 64 px on an H200 (twentieth session)
-# the GPU alone trained 16% slower than the CPU alone; alone, the loader's period is the slower of its two parts,
-# which run side by side (CPU ~28k img/s, GPU ~35k): shortest near a share of 0.44.
-def _thumbs_training(share):
-    return 0.030 * (1 + 0.16 * (1 - share))
-
-
-def _thumbs_alone(share):
-    return 256 * max(share / 28_000, (1 - share) / 35_000)
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_thumbnails_stay_on_the_cpu_beside_a_model_and_move_toward_the_gpu_alone(seed):
-    climber, pace, clock = _climber(start=THUMBNAIL_START_SHARE)
-    shares = _loop(climber, pace, clock, _thumbs_training, 600, seed=seed)
-    assert min(shares[-100:]) >= 0.875, climber.history
-    assert clock[0] / 600 <= _thumbs_training(1.0) * 1.01  # the probes of 7/8 cost under 1%
-    climber, pace, clock = _climber(start=THUMBNAIL_START_SHARE)
-    shares = _loop(climber, pace, clock, _thumbs_alone, 600, noise=0.03, seed=seed)
-    assert all(0.25 <= x <= 0.625 for x in shares[-100:]), climber.history
 
 
 # The loop's period at each fixed CPU share, step by step, measured on an H200 x2 (benchmarks/h200/share_sweep.py:
@@ -260,28 +237,25 @@ def test_on_a_16_core_host_resnet18_keeps_its_decode_on_the_gpu(seed):
 _R18_16_CORES_P = {0.0: 0.0247, 0.125: 0.0255, 0.25: 0.0264, 0.375: 0.0335}
 
 
-@pytest.mark.parametrize("start", [START_SHARE, THUMBNAIL_START_SHARE])
-def test_on_a_16_core_host_a_first_cpu_share_is_judged_on_two_windows_of_each(start):
+def test_on_a_16_core_host_a_first_cpu_share_is_judged_on_two_windows_of_each():
     """There every CPU share slows ResNet-18 (1/8 by 3%, 1/4 by 7%), but its 32-batch windows spread by 3-5%, and
     judged on one window of the GPU alone the climber kept 1/8 or 1/4 in 5 of 20 runs (9,683-10,190 img/s against
     10,177-10,678). Here each window of the loop is 3% off at random and the first 45 batches 5% slow (warm-up): a share
-    kept on one window of the GPU alone ended above 0 in 13 of 40 runs; measured twice, in 3. The same from the
-    other end (thumbnails start on the CPU alone), with the shares mirrored: a first step away from the CPU alone."""
+    kept on one window of the GPU alone ended above 0 in 13 of 40 runs; measured twice, in 3."""
     def run(seed):
         rng = np.random.default_rng(seed)
-        climber, pace, clock = _climber(settle=10, start=start)
+        climber, pace, clock = _climber(settle=10)
         for t in range(600):
             if t % 32 == 0:
                 window = 1 + 0.03 * rng.standard_normal()
             share = climber.current()
-            away = abs(share - start)  # how far from the decoder alone it started on
-            period = _R18_16_CORES_P.get(round(away, 3), 0.0335 * (1 + away))
+            period = _R18_16_CORES_P.get(round(share, 3), 0.0335 * (1 + share))
             clock[0] += period * window * (1.05 if t < 45 else 1) * (1 + 0.02 * rng.standard_normal())
             pace.tick()
-        return abs(climber.current() - start), clock[0] / 600
+        return climber.current(), clock[0] / 600
 
     runs = [run(seed) for seed in range(40)]
-    assert sum(away > 0 for away, _ in runs) <= 4
+    assert sum(share > 0 for share, _ in runs) <= 4
     assert np.mean([mean for _, mean in runs]) <= _R18_16_CORES_P[0.0] * 1.01  # the probes cost under 1%
 
 
@@ -356,8 +330,7 @@ def test_hybrid_settings_and_errors():
 
 
 @pytest.mark.parametrize("pixels, png_share, cores, want", [
-    (11_500, 0.0, 16, "hybrid"),  # thumbnails: started on the CPU alone (settings)
-    (11_500, 0.0, 4, "hybrid"),  # whatever the cores
+    (11_500, 0.0, 16, "cpu-dali"),  # thumbnails: the CPU decodes them all
     (190_000, 0.0, 16, "hybrid"),  # ImageNet-like photos, cores to spare
     (190_000, 0.0, HYBRID_MIN_CORES - 1, "dali"),  # too few cores per rank to split
     (12_000_000, 0.0, 16, "dali"),  # 12-MP photos: the CPU is too slow to take a useful share
@@ -381,17 +354,6 @@ def test_auto_for_a_gpu_follows_the_images_and_the_cores(monkeypatch, pixels, pn
     assert resolve_kind("cpu", "cpu", images, cores, 64) == "cpu-pil"  # "cpu" names the pillow-simd path
     monkeypatch.setattr(dali, "dali_available", lambda: False)
     assert resolve_kind("auto", "cpu", images, cores, 64) == resolve_kind("auto", "cuda:0", images, cores) == "cpu-pil"
-
-
-def test_thumbnails_start_on_the_cpu_alone_with_the_cpu_backends_threads_and_pipelines():
-    thumbs, photos = ImageProfile(11_500, cpu_decode_share=0.0), ImageProfile(190_000, cpu_decode_share=0.0)
-    for world in (World(cpus=16), World(rank=1, world_size=2, local_rank=1, local_world_size=2, cpus=32)):
-        s = settings_for(world=world, decoder="hybrid", num_threads="auto", images=thumbs)
-        cpu = settings_for(world=world, decoder="cpu-dali", num_threads="auto", images=thumbs)
-        assert s.hybrid_start_share == THUMBNAIL_START_SHARE == 1.0
-        assert (s.decode_threads, s.pipelines) == (cpu.decode_threads, cpu.pipelines) == (8, 2)
-        photo = settings_for(world=world, decoder="hybrid", num_threads="auto", images=photos)
-        assert photo.hybrid_start_share < 1 and photo.decode_threads == (16 - HYBRID_RESERVED_CORES) // 2
 
 
 def test_a_rank_of_a_distributed_job_starts_its_climber_at_a_quarter():

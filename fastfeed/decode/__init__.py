@@ -6,8 +6,8 @@
 Kinds (the registry below): "dali" (GPU, `mixed` hardware decode), "cpu-dali" (DALI's CPU backend), "cpu-pil"
 (pillow-simd + numba), "hybrid" (each batch split between DALI's CPU backend and the GPU: decode/hybrid.py),
 "cpu" (the faster CPU one on a 2-core machine: benchmarks/bench_decode.py), "auto" ("dali" when DALI and CUDA are
-there and device is cuda — "hybrid" started on the CPU alone for datasets of thumbnails, "hybrid" for photos on a
-rank with cores to spare, see resolve_kind — else "cpu"). With a CUDA device "cpu-dali" decodes to uint8 and normalises on the GPU
+there and device is cuda — "cpu-dali" for datasets of thumbnails, "hybrid" for photos on a rank with cores to
+spare, see resolve_kind — else "cpu"). With a CUDA device "cpu-dali" decodes to uint8 and normalises on the GPU
 (decode/split.py). DALI is imported only when a DALI kind is built.
 """
 from __future__ import annotations
@@ -19,20 +19,17 @@ from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, cro
 
 __all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "DecodeResult", "Replaced",
            "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS", "CPU_DALI_MAX_OUTPUT",
-           "HYBRID_MIN_CORES", "HYBRID_MAX_PIXELS", "ORIENTATIONS", "resolve_kind", "thumbnails"]
+           "HYBRID_MIN_CORES", "HYBRID_MAX_PIXELS", "ORIENTATIONS", "resolve_kind"]
 
 KINDS = ("auto", "dali", "hybrid", "cpu", "cpu-dali", "cpu-pil")
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
 CPU_DEFAULT = "cpu-pil"
 
 
-# A dataset whose median image has at most this many pixels is one of thumbnails (`thumbnails`). `auto` for a GPU
-# decodes them with "hybrid" started on the CPU alone (DALI's CPU backend, normalised on the GPU: decode/split.py),
-# and its climber moves a share to the GPU when that makes the loop faster (decode/hybrid.py, "Why thumbnails start
-# on the CPU"). Measured on an H200 (benchmarks/RESULTS.md, third, fourth and twentieth sessions): thumbnails (median
-# ~11,500 px) train a 64-px ResNet-50 6-18% faster on the CPU than on the GPU, while the loader alone, or beside a
-# model fast enough to wait for it, goes faster on the GPU (30-37k against 28k img/s on 3-4 cores against 9.5).
-# ImageNet-like photos (~190,000 px) are decoded on the GPU. Sizes in between were not measured.
+# `auto` for a GPU decodes on the CPU (DALI's CPU backend, normalised on the GPU: decode/split.py) when the
+# dataset's median image has at most this many pixels: see resolve_kind. Measured on an H200 (benchmarks/RESULTS.md,
+# third and fourth sessions): thumbnails (median ~11,500 px) train a 64-px ResNet-50 6-14% faster so; ImageNet-like
+# photos (~190,000 px) are decoded on the GPU. Sizes in between were not measured: the bound sits near the thumbnails.
 # Without a GPU the same bound picks DALI's CPU backend over CPU_DEFAULT for outputs of at most CPU_DALI_MAX_OUTPUT
 # px (2 cores, thirteenth session, benchmarks/RESULTS.md). Loaders with 64-px crops: ~100-px thumbnails 5,229-5,294
 # against 3,530-3,995 img/s (the pillow-simd path's per-image Python, under the GIL, left 0.6 of 2 cores idle), ~150
@@ -55,22 +52,16 @@ HYBRID_MIN_CORES = 8
 HYBRID_MAX_PIXELS = 1_000_000
 
 
-def thumbnails(images) -> bool:
-    """Whether a dataset (its types.ImageProfile; None: not known) is one of thumbnails: CPU_DECODE_MAX_PIXELS."""
-    return images is not None and images.median_pixels <= CPU_DECODE_MAX_PIXELS
-
-
 def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None = None,
                  image_size: int | None = None) -> str:
     """The concrete decoder `make_decoder(kind, device=device)` builds ("auto"/"cpu" resolved).
 
     "auto" with a CUDA device and DALI, given the dataset's `images` (a types.ImageProfile; None: not known yet)
-    and this rank's cores: "hybrid" for thumbnails (`thumbnails`; it starts on the CPU alone, since per image the GPU
-    path's fixed costs — launches from decoder threads of the training process — outweigh a thumbnail's decode and
-    slow the training step itself, and moves a share to the GPU when the loop goes faster so), "hybrid" for photos up
-    to HYBRID_MAX_PIXELS on a rank with HYBRID_MIN_CORES cores, else "dali". Without a CUDA device: "cpu-dali" for
-    thumbnails cropped to at most CPU_DALI_MAX_OUTPUT px (`image_size`; when DALI is installed), else CPU_DEFAULT
-    (see the constants above for what was measured)."""
+    and this rank's cores: "cpu-dali" for thumbnails (median <= CPU_DECODE_MAX_PIXELS; per image the GPU path's fixed
+    costs — launches from decoder threads of the training process — outweigh a thumbnail's decode and slow the
+    training step itself), "hybrid" for photos up to HYBRID_MAX_PIXELS on a rank with HYBRID_MIN_CORES cores, else
+    "dali". Without a CUDA device: "cpu-dali" for thumbnails cropped to at most CPU_DALI_MAX_OUTPUT px (`image_size`;
+    when DALI is installed), else CPU_DEFAULT (see the constants above for what was measured)."""
     import torch
 
     from fastfeed.decode.dali import dali_available
@@ -80,13 +71,14 @@ def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None 
     if kind == "auto":
         if not dali_available():
             return CPU_DEFAULT
+        thumbnails = images is not None and images.median_pixels <= CPU_DECODE_MAX_PIXELS
         if not (str(device).startswith("cuda") and torch.cuda.is_available()):
             small_output = image_size is not None and image_size <= CPU_DALI_MAX_OUTPUT
-            return "cpu-dali" if thumbnails(images) and small_output else CPU_DEFAULT
+            return "cpu-dali" if thumbnails and small_output else CPU_DEFAULT
         if images is None:
             return "dali"
-        if thumbnails(images):
-            return "hybrid"
+        if thumbnails:
+            return "cpu-dali"
         if (cpus_per_rank or 0) >= HYBRID_MIN_CORES and images.median_pixels <= HYBRID_MAX_PIXELS \
                 and images.cpu_decode_share < DALI_CPU_SHARE_FOR_MORE_THREADS:
             return "hybrid"

@@ -40,13 +40,6 @@ session), ResNet-50 trained at 7,493 / 7,751 / 7,872 img/s at fixed shares 0 / 1
 settled near 3/8 (7,630-7,807, DALI's reader 7,578 in the same run). ResNet-18 was as fast from 1/4 as at 0
 (14,953-15,665 vs 14,966 img/s).
 
-Why thumbnails start on the CPU alone (THUMBNAIL_START_SHARE, chosen by settings.py for a dataset of thumbnails,
-decode/__init__.py): their decode is cheap on a CPU (~3k img/s a core) and the GPU path's fixed cost per image is
-not, so beside a model the CPU alone trains fastest (ResNet-50 at 64 px on an H200, twentieth session: 8,458 img/s
-against 7,138 on the GPU alone, and 6,538-7,640 started there with 1-3 CPU threads). The loader alone, or beside a model that
-waits for it, goes faster with the GPU's share (30-37k against 28k img/s, on 3-4 cores against 9.5), and from the
-CPU alone the climber finds that in steps of 1/8. A first step away from either decoder alone is measured twice.
-
 Exactness: the CPU part decodes with libjpeg-turbo (exact), the GPU part within the decode contract's tolerance
 (decode/dali.py, chroma_mode); both are normalised with the same constants. Corrupt records: the parts always
 raise (`on_error="raise"`), and this class applies the batch's policy over the whole batch, so a bad record is
@@ -64,10 +57,9 @@ import torch
 from fastfeed.decode.base import CorruptSampleError, DecodeResult, apply_replacements, replaced_list, resolve_errors
 
 __all__ = ["HybridDecoder", "ShareClimber", "climber_for", "climber_of", "START_SHARE", "DDP_START_SHARE",
-           "DDP_START_MIN_CORES", "THUMBNAIL_START_SHARE"]
+           "DDP_START_MIN_CORES"]
 
 START_SHARE = 0.0  # one process (see the module docstring)
-THUMBNAIL_START_SHARE = 1.0  # a dataset of thumbnails (see the module docstring)
 DDP_START_SHARE = 0.25  # a rank of a distributed job with DDP_START_MIN_CORES cores or more
 DDP_START_MIN_CORES = 16
 STEP = 1 / 8  # also the grid of shares
@@ -96,7 +88,7 @@ class ShareClimber:
         self._dir, self._tried = 1, 0  # the direction that last helped; neighbours of the base tried so far
         self._hold = HOLD_BATCHES  # the next stay when no neighbour is faster
         self._waited = False  # the last try waited for the pipeline tuner's
-        # a first share that looked faster than one decoder alone, and its window, while both are measured again
+        # a first share that looked faster than the GPU alone, and its window, while both are measured again
         self._confirming: float | None = None
         self._confirming_period = 0.0
         self._mark = pace.ticks  # measurements use the intervals after mark + settle
@@ -120,7 +112,7 @@ class ShareClimber:
         self.history.append((self.share, period))
         del self.history[:-_HISTORY]
         trying = self.share != self._base
-        if self._confirming is not None and not trying:  # one decoder alone again, between a first share's windows
+        if self._confirming is not None and not trying:  # the GPU alone again, between a first share's windows
             self._base_period = (self._base_period + period) / 2
             self._pace.extend(self)
             self._set(self._confirming)
@@ -128,10 +120,10 @@ class ShareClimber:
         if self._confirming is not None:  # the first share's second window: both against both
             period = (period + self._confirming_period) / 2
             self._confirming = None
-        elif trying and self._base in (0.0, 1.0) and period < self._base_period * (1 - CLIMB_EPS):
-            # A first share away from one decoder alone, faster than one window of it: measure that decoder alone
-            # and this share once more, still holding the turn, and judge the mean of each's two windows (module
-            # docstring, "Why a first share is measured twice").
+        elif trying and self._base == 0.0 and period < self._base_period * (1 - CLIMB_EPS):
+            # A first share for the CPU, faster than one window of the GPU alone: measure the GPU alone and this
+            # share once more, still holding the turn, and judge the mean of each's two windows (module docstring,
+            # "Why a first share is measured twice").
             self._confirming, self._confirming_period = self.share, period
             self._pace.extend(self)
             self._set(self._base)
