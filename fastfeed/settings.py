@@ -44,7 +44,8 @@ MAX_DEFAULT_DECODE_THREADS = 8
 # the GPU part's DALI threads need theirs, or the training step itself waits for a core.
 HYBRID_RESERVED_CORES = 4
 
-# A GPU Loader (decoder "dali" or "hybrid") whose `pipelines` is not given starts with AUTO_START_PIPELINES and tunes
+# A GPU Loader (decoder "dali", "hybrid", or "cpu-dali", which starts with its two: see resolve_settings) whose
+# `pipelines` is not given starts with AUTO_START_PIPELINES and tunes
 # the count on the loop (fastfeed/pipelines.py): more while the loop waits for data and each one makes it faster, up
 # to MAX_AUTO_PIPELINES and one per CORES_PER_PIPELINE cores of the rank (each pipeline brings its DALI threads and a
 # Python worker), but at least DEFAULT_DALI_PIPELINES; fewer, down to MIN_AUTO_PIPELINES, while the loop barely waits
@@ -211,10 +212,13 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     # one's decode. Feeding a GPU (H200, thumbnails): 24.5k vs 13.2k img/s alone, ResNet-50 at 64 px 8,472 vs 7,942;
     # on the CPU (2 cores, two pipelines of one thread against one of two, benchmarks/bench_cpu_pipelines.py,
     # thirteenth session): thumbnails at 64 and 128 px 1.11-1.22x, the demo photos at 224 px 1.17-1.20x.
+    # Feeding a GPU, its count is tuned like the GPU decoders' from those two: the loader alone on thumbnails ran
+    # 33.0k img/s on four against 23.3k on two (twentieth session), while a model beside them does not wait for more.
     dali_cpu = kind == "cpu-dali"
-    tuned = not fixed_pipelines and kind in ("dali", "hybrid") and dev.type == "cuda"
+    tuned = not fixed_pipelines and kind in ("dali", "hybrid", "cpu-dali") and dev.type == "cuda"
     if tuned:
-        pipelines, threads_for = AUTO_START_PIPELINES, DEFAULT_DALI_PIPELINES
+        pipelines = DEFAULT_DALI_PIPELINES if dali_cpu else AUTO_START_PIPELINES
+        threads_for = DEFAULT_DALI_PIPELINES
         limit = max(DEFAULT_DALI_PIPELINES, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE))
         floor = MIN_AUTO_PIPELINES
     else:
