@@ -44,17 +44,17 @@ MAX_DEFAULT_DECODE_THREADS = 8
 # the GPU part's DALI threads need theirs, or the training step itself waits for a core.
 HYBRID_RESERVED_CORES = 4
 
-# A GPU Loader (decoder "dali", "hybrid", or "cpu-dali", which starts with its two: see resolve_settings) whose
-# `pipelines` is not given starts with AUTO_START_PIPELINES and tunes
-# the count on the loop (fastfeed/pipelines.py): more while the loop waits for data and each one makes it faster, up
-# to MAX_AUTO_PIPELINES and one per CORES_PER_PIPELINE cores of the rank (each pipeline brings its DALI threads and a
-# Python worker), but at least DEFAULT_DALI_PIPELINES; fewer, down to MIN_AUTO_PIPELINES, while the loop barely waits
-# and fewer are not slower. Why one to start: every pipeline is built before the first batch, 0.3-0.6 s each on an
-# H200 (a hybrid one is two DALI pipelines): started with one the first batch came in 1.85-2.43 s, with two in
-# 2.06-2.89 s, DALI's reader 1.77-1.91 s (benchmarks/RESULTS.md, eleventh session); ResNet-50 trains on one anyway,
-# ResNet-18 gets its second within ~90 batches; the loader alone reached four within 200 once the tuner tried the
-# next pipeline at once and measured none across a build (twelfth session; before, it paid the longer climb: 15.8k
-# against 18.5k img/s over 200 batches after 200 of warm-up).
+# A GPU Loader (decoder "dali" or "hybrid"; "cpu-dali" starts and stays at two or more: see resolve_settings) whose
+# `pipelines` is not given starts with AUTO_START_PIPELINES and tunes the count on the loop (fastfeed/pipelines.py):
+# more while the loop waits for data and each one makes it faster, up to MAX_AUTO_PIPELINES and one per
+# CORES_PER_PIPELINE cores of the rank (each pipeline brings its DALI threads and a Python worker), but at least
+# DEFAULT_DALI_PIPELINES; fewer, down to MIN_AUTO_PIPELINES, while the loop barely waits and fewer are not slower. Why
+# one to start: every pipeline is built before the first batch, 0.3-0.6 s each on an H200 (a hybrid one is two DALI
+# pipelines): started with one the first batch came in 1.85-2.43 s, with two in 2.06-2.89 s, DALI's reader 1.77-1.91 s
+# (benchmarks/RESULTS.md, eleventh session); ResNet-50 trains on one anyway, ResNet-18 gets its second within ~90
+# batches; the loader alone reached four within 200 once the tuner tried the next pipeline at once and measured none
+# across a build (twelfth session; before, it paid the longer climb: 15.8k against 18.5k img/s over 200 batches after
+# 200 of warm-up).
 # Their decode threads are sized for DEFAULT_DALI_PIPELINES, the count measured most, whatever the start.
 AUTO_START_PIPELINES = 1
 MAX_AUTO_PIPELINES = 4
@@ -212,15 +212,17 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     # one's decode. Feeding a GPU (H200, thumbnails): 24.5k vs 13.2k img/s alone, ResNet-50 at 64 px 8,472 vs 7,942;
     # on the CPU (2 cores, two pipelines of one thread against one of two, benchmarks/bench_cpu_pipelines.py,
     # thirteenth session): thumbnails at 64 and 128 px 1.11-1.22x, the demo photos at 224 px 1.17-1.20x.
-    # Feeding a GPU, its count is tuned like the GPU decoders' from those two: the loader alone on thumbnails ran
-    # 33.0k img/s on four against 23.3k on two (twentieth session), while a model beside them does not wait for more.
+    # Feeding a GPU, its count is tuned like the GPU decoders', from those two and never under them. On an H200
+    # (twentieth session, thumbnails): the loader alone reached four, 37.2-43.0k img/s against 29.4-32.0k on a fixed
+    # two; beside ResNet-18 and -50 at 64 px the loop did not wait enough for a third. With one as the floor the tuner
+    # dropped to it beside ResNet-50 (8,477 against 8,986 img/s on two).
     dali_cpu = kind == "cpu-dali"
     tuned = not fixed_pipelines and kind in ("dali", "hybrid", "cpu-dali") and dev.type == "cuda"
     if tuned:
         pipelines = DEFAULT_DALI_PIPELINES if dali_cpu else AUTO_START_PIPELINES
         threads_for = DEFAULT_DALI_PIPELINES
         limit = max(DEFAULT_DALI_PIPELINES, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE))
-        floor = MIN_AUTO_PIPELINES
+        floor = DEFAULT_DALI_PIPELINES if dali_cpu else MIN_AUTO_PIPELINES
     else:
         pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind in ("dali", "hybrid") or dali_cpu else 1)
         threads_for = limit = floor = pipelines

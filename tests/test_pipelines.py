@@ -573,6 +573,9 @@ def test_a_gpu_loader_starts_on_one_pipeline_and_may_grow_to_one_per_four_cores(
     assert (few.pipelines, few.pipeline_floor, few.pipeline_limit, few.decode_threads) == (1, 1, 2, 2)
     given = settings_for(world=World(cpus=16), device="cuda", decoder="hybrid", num_threads="auto", pipelines=2)
     assert (given.pipelines, given.pipeline_floor, given.pipeline_limit) == (2, 2, 2)
-    # DALI's CPU backend feeding a GPU starts with its two, threads split between them, and is tuned the same way
+    # DALI's CPU backend feeding a GPU: its two, threads split between them, and up to one per four cores when the
+    # loop waits, never fewer than two (fastfeed/settings.py says why)
     cpu = settings_for(world=World(cpus=16), device="cuda", decoder="cpu-dali", num_threads="auto")
-    assert (cpu.pipelines, cpu.pipeline_floor, cpu.pipeline_limit, cpu.decode_threads) == (2, 1, 4, 8)
+    assert (cpu.pipelines, cpu.pipeline_floor, cpu.pipeline_limit, cpu.decode_threads) == (2, 2, 4, 8)
+    few = settings_for(world=World(cpus=4), device="cuda", decoder="cpu-dali", num_threads="auto")
+    assert (few.pipelines, few.pipeline_floor, few.pipeline_limit, few.decode_threads) == (2, 2, 2, 2)

@@ -8,6 +8,9 @@
 #                                          6: thumbnails (64 px), alone and beside ResNet-50 and -18: the defaults,
 #                                             the CPU backend on its fixed two (the old default), DALI's webdataset
 #                                             reader
+#                                          7: beside ResNet-50 only, the defaults and the fixed two, A B B A
+# Ran: 1..5, then 6 with the floor at one (the tuner dropped to one pipeline beside ResNet-50: 8,477 against 8,986
+# img/s), then, with the floor at two (the committed tree), TAG=floor2 and TAG=floor2-b 6, and 7.
 # TAG names the JSON. Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK], K=5 [.carry/p5, .carry/x2],
 # K=6.. [].
 set -uo pipefail
@@ -23,4 +26,8 @@ case $K in
        --image-size 64 --steps 150 --warmup 30 --max-warmup 400 --consumers none,resnet50,resnet18 \
        --rows default,dali-wds --dali-grid 0.9:4 --extra-ff 'two=dict(pipelines=2)' \
        --json $OUT/table-thumb-$tag.json 2>&1 | grep -E "^\[" | quiet | grep -E "img/s|could not|failed" | tail -24 ;;
+7) CUDA_VISIBLE_DEVICES=0 timeout 200 python3 $T --label thumb --data $W/thumb-wds --images $W/thumb-images \
+       --image-size 64 --steps 150 --warmup 30 --max-warmup 400 --consumers resnet50 --rows none \
+       --extra-ff 'new=dict();two=dict(pipelines=2);two-b=dict(pipelines=2);new-b=dict()' \
+       --json $OUT/table-thumb-r50-abba.json 2>&1 | grep -E "^\[" | quiet | grep -E "img/s|could not|failed|ceiling" ;;
 esac
