@@ -141,7 +141,8 @@ def main() -> None:
                         ring.close()
                 ms_per_mb = 1e3 * st["digest_seconds"] / (st["bytes_read"] / 1e6)
                 print(f"   {threads} threads: digests off {buf.nbytes / best[False] / 1e9:6.2f} GB/s, on "
-                      f"{buf.nbytes / best[True] / 1e9:6.2f} GB/s (hashing: {ms_per_mb:.3f} ms of a reader thread per MB)")
+                      f"{buf.nbytes / best[True] / 1e9:6.2f} GB/s "
+                      f"(hashing: {ms_per_mb:.3f} ms of a reader thread per MB)")
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ keeps objects in memory: the numbers are a loopback store, an upper bound for a 
 cost fastfeed adds (download, sha256, rename) and that a cached epoch runs at local speed.
 
 Each round, one after the other: local folder; URL with an empty cache; URL with the cache kept. The first epoch
-streams (shards fetched in the epoch's order, `parallel` at a time, while it runs). "end-to-end" = (construction + one epoch), the
-figure a user sees for the first epoch; "epoch" = the iteration alone; "first batch" = from the Loader() call
-to the first batch in hand. Train mode, RandomResizedCrop 224 + flip,
-float32 on the CPU, shuffle, every sample once (drop_last False).
+streams (shards fetched in the epoch's order, `parallel` at a time, while it runs). "end-to-end" = (construction +
+one epoch), the figure a user sees for the first epoch; "epoch" = the iteration alone; "first batch" = from the
+Loader() call to the first batch in hand. Train mode, RandomResizedCrop 224 + flip, float32 on the CPU, shuffle,
+every sample once (drop_last False).
 """
 from __future__ import annotations
 
@@ -74,8 +74,9 @@ def _epoch(path, args, cache_dir=None) -> dict:
     stats = loader.dataset.cache_stats() if hasattr(loader.dataset, "cache_stats") else {}
     stats["fetch"] = getattr(loader.dataset, "fetch", None)
     loader.close()
-    return {"images": n, "first_batch_s": first, "setup_s": t1 - t0, "epoch_s": t2 - t1, "end_to_end_img_s": n / (t2 - t0),
-            "epoch_img_s": n / (t2 - t1), "cpu_s": time.process_time() - cpu0, "cache": stats}
+    return {"images": n, "first_batch_s": first, "setup_s": t1 - t0, "epoch_s": t2 - t1,
+            "end_to_end_img_s": n / (t2 - t0), "epoch_img_s": n / (t2 - t1), "cpu_s": time.process_time() - cpu0,
+            "cache": stats}
 
 
 def main() -> int:

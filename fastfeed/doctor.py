@@ -333,7 +333,8 @@ def check_torchrun(env: Mapping[str, str]) -> list[Check]:
     missing = [k for k in _TORCHRUN_VARS if not env.get(k)]
     if missing:
         return [Check("torchrun", FAIL, f"torchrun-style launch but {', '.join(missing)} unset",
-                      "launch with `torchrun --nproc-per-node N train.py` or export all of " + ", ".join(_TORCHRUN_VARS))]
+                      "launch with `torchrun --nproc-per-node N train.py` or export all of "
+                      + ", ".join(_TORCHRUN_VARS))]
     ints = {}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
         if k in env:

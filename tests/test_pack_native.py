@@ -219,7 +219,8 @@ def test_check_keeps_drops_and_replaces_like_the_python_writer(images, tmp_path)
         assert r.ok and r.image.ext == e and r.image.xxh3 == xxhash.xxh3_64_intdigest(data)
     assert ours == py.finish()
     for suffix in (".tar", ".idx"):
-        assert _read(str(tmp_path / "nat" / f"shard-000000{suffix}")) == _read(str(tmp_path / "py" / f"shard-000000{suffix}"))
+        name = f"shard-000000{suffix}"
+        assert _read(str(tmp_path / "nat" / name)) == _read(str(tmp_path / "py" / name))
 
 
 def test_a_view_kept_by_the_check_stays_valid(images, tmp_path):

@@ -1,4 +1,5 @@
-"""The native core's tests (ring, JPEG transcoder) pass against an AddressSanitizer + UBSan build of the native core, with no sanitizer report.
+"""The native core's tests (ring, JPEG transcoder) pass against an AddressSanitizer + UBSan build of the native core,
+with no sanitizer report.
 
 tools/sanitize.sh builds the instrumented extension in a temporary copy (the working tree's build is untouched);
 `tools/sanitize.sh thread` does the same with ThreadSanitizer (`make test-sanitize` runs both).

@@ -42,7 +42,8 @@ def shard():
         with open(path, "wb") as f:
             f.write(b"".join(payloads))
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        yield Extents([path], np.zeros(len(sizes), np.int32), offsets.astype(np.int64), sizes.astype(np.int64)), payloads
+        extents = Extents([path], np.zeros(len(sizes), np.int32), offsets.astype(np.int64), sizes.astype(np.int64))
+        yield extents, payloads
 
 
 @pytest.fixture

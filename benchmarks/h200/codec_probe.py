@@ -5,7 +5,8 @@
 
 Each variant runs in a fresh child process that first initialises CUDA through torch (as a training script has),
 then builds a DaliDecoder on DALI's CPU backend ROUNDS times (each closed before the next), then a GPU one twice,
-then the CPU one again after the GPU ones were closed. The child also lists the shared objects that its first CPU build mapped.
+then the CPU one again after the GPU ones were closed. The child also lists the shared objects that its first CPU
+build mapped.
 Variants (all but `default` set NVIMGCODEC_EXTENSIONS_PATH, which fastfeed then leaves alone):
   default        as a Loader builds it (since codecs.py: a CPU pipeline with the CPU extensions only)
   every          the folder of every extension: what DALI loads by itself (the default before codecs.py)
@@ -105,7 +106,8 @@ def main() -> int:
     if args.child:
         print("RESULT " + json.dumps(child(args.rounds, args.child == "keep-nvjpeg")), flush=True)
         return 0
-    out = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "extensions": sorted(f.name for f in extensions_folder().iterdir())}
+    out = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+           "extensions": sorted(f.name for f in extensions_folder().iterdir())}
     tmp = Path(tempfile.mkdtemp(prefix="codec-probe-"))
     drops = {"every": (), "cpu-ext": GPU_EXTENSIONS, "no-nvjpeg": ("libnvjpeg_ext",),
              "no-nvjpeg2k": ("libnvjpeg2k_ext",), "no-nvtiff": ("libnvtiff_ext",),

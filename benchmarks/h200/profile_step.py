@@ -116,8 +116,8 @@ def profile(name, batches, consumer, steps, warmup, train_stream=None, keep_trac
                 shutil.copyfileobj(src, dst)
     out = dict(name=name, steps=steps, wall_s=wall, train_stream=stream, median_ms=med,
                top_loader_kernels_ms_per_step=top, kernels_per_stream=counts)
-    print(f"{name:28s} " + "  ".join(f"{k} {v:6.2f}" for k, v in med.items()) + f"   ({wall / steps * 1e3:.1f} ms/step)",
-          flush=True)
+    print(f"{name:28s} " + "  ".join(f"{k} {v:6.2f}" for k, v in med.items())
+          + f"   ({wall / steps * 1e3:.1f} ms/step)", flush=True)
     for ms, kname in top[:5]:
         print(f"    {ms:6.2f} ms/step  {kname}")
     return out

@@ -30,8 +30,10 @@ def load(name):
 def analyse(name):
     ev = load(name)
     windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("name") == "compute" and "dur" in e)
-    k7 = sorted((e["ts"], e["ts"] + e["dur"], e["args"].get("correlation")) for e in ev if e.get("cat") == "kernel" and e["args"].get("stream") == 7)
-    rt = {e["args"].get("correlation"): e for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    k7 = sorted((e["ts"], e["ts"] + e["dur"], e["args"].get("correlation")) for e in ev
+                if e.get("cat") == "kernel" and e["args"].get("stream") == 7)
+    rt = {e["args"].get("correlation"): e for e in ev
+          if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
     # per-thread sorted host events (cpu_op + cuda_runtime)
     host = collections.defaultdict(list)
     for e in ev:
@@ -51,7 +53,8 @@ def analyse(name):
             gap = s - prev_end
             if gap > 20:
                 r = rt.get(c)
-                if r is not None and r["ts"] + r["dur"] > prev_end:   # launch returned after the stream went idle: host late
+                # the launch returned after the stream went idle: the host was late
+                if r is not None and r["ts"] + r["dur"] > prev_end:
                     res["late_launch_gap_us"] += gap
                     late_by_thread[r["tid"]] += gap
                     # what was the launching thread doing in the gap? time not covered by any host op on that thread

@@ -6,8 +6,9 @@ Per sample, on a thread pool, a few samples per task (PIL and the numba kernel b
      scaling is sharper than PIL's antialiased bilinear: measured against a full decode it moves the output by up
      to ~3/255 mean abs (at draft_min_scale=2, large detailed photos), so use draft=False where the output must
      match torchvision's eval transform (< 2/255); for training augmentation the speed is worth it;
-  2. the decode contract (README "Decode contract"; fastfeed/decode/contract.py): EXIF orientation applied when orientation="exif"
-     (JPEG only), any mode (L, CMYK, P, RGBA, LA, 1, I;16, ...) -> RGB, alpha dropped, 16-bit -> v >> 8;
+  2. the decode contract (README "Decode contract"; fastfeed/decode/contract.py): EXIF orientation applied when
+     orientation="exif" (JPEG only), any mode (L, CMYK, P, RGBA, LA, 1, I;16, ...) -> RGB, alpha dropped, 16-bit ->
+     v >> 8;
   3. `Image.resize((S, S), BILINEAR, box=window)` crops and antialias-resizes in one SIMD pass (the box is in float
      source coordinates, so the draft scale costs no precision, and the filter reads pixels just outside the box
      exactly as resize-then-crop would). A training crop (a box on whole pixels) of an RGB JPEG shown as stored

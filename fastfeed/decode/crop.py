@@ -141,7 +141,8 @@ def _check(widths, heights, sample_ids, image_size):
     H = np.asarray(heights, dtype=np.int64)
     ids = np.asarray(sample_ids, dtype=np.int64)
     if not (W.shape == H.shape == ids.shape) or W.ndim != 1:
-        raise ValueError(f"widths, heights, sample_ids must be 1-D of one length, got {W.shape}, {H.shape}, {ids.shape}")
+        raise ValueError(
+            f"widths, heights, sample_ids must be 1-D of one length, got {W.shape}, {H.shape}, {ids.shape}")
     if W.size and (W.min() < 1 or H.min() < 1):
         raise ValueError("image widths and heights must be >= 1")
     if ids.size and ids.min() < 0:

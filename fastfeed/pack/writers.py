@@ -247,7 +247,8 @@ class TarShardWriter:
         js = MemberExtent(base + rec.members[2][1], rec.members[2][2]) if len(rec.members) > 2 else None
         return img, js
 
-    def add(self, key: str, ext: str, data: bytes, label: int, meta: bytes | None) -> tuple[MemberExtent, MemberExtent | None]:
+    def add(self, key: str, ext: str, data: bytes, label: int,
+            meta: bytes | None) -> tuple[MemberExtent, MemberExtent | None]:
         """Append `KEY.ext`, `KEY.cls` and (when `meta`) `KEY.json`. Returns the image and json extents."""
         return self.add_record(make_record(key, ext, data, label, meta))
 

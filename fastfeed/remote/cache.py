@@ -23,8 +23,8 @@ removes unpinned shards, oldest first, until the new one fits `max_bytes` (summe
 `cache_dir`), counting downloads in progress at their full size (the size in the .part name is the reservation).
 Choosing victims and reserving room happen under one cache-wide `flock(.room.lock)`, so concurrent downloads
 (threads or processes) cannot overrun the limit together. If pinned shards alone leave no room, the download
-fails with DatasetError (raise the limit) — the cache never silently exceeds its bound. A reader that already has F open keeps reading the old inode even
-if F is evicted (POSIX unlink semantics), so eviction never tears a read.
+fails with DatasetError (raise the limit) — the cache never silently exceeds its bound. A reader that already has F
+open keeps reading the old inode even if F is evicted (POSIX unlink semantics), so eviction never tears a read.
 """
 from __future__ import annotations
 
