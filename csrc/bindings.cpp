@@ -1,12 +1,12 @@
 // The pybind11 module of the native core (with ring_bindings.cpp, the ring's part, the only pybind11 files). The
-// C++ they bind (ring.h, jpeg_transcode.h, tar_writer.h) never includes pybind11; the GIL policy lives here and there: every call that can block (waiting for a slot, reading files, transcoding)
-// runs under py::gil_scoped_release, and so do destructors that join threads, so shutdown cannot deadlock against
-// a worker that needs the GIL (none do: workers never touch Python objects).
+// C++ they bind (ring.h, jpeg_transcode.h, tar_writer.h, image_probe.h) never includes pybind11; the GIL policy
+// lives here and there: every call that can block (waiting for a slot, reading files, transcoding) runs under
+// py::gil_scoped_release, and so do destructors that join threads, so shutdown cannot deadlock against a worker
+// that needs the GIL (none do: workers never touch Python objects).
 #include <pybind11/pybind11.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
-#include <cstring>
 #include <memory>
 
 namespace py = pybind11;
@@ -56,20 +56,6 @@ fastfeed::TranscodeOptions make_options(bool progressive, bool arithmetic, bool 
     o.copy_markers = copy_markers;
     o.strict = strict;
     return o;
-}
-
-// What jpeg.py's `jpeg_info` raises on in a frame header (SOF payload): too short, no or too few components, a zero
-// size, a sampling factor outside 1..4. The rest of its classification decides, it does not refuse.
-bool frame_header_ok(const std::string& seg) {
-    if (seg.size() < 6) return false;
-    const auto* b = reinterpret_cast<const std::uint8_t*>(seg.data());
-    const int height = (b[1] << 8) | b[2], width = (b[3] << 8) | b[4], ncomp = b[5];
-    if (ncomp == 0 || seg.size() < 6 + 3 * static_cast<std::size_t>(ncomp) || width == 0 || height == 0) return false;
-    for (int c = 0; c < ncomp; ++c) {
-        const int h = b[7 + 3 * c] >> 4, v = b[7 + 3 * c] & 15;
-        if (h < 1 || h > 4 || v < 1 || v > 4) return false;
-    }
-    return true;
 }
 
 }  // namespace
@@ -236,7 +222,8 @@ std::string member_name(py::handle name) {
     if (!py::isinstance<py::str>(name)) throw py::type_error("a tar member name must be a str");
     std::string s = name.cast<std::string>();
     if (s.empty() || s.size() > 100 || s.find('\0') != std::string::npos)
-        throw py::value_error("tar member name must be 1..100 UTF-8 bytes without NUL: " + py::repr(name).cast<std::string>());
+        throw py::value_error("tar member name must be 1..100 UTF-8 bytes without NUL: " +
+                              py::repr(name).cast<std::string>());
     return s;
 }
 
@@ -373,11 +360,11 @@ static void bind_tar(py::module_& m) {
             "size, xxh3_64)], or (None, error message, errno) for a sample that was not written (errno 0: the "
             "check rejected it). check(index, memoryview of the first member's bytes) runs in order before each "
             "readable sample is written and returns None (keep), a reason str (drop the sample) or (name, bytes) "
-            "(store these as the first member instead); the view stays valid as long as it is referenced. With probe=True "
-            "the reader threads probe the first member (csrc/image_probe.h; with scan_check also the JPEG scan check) "
-            "and check is called as check(index, view, facts): facts None when it is not a JPEG whose header walk "
-            "succeeds, else (sof_marker, sof_segment bytes, jfif, adobe_transform or None, orientation, "
-            "ends_with_eoi, scan) with scan None (not checked), '' (clean) or libjpeg's message.")
+            "(store these as the first member instead); the view stays valid as long as it is referenced. With "
+            "probe=True the reader threads probe the first member (csrc/image_probe.h; with scan_check also the "
+            "JPEG scan check) and check is called as check(index, view, facts): facts None when it is not a JPEG "
+            "whose header walk succeeds, else (sof_marker, sof_segment bytes, jfif, adobe_transform or None, "
+            "orientation, ends_with_eoi, scan) with scan None (not checked), '' (clean) or libjpeg's message.")
         .def(
             "finish",
             [](PyTarWriter& w, bool sync) {
@@ -423,17 +410,9 @@ static void bind_tar(py::module_& m) {
                 // One release for the batch: per sample the walk takes well under a microsecond, less than winning
                 // the GIL back would cost (decode/dali_capi.py says the same of DALI's quick calls).
                 py::gil_scoped_release nogil;
-                fastfeed::JpegFacts facts;
-                static const std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
                 for (std::size_t i = 0; i < buffers.size(); ++i) {
                     const auto span = buffers[i].span();
-                    if (span.size >= 2 && span.data[0] == 0xFF && span.data[1] == 0xD8) {
-                        if (!fastfeed::probe_jpeg(span.data, span.size, facts) ||
-                            !frame_header_ok(facts.sof_segment) || !facts.ends_with_eoi)
-                            failing.push_back(i);
-                    } else if (span.size >= 8 && std::memcmp(span.data, png_signature, 8) == 0) {
-                        if (!fastfeed::png_structure_ok(span.data, span.size)) failing.push_back(i);
-                    }
+                    if (!fastfeed::sample_header_ok(span.data, span.size)) failing.push_back(i);
                 }
             }
             return failing;

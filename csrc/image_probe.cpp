@@ -131,4 +131,32 @@ bool png_structure_ok(const std::uint8_t* d, std::size_t n) {
     return false;  // no IEND
 }
 
+namespace {
+
+// What jpeg.py's `jpeg_info` raises on in a frame header (SOF payload): too short, no or too few components, a zero
+// size, a sampling factor outside 1..4. The rest of its classification decides, it does not refuse.
+bool frame_header_ok(const std::string& seg) {
+    if (seg.size() < 6) return false;
+    const auto* b = reinterpret_cast<const std::uint8_t*>(seg.data());
+    const int height = (b[1] << 8) | b[2], width = (b[3] << 8) | b[4], ncomp = b[5];
+    if (ncomp == 0 || seg.size() < 6 + 3 * static_cast<std::size_t>(ncomp) || width == 0 || height == 0) return false;
+    for (int c = 0; c < ncomp; ++c) {
+        const int h = b[7 + 3 * c] >> 4, v = b[7 + 3 * c] & 15;
+        if (h < 1 || h > 4 || v < 1 || v > 4) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+bool sample_header_ok(const std::uint8_t* d, std::size_t n) {
+    static const std::uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    if (n >= 2 && d[0] == 0xFF && d[1] == 0xD8) {
+        JpegFacts facts;
+        return probe_jpeg(d, n, facts) && frame_header_ok(facts.sof_segment) && facts.ends_with_eoi;
+    }
+    if (n >= 8 && std::memcmp(d, png_signature, 8) == 0) return png_structure_ok(d, n);
+    return true;
+}
+
 }  // namespace fastfeed

@@ -37,4 +37,10 @@ int tiff_orientation(const std::uint8_t* tiff, std::size_t size);
 // vouches for, bindings.cpp `header_failures`; pack walks PNGs in Python.)
 bool png_structure_ok(const std::uint8_t* data, std::size_t size);
 
+// The Loader's check of bytes no checksum vouches for (bindings.cpp `header_failures`): false for a JPEG (FF D8)
+// that pack would refuse as it is (its header walk fails, its frame header is malformed where jpeg.py's `probe`
+// raises, or it does not end in EOI, padding aside) and for a PNG (its signature) whose chunk walk fails; true for
+// every other sample, which is not looked at.
+bool sample_header_ok(const std::uint8_t* data, std::size_t size);
+
 }  // namespace fastfeed

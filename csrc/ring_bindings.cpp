@@ -128,7 +128,8 @@ void bind_ring(py::module_& m) {
         });
 
     py::class_<PyRing>(m, "Ring")
-        .def(py::init([](std::vector<std::string> paths, py::array_t<int32_t, py::array::c_style | py::array::forcecast> file_index,
+        .def(py::init([](std::vector<std::string> paths,
+                         py::array_t<int32_t, py::array::c_style | py::array::forcecast> file_index,
                          py::array_t<int64_t, py::array::c_style | py::array::forcecast> offset,
                          py::array_t<int64_t, py::array::c_style | py::array::forcecast> size, size_t batch_size,
                          size_t num_threads, size_t num_slots, size_t slot_bytes, bool digests) {

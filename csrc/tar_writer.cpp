@@ -240,7 +240,8 @@ void TarWriter::worker_loop() {
         const Job job = job_;
         lock.unlock();
         const size_t begin = c * kChunk, end = std::min(job.n, begin + kChunk);
-        for (size_t j = begin; j < end; ++j) prepare((*job.samples)[j], (*job.results)[j], (*job.work)[j].buf, job.probe);
+        for (size_t j = begin; j < end; ++j)
+            prepare((*job.samples)[j], (*job.results)[j], (*job.work)[j].buf, job.probe);
         lock.lock();
         for (size_t j = begin; j < end; ++j) (*job.work)[j].done = true;
         if (job.has_check) done_cv_.notify_all();

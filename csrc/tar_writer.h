@@ -24,7 +24,8 @@
 // runs sha256 over the written buffers in write order and returns them to the pool.
 //
 // Checks. With a check, the calling thread runs it on each sample in order once its chunk is read; the chunk's
-// worker waits for the decisions before writing. Python (the binding's check) therefore only ever runs on the calling thread.
+// worker waits for the decisions before writing. Python (the binding's check) therefore only ever runs on the
+// calling thread.
 //
 // Probe. With TarProbe::enabled, the worker that read a sample also reads its first member's JPEG header
 // (image_probe.h: SOF, JFIF/Adobe, EXIF orientation, ends in EOI) and, with scan_check, runs the JPEG scan check
