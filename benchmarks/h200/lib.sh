@@ -88,9 +88,11 @@ bench_rows() {  # `fastfeed bench` on the ImageNet-like set with each consumer g
 }
 regime() {  # a regime table (sets.sh): $1 = set, $2 = consumers, $3 = image size, $4 = steps, $5 = warm-up,
             # $6 = --dali-grid, $7 = --extra-ff, $8 = time limit (s): the defaults, $7's rows and ROWS (default:
-            # DALI's two readers and the DataLoader); the JSON named by the caller's $tag
-  CUDA_VISIBLE_DEVICES=0 timeout $8 python3 $T --label $1 --data $W/$1-wds --images $W/$1-images \
-      --image-size $3 --steps $4 --warmup $5 --max-warmup 100 --consumers $2 --rows ${ROWS-default,dali,torch} \
+            # DALI's two readers and the DataLoader); the JSON named by the caller's $tag. MAXW: the most warm-up
+            # steps (default 100); CORES: taskset's core list for every row (default: all)
+  CUDA_VISIBLE_DEVICES=0 timeout $8 ${CORES:+taskset -c $CORES} python3 $T --label $1 --data $W/$1-wds \
+      --images $W/$1-images --image-size $3 --steps $4 --warmup $5 --max-warmup ${MAXW:-100} --consumers $2 \
+      --rows ${ROWS-default,dali,torch} \
       --dali-grid $6 --extra-ff "$7" --json $OUT/table-$1-${tag:-a}.json 2>&1 | grep -E "^\[" | quiet \
       | grep -E "img/s|could not|failed|reniced" | tail -24
 }

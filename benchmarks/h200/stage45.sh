@@ -19,16 +19,13 @@ source benchmarks/h200/sets.sh
 staged $K "thumb" ""
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
-thumbs() {  # $1 = JSON name, $2 = consumers, $3 = time limit (s), rest: the command's prefix (taskset)
-  local name=$1 consumers=$2 limit=$3; shift 3
-  CUDA_VISIBLE_DEVICES=0 timeout $limit "$@" python3 $T --label thumb --data $W/thumb-wds --images $W/thumb-images \
-      --image-size 64 --steps 150 --warmup 30 --max-warmup 400 --consumers $consumers --rows default,dali-wds \
-      --dali-grid 0.9:4 --extra-ff 'cpu-dali=dict(decoder="cpu-dali");gpu=dict(decoder="dali")' \
-      --json $OUT/table-thumb-$name-$tag.json 2>&1 | grep -E "^\[" | quiet | grep -E "img/s|could not|failed" | tail -24
+thumbs() {  # $1 = JSON name, $2 = consumers, $3 = time limit (s); CORES: taskset's core list
+  MAXW=400 ROWS=default,dali-wds tag=$1-$tag regime thumb $2 64 150 30 0.9:4 \
+      'cpu-dali=dict(decoder="cpu-dali");gpu=dict(decoder="dali")' $3
 }
 case $K in
 5) install_dali
    [ "${TESTS:-1}" = 1 ] && gpu_tests ;;
 6) thumbs all none,resnet50,resnet18 480 ;;
-7) thumbs cores4 none,resnet50 400 taskset -c 0-3 ;;
+7) CORES=0-3 thumbs cores4 none,resnet50 400 ;;
 esac

@@ -19,11 +19,8 @@ staged $K "thumb" ""
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
 few_cores() {  # $1 = the cores (taskset's list), $2 = JSON name
-  CUDA_VISIBLE_DEVICES=0 timeout 400 taskset -c $1 python3 $T --label thumb --data $W/thumb-wds \
-      --images $W/thumb-images --image-size 64 --steps 150 --warmup 30 --max-warmup 400 \
-      --consumers none,resnet18,resnet50 --rows default,dali-wds --dali-grid 0.9:4 \
-      --extra-ff 'gpu=dict(decoder="dali")' \
-      --json $OUT/table-thumb-$2-$tag.json 2>&1 | grep -E "^\[" | quiet | grep -E "img/s|could not|failed" | tail -24
+  CORES=$1 MAXW=400 ROWS=default,dali-wds tag=$2-$tag regime thumb none,resnet18,resnet50 64 150 30 0.9:4 \
+      'gpu=dict(decoder="dali")' 400
 }
 case $K in
 5) install_dali
