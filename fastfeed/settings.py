@@ -217,14 +217,15 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     # two; beside ResNet-18 and -50 at 64 px the loop did not wait enough for a third. With one as the floor the tuner
     # dropped to it beside ResNet-50 (8,477 against 8,986 img/s on two).
     dali_cpu = kind == "cpu-dali"
-    tuned = not fixed_pipelines and kind in ("dali", "hybrid", "cpu-dali") and dev.type == "cuda"
+    dali = kind in ("dali", "hybrid", "cpu-dali")  # DALI pipelines (pillow-simd's path runs one pool per batch)
+    tuned = not fixed_pipelines and dali and dev.type == "cuda"
     if tuned:
         pipelines = DEFAULT_DALI_PIPELINES if dali_cpu else AUTO_START_PIPELINES
         threads_for = DEFAULT_DALI_PIPELINES
         limit = max(DEFAULT_DALI_PIPELINES, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE))
         floor = DEFAULT_DALI_PIPELINES if dali_cpu else MIN_AUTO_PIPELINES
     else:
-        pipelines = pipelines or (DEFAULT_DALI_PIPELINES if kind in ("dali", "hybrid") or dali_cpu else 1)
+        pipelines = pipelines or (DEFAULT_DALI_PIPELINES if dali else 1)
         threads_for = limit = floor = pipelines
     if hw_decoder_load is not None:
         if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, numbers.Real) \
