@@ -8,7 +8,10 @@ Loader with the ring left pageable, each from the constructor call to the first 
 more batches with nothing consuming them (the loader alone). --prealloc grows DALI's memory pools for the first
 Loader of the process, before its constructor or in a thread beside it (nineteenth session: the ~2.5-MP photos' first
 Loader waits ~1 s between its constructor and the first batch, a later one 0.3 s; DALI's pools live as long as the
-process).
+process). --decoder-args adds arguments to every GPU ("mixed") DALI image decoder the process defines, as JSON; the
+values "max_w", "max_h" and "max_rgb" (the largest width, height, and width x height x 3 in the dataset's table) are
+resolved first (twenty-first session: do nvJPEG's preallocation hints or paddings sized from the table shorten the
+large photos' first run?).
 """
 from __future__ import annotations
 
@@ -73,6 +76,27 @@ def loader_row(path, batch_size, batches, pin: bool, image_size: int = 224, prea
             "ring_pinned_reported": info.get("pinned"), "prealloc": mode, "prealloc_done_s": pre_s}
 
 
+def patch_decoders(extra: dict, ds) -> dict:
+    """Every GPU image decoder defined from here on gets `extra` (names resolved from the table); returns them."""
+    import functools
+
+    import numpy as np
+    from nvidia.dali import fn
+
+    w, h = np.asarray(ds.widths, np.int64), np.asarray(ds.heights, np.int64)
+    named = {"max_w": int(w.max()), "max_h": int(h.max()), "max_rgb": int((w * h).max() * 3)}
+    extra = {k: named.get(v, v) for k, v in extra.items()}
+    if extra:
+        for name in ("image", "image_slice"):
+            original = getattr(fn.decoders, name)
+
+            def wrapped(*a, _original=original, **k):
+                return _original(*a, **({**k, **extra} if k.get("device") == "mixed" else k))
+
+            setattr(fn.decoders, name, functools.wraps(original)(wrapped))
+    return extra
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
@@ -84,6 +108,9 @@ def main() -> int:
                         "thread beside its constructor (does the first run on large images wait on their growth?)")
     p.add_argument("--pinned-mb", type=int, default=1024)
     p.add_argument("--device-mb", type=int, default=4096)
+    p.add_argument("--decoder-args", default="{}",
+                   help='JSON, e.g. {"preallocate_width_hint": "max_w", "preallocate_height_hint": "max_h"}')
+    p.add_argument("--loaders", type=int, default=4, help="Loaders built one after another (pinned ring first)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     from fastfeed.formats import open_dataset
@@ -104,6 +131,7 @@ def main() -> int:
         ring.close()
         del ring
     res["image_size"] = args.image_size
+    res["decoder_args"] = patch_decoders(json.loads(args.decoder_args), ds)
 
     def prealloc():
         import nvidia.dali.backend as b
@@ -113,7 +141,7 @@ def main() -> int:
 
     res["loader"] = [loader_row(args.data, args.batch_size, args.batches, pin, args.image_size, prealloc,
                                 args.prealloc if i == 0 else "none")
-                     for i, pin in enumerate((True, False, True, False))]
+                     for i, pin in enumerate((True, False, True, False)[:args.loaders])]
     res["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     res["gpu"] = torch.cuda.get_device_name(0)
     print(json.dumps(res, indent=1))
