@@ -49,7 +49,7 @@ class EpochRun:
 
     tuner: a `pipelines.PipelineTuner` (or None: every decoder works, always): asked at each batch the consumer takes
     how many workers decode; worker w works while w < that count and waits, holding no batch, otherwise. A worker
-    past the decoders given builds its own with `new_decoder()` and appends it to `decoders` (the owner's list, so
+    past the decoders given builds its own with `new_decoder(index)` and appends it to `decoders` (the owner's list, so
     the next run has it). The count changes which thread decodes a batch, never which batch comes at a position.
     """
 
@@ -169,7 +169,7 @@ class EpochRun:
                     # the tuners measure nothing across the build (the new pipeline feeds nothing yet), start after it
                     t0 = time.perf_counter()
                     with self.pace.building() if self.pace is not None else nullcontext():
-                        self.decoders.append(self._new_decoder())
+                        self.decoders.append(self._new_decoder(len(self.decoders)))
                     # Said once per pipeline: the tuner's tries show in the user's own throughput log.
                     log.info("fastfeed: built decode pipeline %d in %.2f s for the pipeline tuner", len(self.decoders),
                              time.perf_counter() - t0)

@@ -430,6 +430,9 @@ class Loader:
         snap["ring"] = ring
         if self._tuner is not None:  # the pipelines decoding now, and what the tuner measured (fastfeed/pipelines.py)
             snap["info"]["pipelines"] = self._tuner.count
+            start = self.settings.gpu_pipelines_from  # "cpu-dali": how many of them decode on the GPU
+            if start is not None:
+                snap["info"]["gpu_pipelines"] = max(0, self._tuner.count - start)
             snap["pipeline_history"] = [list(h) for h in self._tuner.history]
         climber = None
         if self.settings.decoder == "hybrid":  # where the images were decoded: the split decode/hybrid.py chose
@@ -502,18 +505,19 @@ class Loader:
     def _build_decoders(self) -> list:
         """One decoder per starting pipeline (a run's workers build more with `_new_decoder` when the tuner asks)."""
         new = self._new_decoder
-        decoders = [new() for _ in range(self.settings.pipelines)]
+        decoders = [new(i) for i in range(self.settings.pipelines)]
         lifecycle.register_exit_hook()  # after the decoders: DALI registers its own when it is first imported
         return decoders
 
     @property
     def _new_decoder(self):
-        """new() -> a decoder for this Loader, holding no reference to it (a run's workers call it). Each one built
-        is counted in `pipelines_built`: fastfeed bench notes a build inside its timed steps."""
+        """new(index) -> pipeline number `index`'s decoder for this Loader, holding no reference to it (a run's
+        workers call it). Each one built is counted in `pipelines_built`: fastfeed bench notes a build inside its timed
+        steps."""
         settings, pace, stats = self.settings, self._pace, self._stats
 
-        def new():
-            decoder = build_decoder(settings, pace=pace)
+        def new(index: int):
+            decoder = build_decoder(settings, index=index, pace=pace)
             stats.add("pipelines_built")
             return decoder
         return new

@@ -83,6 +83,13 @@ LARGE_PHOTO_DALI_THREADS = 4
 # DALI's reads at all was as slow: the wait is not the cause) and the loader alone stopped gaining from a third
 # pipeline (16.7k against 18.8k img/s); photos of ~2.5 MP trained at 1,545 against 1,646 img/s.
 PINNED_INPUT_PIXELS = 4_000_000
+# Large photos also have the GPU decoders' hardware JPEG decoder preallocate, when the pipeline is built, for a batch
+# of images the size of the table's 99th percentile (`preallocate_width_hint`/`_height_hint`, nvJPEG's
+# nvjpegDecodeBatchedPreAllocate) instead of growing its buffers in the first batches. On an H200 (twenty-first
+# session, fresh processes, the largest width and height as the hint): the first batch of 12-MP photos 2.96-2.97 s
+# against 3.58-3.59 s, the ~2.5-MP ones 2.63-2.77 s against 2.76-2.91 s, ImageNet-like equal (2.03-2.12 against
+# 2.06-2.14 s, so smaller photos keep DALI's default). The memory is what such a batch takes anyway (batch x width x
+# height x 3 bytes per pipeline); the percentile keeps one outlier (ImageNet has a few 30-MP images) from sizing it.
 
 # The ring's read-ahead (encoded batches in host memory, page-locked on a GPU) may take at most this share of the
 # machine's memory, split evenly between the ranks on it. The ring is sized by the data: 12-MP photos make one batch
@@ -127,6 +134,8 @@ class LoaderSettings:
     pipeline_floor: int  # the fewest it may run; == pipelines: fixed
     hw_decoder_load: float
     pinned_input: bool  # the GPU decoders read the ring's page-locked samples in place (large photos, see above)
+    preallocate: tuple[int, int] | None  # (width, height) the GPU decoders preallocate a batch for (large photos)
+    gpu_pipelines_from: int | None  # "cpu-dali" feeding a GPU: pipelines from this one on decode on the GPU (DALI)
     hybrid_start_share: float  # the CPU share decoder "hybrid" starts tuning from (decode/hybrid.py)
     prefetch: int  # decoded batches allowed ahead of the consumer
     reader_threads: int
@@ -216,6 +225,12 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     # (twentieth session, thumbnails): the loader alone reached four, 37.2-43.0k img/s against 29.4-32.0k on a fixed
     # two; beside ResNet-18 and -50 at 64 px the loop did not wait enough for a third. With one as the floor the tuner
     # dropped to it beside ResNet-50 (8,477 against 8,986 img/s on two).
+    # Past its CPU pipelines, the tuner's next one decodes on the GPU: a rank with few cores cannot decode thumbnails
+    # as fast as a small model takes them. On an H200 under `taskset` (twenty-first session, 64-px crops): on 4 cores
+    # ResNet-18 trained at 9,164 img/s on the CPU decode, waiting 36% of its time, against 14,819 on the GPU decode
+    # and 16,589 on DALI's reader, while ResNet-50, which barely waits, trained at 7,362 against 7,171 and 6,639; on 8
+    # cores ResNet-18 trained at 15,639 against 14,554 and 16,655, waiting 1.8%. The tuner adds a pipeline only while
+    # the loop waits for data, and keeps it only when the loop goes faster.
     dali_cpu = kind == "cpu-dali"
     dali = kind in ("dali", "hybrid", "cpu-dali")  # DALI pipelines (pillow-simd's path runs one pool per batch)
     tuned = not fixed_pipelines and dali and dev.type == "cuda"
@@ -224,9 +239,13 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         threads_for = DEFAULT_DALI_PIPELINES
         limit = max(DEFAULT_DALI_PIPELINES, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE))
         floor = DEFAULT_DALI_PIPELINES if dali_cpu else MIN_AUTO_PIPELINES
+        gpu_from = None
+        if dali_cpu:  # one pipeline more, decoding on the GPU (see above)
+            gpu_from, limit = limit, limit + 1
     else:
         pipelines = pipelines or (DEFAULT_DALI_PIPELINES if dali else 1)
         threads_for = limit = floor = pipelines
+        gpu_from = None
     if hw_decoder_load is not None:
         if isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, numbers.Real) \
                 or not 0.0 <= float(hw_decoder_load) <= 1.0:
@@ -242,6 +261,8 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         pipeline_floor=floor,
         hw_decoder_load=_default_hw_decoder_load(images) if hw_decoder_load is None else float(hw_decoder_load),
         pinned_input=_default_pinned_input(images),
+        preallocate=images.large_size if _large_photos(images) and dev.type == "cuda" else None,
+        gpu_pipelines_from=gpu_from,
         hybrid_start_share=_hybrid_start_share(world),
         prefetch=DEFAULT_PREFETCH if prefetch is None else _int("prefetch", prefetch, 1, 64),
         reader_threads=DEFAULT_READER_THREADS if reader_threads is None else _int(

@@ -166,8 +166,10 @@ class Sample:
 @dataclass(frozen=True)
 class ImageProfile:
     """What a dataset's sample table says about its images, for the Loader's choices that depend on them
-    (fastfeed/settings.py): the median stored size, and the share of samples the GPU's hardware JPEG decoder cannot
-    take (PNG, progressive or CMYK JPEGs, ...), which DALI decodes with CPU threads."""
+    (fastfeed/settings.py): the median stored size, the share of samples the GPU's hardware JPEG decoder cannot
+    take (PNG, progressive or CMYK JPEGs, ...), which DALI decodes with CPU threads, and the stored (width, height) of
+    the sample at the 99th percentile of pixels: the size a batch's largest images have, but for rare outliers."""
 
     median_pixels: float
     cpu_decode_share: float
+    large_size: tuple[int, int] = (0, 0)

@@ -259,3 +259,32 @@ def test_the_pipeline_tuner_changes_no_batch(gpu_wds):
     assert len(got) == len(want) == epochs * 20
     for (xa, ya), (xb, yb) in zip(got, want):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def test_a_gpu_pipeline_beside_cpu_ones_gives_the_same_batches(gpu_wds, monkeypatch):
+    """A "cpu-dali" Loader on a GPU whose tuner reaches past its CPU pipelines decodes on the GPU there
+    (`gpu_pipelines_from`, fastfeed/settings.py); the workers take batches in turn, so the pool is mixed within an
+    epoch. Here the second of two fixed pipelines is the GPU one: every eval batch matches the CPU path."""
+    import fastfeed.loader as loader_module
+    from fastfeed.decode.dali import DaliDecoder
+
+    resolve = loader_module.resolve_settings
+
+    def mixed(**kw):
+        s = resolve(**kw)
+        return s.replace(gpu_pipelines_from=1) if kw.get("images") is not None else s
+    monkeypatch.setattr(loader_module, "resolve_settings", mixed)
+    kw = dict(batch_size=16, train=False, image_size=64)
+    with fastfeed.Loader(gpu_wds, device="cuda", decoder="cpu-dali", pipelines=2, channels_last=True, **kw) as m, \
+            fastfeed.Loader(gpu_wds, device="cpu", decoder="cpu", **kw) as c:
+        gpu = m._decoders[1]
+        assert isinstance(gpu, DaliDecoder) and gpu.device.type == "cuda"
+        assert not isinstance(m._decoders[0], DaliDecoder)  # the CPU backend, normalised on the GPU (split.py)
+        n = 0
+        for (xm, ym), (xc, yc) in zip(m, c):
+            assert xm.is_cuda and xm.is_contiguous(memory_format=torch.channels_last) and xm.dtype == torch.float32
+            assert torch.equal(ym.cpu(), yc)
+            diff = (_unnormalise(xm).cpu() - _unnormalise(xc)).abs().mean().item()
+            assert diff < 2.0, f"batch {n}: mixed pool and CPU eval outputs differ by {diff:.2f}/255 on average"
+            n += 1
+        assert n == len(c) > 2

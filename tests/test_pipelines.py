@@ -13,7 +13,7 @@ import torch
 import fastfeed
 from fastfeed import pipelines as tuner_mod
 from fastfeed import sampling
-from fastfeed.decode import build_decoder
+from fastfeed.decode import build_decoder, pipeline_kind
 from fastfeed.assemble import SampleTable
 from fastfeed.epoch import EpochRun
 from fastfeed.formats import open_dataset
@@ -489,9 +489,9 @@ def test_workers_come_and_go_mid_epoch_and_the_batches_stay_the_same(parts, capl
 
     seen, built = [], []
 
-    def new_decoder():
+    def new_decoder(index):
         built.append(threading.current_thread().name)
-        return Recording(build_decoder(s), seen)
+        return Recording(build_decoder(s, index=index), seen)
 
     # one worker, then three from batch 8 (two decoders built by their workers), one again from batch 24
     def script(k):
@@ -526,7 +526,7 @@ def test_a_worker_whose_decoder_cannot_be_built_leaves_the_others_to_finish(part
     ds, s, table, ring = parts
     plan = sampling.plan_epoch(len(ds), seed=s.seed, epoch=2, world=World(), batch_size=s.batch_size, shuffle=True)
 
-    def new_decoder():
+    def new_decoder(index):
         raise RuntimeError("out of device memory")
     decoders = [build_decoder(s)]
     try:
@@ -553,7 +553,7 @@ def test_a_cpu_loader_and_a_given_pipeline_count_are_not_tuned(wds_path):
         assert L.stats()["info"]["tuning_settled"] is True  # nothing tuned: fastfeed bench need not wait
         # A run's workers build the tuner's pipelines through the same factory (EpochRun's new_decoder): each one
         # counts, so fastfeed bench sees a build inside its timed steps.
-        L._new_decoder().close()
+        L._new_decoder(1).close()
         assert L.stats()["counters"]["pipelines_built"] == 2
 
 
@@ -573,9 +573,15 @@ def test_a_gpu_loader_starts_on_one_pipeline_and_may_grow_to_one_per_four_cores(
     assert (few.pipelines, few.pipeline_floor, few.pipeline_limit, few.decode_threads) == (1, 1, 2, 2)
     given = settings_for(world=World(cpus=16), device="cuda", decoder="hybrid", num_threads="auto", pipelines=2)
     assert (given.pipelines, given.pipeline_floor, given.pipeline_limit) == (2, 2, 2)
+    assert s.gpu_pipelines_from is None and few.gpu_pipelines_from is None
     # DALI's CPU backend feeding a GPU: its two, threads split between them, and up to one per four cores when the
-    # loop waits, never fewer than two (fastfeed/settings.py says why)
+    # loop waits, never fewer than two, then one more that decodes on the GPU (fastfeed/settings.py says why)
     cpu = settings_for(world=World(cpus=16), device="cuda", decoder="cpu-dali", num_threads="auto")
-    assert (cpu.pipelines, cpu.pipeline_floor, cpu.pipeline_limit, cpu.decode_threads) == (2, 2, 4, 8)
+    assert (cpu.pipelines, cpu.pipeline_floor, cpu.pipeline_limit, cpu.decode_threads) == (2, 2, 5, 8)
+    assert [pipeline_kind(cpu, i) for i in range(5)] == ["cpu-dali"] * 4 + ["dali"]
     few = settings_for(world=World(cpus=4), device="cuda", decoder="cpu-dali", num_threads="auto")
-    assert (few.pipelines, few.pipeline_floor, few.pipeline_limit, few.decode_threads) == (2, 2, 2, 2)
+    assert (few.pipelines, few.pipeline_floor, few.pipeline_limit, few.decode_threads) == (2, 2, 3, 2)
+    assert [pipeline_kind(few, i) for i in range(3)] == ["cpu-dali", "cpu-dali", "dali"]
+    # a count the user gave is all of the kind they asked for
+    fixed = settings_for(world=World(cpus=4), device="cuda", decoder="cpu-dali", pipelines=3)
+    assert fixed.gpu_pipelines_from is None and [pipeline_kind(fixed, i) for i in range(3)] == ["cpu-dali"] * 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import fastfeed
@@ -54,6 +55,31 @@ def test_only_large_photos_are_read_by_dali_in_place_from_the_ring():
     assert settings_for(decoder="dali").pinned_input is False  # profile not known
 
 
+def test_large_photos_have_the_hardware_decoder_preallocate_for_their_size(monkeypatch):
+    """`preallocate` (settings.py): the GPU decoders of a Loader on large photos size nvJPEG's buffers at the build
+    for the table's 99th-percentile image; smaller photos, and decoders off the GPU, leave them to DALI."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+    def prealloc(pixels, size, **kw):
+        images = ImageProfile(median_pixels=pixels, cpu_decode_share=0.0, large_size=size)
+        return settings_for(world=World(cpus=16), decoder="dali", images=images, **kw).preallocate
+
+    assert prealloc(4032 * 3024, (4032, 3024), device="cuda") == (4032, 3024)
+    assert prealloc(999_999, (1200, 900), device="cuda") is None  # ImageNet-like: no gain measured
+    assert prealloc(4032 * 3024, (4032, 3024), device="cpu") is None
+
+
+def test_the_preallocated_size_is_not_set_by_one_outlier(tmp_path, pack_cli):
+    src = tmp_path / "src" / "c0"
+    src.mkdir(parents=True)
+    for i in range(100):
+        Image.new("RGB", (12, 8), (i, 0, 0)).save(src / f"s{i:03d}.jpg")
+    Image.new("RGB", (96, 64)).save(src / "huge.jpg")
+    pack_cli(tmp_path / "src", tmp_path / "wds", "--format", "wds")
+    assert open_dataset(tmp_path / "wds").image_profile().large_size == (12, 8)
+
+
 def test_dalis_cpu_backend_runs_two_pipelines_sharing_the_cores():
     """Two pipelines of half the threads each, on the CPU as for a GPU: one batch is normalised (after DALI's run,
     outside its threads) while the next is decoded (2 cores: 1.11-1.22x one pipeline of two threads)."""
@@ -76,6 +102,7 @@ def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
     profile = open_dataset(tmp_path / "wds").image_profile()
     assert profile.median_pixels == float(np.median([w * h for w, h in sizes.values()]))
     assert profile.cpu_decode_share == pytest.approx(2 / 5)  # the PNGs
+    assert profile.large_size == (100, 80)  # the 99th percentile of five: the largest
     # thumbnails (median <= CPU_DECODE_MAX_PIXELS) cropped small: DALI's CPU backend, on the CPU path too
     with fastfeed.Loader(tmp_path / "wds", batch_size=2, device="cpu", image_size=64) as L:
         assert L.settings.decoder == "cpu-dali"

@@ -11,7 +11,8 @@ Loader waits ~1 s between its constructor and the first batch, a later one 0.3 s
 process). --decoder-args adds arguments to every GPU ("mixed") DALI image decoder the process defines, as JSON; the
 values "max_w", "max_h" and "max_rgb" (the largest width, height, and width x height x 3 in the dataset's table) are
 resolved first (twenty-first session: do nvJPEG's preallocation hints or paddings sized from the table shorten the
-large photos' first run?).
+large photos' first run?); --no-preallocate runs the Loader without the hint it now sets itself for large photos.
+Each Loader's row also gives the device memory in use after its batches (the whole device's, while it is alive).
 """
 from __future__ import annotations
 
@@ -68,12 +69,14 @@ def loader_row(path, batch_size, batches, pin: bool, image_size: int = 224, prea
             n += x.shape[0]
         torch.cuda.synchronize()
         rate = n / (time.perf_counter() - t1)
+        free, total = torch.cuda.mem_get_info()
         info = loader.stats().get("info", {})
         loader.close()
     finally:
         L.PrefetchRing = original
     return {"pinned_ring": pin, "constructor_s": built, "first_batch_s": first, "images_per_s": rate,
-            "ring_pinned_reported": info.get("pinned"), "prealloc": mode, "prealloc_done_s": pre_s}
+            "ring_pinned_reported": info.get("pinned"), "prealloc": mode, "prealloc_done_s": pre_s,
+            "device_used_gib": (total - free) / 2**30, "preallocate": info.get("preallocate")}
 
 
 def patch_decoders(extra: dict, ds) -> dict:
@@ -110,6 +113,8 @@ def main() -> int:
     p.add_argument("--device-mb", type=int, default=4096)
     p.add_argument("--decoder-args", default="{}",
                    help='JSON, e.g. {"preallocate_width_hint": "max_w", "preallocate_height_hint": "max_h"}')
+    p.add_argument("--no-preallocate", action="store_true",
+                   help="the Loader's settings without `preallocate` (fastfeed/settings.py): the side before it")
     p.add_argument("--loaders", type=int, default=4, help="Loaders built one after another (pinned ring first)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -132,6 +137,12 @@ def main() -> int:
         del ring
     res["image_size"] = args.image_size
     res["decoder_args"] = patch_decoders(json.loads(args.decoder_args), ds)
+    if args.no_preallocate:
+        import fastfeed.loader as L
+
+        resolve = L.resolve_settings
+        L.resolve_settings = lambda **kw: resolve(**kw).replace(preallocate=None)
+    res["no_preallocate"] = args.no_preallocate
 
     def prealloc():
         import nvidia.dali.backend as b

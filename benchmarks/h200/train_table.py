@@ -117,6 +117,8 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
                     d["final_cpu_share"], d["climber_history"] = climber.share, climber.history
             if "pipeline_history" in snap:  # the pipeline tuner (fastfeed/pipelines.py): where it ended, and how
                 d["pipelines_now"], d["pipeline_history"] = info.get("pipelines"), snap["pipeline_history"]
+                if info.get("gpu_pipelines") is not None:  # "cpu-dali": how many of them decode on the GPU
+                    d["gpu_pipelines_now"] = info["gpu_pipelines"]
         except Exception:  # noqa: BLE001 - DaliReference etc.
             pass
     # a pipeline built inside the timed steps stalled one of them ~0.5 s (fastfeed/pipelines.py): the row reads low
@@ -130,6 +132,7 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
         f"first batch {ttfb:5.2f} s" + (f"  cpu share {d['cpu_share']:.0%}" if "cpu_share" in d else "")
         + (f" (last {d['final_cpu_share']:.0%})" if "final_cpu_share" in d else "")
         + (f"  pipelines {d['pipelines_now']}" if "pipelines_now" in d else "")
+        + (f" ({d['gpu_pipelines_now']} on the GPU)" if d.get("gpu_pipelines_now") else "")
         + (f" (+{d['pipelines_built_timed']} built in the timed steps)" if "pipelines_built_timed" in d else "")
         + (f"  warm-up {d['warmup_steps']}" if d["warmup_steps"] > (args.warmup if warmup is None else warmup) else ""))
     return d

@@ -17,9 +17,9 @@ from fastfeed.constants import (DALI_CPU_SHARE_FOR_MORE_THREADS, DEFAULT_DALI_TH
 from fastfeed.decode.base import CorruptSampleError, DecodeResult, Replaced
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, crop_windows, oriented_size
 
-__all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "DecodeResult", "Replaced",
-           "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS", "CPU_DALI_MAX_OUTPUT",
-           "HYBRID_MIN_CORES", "HYBRID_MAX_PIXELS", "ORIENTATIONS", "resolve_kind"]
+__all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "pipeline_kind",
+           "DecodeResult", "Replaced", "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS",
+           "CPU_DALI_MAX_OUTPUT", "HYBRID_MIN_CORES", "HYBRID_MAX_PIXELS", "ORIENTATIONS", "resolve_kind"]
 
 KINDS = ("auto", "dali", "hybrid", "cpu", "cpu-dali", "cpu-pil")
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
@@ -91,13 +91,13 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
                  num_threads: int = DEFAULT_DALI_THREADS, hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD,
                  on_error: str = "skip", draft: bool = False, zero_copy: bool = False,
                  orientation: str = DEFAULT_ORIENTATION, pace=None, settle: int = 0,
-                 start_share: float | None = None, pinned_input: bool = False):
+                 start_share: float | None = None, pinned_input: bool = False, preallocate=None):
     """Build a decoder. `device` is where the images go ("cuda" | "cuda:N" | "cpu"); device_id is the GPU DALI
     decodes on (the rank's local GPU). `draft` applies to cpu-pil only (see fastfeed/decode/cpu.py), zero_copy,
-    hw_decoder_load and pinned_input to dali (and hybrid's GPU part) only. hybrid: num_threads are its CPU part's
-    threads (the GPU part has DEFAULT_DALI_THREADS); `pace` is the loop's ConsumerPace its CPU share is tuned on,
-    `settle` the batches in flight when the share changes, `start_share` the share it starts at (None: one
-    process's, decode/hybrid.py). `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
+    hw_decoder_load, pinned_input and preallocate ((width, height) or None) to dali (and hybrid's GPU part) only.
+    hybrid: num_threads are its CPU part's threads (the GPU part has DEFAULT_DALI_THREADS); `pace` is the loop's
+    ConsumerPace its CPU share is tuned on, `settle` the batches in flight when the share changes, `start_share` the
+    share it starts at (None: one process's, decode/hybrid.py). `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
     docs/decode_contract.md); the windows passed in must be computed on `oriented_size(...)` under the same policy.
     Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
     import torch
@@ -114,7 +114,7 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
         from fastfeed.decode.dali import DaliDecoder
 
         return DaliDecoder(device_id=dev.index, hw_decoder_load=hw_decoder_load, zero_copy=zero_copy,
-                           pinned_input=pinned_input, **common)
+                           pinned_input=pinned_input, preallocate=preallocate, **common)
     if resolved == "hybrid":
         if dev.type != "cuda":
             raise ValueError("kind='hybrid' splits batches between the CPU and a GPU: pass device='cuda'")
@@ -124,7 +124,8 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
         # The parts raise on corrupt records; the hybrid applies on_error over the whole batch (see hybrid.py).
         parts = {**common, "on_error": "raise"}
         gpu = DaliDecoder(device_id=dev.index, hw_decoder_load=hw_decoder_load, zero_copy=zero_copy,
-                          pinned_input=pinned_input, **{**parts, "num_threads": DEFAULT_DALI_THREADS})
+                          pinned_input=pinned_input, preallocate=preallocate,
+                          **{**parts, "num_threads": DEFAULT_DALI_THREADS})
         start = START_SHARE if start_share is None else start_share
         climber = climber_for(pace, settle, start) if pace is not None else None
         return HybridDecoder(_cpu_dali_to_device(parts, dev), gpu, device=dev, climber=climber, on_error=on_error)
@@ -154,18 +155,29 @@ def _cpu_dali_to_device(common: dict, dev):
                              channels_last=common["channels_last"])
 
 
-def build_decoder(settings, *, num_threads: int | None = None, hw_decoder_load: float | None = None, pace=None):
-    """The decoder a Loader with `settings` (a fastfeed.settings.LoaderSettings) uses; the tuner overrides the two
-    knobs it measures; `pace` is the Loader's ConsumerPace (hybrid only). The one place where Loader settings become
-    decoder arguments."""
+def pipeline_kind(settings, index: int) -> str:
+    """The decoder kind of a Loader's pipeline number `index` (from 0): `settings.decoder`, but "dali" (the GPU) for
+    a "cpu-dali" Loader's pipelines from `settings.gpu_pipelines_from` on (why: fastfeed/settings.py)."""
+    start = settings.gpu_pipelines_from
+    return "dali" if start is not None and index >= start else settings.decoder
+
+
+def build_decoder(settings, *, index: int = 0, num_threads: int | None = None, hw_decoder_load: float | None = None,
+                  pace=None):
+    """The decoder of pipeline number `index` of a Loader with `settings` (a fastfeed.settings.LoaderSettings); the
+    tuner overrides the two knobs it measures; `pace` is the Loader's ConsumerPace (hybrid only). The one place where
+    Loader settings become decoder arguments."""
     dev = settings.device
+    kind = pipeline_kind(settings, index)
+    if kind != settings.decoder:  # a GPU pipeline beside CPU ones: the GPU decoder's own thread count
+        num_threads = num_threads or DEFAULT_DALI_THREADS
     return make_decoder(
-        settings.decoder, device=str(dev), device_id=dev.index or 0, image_size=settings.image_size,
+        kind, device=str(dev), device_id=dev.index or 0, image_size=settings.image_size,
         dtype=settings.dtype, channels_last=settings.channels_last, mean=settings.mean, std=settings.std,
         batch_size=settings.batch_size, num_threads=num_threads or settings.decode_threads,
         hw_decoder_load=settings.hw_decoder_load if hw_decoder_load is None else hw_decoder_load,
         on_error=settings.on_error, orientation=settings.orientation, pace=pace, settle=settings.ring_slots,
-        start_share=settings.hybrid_start_share, pinned_input=settings.pinned_input,
+        start_share=settings.hybrid_start_share, pinned_input=settings.pinned_input, preallocate=settings.preallocate,
         # JPEG draft mode (DCT-domain downscaling) only pays in train mode on large images (16-30% faster on
         # ~1,500 px photos, no change on ImageNet-sized ones); eval keeps exact torchvision parity.
         draft=settings.train)

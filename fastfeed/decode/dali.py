@@ -63,7 +63,7 @@ def dali_available() -> bool:
 
 
 def _graph(batch_size, num_threads, device_id, image_size, dtype_name, channels_last, mean, std, hw_decoder_load,
-           adjust_orientation, chroma) -> bytes:
+           adjust_orientation, chroma, preallocate=None) -> bytes:
     """The pipeline, serialized (DALI's protobuf): defined here with DALI's Python API, built by dali_capi."""
     from nvidia.dali import fn, pipeline_def, types
 
@@ -89,6 +89,8 @@ def _graph(batch_size, num_threads, device_id, image_size, dtype_name, channels_
                       jpeg_fancy_upsampling=chroma != "plain")
         if gpu:
             common["hw_decoder_load"] = float(hw_decoder_load)
+            if preallocate is not None:  # the hardware decoder's buffers for a batch this large, at the build
+                common["preallocate_width_hint"], common["preallocate_height_hint"] = (int(v) for v in preallocate)
         if chroma == "full":
             # The whole image decoded, the crop taken by resize's ROI (then in absolute coordinates): exact chroma
             # on the GPU, where nvJPEG may refuse ROI decodes with interpolated upsampling (see chroma_mode).
@@ -117,13 +119,15 @@ class DaliDecoder:
     1.5-2x faster than DALI's 0.65 on an H200), on_error ("skip" | "raise"), zero_copy (see module docstring),
     orientation ("ignore" | "exif", see the module docstring), pinned_output (CPU backend: uint8 batches in page-locked
     memory, for the asynchronous copy of decode/split.py), pinned_input (GPU: samples that are views of one
-    page-locked buffer, a ring slot, are handed to DALI as page-locked; see the module docstring).
+    page-locked buffer, a ring slot, are handed to DALI as page-locked; see the module docstring), preallocate (GPU:
+    (width, height) of the images the hardware decoder's buffers are allocated for at the build, for a whole batch;
+    None: they grow in the first runs; fastfeed/settings.py says when the Loader asks for it).
     """
 
     def __init__(self, *, device_id=0, image_size=224, dtype=None, channels_last=False, mean=None, std=None,
                  batch_size=256, num_threads=DEFAULT_DALI_THREADS, hw_decoder_load=DEFAULT_HW_DECODER_LOAD,
                  on_error="skip", zero_copy=False,
-                 orientation=DEFAULT_ORIENTATION, pinned_output=False, pinned_input=False):
+                 orientation=DEFAULT_ORIENTATION, pinned_output=False, pinned_input=False, preallocate=None):
         import torch
 
         dtype = torch.float32 if dtype is None else dtype  # what the Loader gives by default
@@ -159,7 +163,8 @@ class DaliDecoder:
         self._device_id = device_id
         self._num_threads = int(num_threads)
         self._serialized = _graph(self.batch_size, self._num_threads, device_id, self.image_size, pipe_dtype,
-                                  pipe_hwc, mean, std, hw_decoder_load, orientation == "exif", self.chroma)
+                                  pipe_hwc, mean, std, hw_decoder_load, orientation == "exif", self.chroma,
+                                  preallocate)
         # Guards the pipeline's replacement after a failed run against close() from another thread.
         self._swap, self._closed = threading.Lock(), False
         self._pipe = self._build()

@@ -232,14 +232,18 @@ class TableDataset:
         return self._sums
 
     def image_profile(self) -> ImageProfile:
-        """Median size and the share of samples the hardware JPEG decoder cannot take (`hw_decodable`; tables
-        without that column count baseline JPEGs as decodable)."""
+        """Median size, the share of samples the hardware JPEG decoder cannot take (`hw_decodable`; tables without
+        that column count baseline JPEGs as decodable) and the size at the 99th percentile of pixels."""
         pixels = np.asarray(self.widths, np.float64) * np.asarray(self.heights, np.float64)
         hw = self._table.get("hw_decodable")
         if hw is None:
             hw = np.asarray(self.jpeg_kinds) == KIND_BASELINE
         share = 1.0 - float(np.count_nonzero(hw)) / max(1, len(self))
-        return ImageProfile(median_pixels=float(np.median(pixels)) if len(pixels) else 0.0, cpu_decode_share=share)
+        if not len(pixels):
+            return ImageProfile(median_pixels=0.0, cpu_decode_share=share)
+        at = int(np.argsort(pixels, kind="stable")[min(len(pixels) - 1, int(0.99 * len(pixels)))])
+        return ImageProfile(median_pixels=float(np.median(pixels)), cpu_decode_share=share,
+                            large_size=(int(self.widths[at]), int(self.heights[at])))
 
     @property
     def orientations(self) -> np.ndarray:
