@@ -86,10 +86,12 @@ PINNED_INPUT_PIXELS = 4_000_000
 # Large photos also have the GPU decoders' hardware JPEG decoder preallocate, when the pipeline is built, for a batch
 # of images the size of the table's 99th percentile (`preallocate_width_hint`/`_height_hint`, nvJPEG's
 # nvjpegDecodeBatchedPreAllocate) instead of growing its buffers in the first batches. On an H200 (twenty-first
-# session, fresh processes, the largest width and height as the hint): the first batch of 12-MP photos 2.96-2.97 s
-# against 3.58-3.59 s, the ~2.5-MP ones 2.63-2.77 s against 2.76-2.91 s, ImageNet-like equal (2.03-2.12 against
-# 2.06-2.14 s, so smaller photos keep DALI's default). The memory is what such a batch takes anyway (batch x width x
-# height x 3 bytes per pipeline); the percentile keeps one outlier (ImageNet has a few 30-MP images) from sizing it.
+# session, fresh processes, A B B A): the first batch of 12-MP photos 3.05-3.20 s against 3.69-4.04 s, the next
+# batches 307-338 against 137-281 img/s, the device's memory in use 11.30 against 10.91 GiB; the ~2.5-MP ones
+# 2.71-2.82 s against 2.78-2.86 s (1,484-1,511 against 1,296-1,330 img/s next), +0.11 GiB. The largest width and
+# height as the hint (4032 x 4032 for a set of both orientations) did no better: 3.18 s, +0.55 GiB. ImageNet-like
+# photos started as fast either way (2.03-2.12 against 2.06-2.14 s): they keep DALI's default. The percentile keeps
+# one outlier (ImageNet has a few 30-MP images) from sizing the buffers of every pipeline.
 
 # The ring's read-ahead (encoded batches in host memory, page-locked on a GPU) may take at most this share of the
 # machine's memory, split evenly between the ranks on it. The ring is sized by the data: 12-MP photos make one batch
@@ -225,12 +227,14 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     # (twentieth session, thumbnails): the loader alone reached four, 37.2-43.0k img/s against 29.4-32.0k on a fixed
     # two; beside ResNet-18 and -50 at 64 px the loop did not wait enough for a third. With one as the floor the tuner
     # dropped to it beside ResNet-50 (8,477 against 8,986 img/s on two).
-    # Past its CPU pipelines, the tuner's next one decodes on the GPU: a rank with few cores cannot decode thumbnails
-    # as fast as a small model takes them. On an H200 under `taskset` (twenty-first session, 64-px crops): on 4 cores
-    # ResNet-18 trained at 9,164 img/s on the CPU decode, waiting 36% of its time, against 14,819 on the GPU decode
-    # and 16,589 on DALI's reader, while ResNet-50, which barely waits, trained at 7,362 against 7,171 and 6,639; on 8
-    # cores ResNet-18 trained at 15,639 against 14,554 and 16,655, waiting 1.8%. The tuner adds a pipeline only while
-    # the loop waits for data, and keeps it only when the loop goes faster.
+    # Past its CPU pipelines, the tuner's next one decodes on the GPU, for a loop that still waits for data when the
+    # CPU pipelines are at their limit (a small model, a rank with few cores). On an H200 under `taskset` (twenty-first
+    # session, thumbnails, 64-px crops): on 8 cores ResNet-18 trained at 17,244 img/s with it (3 pipelines, one on the
+    # GPU) against 15,489 on the GPU decode; the CPU decode alone 15,639 in another run. On 4 cores, ResNet-18 12,602
+    # against 9,732 on the two CPU pipelines alone (waiting 37%), the loader alone 21,402 against 9,508; ResNet-50,
+    # which barely waits, never added it. (With fewer than 8 cores `auto` now decodes thumbnails on the GPU:
+    # decode/__init__.py, THUMBNAIL_CPU_MIN_CORES.) The tuner adds a pipeline only while the loop waits for data, and
+    # keeps it only when the loop goes faster.
     dali_cpu = kind == "cpu-dali"
     dali = kind in ("dali", "hybrid", "cpu-dali")  # DALI pipelines (pillow-simd's path runs one pool per batch)
     tuned = not fixed_pipelines and dali and dev.type == "cuda"

@@ -18,8 +18,8 @@ import torch
 from PIL import Image
 
 import fastfeed
-from fastfeed.decode import (CPU_DALI_MAX_OUTPUT, CPU_DECODE_MAX_PIXELS, HYBRID_MIN_CORES, CorruptSampleError,
-                             crop_windows, make_decoder, resolve_kind)
+from fastfeed.decode import (CPU_DALI_MAX_OUTPUT, CPU_DECODE_MAX_PIXELS, HYBRID_MIN_CORES, THUMBNAIL_CPU_MIN_CORES,
+                             CorruptSampleError, crop_windows, make_decoder, resolve_kind)
 from fastfeed.decode.dali import DaliDecoder
 from fastfeed.decode.hybrid import DDP_START_SHARE, START_SHARE, STEP, HybridDecoder, ShareClimber, climber_for
 from fastfeed.pace import ConsumerPace
@@ -331,6 +331,8 @@ def test_hybrid_settings_and_errors():
 
 @pytest.mark.parametrize("pixels, png_share, cores, want", [
     (11_500, 0.0, 16, "cpu-dali"),  # thumbnails: the CPU decodes them all
+    (11_500, 0.0, THUMBNAIL_CPU_MIN_CORES, "cpu-dali"),
+    (11_500, 0.0, THUMBNAIL_CPU_MIN_CORES - 1, "dali"),  # but on too few cores to keep up with a small model
     (190_000, 0.0, 16, "hybrid"),  # ImageNet-like photos, cores to spare
     (190_000, 0.0, HYBRID_MIN_CORES - 1, "dali"),  # too few cores per rank to split
     (12_000_000, 0.0, 16, "dali"),  # 12-MP photos: the CPU is too slow to take a useful share

@@ -19,7 +19,8 @@ from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, cro
 
 __all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "pipeline_kind",
            "DecodeResult", "Replaced", "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS",
-           "CPU_DALI_MAX_OUTPUT", "HYBRID_MIN_CORES", "HYBRID_MAX_PIXELS", "ORIENTATIONS", "resolve_kind"]
+           "CPU_DALI_MAX_OUTPUT", "THUMBNAIL_CPU_MIN_CORES", "HYBRID_MIN_CORES", "HYBRID_MAX_PIXELS", "ORIENTATIONS",
+           "resolve_kind"]
 
 KINDS = ("auto", "dali", "hybrid", "cpu", "cpu-dali", "cpu-pil")
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
@@ -39,6 +40,14 @@ CPU_DEFAULT = "cpu-pil"
 # thread, grow with the output, pillow-simd's cost per image hardly does.
 CPU_DECODE_MAX_PIXELS = 128 * 128
 CPU_DALI_MAX_OUTPUT = 128
+# ... but only on a rank with THUMBNAIL_CPU_MIN_CORES cores: with fewer the CPU cannot decode thumbnails as fast as a
+# small model takes them, and the GPU decodes them. On an H200 under `taskset` (twenty-first session, 64-px crops,
+# the CPU decode with the GPU pipeline past its CPU ones, settings.py, against the GPU decode): on 4 cores ResNet-18
+# 12,602 against 15,175 img/s, ResNet-50 6,816 against 6,848, the loader alone 21,402 against 34,183; on 6 cores
+# 11,459 against 13,253, 8,210 against 8,075, 22,947 against 27,469; on 8 cores 17,244 against 15,489, 9,368 against
+# 7,754, 32,795 against 36,634; on 16 cores 15,845 against 13,873 and 10,202 against 8,208 (DALI's reader: 16,267
+# and 7,170).
+THUMBNAIL_CPU_MIN_CORES = 8
 # Above it, `auto` splits each batch between the CPU and the GPU (decoder "hybrid", decode/hybrid.py) when the rank
 # has HYBRID_MIN_CORES cores, the median image is at most HYBRID_MAX_PIXELS, and JPEGs the hardware decoder takes
 # are nearly all of the data. Measured on an H200 x2, each next to "dali" in the same run: ImageNet-like photos
@@ -59,9 +68,10 @@ def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None 
     "auto" with a CUDA device and DALI, given the dataset's `images` (a types.ImageProfile; None: not known yet)
     and this rank's cores: "cpu-dali" for thumbnails (median <= CPU_DECODE_MAX_PIXELS; per image the GPU path's fixed
     costs — launches from decoder threads of the training process — outweigh a thumbnail's decode and slow the
-    training step itself), "hybrid" for photos up to HYBRID_MAX_PIXELS on a rank with HYBRID_MIN_CORES cores, else
-    "dali". Without a CUDA device: "cpu-dali" for thumbnails cropped to at most CPU_DALI_MAX_OUTPUT px (`image_size`;
-    when DALI is installed), else CPU_DEFAULT (see the constants above for what was measured)."""
+    training step itself) on a rank with THUMBNAIL_CPU_MIN_CORES cores, "hybrid" for photos up to HYBRID_MAX_PIXELS
+    on a rank with HYBRID_MIN_CORES cores, else "dali". Without a CUDA device: "cpu-dali" for thumbnails cropped to
+    at most CPU_DALI_MAX_OUTPUT px (`image_size`; when DALI is installed), else CPU_DEFAULT (see the constants above
+    for what was measured)."""
     import torch
 
     from fastfeed.decode.dali import dali_available
@@ -78,7 +88,7 @@ def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None 
         if images is None:
             return "dali"
         if thumbnails:
-            return "cpu-dali"
+            return "cpu-dali" if (cpus_per_rank or 0) >= THUMBNAIL_CPU_MIN_CORES else "dali"
         if (cpus_per_rank or 0) >= HYBRID_MIN_CORES and images.median_pixels <= HYBRID_MAX_PIXELS \
                 and images.cpu_decode_share < DALI_CPU_SHARE_FOR_MORE_THREADS:
             return "hybrid"
@@ -97,8 +107,9 @@ def make_decoder(kind: str = "auto", *, device: str = "cuda", device_id: int = 0
     hw_decoder_load, pinned_input and preallocate ((width, height) or None) to dali (and hybrid's GPU part) only.
     hybrid: num_threads are its CPU part's threads (the GPU part has DEFAULT_DALI_THREADS); `pace` is the loop's
     ConsumerPace its CPU share is tuned on, `settle` the batches in flight when the share changes, `start_share` the
-    share it starts at (None: one process's, decode/hybrid.py). `orientation` is the EXIF policy of the decode contract ("ignore" | "exif",
-    docs/decode_contract.md); the windows passed in must be computed on `oriented_size(...)` under the same policy.
+    share it starts at (None: one process's, decode/hybrid.py). `orientation` is the EXIF policy of the decode
+    contract ("ignore" | "exif", docs/decode_contract.md); the windows passed in must be computed on
+    `oriented_size(...)` under the same policy.
     Returns an object with __call__(samples, windows) -> DecodeResult and close()."""
     import torch
 
