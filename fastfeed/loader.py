@@ -120,7 +120,7 @@ class Loader:
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI; default 1.0).
         pipelines: decoders working side by side on consecutive batches. Default on a GPU: 1 to start (2 for
             "cpu-dali", and never fewer), more while the training loop waits for data and one more makes it faster
-            (up to 4, one per 4 cores of the rank, at least 2; "cpu-dali" then one more, decoding on the GPU),
+            (up to 4, one per 4 cores of the rank, at least 2; "cpu-dali" chosen by "auto" then one more, on the GPU),
             fewer again while it barely waits and fewer are not slower (fastfeed/pipelines.py); on the CPU 1 (2 for
             "cpu-dali"). Given, it is fixed.
         on_error: "skip" replaces a bad record by another sample (counted in `stats()`, logged once per sample);

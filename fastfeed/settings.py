@@ -227,8 +227,9 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     # (twentieth session, thumbnails): the loader alone reached four, 37.2-43.0k img/s against 29.4-32.0k on a fixed
     # two; beside ResNet-18 and -50 at 64 px the loop did not wait enough for a third. With one as the floor the tuner
     # dropped to it beside ResNet-50 (8,477 against 8,986 img/s on two).
-    # Past its CPU pipelines, the tuner's next one decodes on the GPU, for a loop that still waits for data when the
-    # CPU pipelines are at their limit (a small model, a rank with few cores). On an H200 under `taskset` (twenty-first
+    # Chosen by `auto`, past its CPU pipelines the tuner's next one decodes on the GPU, for a loop that still waits for
+    # data when the CPU pipelines are at their limit (a small model, a rank with few cores); "cpu-dali" asked for by
+    # name decodes on the CPU only. On an H200 under `taskset` (twenty-first
     # session, thumbnails, 64-px crops): on 8 cores ResNet-18 trained at 17,244 img/s with it (3 pipelines, one on the
     # GPU) against 15,489 on the GPU decode; the CPU decode alone 15,639 in another run. On 4 cores, ResNet-18 12,602
     # against 9,732 on the two CPU pipelines alone (waiting 37%), the loader alone 21,402 against 9,508; ResNet-50,
@@ -244,7 +245,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         limit = max(DEFAULT_DALI_PIPELINES, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE))
         floor = DEFAULT_DALI_PIPELINES if dali_cpu else MIN_AUTO_PIPELINES
         gpu_from = None
-        if dali_cpu:  # one pipeline more, decoding on the GPU (see above)
+        if dali_cpu and decoder == "auto":  # one pipeline more, decoding on the GPU (see above)
             gpu_from, limit = limit, limit + 1
     else:
         pipelines = pipelines or (DEFAULT_DALI_PIPELINES if dali else 1)

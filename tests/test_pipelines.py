@@ -21,6 +21,7 @@ from fastfeed.pace import ConsumerPace
 from fastfeed.pipelines import PipelineTuner
 from fastfeed.ring import PrefetchRing
 from fastfeed.stats import StageStats
+from fastfeed.types import ImageProfile
 from fastfeed.world import World
 from test_epoch import settings_for
 
@@ -575,13 +576,19 @@ def test_a_gpu_loader_starts_on_one_pipeline_and_may_grow_to_one_per_four_cores(
     assert (given.pipelines, given.pipeline_floor, given.pipeline_limit) == (2, 2, 2)
     assert s.gpu_pipelines_from is None and few.gpu_pipelines_from is None
     # DALI's CPU backend feeding a GPU: its two, threads split between them, and up to one per four cores when the
-    # loop waits, never fewer than two, then one more that decodes on the GPU (fastfeed/settings.py says why)
+    # loop waits, never fewer than two (fastfeed/settings.py says why) ...
     cpu = settings_for(world=World(cpus=16), device="cuda", decoder="cpu-dali", num_threads="auto")
-    assert (cpu.pipelines, cpu.pipeline_floor, cpu.pipeline_limit, cpu.decode_threads) == (2, 2, 5, 8)
-    assert [pipeline_kind(cpu, i) for i in range(5)] == ["cpu-dali"] * 4 + ["dali"]
+    assert (cpu.pipelines, cpu.pipeline_floor, cpu.pipeline_limit, cpu.decode_threads) == (2, 2, 4, 8)
     few = settings_for(world=World(cpus=4), device="cuda", decoder="cpu-dali", num_threads="auto")
-    assert (few.pipelines, few.pipeline_floor, few.pipeline_limit, few.decode_threads) == (2, 2, 3, 2)
-    assert [pipeline_kind(few, i) for i in range(3)] == ["cpu-dali", "cpu-dali", "dali"]
+    assert (few.pipelines, few.pipeline_floor, few.pipeline_limit, few.decode_threads) == (2, 2, 2, 2)
+    # ... asked for by name, all on the CPU; chosen by "auto" (thumbnails, a rank of 8 cores or more), then one more
+    # that decodes on the GPU
+    assert cpu.gpu_pipelines_from is None and [pipeline_kind(cpu, i) for i in range(4)] == ["cpu-dali"] * 4
+    thumbs = ImageProfile(median_pixels=100 * 100, cpu_decode_share=0.0)
+    for cores, limit in ((16, 4), (8, 2)):
+        auto = settings_for(world=World(cpus=cores), device="cuda", decoder="auto", num_threads="auto", images=thumbs)
+        assert (auto.decoder, auto.pipelines, auto.pipeline_floor, auto.pipeline_limit) == ("cpu-dali", 2, 2, limit + 1)
+        assert [pipeline_kind(auto, i) for i in range(limit + 1)] == ["cpu-dali"] * limit + ["dali"]
     # a count the user gave is all of the kind they asked for
-    fixed = settings_for(world=World(cpus=4), device="cuda", decoder="cpu-dali", pipelines=3)
+    fixed = settings_for(world=World(cpus=16), device="cuda", decoder="auto", images=thumbs, pipelines=3)
     assert fixed.gpu_pipelines_from is None and [pipeline_kind(fixed, i) for i in range(3)] == ["cpu-dali"] * 3
