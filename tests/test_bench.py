@@ -396,6 +396,10 @@ def test_settings_lines_show_the_dali_settings():
              "pipeline_history": [[2, 0.02, 0.5]]}
     lines = settings_lines({"fastfeed": {"loader_stats": stats}})
     assert "num_threads=2 pipelines=3 (tuned, 1 to 4) hw_decoder_load=1.0" in lines[0]
+    # thumbnails on DALI's CPU backend whose tuner added the pipeline that decodes on the GPU
+    cpu = {**info, "decoder": "cpu-dali", "pipelines": 3, "pipeline_limit": 3, "pipeline_floor": 2, "gpu_pipelines": 1}
+    lines = settings_lines({"fastfeed": {"loader_stats": {"info": cpu, "pipeline_history": [[3, 0.02, 0.05]]}}})
+    assert "pipelines=3 (tuned, 2 to 3, 1 on the GPU)" in lines[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -81,7 +81,9 @@ def settings_lines(loaders: dict[str, dict]) -> list[str]:
         parts = [f"{k}={info[k]}" for k in keys if k in info]
         if "pipeline_history" in (r.get("loader_stats") or {}):  # the count the tuner ran last (fastfeed/pipelines.py)
             span = f"{info.get('pipeline_floor', info.get('pipelines'))} to {info.get('pipeline_limit')}"
-            parts = [p + f" (tuned, {span})" if p.startswith("pipelines=") else p
+            gpu = info.get("gpu_pipelines")  # auto's "cpu-dali": its last pipelines decode on the GPU (settings.py)
+            on_gpu = f", {gpu} on the GPU" if gpu else ""
+            parts = [p + f" (tuned, {span}{on_gpu})" if p.startswith("pipelines=") else p
                      for p in parts]
         lines.append(f"{name} settings: {' '.join(parts)}")
     return lines
