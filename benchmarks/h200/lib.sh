@@ -96,3 +96,6 @@ regime() {  # a regime table (sets.sh): $1 = set, $2 = consumers, $3 = image siz
       --dali-grid $6 --extra-ff "$7" --json $OUT/table-$1-${tag:-a}.json 2>&1 | grep -E "^\[" | quiet \
       | grep -E "img/s|could not|failed|reniced" | tail -24
 }
+bundle_out() {  # $1 = archive name: every file in $OUT packed into $OUT/$1.tar.gz (a call returns at most 8 files)
+  (cd $OUT && ls | grep -v '\.tar\.gz$' | tar -czf $1.tar.gz -T - && ls | grep -v '\.tar\.gz$' | xargs rm -f)
+}
