@@ -541,7 +541,8 @@ class Loader:
         self._stats.set_info("ring_slots", self._ring.num_slots)
         # what the decoder and thread choices were made from (settings.resolve_settings), for stats() and bench
         self._stats.set_info("images", {"median_pixels": self._images.median_pixels,
-                                        "cpu_decode_share": round(self._images.cpu_decode_share, 4)})
+                                        "cpu_decode_share": round(self._images.cpu_decode_share, 4),
+                                        "large_size": list(self._images.large_size)})
 
     def _make_plan(self, epoch: int, resume: dict | None):
         return self._planner(epoch, resume)

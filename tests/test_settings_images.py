@@ -112,5 +112,6 @@ def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
     with fastfeed.Loader(tmp_path / "wds", batch_size=2, device="cpu") as L:
         assert L.settings.decoder == "cpu-pil"  # 224 px: pillow-simd's cost hardly grows with the output, DALI's does
         info = L.stats()["info"]
-        assert info["images"] == {"median_pixels": profile.median_pixels, "cpu_decode_share": 0.4}
+        assert info["images"] == {"median_pixels": profile.median_pixels, "cpu_decode_share": 0.4,
+                                  "large_size": [100, 80]}
         assert info["ring_slots"] == L.stats()["ring"]["slots"]
