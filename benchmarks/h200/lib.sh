@@ -96,6 +96,11 @@ regime() {  # a regime table (sets.sh): $1 = set, $2 = consumers, $3 = image siz
       --dali-grid $6 --extra-ff "$7" --json $OUT/table-$1-${tag:-a}.json 2>&1 | grep -E "^\[" | quiet \
       | grep -E "img/s|could not|failed|reniced" | tail -24
 }
+thumb_table() {  # the thumbnails' table of stage45.sh on: 64-px crops, 150 steps after 30-400 of warm-up, DALI's
+                 # reader at hw 0.9 and 4 threads: $1 = consumers, $2 = --extra-ff rows, $3 = time limit (s, 400);
+                 # ROWS (default: the defaults and DALI's webdataset reader), CORES and tag as regime's
+  MAXW=400 ROWS=${ROWS-default,dali-wds} regime thumb $1 64 150 30 0.9:4 "$2" ${3:-400}
+}
 bundle_out() {  # $1 = archive name: every file in $OUT packed into $OUT/$1.tar.gz (a call returns at most 8 files)
   (cd $OUT && ls | grep -v '\.tar\.gz$' | tar -czf $1.tar.gz -T - && ls | grep -v '\.tar\.gz$' | xargs rm -f)
 }

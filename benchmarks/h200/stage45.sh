@@ -20,8 +20,7 @@ staged $K "thumb" ""
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
 thumbs() {  # $1 = JSON name, $2 = consumers, $3 = time limit (s); CORES: taskset's core list
-  MAXW=400 ROWS=default,dali-wds tag=$1-$tag regime thumb $2 64 150 30 0.9:4 \
-      'cpu-dali=dict(decoder="cpu-dali");gpu=dict(decoder="dali")' $3
+  tag=$1-$tag thumb_table $2 'cpu-dali=dict(decoder="cpu-dali");gpu=dict(decoder="dali")' $3
 }
 case $K in
 5) install_dali

@@ -22,7 +22,7 @@ tag=${TAG:-a}
 case $K in
 5) install_dali
    [ "${TESTS:-1}" = 1 ] && gpu_tests ;;
-6) MAXW=400 ROWS=default,dali-wds regime thumb none,resnet50,resnet18 64 150 30 0.9:4 'two=dict(pipelines=2)' 400 ;;
+6) thumb_table none,resnet50,resnet18 'two=dict(pipelines=2)' ;;
 7) CUDA_VISIBLE_DEVICES=0 timeout 200 python3 $T --label thumb --data $W/thumb-wds --images $W/thumb-images \
        --image-size 64 --steps 150 --warmup 30 --max-warmup 400 --consumers resnet50 --rows none \
        --extra-ff 'new=dict();two=dict(pipelines=2);two-b=dict(pipelines=2);new-b=dict()' \

@@ -19,8 +19,7 @@ staged $K "thumb" ""
 source benchmarks/h200/lib.sh
 tag=${TAG:-a}
 few_cores() {  # $1 = the cores (taskset's list), $2 = JSON name
-  CORES=$1 MAXW=400 ROWS=default,dali-wds tag=$2-$tag regime thumb none,resnet18,resnet50 64 150 30 0.9:4 \
-      'gpu=dict(decoder="dali")' 400
+  CORES=$1 tag=$2-$tag thumb_table none,resnet18,resnet50 'gpu=dict(decoder="dali")'
 }
 case $K in
 5) install_dali

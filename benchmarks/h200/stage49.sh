@@ -35,8 +35,7 @@ fb() {  # $1 = set, $2 = side (before, ours, bbox), $3 = run number, $4 = Loader
   echo " <- $1 $2 $3"
 }
 thumbs() {  # $1 = the cores (taskset's list, '' for all), $2 = JSON name, $3 = more --extra-ff rows
-  CORES=$1 MAXW=400 ROWS=default,dali-wds tag=$2-$tag regime thumb none,resnet18,resnet50 64 150 30 0.9:4 \
-      "gpu=dict(decoder=\"dali\")$3" 400
+  CORES=$1 tag=$2-$tag thumb_table none,resnet18,resnet50 "gpu=dict(decoder=\"dali\")$3"
 }
 case $K in
 5) install_dali

@@ -23,9 +23,8 @@ source benchmarks/h200/lib.sh
 tag=${TAG:-a}
 case $K in
 5) install_and_test ;;
-6) CORES=0-3 MAXW=400 ROWS=default,dali-wds tag=cores4-$tag regime thumb none,resnet18 64 150 30 0.9:4 \
-       't4=dict(num_threads=4);hw09t4=dict(hw_decoder_load=0.9, num_threads=4);p2=dict(pipelines=2)' 400 ;;
-7) CORES=0-7 MAXW=400 ROWS=default,dali-wds tag=cores8-$tag regime thumb resnet18,resnet50 64 150 30 0.9:4 \
-       'gpu=dict(decoder="dali")' 400 ;;
+6) CORES=0-3 tag=cores4-$tag thumb_table none,resnet18 \
+       't4=dict(num_threads=4);hw09t4=dict(hw_decoder_load=0.9, num_threads=4);p2=dict(pipelines=2)' ;;
+7) CORES=0-7 tag=cores8-$tag thumb_table resnet18,resnet50 'gpu=dict(decoder="dali")' ;;
 esac
 [ $K -ge 5 ] && bundle_out stage50-$K-$tag
