@@ -51,10 +51,13 @@ class EpochRun:
     how many workers decode; worker w works while w < that count and waits, holding no batch, otherwise. A worker
     past the decoders given builds its own with `new_decoder(index)` and appends it to `decoders` (the owner's list, so
     the next run has it). The count changes which thread decodes a batch, never which batch comes at a position.
+
+    ring_started: the owner already started the ring on this plan's order (a training Loader does at construction:
+    NOTE [Reading before the first iteration] in fastfeed/loader.py), so `begin()` does not start it again.
     """
 
     def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats, fetch_shards=None, pace=None,
-                 next_plan=None, tuner=None, new_decoder=None):
+                 next_plan=None, tuner=None, new_decoder=None, ring_started=False):
         self._segments: list[tuple[int, object]] = [(0, plan)]  # (first batch position, plan) per chained epoch
         self.total = plan.num_batches  # batch positions planned so far, over the chained epochs
         self._next_plan = next_plan
@@ -84,12 +87,14 @@ class EpochRun:
         self._fetch_shards = fetch_shards
         self.fetch = None
         self.pace = pace  # a ConsumerPace: told when the consumer takes each batch (fastfeed/pace.py)
+        self._ring_started = ring_started
 
     def begin(self) -> None:
         indices = self._segments[0][1].indices  # the first epoch's
         if self._fetch_shards is not None:
             self.fetch = self._fetch_shards(indices, self.stop_flag)
-        self.ring.start(np.ascontiguousarray(indices, dtype=np.int64))
+        if not self._ring_started:
+            self.ring.start(np.ascontiguousarray(indices, dtype=np.int64))
         if self.pace is not None:
             self.pace.start()
         self._start_workers()

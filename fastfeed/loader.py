@@ -59,6 +59,15 @@ A loop that breaks out of an epoch stops the run as before. Evaluation Loaders d
 comes after a training epoch, which their read-ahead would only compete with; nor do datasets at a URL (their shard
 cache follows one epoch). Workers still reading when the interpreter exits are stopped by an exit hook that runs
 before DALI's own (`lifecycle`).
+
+NOTE [Reading before the first iteration]
+A training Loader starts its ring on epoch 0's order in the constructor, before it builds the decoders, so the first
+batches are read (and the arena faulted in) while the first GPU pipeline is built (~1.8 s on an H200). The first
+iteration runs on from that read if it runs epoch 0 with no loaded state (a plain `for`, or set_epoch(0)); otherwise
+(set_epoch to another epoch, load_state_dict) the ring is started again on the right order and the early read, at most
+one ring's worth of batches, is simply dropped. 12-MP photos, whose first batch is ~1.5 GB, are where this counts
+(benchmarks/RESULTS.md, twenty-second session). Evaluation Loaders and datasets at a URL do not, for the reasons they do
+not read on.
 """
 from __future__ import annotations
 
@@ -187,7 +196,6 @@ class Loader:
         extents = self.dataset.extents()
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
         self._pace = ConsumerPace()  # the loop's pace, for decoders that size work by it (decode/hybrid.py)
-        self._decoders = self._build_decoders()
         # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
         # a CUDA process (see the NOTE on fork) touching CUDA at all fails.
         slot_bytes = auto_slot_bytes(extents.size, s.batch_size)
@@ -202,6 +210,14 @@ class Loader:
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=s.reader_threads, num_slots=slots,
                                   slot_bytes=slot_bytes, pin_memory=s.device.type == "cuda",
                                   digests=self._table.bad_checksums is not None)
+        # A training Loader's ring reads epoch 0 while the decoders are built (NOTE [Reading before the first
+        # iteration]); a failed build must not leave it reading.
+        self._primed = self._prime()
+        try:
+            self._decoders = self._build_decoders()
+        except BaseException:
+            self._ring.close()
+            raise
         # How many pipelines decode, tuned on the loop (fastfeed/pipelines.py); None: settings.pipelines, always.
         limit = s.pipeline_limit_within(slots)
         self._tuner = PipelineTuner(self._pace, start=s.pipelines, limit=limit, settle=slots,
@@ -348,7 +364,11 @@ class Loader:
             return run, True
         if run is not None:
             self._stop_run(run)
-        self._plan = self._make_plan(self._epoch, self._pending_resume)
+        primed, self._primed = self._primed, None  # the ring runs on from it only at the first run
+        if primed is not None and primed.epoch == self._epoch and self._pending_resume is None:
+            self._plan = primed
+        else:
+            self._plan = self._make_plan(self._epoch, self._pending_resume)
         self._pending_resume = None
         if self._decoders is None:  # the last run could not free them: see the NOTE
             self._decoders = self._build_decoders()
@@ -359,7 +379,8 @@ class Loader:
         chain = (lambda epoch: planner(epoch + 1, None)) if self.settings.train and fetch is None else None
         self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
                                 table=self._table, stats=self._stats, fetch_shards=fetch, pace=self._pace,
-                                next_plan=chain, tuner=self._tuner, new_decoder=self._new_decoder)
+                                next_plan=chain, tuner=self._tuner, new_decoder=self._new_decoder,
+                                ring_started=self._plan is primed)
         return self._active, False
 
     def _stop_active(self) -> None:
@@ -522,6 +543,14 @@ class Loader:
             stats.add("pipelines_built")
             return decoder
         return new
+
+    def _prime(self):
+        """Start the ring on epoch 0 (NOTE [Reading before the first iteration]); the plan it reads, or None."""
+        if not self.settings.train or getattr(self.dataset, "fetch", None) == "on_demand":
+            return None
+        plan = self._make_plan(0, None)
+        self._ring.start(np.ascontiguousarray(plan.indices, dtype=np.int64))
+        return plan
 
     def _fetch_shards(self):
         """For a dataset at a URL: what keeps the ring's read-ahead window in the local cache; None for a folder."""

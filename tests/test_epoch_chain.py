@@ -1,10 +1,12 @@
 """A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch] in fastfeed/loader.py):
 what it read ahead is exactly what a fresh Loader gives for that epoch, and whatever asks for another epoch or
-state gets that instead. Real packed data from conftest.py (160 demo JPEGs), the CPU path."""
+state gets that instead. So does its first read, started at construction (NOTE [Reading before the first
+iteration]). Real packed data from conftest.py (160 demo JPEGs), the CPU path."""
 from __future__ import annotations
 
 import subprocess
 import sys
+import os
 import textwrap
 import threading
 import time
@@ -66,6 +68,72 @@ def test_a_state_loaded_after_an_epoch_replaces_what_was_read_on(wds_path):
         wait_for_read_on(loader, consumed=len(loader))
         loader.load_state_dict(state)
         assert_same_batches(collect(loader), rest)
+
+
+def wait_for_a_read(loader, timeout: float = 30.0) -> int:
+    """The ring's bytes read, once there are some (or 0 after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = loader.stats()["ring"]["bytes_read"]
+        if done > 0:
+            return done
+        time.sleep(0.02)
+    return 0
+
+
+def count_ring_starts(loader) -> list:
+    """Replaces the Loader's ring.start with one that records its calls (the orders' lengths)."""
+    calls, start = [], loader._ring.start
+
+    def counted(order):
+        calls.append(len(order))
+        return start(order)
+
+    loader._ring.start = counted
+    return calls
+
+
+def test_a_training_loader_reads_epoch_0_before_its_first_iteration(wds_path):
+    with make_loader(wds_path, train=False) as evaluation, make_loader(wds_path) as loader:
+        assert wait_for_a_read(loader) > 0  # constructed, never iterated
+        assert evaluation.stats()["ring"]["bytes_read"] == 0  # built first, and still nothing read
+        starts = count_ring_starts(loader)
+        primed = collect(loader)
+        assert starts == [], "the first iteration started the ring again instead of running on from its read"
+    with make_loader(wds_path) as ref:
+        starts = count_ring_starts(ref)
+        ref.set_epoch(1)
+        collect(ref, limit=1)  # epoch 1 first: what was read for epoch 0 is dropped
+        ref.set_epoch(0)
+        assert_same_batches(primed, collect(ref))
+        assert len(starts) == 2
+
+
+def test_a_state_loaded_before_the_first_iteration_replaces_the_early_read(wds_path):
+    with make_loader(wds_path) as ref:
+        it = iter(ref)
+        for _ in range(3):
+            next(it)
+        state = ref.state_dict()  # epoch 0 after 3 batches
+        rest = [(x.clone(), y.clone()) for x, y in it]
+    with make_loader(wds_path) as loader:
+        assert wait_for_a_read(loader) > 0
+        loader.load_state_dict(state)
+        assert_same_batches(collect(loader), rest)
+
+
+def test_a_failed_decoder_build_leaves_no_ring_reading(wds_path, monkeypatch):
+    import fastfeed.loader
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no decoder today")
+
+    threads = len(os.listdir("/proc/self/task"))
+    monkeypatch.setattr(fastfeed.loader, "build_decoder", broken)
+    with pytest.raises(RuntimeError, match="no decoder today") as failed:
+        make_loader(wds_path, reader_threads=3)
+    # The traceback (still held here) keeps the half-built Loader and its ring alive: their threads must be gone.
+    assert failed.value is not None and len(os.listdir("/proc/self/task")) == threads
 
 
 def test_an_epoch_left_early_is_not_read_on_from(wds_path):

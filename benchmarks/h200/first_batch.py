@@ -11,7 +11,9 @@ Loader waits ~1 s between its constructor and the first batch, a later one 0.3 s
 process). --decoder-args adds arguments to every GPU ("mixed") DALI image decoder the process defines, as JSON; the
 values "max_w", "max_h" and "max_rgb" (the largest width, height, and width x height x 3 in the dataset's table) are
 resolved first (twenty-first session: do nvJPEG's preallocation hints or paddings sized from the table shorten the
-large photos' first run?); --no-preallocate runs the Loader without the hint it now sets itself for large photos.
+large photos' first run?); --no-preallocate runs the Loader without the hint it now sets itself for large photos;
+--no-prime without the ring's read of epoch 0 during the decoders' build (twenty-second session: the 12-MP photos'
+first batch is ~1.5 GB, read only once the constructor had built the first GPU pipeline, ~1.8 s).
 Each Loader's row also gives the device memory in use after its batches (the whole device's, while it is alive).
 """
 from __future__ import annotations
@@ -115,6 +117,9 @@ def main() -> int:
                    help='JSON, e.g. {"preallocate_width_hint": "max_w", "preallocate_height_hint": "max_h"}')
     p.add_argument("--no-preallocate", action="store_true",
                    help="the Loader's settings without `preallocate` (fastfeed/settings.py): the side before it")
+    p.add_argument("--no-prime", action="store_true",
+                   help="the Loader's ring started at the first iteration, as before NOTE [Reading before the first "
+                        "iteration] (fastfeed/loader.py): the side before it")
     p.add_argument("--loaders", type=int, default=4, help="Loaders built one after another (pinned ring first)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -143,6 +148,11 @@ def main() -> int:
         resolve = L.resolve_settings
         L.resolve_settings = lambda **kw: resolve(**kw).replace(preallocate=None)
     res["no_preallocate"] = args.no_preallocate
+    if args.no_prime:
+        import fastfeed.loader as L
+
+        L.Loader._prime = lambda self: None
+    res["no_prime"] = args.no_prime
 
     def prealloc():
         import nvidia.dali.backend as b
