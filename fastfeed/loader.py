@@ -33,7 +33,8 @@ waits and fewer are not slower; the two take turns (`ConsumerPace.claim`). A wor
 nothing; one beyond the decoders built builds its own, kept for later runs. The ring is sized for the most the tuner
 may run. Which thread decodes a batch never changes which batch comes at a position.
 Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
-first `next()`, so frameworks that call `iter()` to probe the object change nothing.
+first `next()`, so frameworks that call `iter()` to probe the object change nothing (a training Loader's ring has
+been reading epoch 0 since the constructor: NOTE [Reading before the first iteration]).
 Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
 consumer leaving the loop early (break, exception, Ctrl-C, garbage collection of the generator) sets the flag,
 joins the workers (bounded) and drops undelivered results; the next iteration restarts the ring cleanly. A worker
