@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import os
 import textwrap
 import threading
 import time
@@ -55,14 +54,18 @@ def test_set_epoch_to_the_next_epoch_continues_and_to_another_gets_that_one(wds_
         assert_same_batches(collect(loader), fresh_epoch(wds_path, 5))
 
 
-def test_a_state_loaded_after_an_epoch_replaces_what_was_read_on(wds_path):
-    with make_loader(wds_path) as ref:
-        ref.set_epoch(1)
+def state_and_rest(path, epoch: int, taken: int = 3):
+    """A Loader's state after `taken` batches of `epoch`, and the batches that follow them."""
+    with make_loader(path) as ref:
+        ref.set_epoch(epoch)
         it = iter(ref)
-        for _ in range(3):
+        for _ in range(taken):
             next(it)
-        state = ref.state_dict()  # epoch 1 after 3 batches
-        rest = [(x.clone(), y.clone()) for x, y in it]
+        return ref.state_dict(), [(x.clone(), y.clone()) for x, y in it]
+
+
+def test_a_state_loaded_after_an_epoch_replaces_what_was_read_on(wds_path):
+    state, rest = state_and_rest(wds_path, epoch=1)
     with make_loader(wds_path) as loader:
         collect(loader)
         wait_for_read_on(loader, consumed=len(loader))
@@ -110,30 +113,33 @@ def test_a_training_loader_reads_epoch_0_before_its_first_iteration(wds_path):
 
 
 def test_a_state_loaded_before_the_first_iteration_replaces_the_early_read(wds_path):
-    with make_loader(wds_path) as ref:
-        it = iter(ref)
-        for _ in range(3):
-            next(it)
-        state = ref.state_dict()  # epoch 0 after 3 batches
-        rest = [(x.clone(), y.clone()) for x, y in it]
+    state, rest = state_and_rest(wds_path, epoch=0)
     with make_loader(wds_path) as loader:
         assert wait_for_a_read(loader) > 0
         loader.load_state_dict(state)
         assert_same_batches(collect(loader), rest)
 
 
-def test_a_failed_decoder_build_leaves_no_ring_reading(wds_path, monkeypatch):
+def test_a_failed_decoder_build_closes_the_ring_it_started(wds_path, monkeypatch):
     import fastfeed.loader
+    from fastfeed.ring import PrefetchRing, RingClosedError
+
+    rings = []  # held here, so only the Loader's own close() can have closed it
+
+    def recorded(*args, **kwargs):
+        rings.append(PrefetchRing(*args, **kwargs))
+        return rings[-1]
 
     def broken(*args, **kwargs):
         raise RuntimeError("no decoder today")
 
-    threads = len(os.listdir("/proc/self/task"))
+    monkeypatch.setattr(fastfeed.loader, "PrefetchRing", recorded)
     monkeypatch.setattr(fastfeed.loader, "build_decoder", broken)
-    with pytest.raises(RuntimeError, match="no decoder today") as failed:
-        make_loader(wds_path, reader_threads=3)
-    # The traceback (still held here) keeps the half-built Loader and its ring alive: their threads must be gone.
-    assert failed.value is not None and len(os.listdir("/proc/self/task")) == threads
+    with pytest.raises(RuntimeError, match="no decoder today"):
+        make_loader(wds_path)
+    assert len(rings) == 1
+    with pytest.raises(RingClosedError):
+        rings[0].next_batch(timeout=0)
 
 
 def test_an_epoch_left_early_is_not_read_on_from(wds_path):
