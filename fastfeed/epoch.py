@@ -52,8 +52,8 @@ class EpochRun:
     past the decoders given builds its own with `new_decoder(index)` and appends it to `decoders` (the owner's list, so
     the next run has it). The count changes which thread decodes a batch, never which batch comes at a position.
 
-    ring_started: the owner already started the ring on this plan's order (a training Loader does in its constructor:
-    NOTE [Starting before the first iteration] in fastfeed/loader.py), so `begin()` does not start it again.
+    ring_started: the owner already started the ring on this plan's order (a training Loader does at construction:
+    NOTE [Reading before the first iteration] in fastfeed/loader.py), so `begin()` does not start it again.
     """
 
     def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats, fetch_shards=None, pace=None,

@@ -34,20 +34,41 @@ nothing; one beyond the decoders built builds its own, kept for later runs. The 
 may run. Which thread decodes a batch never changes which batch comes at a position.
 Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
 first `next()`, so frameworks that call `iter()` to probe the object change nothing (a training Loader's ring has
-been reading epoch 0 since the constructor: NOTE [Starting before the first iteration]
-A training Loader starts epoch 0 in its constructor. Its ring starts on epoch 0's order before the decoders are built,
-so the first batches are read (and the arena faulted in) during the first GPU pipeline's build (~1.8 s on an H200).
-Once the decoders are built, the epoch's run starts and is parked, as an epoch read on into is (NOTE [Reading on into
-the next epoch]): its workers decode the first batches, within the usual window, while the script goes on (builds its
-model, wraps it, loads a checkpoint). The first iteration continues that run if it runs epoch 0 with no loaded state
-(a plain `for`, or set_epoch(0)); otherwise (set_epoch to another epoch, load_state_dict) the run is stopped as a
-parked one is (a batch inside a decoder finishes first) and the ring starts again on the right order. Measured:
-reading during the build brought 12-MP photos' first batch, with nothing between the constructor and the loop, to
-2.93-3.04 s from 3.26-3.57 s (~2.5-MP photos ~0.1 s sooner, ImageNet-like ~0.03 s; benchmarks/RESULTS.md,
-twenty-second session); decoding before the loop asks takes the first run (~1.1 s for 12-MP photos on an H200) off
-the first step of a script that does anything in between (benchmarks/bench_first_step.py). The cost: the decoded
-window's memory is taken at construction instead of at the first batch. Evaluation Loaders and datasets at a URL
-start at their first iteration, for the reasons they do not read on.
+been reading epoch 0 since the constructor: NOTE [Reading before the first iteration]).
+Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
+consumer leaving the loop early (break, exception, Ctrl-C, garbage collection of the generator) sets the flag,
+joins the workers (bounded) and drops undelivered results; the next iteration restarts the ring cleanly. A worker
+that did not end within the bound may still hold its decoder: the Loader then builds new decoders for the next
+iteration instead of sharing one between two threads (the abandoned ones are left to that thread).
+An error in a worker travels to the consumer wrapped with where it happened and is raised at the batch that hit
+it. Fork and interpreter exit: `lifecycle` (a forked child's copy of a Loader refuses to iterate; every live Loader is
+closed before DALI's own exit hook runs).
+
+NOTE [Reading on into the next epoch]
+A training Loader does not stop at the end of an epoch. Once the ring's read-ahead (its slots) reaches the end of
+epoch e, the run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and queues its order in
+the ring behind e's (`PrefetchRing.extend`: batch numbers, and so slots, count on), so the ring reads e + 1's first
+batches into the slots e's batches free and the workers decode them as they would e's next batch. Positions count on
+across epochs. When the loop has taken all of e, the run is parked; the next iteration continues it if it runs exactly
+epoch e + 1 with no loaded state (a plain `for` again, or set_epoch(e + 1)), else the parked run is stopped and a new
+one starts (set_epoch to another epoch, load_state_dict, close). So an epoch boundary costs the loop nothing. Twice it
+did: first the ring started the next epoch only when the loop asked for it, and the first steps of every epoch waited
+for a read and a decode (ResNet-18 on an H200, 20k photos: ~50 ms per boundary, 2.6% of the throughput); then the ring
+started it only once the workers had released every batch of e (it numbered each epoch's batches from 0, into slots
+e's batches might hold), so the pipelines drained at every boundary (benchmarks/RESULTS.md, fourteenth session).
+A loop that breaks out of an epoch stops the run as before. Evaluation Loaders do not read on: their next pass usually
+comes after a training epoch, which their read-ahead would only compete with; nor do datasets at a URL (their shard
+cache follows one epoch). Workers still reading when the interpreter exits are stopped by an exit hook that runs
+before DALI's own (`lifecycle`).
+
+NOTE [Reading before the first iteration]
+A training Loader starts its ring on epoch 0's order in the constructor, before it builds the decoders, so the first
+batches are read (and the arena faulted in) while the first GPU pipeline is built (~1.8 s on an H200). The first
+iteration runs on from that read if it runs epoch 0 with no loaded state (a plain `for`, or set_epoch(0)); otherwise
+(set_epoch to another epoch, load_state_dict) the ring is started again on the right order and the early read, at most
+one ring's worth of batches, is simply dropped. 12-MP photos, whose first batch is ~1.5 GB, are where this counts:
+it came in 2.93-3.04 s against 3.26-3.57 s (~2.5-MP photos ~0.1 s sooner, ImageNet-like ~0.03 s; benchmarks/RESULTS.md,
+twenty-second session). Evaluation Loaders and datasets at a URL do not, for the reasons they do not read on.
 """
 from __future__ import annotations
 
@@ -190,11 +211,9 @@ class Loader:
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=s.reader_threads, num_slots=slots,
                                   slot_bytes=slot_bytes, pin_memory=s.device.type == "cuda",
                                   digests=self._table.bad_checksums is not None)
-        # A training Loader's ring reads epoch 0 while the decoders are built, and its decoders start on it once built
-        # (NOTE [Starting before the first iteration]); a failed build must not leave the ring reading.
-        first = self._first_plan()
-        if first is not None:
-            self._ring.start(np.ascontiguousarray(first.indices, dtype=np.int64))
+        # A training Loader's ring reads epoch 0 while the decoders are built (NOTE [Reading before the first
+        # iteration]); a failed build must not leave it reading.
+        self._primed = self._prime()
         try:
             self._decoders = self._build_decoders()
         except BaseException:
@@ -221,9 +240,6 @@ class Loader:
         self.batch_sampler = None  # batching happens inside; Lightning reads the attribute of every loader
         self._closed = False
         lifecycle.track(self)
-        if first is not None:  # parked like an epoch read on into: the first iteration continues it (NOTE)
-            self._parked = self._new_run(first, ring_started=True)
-            self._parked.begin()
 
     # ------------------------------------------------------------------ DataLoader-like surface
     @property
@@ -349,22 +365,24 @@ class Loader:
             return run, True
         if run is not None:
             self._stop_run(run)
-        self._plan = self._make_plan(self._epoch, self._pending_resume)
+        primed, self._primed = self._primed, None  # the ring runs on from it only at the first run
+        if primed is not None and primed.epoch == self._epoch and self._pending_resume is None:
+            self._plan = primed
+        else:
+            self._plan = self._make_plan(self._epoch, self._pending_resume)
         self._pending_resume = None
         if self._decoders is None:  # the last run could not free them: see the NOTE
             self._decoders = self._build_decoders()
-        self._active = self._new_run(self._plan)
-        return self._active, False
-
-    def _new_run(self, plan, ring_started: bool = False) -> EpochRun:
         fetch = self._fetch_shards()
         # A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch]); not for a dataset
         # at a URL, whose shard cache follows one epoch's order (remote/epoch.py).
         planner = self._planner
         chain = (lambda epoch: planner(epoch + 1, None)) if self.settings.train and fetch is None else None
-        return EpochRun(plan, ring=self._ring, decoders=self._decoders, settings=self.settings, table=self._table,
-                        stats=self._stats, fetch_shards=fetch, pace=self._pace, next_plan=chain, tuner=self._tuner,
-                        new_decoder=self._new_decoder, ring_started=ring_started)
+        self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
+                                table=self._table, stats=self._stats, fetch_shards=fetch, pace=self._pace,
+                                next_plan=chain, tuner=self._tuner, new_decoder=self._new_decoder,
+                                ring_started=self._plan is primed)
+        return self._active, False
 
     def _stop_active(self) -> None:
         run, self._active = self._active, None
@@ -527,12 +545,13 @@ class Loader:
             return decoder
         return new
 
-    def _first_plan(self):
-        """Epoch 0's plan when this Loader starts it in the constructor (NOTE [Starting before the first
-        iteration]), else None."""
+    def _prime(self):
+        """Start the ring on epoch 0 (NOTE [Reading before the first iteration]); the plan it reads, or None."""
         if not self.settings.train or getattr(self.dataset, "fetch", None) == "on_demand":
             return None
-        return self._make_plan(0, None)
+        plan = self._make_plan(0, None)
+        self._ring.start(np.ascontiguousarray(plan.indices, dtype=np.int64))
+        return plan
 
     def _fetch_shards(self):
         """For a dataset at a URL: what keeps the ring's read-ahead window in the local cache; None for a folder."""

@@ -12,8 +12,8 @@ process). --decoder-args adds arguments to every GPU ("mixed") DALI image decode
 values "max_w", "max_h" and "max_rgb" (the largest width, height, and width x height x 3 in the dataset's table) are
 resolved first (twenty-first session: do nvJPEG's preallocation hints or paddings sized from the table shorten the
 large photos' first run?); --no-preallocate runs the Loader without the hint it now sets itself for large photos;
---no-prime without epoch 0 started in the constructor (twenty-second session: the 12-MP photos' first batch is
-~1.5 GB, read only once the constructor had built the first GPU pipeline, ~1.8 s).
+--no-prime without the ring's read of epoch 0 during the decoders' build (twenty-second session: the 12-MP photos'
+first batch is ~1.5 GB, read only once the constructor had built the first GPU pipeline, ~1.8 s).
 Each Loader's row also gives the device memory in use after its batches (the whole device's, while it is alive).
 """
 from __future__ import annotations
@@ -118,8 +118,8 @@ def main() -> int:
     p.add_argument("--no-preallocate", action="store_true",
                    help="the Loader's settings without `preallocate` (fastfeed/settings.py): the side before it")
     p.add_argument("--no-prime", action="store_true",
-                   help="the Loader's first epoch started at the first iteration, as before NOTE [Starting before the "
-                        "first iteration] (fastfeed/loader.py): the side before it")
+                   help="the Loader's ring started at the first iteration, as before NOTE [Reading before the first "
+                        "iteration] (fastfeed/loader.py): the side before it")
     p.add_argument("--loaders", type=int, default=4, help="Loaders built one after another (pinned ring first)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -151,7 +151,7 @@ def main() -> int:
     if args.no_prime:
         import fastfeed.loader as L
 
-        L.Loader._first_plan = lambda self: None
+        L.Loader._prime = lambda self: None
     res["no_prime"] = args.no_prime
 
     def prealloc():
