@@ -7,6 +7,8 @@
 #   bash benchmarks/h200/stage52.sh K     K = 1..4: staging as stage31.sh (SETS2, SETS3 default: none)
 #                                          5: DALI and Lightning installed; the GPU tests unless TESTS=0
 #                                          6: ResNet-18, four processes; 7: ResNet-50, four processes
+#                                          8: bench_first_step.py on the DALI path (ResNet-50, batch 256): the
+#                                             defaults, nothing before the first next(), decoding before it too
 # TAG names the JSON. Carry per call: K=1 [.carry/p1, .carry/x], K=2..4 [.carry/pK],
 # K=5 [.carry/p5, .carry/x2, .carry/fw], K=6.. []. Each step from 5 packs $OUT into one archive (bundle_out, lib.sh).
 set -uo pipefail
@@ -27,5 +29,7 @@ case $K in
 5) install_and_test ;;
 6) alternate resnet18 ;;
 7) alternate resnet50 ;;
+8) CUDA_VISIBLE_DEVICES=0 timeout 300 python3 benchmarks/bench_first_step.py $W/base-wds --device cuda \
+       --model resnet50 --batch 256 --rounds 2 --json $OUT/first-step-$tag.json 2>&1 | quiet | tail -14 ;;
 esac
 [ $K -ge 5 ] && bundle_out stage52-$K-$tag
