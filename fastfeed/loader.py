@@ -374,10 +374,9 @@ class Loader:
         if self._decoders is None:  # the last run could not free them: see the NOTE
             self._decoders = self._build_decoders()
         fetch = self._fetch_shards()
-        # A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch]); not for a dataset
-        # at a URL, whose shard cache follows one epoch's order (remote/epoch.py).
+        # A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch]).
         planner = self._planner
-        chain = (lambda epoch: planner(epoch + 1, None)) if self.settings.train and fetch is None else None
+        chain = (lambda epoch: planner(epoch + 1, None)) if self._reads_ahead else None
         self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
                                 table=self._table, stats=self._stats, fetch_shards=fetch, pace=self._pace,
                                 next_plan=chain, tuner=self._tuner, new_decoder=self._new_decoder,
@@ -545,9 +544,22 @@ class Loader:
             return decoder
         return new
 
+    @property
+    def _fetched_per_epoch(self) -> bool:
+        """A dataset at a URL: each epoch makes its shards local (remote.epoch_fetch)."""
+        return getattr(self.dataset, "fetch", None) == "on_demand"
+
+    @property
+    def _reads_ahead(self) -> bool:
+        """Whether the ring reads beyond the epochs the loop asked for: epoch 0 from the constructor and the next
+        epoch at the end of each (the two NOTEs on reading). A training Loader over local data only: an evaluation
+        pass's read-ahead would compete with the training it follows, and a dataset at a URL keeps in its shard cache
+        only the epoch it runs (remote/epoch.py)."""
+        return self.settings.train and not self._fetched_per_epoch
+
     def _prime(self):
         """Start the ring on epoch 0 (NOTE [Reading before the first iteration]); the plan it reads, or None."""
-        if not self.settings.train or getattr(self.dataset, "fetch", None) == "on_demand":
+        if not self._reads_ahead:
             return None
         plan = self._make_plan(0, None)
         self._ring.start(np.ascontiguousarray(plan.indices, dtype=np.int64))
@@ -555,7 +567,7 @@ class Loader:
 
     def _fetch_shards(self):
         """For a dataset at a URL: what keeps the ring's read-ahead window in the local cache; None for a folder."""
-        if getattr(self.dataset, "fetch", None) != "on_demand":
+        if not self._fetched_per_epoch:
             return None
         from fastfeed.remote import epoch_fetch
 

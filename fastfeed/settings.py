@@ -229,13 +229,12 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     # dropped to it beside ResNet-50 (8,477 against 8,986 img/s on two).
     # Chosen by `auto`, past its CPU pipelines the tuner's next one decodes on the GPU, for a loop that still waits for
     # data when the CPU pipelines are at their limit (a small model, a rank with few cores); "cpu-dali" asked for by
-    # name decodes on the CPU only. On an H200 under `taskset` (twenty-first
-    # session, thumbnails, 64-px crops): on 8 cores ResNet-18 trained at 17,244 img/s with it (3 pipelines, one on the
-    # GPU) against 15,489 on the GPU decode; the CPU decode alone 15,639 in another run. On 4 cores, ResNet-18 12,602
-    # against 9,732 on the two CPU pipelines alone (waiting 37%), the loader alone 21,402 against 9,508; ResNet-50,
-    # which barely waits, never added it. (With fewer than 8 cores `auto` now decodes thumbnails on the GPU:
-    # decode/__init__.py, THUMBNAIL_CPU_MIN_CORES.) The tuner adds a pipeline only while the loop waits for data, and
-    # keeps it only when the loop goes faster.
+    # name decodes on the CPU only. On an H200 under `taskset` (twenty-first session, thumbnails, 64-px crops): on 8
+    # cores ResNet-18 trained at 17,244 img/s with it (3 pipelines, one on the GPU) against 15,489 on the GPU decode;
+    # the CPU decode alone 15,639 in another run. On 4 cores, ResNet-18 12,602 against 9,732 on the two CPU pipelines
+    # alone (waiting 37%), the loader alone 21,402 against 9,508; ResNet-50, which barely waits, never added it. (With
+    # fewer than 8 cores `auto` now decodes thumbnails on the GPU: decode/__init__.py, THUMBNAIL_CPU_MIN_CORES.) The
+    # tuner adds a pipeline only while the loop waits for data, and keeps it only when the loop goes faster.
     dali_cpu = kind == "cpu-dali"
     dali = kind in ("dali", "hybrid", "cpu-dali")  # DALI pipelines (pillow-simd's path runs one pool per batch)
     tuned = not fixed_pipelines and dali and dev.type == "cuda"
