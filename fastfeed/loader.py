@@ -69,6 +69,15 @@ iteration runs on from that read if it runs epoch 0 with no loaded state (a plai
 one ring's worth of batches, is simply dropped. 12-MP photos, whose first batch is ~1.5 GB, are where this counts:
 it came in 2.93-3.04 s against 3.26-3.57 s (~2.5-MP photos ~0.1 s sooner, ImageNet-like ~0.03 s; benchmarks/RESULTS.md,
 twenty-second session). Evaluation Loaders and datasets at a URL do not, for the reasons they do not read on.
+With decoders on the GPU ("dali", "hybrid") the constructor also starts epoch 0's run once they are built, and parks it
+as an epoch read on into is (NOTE [Reading on into the next epoch]): the first batches are decoded, within the usual
+window, while the script builds its model, and the first iteration continues that run under the same rule (another
+epoch or a loaded state stops it; a batch inside a decoder finishes first). On an H200 (ImageNet-like photos, ResNet-50,
+batch 256, fresh processes) a script's first batch came 0.28 s sooner (2.35-2.75 s against 2.58-3.01) and its first
+step 0.32 s sooner, the model's build no slower (benchmarks/RESULTS.md, twenty-third session). Not with CPU decoders:
+their threads compete with the script for the cores and, on fastfeed's own path, the GIL (the model's build took
+0.7-1.0 s longer on the H200's host and the first batch came no sooner; on a 2-core machine the first batch came 0.2 s
+later: benchmarks/bench_first_step.py, twenty-second and twenty-third sessions).
 """
 from __future__ import annotations
 
@@ -82,7 +91,7 @@ import torch
 from fastfeed import lifecycle, sampling
 from fastfeed.compat import AccelerateState, EpochSampler, seeded_call
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
-from fastfeed.decode import build_decoder, oriented_size
+from fastfeed.decode import GPU_DECODERS, build_decoder, oriented_size
 from fastfeed.decode.crop import DEFAULT_ORIENTATION
 from fastfeed.assemble import LoaderError, SampleTable
 from fastfeed.epoch import EpochRun
@@ -240,6 +249,8 @@ class Loader:
         self.batch_sampler = None  # batching happens inside; Lightning reads the attribute of every loader
         self._closed = False
         lifecycle.track(self)
+        if self._decodes_early:
+            self._start_first_epoch()
 
     # ------------------------------------------------------------------ DataLoader-like surface
     @property
@@ -556,6 +567,22 @@ class Loader:
         pass's read-ahead would compete with the training it follows, and a dataset at a URL keeps in its shard cache
         only the epoch it runs (remote/epoch.py)."""
         return self.settings.train and not self._fetched_per_epoch
+
+    @property
+    def _decodes_early(self) -> bool:
+        """Whether the constructor starts epoch 0's decode too (NOTE [Reading before the first iteration]): when
+        the ring reads early and the decoders are on the GPU."""
+        return self._primed is not None and self.settings.decoder in GPU_DECODERS
+
+    def _start_first_epoch(self) -> None:
+        """Epoch 0's run started and parked, so that the first iteration continues it (the NOTE)."""
+        run, _ = self._begin_epoch()
+        self._active, self._parked, self._iterated = None, run, False  # no iteration has begun yet
+        try:
+            run.begin()
+        except BaseException:
+            self.close()
+            raise
 
     def _prime(self):
         """Start the ring on epoch 0 (NOTE [Reading before the first iteration]); the plan it reads, or None."""

@@ -26,7 +26,7 @@ def wait_for_read_on(loader, consumed: int, timeout: float = 30.0) -> int:
     """Batches decoded beyond the `consumed` ones, once there is at least one (the run read on)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ahead = loader.stats()["counters"]["batches"] - consumed
+        ahead = loader.stats()["counters"].get("batches", 0) - consumed
         if ahead > 0:
             return ahead
         time.sleep(0.02)
@@ -118,6 +118,49 @@ def test_a_state_loaded_before_the_first_iteration_replaces_the_early_read(wds_p
         assert wait_for_a_read(loader) > 0
         loader.load_state_dict(state)
         assert_same_batches(collect(loader), rest)
+
+
+def test_a_cpu_decoder_decodes_nothing_before_the_first_iteration(wds_path):
+    with make_loader(wds_path) as loader:
+        assert loader._parked is None and wait_for_a_read(loader) > 0
+        time.sleep(0.3)  # what the workers of a started run decode in that time: at least one batch of 16
+        assert loader.stats()["counters"].get("batches", 0) == 0
+
+
+@pytest.fixture
+def decodes_early(monkeypatch):
+    """Loaders built while this is active start epoch 0's decode in the constructor, as a GPU decoder's do (NOTE
+    [Reading before the first iteration]): the mechanism, run on the CPU path here (tests/test_gpu.py runs it as is)."""
+    from fastfeed.loader import Loader
+
+    monkeypatch.setattr(Loader, "_decodes_early", property(lambda self: self._primed is not None))
+
+
+def test_decoding_before_the_first_iteration_gives_epoch_0_and_is_continued(wds_path, decodes_early):
+    with make_loader(wds_path, train=False) as evaluation, make_loader(wds_path) as loader:
+        assert wait_for_read_on(loader, consumed=0) > 0  # decoded, never iterated
+        assert evaluation._parked is None and evaluation.stats()["counters"].get("batches", 0) == 0
+        state = loader.state_dict()
+        assert (state["epoch"], state["sampling"]) == (0, None)  # nothing handed out yet
+        run, starts = loader._parked, count_ring_starts(loader)
+        it = iter(loader)
+        got = [tuple(t.clone() for t in next(it))]
+        assert loader._active is run and starts == [], "the first iteration did not continue the early run"
+        got += [(x.clone(), y.clone()) for x, y in it]
+    assert_same_batches(got, fresh_epoch(wds_path, 0))
+
+
+@pytest.mark.parametrize("then", ["set_epoch", "load_state_dict"])
+def test_another_epoch_or_a_loaded_state_replaces_the_early_decode(wds_path, decodes_early, then):
+    state, rest = state_and_rest(wds_path, epoch=0)
+    with make_loader(wds_path) as loader:
+        assert wait_for_read_on(loader, consumed=0) > 0
+        if then == "set_epoch":
+            loader.set_epoch(2)
+            assert_same_batches(collect(loader), fresh_epoch(wds_path, 2))
+        else:
+            loader.load_state_dict(state)
+            assert_same_batches(collect(loader), rest)
 
 
 def test_a_failed_decoder_build_closes_the_ring_it_started(wds_path, monkeypatch):

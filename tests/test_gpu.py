@@ -61,6 +61,35 @@ def test_first_batch_of_a_gpu_loader_is_quick(gpu_wds):
     assert elapsed < 30  # the 3 s target is measured in benchmarks/bench_gpu.py, not asserted here
 
 
+def test_a_gpu_training_loader_decodes_epoch_0_before_its_first_iteration(gpu_wds):
+    """NOTE [Reading before the first iteration] in fastfeed/loader.py: with decoders on the GPU the constructor starts
+    epoch 0's decode, and the first iteration continues it with exactly the batches of a Loader whose early work was
+    dropped (the CUDA decoder alone: bit-exact)."""
+    import time
+
+    kw = dict(batch_size=16, train=True, image_size=64, device="cuda", decoder="dali", hw_decoder_load=0.0)
+    with fastfeed.Loader(gpu_wds, **kw) as early:
+        deadline = time.monotonic() + 60
+        while early.stats()["counters"].get("batches", 0) == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert early.stats()["counters"].get("batches", 0) > 0, "nothing decoded before the first iteration"
+        run = early._parked
+        it = iter(early)
+        got = [tuple(t.clone() for t in next(it))]
+        assert early._active is run, "the first iteration did not continue the early run"
+        got += [(x.clone(), y.clone()) for x, y in it]
+    with fastfeed.Loader(gpu_wds, **kw) as ref:
+        ref.set_epoch(1)
+        next(iter(ref))  # epoch 1 first: the early decode of epoch 0 is dropped
+        ref.set_epoch(0)
+        want = [(x.clone(), y.clone()) for x, y in ref]
+    assert len(got) == len(want) > 2
+    for (xa, ya), (xb, yb) in zip(got, want):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    with fastfeed.Loader(gpu_wds, batch_size=16, device="cuda", decoder="hybrid") as hybrid:
+        assert hybrid._parked is not None  # started too
+
+
 def test_forked_children_of_a_gpu_loader_work_and_exit_cleanly(gpu_wds):
     """A multiprocessing (fork) child reads the dataset with its own CPU Loader and exits 0; a hand-forked child
     that leaves with os._exit exits 0. (CUDA cannot be used in either: README, "fork".)"""

@@ -20,9 +20,10 @@ from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, cro
 __all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "pipeline_kind",
            "DecodeResult", "Replaced", "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS",
            "CPU_DALI_MAX_OUTPUT", "THUMBNAIL_CPU_MIN_CORES", "HYBRID_MIN_CORES", "HYBRID_MAX_PIXELS", "ORIENTATIONS",
-           "resolve_kind"]
+           "resolve_kind", "GPU_DECODERS"]
 
 KINDS = ("auto", "dali", "hybrid", "cpu", "cpu-dali", "cpu-pil")
+GPU_DECODERS = ("dali", "hybrid")  # the kinds that decode on the GPU ("hybrid": with a CPU share beside it)
 # Measured with benchmarks/bench_decode.py on the 2-core CI machine (RRC 224, batch 64, train): see the report.
 CPU_DEFAULT = "cpu-pil"
 
