@@ -126,6 +126,12 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
     if built:
         d["pipelines_built_timed"] = built
     d.update(extra or {})
+    slow = (d.get("per_step") or {}).get("slow")
+    if slow:  # what the steps over the 90th percentile had that the others had not (Timeline.summary)
+        log(f"{name:34s} steps >= {slow['cut_ms']:.1f} ms against the rest: " + "; ".join(
+            f"{k} " + ", ".join(f"{f} {slow[k][f]}" for f in ("steps", "step_ms", "wait_ms", "decode_per_step_ms",
+                                                             "epoch_first", "gc", "build", "cpu_share"))
+            for k in ("slow", "rest")))
     host = d["host"] or {}
     log(f"{name:34s} {d['samples_per_s']:9,.0f} img/s  step p50 {d['step_s']['p50'] * 1e3:6.1f} ms  "
         f"wait {d['wait_fraction']:6.1%}  cores {host.get('cpu_cores_busy', float('nan')):5.1f}  "
@@ -139,15 +145,23 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
 
 
 class Timeline:
-    """--per-step: wraps the consumer to note when each step's compute began, and records the interpreter's garbage
-    collections (gc.callbacks) meanwhile, so that slow steps can be told apart: an epoch boundary (the loader
-    restarts), a collection (the GIL held for its whole length), or neither."""
+    """--per-step: wraps the consumer to note when each step's compute began, and records meanwhile the interpreter's
+    garbage collections (gc.callbacks) and, for a fastfeed row, the loader's own events: each batch's decode (worker
+    thread, start, end: `EpochRun._produce`), each pipeline build (`ConsumerPace.building`), each change of the
+    pipeline count (`PipelineTuner._set`) and of the hybrid's CPU share (`ShareClimber._set`). So a slow step can be
+    told apart: an epoch boundary, a collection (the GIL held for its whole length), a build or a tuner's try, more
+    decode work than usual beside it, or none of these (twenty-third session: fastfeed's median step equals DALI's,
+    its slow ones do not). The wrappers are installed on the classes for the row only."""
 
     def __init__(self, consumer):
         self._consumer = consumer
         self.calls: list[float] = []  # perf_counter at each consumer call (warm-up included)
         self.gc: list[tuple[float, float, int]] = []  # (start, seconds, generation)
         self._gc_start = None
+        self.decodes: list[tuple[str, float, float]] = []  # (thread, start, end) of each batch's decode
+        self.builds: list[tuple[float, float]] = []  # (start, end) of each pipeline build
+        self.changes: list[tuple[float, str, float]] = []  # (time, "pipelines" or "cpu_share", new value)
+        self._undo: list = []
 
     def __call__(self, images, labels):
         self.calls.append(time.perf_counter())
@@ -160,33 +174,124 @@ class Timeline:
             self.gc.append((self._gc_start, time.perf_counter() - self._gc_start, info["generation"]))
             self._gc_start = None
 
+    def _wrap(self, cls, name, make):
+        old = getattr(cls, name)
+        setattr(cls, name, make(old))
+        self._undo.append((cls, name, old))
+
     def __enter__(self):
+        import contextlib
         import gc
+        import threading
+
+        from fastfeed.decode.hybrid import ShareClimber
+        from fastfeed.epoch import EpochRun
+        from fastfeed.pace import ConsumerPace
+        from fastfeed.pipelines import PipelineTuner
 
         gc.callbacks.append(self._on_gc)
+        clock = time.perf_counter
+
+        def produce(old):
+            def timed(run, *args, **kwargs):
+                t0 = clock()
+                try:
+                    return old(run, *args, **kwargs)
+                finally:
+                    self.decodes.append((threading.current_thread().name, t0, clock()))
+            return timed
+
+        def building(old):
+            @contextlib.contextmanager
+            def timed(pace):
+                t0 = clock()
+                try:
+                    with old(pace):
+                        yield
+                finally:
+                    self.builds.append((t0, clock()))
+            return timed
+
+        def noted(kind):
+            def make(old):
+                def changed(obj, value, *args, **kwargs):
+                    self.changes.append((clock(), kind, float(value)))
+                    return old(obj, value, *args, **kwargs)
+                return changed
+            return make
+
+        self._wrap(EpochRun, "_produce", produce)
+        self._wrap(ConsumerPace, "building", building)
+        self._wrap(PipelineTuner, "_set", noted("pipelines"))
+        self._wrap(ShareClimber, "_set", noted("cpu_share"))
         return self
 
     def __exit__(self, *exc):
         import gc
 
         gc.callbacks.remove(self._on_gc)
+        for cls, name, old in reversed(self._undo):
+            setattr(cls, name, old)
+        self._undo.clear()
         return False
 
     def summary(self, per_step: dict, *, batches_before: int, epoch_batches: int | None) -> dict:
-        """Per timed step (ms): its time, its wait, the collections' time inside it, and whether it took the first
-        batch of an epoch (batch numbers count from the loader's first batch; `epoch_batches` = len(loader))."""
+        """Per timed step (ms unless said): its time, its wait, the collections' time inside it, whether it took the
+        first batch of an epoch (batch numbers count from the loader's first batch; `epoch_batches` = len(loader)),
+        the decode time of all workers inside it (decode_ms: two workers busy throughout = 2 x the step) and the
+        decodes that began in it, whether a build overlapped it, and the pipeline count and CPU share last set before
+        it began (None: never changed since the row started). `slow` compares the steps over the 90th percentile
+        with the rest (`slow_steps`)."""
         steps, waits = per_step["step_s"], per_step["wait_s"]
         calls = self.calls[-len(steps):]
         starts = [c - w for c, w in zip(calls, waits)]
-        gc_ms, gen2 = [], []
+        gc_ms, gen2, decode_ms, began, built, pipelines, share = [], [], [], [], [], [], []
         for i, t0 in enumerate(starts):
             t1 = t0 + steps[i]
             inside = [(d, g) for s, d, g in self.gc if t0 <= s < t1]
             gc_ms.append(round(1e3 * sum(d for d, _ in inside), 3))
             gen2.append(any(g == 2 for _, g in inside))
+            decode_ms.append(round(1e3 * sum(max(0.0, min(b, t1) - max(a, t0)) for _, a, b in self.decodes), 3))
+            began.append(sum(t0 <= a < t1 for _, a, _ in self.decodes))
+            built.append(any(a < t1 and b > t0 for a, b in self.builds))
+            pipelines.append(_last_before(self.changes, "pipelines", t0))
+            share.append(_last_before(self.changes, "cpu_share", t0))
         first = [bool(epoch_batches) and (batches_before + i) % epoch_batches == 0 for i in range(len(steps))]
-        return {"step_ms": [round(1e3 * x, 3) for x in steps], "wait_ms": [round(1e3 * x, 3) for x in waits],
-                "gc_ms": gc_ms, "gc_gen2": gen2, "epoch_first_batch": first}
+        out = {"step_ms": [round(1e3 * x, 3) for x in steps], "wait_ms": [round(1e3 * x, 3) for x in waits],
+               "gc_ms": gc_ms, "gc_gen2": gen2, "epoch_first_batch": first, "decode_ms": decode_ms,
+               "decodes_begun": began, "build": built, "pipelines": pipelines, "cpu_share": share}
+        out["slow"] = slow_steps(out)
+        return out
+
+
+def _last_before(changes, kind: str, t: float):
+    values = [v for at, k, v in changes if k == kind and at < t]
+    return values[-1] if values else None
+
+
+def slow_steps(per_step: dict) -> dict:
+    """The timed steps over the 90th percentile against the rest: how many, their mean step and wait, and how many
+    of each took an epoch's first batch, held a collection, overlapped a build, ran beside a CPU share (> 0); and the
+    mean decode time beside each (ms of all workers' decode inside the step, per ms of step)."""
+    steps = per_step["step_ms"]
+    if len(steps) < 10:
+        return {}
+    cut = sorted(steps)[int(0.9 * len(steps))]
+    groups = {"slow": [i for i, x in enumerate(steps) if x >= cut], "rest": [i for i, x in enumerate(steps) if x < cut]}
+    out = {"cut_ms": cut}
+    for name, idx in groups.items():
+        n = max(1, len(idx))
+        out[name] = {
+            "steps": len(idx),
+            "step_ms": round(sum(steps[i] for i in idx) / n, 2),
+            "wait_ms": round(sum(per_step["wait_ms"][i] for i in idx) / n, 2),
+            "epoch_first": sum(per_step["epoch_first_batch"][i] for i in idx),
+            "gc": sum(per_step["gc_ms"][i] > 0 for i in idx),
+            "build": sum(per_step["build"][i] for i in idx),
+            "cpu_share": sum((per_step["cpu_share"][i] or 0) > 0 for i in idx),
+            "decode_per_step_ms": round(sum(per_step["decode_ms"][i] / max(1e-9, steps[i]) for i in idx) / n, 3),
+        }
+    return out
 
 
 class Renicer:
