@@ -147,7 +147,11 @@ def test_decoding_before_the_first_iteration_gives_epoch_0_and_is_continued(wds_
         got = [tuple(t.clone() for t in next(it))]
         assert loader._active is run and starts == [], "the first iteration did not continue the early run"
         got += [(x.clone(), y.clone()) for x, y in it]
-    assert_same_batches(got, fresh_epoch(wds_path, 0))
+    with make_loader(wds_path) as ref:  # its early run dropped: epoch 0 from a ring and run started again
+        ref.set_epoch(1)
+        collect(ref, limit=1)
+        ref.set_epoch(0)
+        assert_same_batches(got, collect(ref))
 
 
 @pytest.mark.parametrize("then", ["set_epoch", "load_state_dict"])
