@@ -96,6 +96,15 @@ def count_ring_starts(loader) -> list:
     return calls
 
 
+def epoch_0_restarted(loader) -> list:
+    """Epoch 0 from a Loader not yet iterated, after what it read (or decoded) early for epoch 0 was dropped: epoch
+    1 first, one batch, then epoch 0 from a ring and run started again."""
+    loader.set_epoch(1)
+    collect(loader, limit=1)
+    loader.set_epoch(0)
+    return collect(loader)
+
+
 def test_a_training_loader_reads_epoch_0_before_its_first_iteration(wds_path):
     with make_loader(wds_path, train=False) as evaluation, make_loader(wds_path) as loader:
         assert wait_for_a_read(loader) > 0  # constructed, never iterated
@@ -105,10 +114,7 @@ def test_a_training_loader_reads_epoch_0_before_its_first_iteration(wds_path):
         assert starts == [], "the first iteration started the ring again instead of running on from its read"
     with make_loader(wds_path) as ref:
         starts = count_ring_starts(ref)
-        ref.set_epoch(1)
-        collect(ref, limit=1)  # epoch 1 first: what was read for epoch 0 is dropped
-        ref.set_epoch(0)
-        assert_same_batches(primed, collect(ref))
+        assert_same_batches(primed, epoch_0_restarted(ref))
         assert len(starts) == 2
 
 
@@ -147,11 +153,8 @@ def test_decoding_before_the_first_iteration_gives_epoch_0_and_is_continued(wds_
         got = [tuple(t.clone() for t in next(it))]
         assert loader._active is run and starts == [], "the first iteration did not continue the early run"
         got += [(x.clone(), y.clone()) for x, y in it]
-    with make_loader(wds_path) as ref:  # its early run dropped: epoch 0 from a ring and run started again
-        ref.set_epoch(1)
-        collect(ref, limit=1)
-        ref.set_epoch(0)
-        assert_same_batches(got, collect(ref))
+    with make_loader(wds_path) as ref:
+        assert_same_batches(got, epoch_0_restarted(ref))
 
 
 @pytest.mark.parametrize("then", ["set_epoch", "load_state_dict"])

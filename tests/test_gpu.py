@@ -65,24 +65,18 @@ def test_a_gpu_training_loader_decodes_epoch_0_before_its_first_iteration(gpu_wd
     """NOTE [Reading before the first iteration] in fastfeed/loader.py: with decoders on the GPU the constructor starts
     epoch 0's decode, and the first iteration continues it with exactly the batches of a Loader whose early work was
     dropped (the CUDA decoder alone: bit-exact)."""
-    import time
+    from test_epoch_chain import epoch_0_restarted, wait_for_read_on
 
     kw = dict(batch_size=16, train=True, image_size=64, device="cuda", decoder="dali", hw_decoder_load=0.0)
     with fastfeed.Loader(gpu_wds, **kw) as early:
-        deadline = time.monotonic() + 60
-        while early.stats()["counters"].get("batches", 0) == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert early.stats()["counters"].get("batches", 0) > 0, "nothing decoded before the first iteration"
+        assert wait_for_read_on(early, consumed=0, timeout=60) > 0, "nothing decoded before the first iteration"
         run = early._parked
         it = iter(early)
         got = [tuple(t.clone() for t in next(it))]
         assert early._active is run, "the first iteration did not continue the early run"
         got += [(x.clone(), y.clone()) for x, y in it]
     with fastfeed.Loader(gpu_wds, **kw) as ref:
-        ref.set_epoch(1)
-        next(iter(ref))  # epoch 1 first: the early decode of epoch 0 is dropped
-        ref.set_epoch(0)
-        want = [(x.clone(), y.clone()) for x, y in ref]
+        want = epoch_0_restarted(ref)
     assert len(got) == len(want) > 2
     for (xa, ya), (xb, yb) in zip(got, want):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
