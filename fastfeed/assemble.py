@@ -5,8 +5,14 @@ JPEG or PNG that pack would not have stored), decodes the rest, and keeps the ba
 bad holds a copy of another sample of its batch, label included, and a batch whose every sample is bad is filled with a
 good sample from the rest of the epoch. In evaluation a position that holds no sample of its own is labelled
 IGNORE_INDEX, so every sample is scored once. With on_error="raise" it raises LoaderError naming the samples instead.
-The decode workers of `epoch.EpochRun` share one assembler: it changes nothing per batch but the log of the samples
-already reported.
+The decode workers of `epoch.EpochRun` share one assembler, which changes nothing per batch (the consumer's `report`
+keeps the log of the samples already named).
+
+A batch's replaced samples are counted in `stats()["skipped"]` (and logged) when the run hands the batch to the loop
+(`report`), not when it is decoded: a training Loader decodes the next epoch's first batches while the loop finishes
+this one (NOTE [Reading on into the next epoch] in fastfeed/loader.py), and counted at decode time a bad sample in
+them showed in the stats of the epoch before, or sometimes did, as the decode won or lost the race with the loop's
+`stats()` call. Counted at hand-out, the skips are those of the batches the loop got.
 """
 from __future__ import annotations
 
@@ -69,7 +75,8 @@ class BatchAssembler:
 
     def produce(self, plan, j: int, slot, decoder, stream):
         """Batch j of `plan` from its ring batch (or the RingReadError the ring raised for it), decoded by `decoder`
-        on `stream` (None on the CPU): (images, labels, event), the event recorded on `stream` after the batch."""
+        on `stream` (None on the CPU): (images, labels, event, replaced), the event recorded on `stream` after the
+        batch, `replaced` the [(code, key, detail)] of its positions holding another sample, for `report`."""
         s = self.settings
         if isinstance(slot, BaseException) and not isinstance(slot, RingReadError):
             raise slot
@@ -113,11 +120,9 @@ class BatchAssembler:
             del samples
             if rb is not None:
                 rb.release()  # the decoder has returned: nothing reads the slot any more
-        for p, code, detail in replaced:
-            self._count_skip(code, self.table.keys[indices[p]], detail)
         self.stats.add("samples", len(indices))
         self.stats.add("batches", 1)
-        return images, labels, event
+        return images, labels, event, [(code, self.table.keys[indices[p]], detail) for p, code, detail in replaced]
 
     def _decode(self, plan, k, decoder, indices, samples, bad):
         """Batch k of `plan`: images, labels (on the device) and [(position, code, detail)] of positions holding
@@ -207,8 +212,11 @@ class BatchAssembler:
         names = [str(self.table.keys[indices[p]]) for p in list(positions)[:8]]
         return ", ".join(names) + (" ..." if len(list(positions)) > 8 else "")
 
-    def _count_skip(self, code: str, key, detail: str) -> None:
-        self.stats.skip(code, key=str(key))
-        if str(key) not in self._logged and len(self._logged) < 1000:
-            self._logged.add(str(key))
-            log.warning("fastfeed: sample %s replaced by another sample of its batch (%s: %s)", key, code, detail)
+    def report(self, replaced) -> None:
+        """Count and log a batch's replaced samples (`produce`'s last item) as the batch is handed to the loop (see
+        the module docstring); called by the consumer's thread only."""
+        for code, key, detail in replaced:
+            self.stats.skip(code, key=str(key))
+            if str(key) not in self._logged and len(self._logged) < 1000:
+                self._logged.add(str(key))
+                log.warning("fastfeed: sample %s replaced by another sample of its batch (%s: %s)", key, code, detail)

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from test_loader import assert_same_batches, collect, make_loader
+from test_loader import assert_same_batches, collect, corrupt_packed, make_loader  # noqa: F401 - a fixture
 
 
 def fresh_epoch(path, epoch, **kw):
@@ -22,12 +22,12 @@ def fresh_epoch(path, epoch, **kw):
         return collect(loader)
 
 
-def wait_for_read_on(loader, consumed: int, timeout: float = 30.0) -> int:
-    """Batches decoded beyond the `consumed` ones, once there is at least one (the run read on)."""
+def wait_for_read_on(loader, consumed: int, timeout: float = 30.0, at_least: int = 1) -> int:
+    """Batches decoded beyond the `consumed` ones, once there are `at_least` (the run read on); 0 at the timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ahead = loader.stats()["counters"].get("batches", 0) - consumed
-        if ahead > 0:
+        if ahead >= at_least:
             return ahead
         time.sleep(0.02)
     return 0
@@ -190,6 +190,21 @@ def test_a_failed_decoder_build_closes_the_ring_it_started(wds_path, monkeypatch
     assert len(rings) == 1
     with pytest.raises(RingClosedError):
         rings[0].next_batch(timeout=0)
+
+
+def test_a_bad_sample_decoded_ahead_is_counted_when_its_batch_is_handed_out(corrupt_packed):
+    """stats()["skipped"] counts the bad samples of the batches the loop got. The next epoch's first batches are
+    decoded while the loop finishes this one; counted at decode time, a bad sample among them showed in this epoch's
+    stats whenever the read-on beat the loop's stats() call (a fresh-clone CI run failed that way)."""
+    folders, bad_key = corrupt_packed  # 25 samples, one that no decoder can decode
+    with make_loader(folders["wds"], batch_size=8, image_size=32, shuffle=False, drop_last=False) as loader:
+        k = [str(key) for key in loader.dataset.keys].index(bad_key) // 8  # its batch, in every epoch
+        assert wait_for_read_on(loader, consumed=len(collect(loader)), at_least=k + 1) > k  # decoded, not taken
+        first = loader.stats()["skipped"]
+        collect(loader)
+        second = loader.stats()["skipped"]
+    assert first["by_reason"] == {"decode_error": 1} and [e["key"] for e in first["examples"]] == [bad_key]
+    assert second["by_reason"] == {"decode_error": 2}
 
 
 def test_an_epoch_left_early_is_not_read_on_from(wds_path):
