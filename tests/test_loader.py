@@ -464,7 +464,9 @@ def test_corrupt_record_raise_names_the_sample(corrupt_packed, decoder):
 
 # ---------------------------------------------------------------- stats
 def test_stats_count_samples_exactly(wds_path):
-    with make_loader(wds_path, batch_size=24, drop_last=False, image_size=32) as L:
+    # Evaluation: a training Loader's counters also count the next epoch's batches it decodes ahead (Loader.stats),
+    # as many as the read-on reached when stats() is called.
+    with make_loader(wds_path, batch_size=24, train=False, image_size=32) as L:
         collect(L)
         s = L.stats()
         assert s["counters"]["samples"] == 160 and s["counters"]["batches"] == 7
