@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14, for the twenty-fourth session (written 2026-12-02, not yet run), on one nvidia-h200: fastfeed's median
+# Issue 14, written for the twenty-fourth session and run in it (2026-12-02), on one nvidia-h200: fastfeed's median
 # training step equals DALI's file reader's, its slow steps do not (twenty-third session: ResNet-18 p99 62-65 ms
 # against 32-39). Which loader events do the steps over the 90th percentile follow? train_table.py --per-step records,
 # per timed step, the decode time of fastfeed's workers inside it, the builds, the tuners' changes, collections and
