@@ -1,4 +1,4 @@
-// See image_probe.h: every branch below has its twin in fastfeed/jpeg.py `_probe_jpeg`, fastfeed/headers.py
+// See image_probe.h: every branch below has its twin in fastfeed/image/jpeg.py `_probe_jpeg`, fastfeed/image/headers.py
 // `tiff_orientation` or fastfeed/pack/validate.py `_tail`; change them together.
 #include "image_probe.h"
 

@@ -1,9 +1,9 @@
 // Header facts of a JPEG read in the native threads that read it (the tar writer's workers), so that pack's Python
 // validation (fastfeed/pack/validate.py) decides on a few numbers instead of walking the bytes itself.
 //
-// A mirror of fastfeed/jpeg.py `_probe_jpeg` (the marker walk up to the first SOS: the SOF segment, JFIF/Adobe
-// markers, the EXIF orientation through fastfeed/headers.py `tiff_orientation`) and of validate.py `_tail` (does the
-// file end in EOI, ignoring trailing zero/whitespace padding). The classification itself (kind, colour space,
+// A mirror of fastfeed/image/jpeg.py `_probe_jpeg` (the marker walk up to the first SOS: the SOF segment, JFIF/Adobe
+// markers, the EXIF orientation through fastfeed/image/headers.py `tiff_orientation`) and of validate.py `_tail`
+// (does the file end in EOI, ignoring trailing zero/whitespace padding). The classification itself (kind, colour space,
 // subsampling, what the GPU decoder takes) stays in Python: it gets the raw SOF segment. Where the Python walk would
 // raise, probe_jpeg returns false and Python runs its own path on the bytes; tests/test_image_probe.py holds the two
 // equal on real and mutated files. No Python headers here.
@@ -28,10 +28,10 @@ struct JpegFacts {
 // exactly when jpeg.py's `_probe_jpeg` walk succeeds; false otherwise (the caller falls back to Python).
 bool probe_jpeg(const std::uint8_t* data, std::size_t size, JpegFacts& out);
 
-// fastfeed/headers.py `tiff_orientation` on a TIFF-structured EXIF block.
+// fastfeed/image/headers.py `tiff_orientation` on a TIFF-structured EXIF block.
 int tiff_orientation(const std::uint8_t* tiff, std::size_t size);
 
-// True when a PNG's chunk walk succeeds, exactly when fastfeed/headers.py `png_facts` returns facts instead of a
+// True when a PNG's chunk walk succeeds, exactly when fastfeed/image/headers.py `png_facts` returns facts instead of a
 // reason: IHDR first (13 bytes, a nonzero size, a known colour type), every chunk inside the data, IDAT before IEND.
 // The caller has checked the 8-byte signature; the walk starts after it. (The Loader's check of bytes no checksum
 // vouches for, bindings.cpp `header_failures`; pack walks PNGs in Python.)

@@ -55,7 +55,7 @@
 // a failed batch is released by the binding's caller before any view of it exists (ring.py), and the slack past
 // nbytes is never exposed. The producers fault each slot in during its first fill (the first num_slots batches),
 // spread over the reader threads and overlapped with the consumer: the arena is sized by the data (~12 GB for a
-// ring of 12-MP photos) and touching it all in the constructor took 2.8 s before the first batch could start.
+// ring of 12-MP photos), and touching it all in the constructor would hold back the first batch for seconds.
 // The binding still runs the constructor with the GIL released (the allocation itself may take a while).
 //
 // Fork. A child process inherits the memory of the ring but not its threads; its mutexes and condition variables

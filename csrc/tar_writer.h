@@ -16,8 +16,8 @@
 // Threads and order. Worker threads take chunks of kChunk consecutive samples strictly in input order and build
 // each sample's complete record (headers, data, padding, xxh3) in a buffer from a pool; then the same worker waits
 // for its turn (every earlier chunk written) and writes the chunk itself (one writev). Writing on the thread that
-// read keeps the bytes in that core's cache: measured here, the copy into the page cache from buffers another core
-// had filled cost 8x tar's same copy (perf: copy_folio_from_iter_atomic, 40% of all cycles). Reads of later chunks
+// read keeps the bytes in that core's cache: the copy into the page cache from buffers another core filled costs
+// several times as much (benchmarks/README.md, pack). Reads of later chunks
 // overlap the write of this one, and the archive is in input order whatever the thread count. Workers run at most
 // kMaxAhead chunks and kMaxBytesAhead bytes past the chunk being written (the next one may always proceed, so a
 // huge file cannot deadlock the window); the window is small on purpose, for the same cache reason. A hash thread
@@ -35,7 +35,7 @@
 //
 // Durability. finish(sync=true) fsyncs; it releases the GIL, so the Python side runs it on a helper thread while
 // the next shard is written (fastfeed/pack/native.py write_shards). Writeback is deliberately not started early
-// (sync_file_range after each write was tried): on a disk slower than packing, it blocks the writing thread in
+// (e.g. sync_file_range after each write): on a disk slower than packing, it blocks the writing thread in
 // the device queue and caps packing at disk speed, where the page cache would otherwise absorb the shard.
 //
 // Errors. A failed write (ENOSPC, EIO) is fatal for the writer: add() and finish() throw std::system_error and

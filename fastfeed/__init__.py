@@ -8,19 +8,18 @@ imports this module for its constants: they live in `fastfeed.constants`.
 """
 from __future__ import annotations
 
-from fastfeed.constants import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
+from fastfeed.constants import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD, __version__
 
-__version__ = "0.1.0"
 __all__ = ["open_dataset", "Loader", "LoaderError", "IMAGENET_MEAN", "IMAGENET_STD", "IGNORE_INDEX", "__version__"]
 
 
 def __getattr__(name: str):
     if name == "open_dataset":
-        from fastfeed.formats import open_dataset
+        from fastfeed.datasets import open_dataset
 
         return open_dataset
     if name in ("Loader", "LoaderError"):
-        from fastfeed import loader
+        from fastfeed.loader import loader
 
         return getattr(loader, name)
     raise AttributeError(f"module 'fastfeed' has no attribute {name!r}")

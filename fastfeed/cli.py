@@ -35,7 +35,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _version() -> str:
-    from fastfeed import __version__
+    from fastfeed.constants import __version__
 
     return f"fastfeed {__version__}"
 

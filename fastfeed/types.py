@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "parse_size",
     "FORMAT_VERSION",
     "READABLE_VERSIONS",
     "MANIFEST_NAME",
@@ -65,7 +66,7 @@ class Manifest:
     """The contents of `fastfeed.json`.
 
     `source` is the absolute path of the packed image folder (or list file), so benchmarks can compare a packed
-    dataset against reading the original files. `jpeg_mix` counts samples by `fastfeed.jpeg` kind name.
+    dataset against reading the original files. `jpeg_mix` counts samples by `fastfeed.image.jpeg` kind name.
     `samples_xxh3` is the xxh3_64 (16 hex digits) of `samples.npz`, checked on every open ("" in version 1).
     `changes` counts accepted files whose stored bytes differ from the source, by the validator's change code
     (e.g. "trimmed_trailing_data", "converted_to_png").
@@ -166,10 +167,31 @@ class Sample:
 @dataclass(frozen=True)
 class ImageProfile:
     """What a dataset's sample table says about its images, for the Loader's choices that depend on them
-    (fastfeed/settings.py): the median stored size, the share of samples the GPU's hardware JPEG decoder cannot
+    (fastfeed/loader/settings.py): the median stored size, the share of samples the GPU's hardware JPEG decoder cannot
     take (PNG, progressive or CMYK JPEGs, ...), which DALI decodes with CPU threads, and the stored (width, height) of
     the sample at the 99th percentile of pixels: the size a batch's largest images have, but for rare outliers."""
 
     median_pixels: float
     cpu_decode_share: float
     large_size: tuple[int, int] = (0, 0)
+
+
+def parse_size(text: str) -> int:
+    """'64MB' -> 64_000_000, '1GiB' -> 2**30, '512K' -> 512 * 2**10, '1000' -> 1000 bytes."""
+    s = str(text).strip().replace(" ", "")
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    i = len(s)
+    while i and not (s[i - 1].isdigit() or s[i - 1] == "."):
+        i -= 1
+    num, unit = s[:i], s[i:].upper()
+    if unit not in units or not num:
+        raise ValueError(f"cannot parse size {text!r}: use e.g. 64MB, 1GiB, 500000")
+    try:
+        value = float(num)
+    except ValueError:
+        raise ValueError(f"cannot parse size {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"size must be positive, got {text!r}")
+    return int(value * units[unit])

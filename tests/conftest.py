@@ -5,10 +5,11 @@ paid once. Tests that modify a dataset (missing shard, edited manifest) must wor
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,18 @@ DEMO_SHARD_SIZE = "4MB"
 
 
 def run_pack(src: Path | str, out: Path | str, *args: str) -> subprocess.CompletedProcess:
-    """`python -m fastfeed.cli pack SRC OUT ARGS...` in a subprocess, exactly as a user runs it."""
-    cmd = [sys.executable, "-m", "fastfeed.cli", "pack", str(src), str(out), "--quiet", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    """`fastfeed pack SRC OUT ARGS...` through the CLI's own entry point (`fastfeed.cli.main`), in this process: the
+    same argument parsing and code a user runs, without an interpreter start per pack (tests of the command as a
+    process are in the integration tier: tests/test_cli.py, tests/test_pack.py)."""
+    from fastfeed.cli import main
+
+    argv = ["pack", str(src), str(out), "--quiet", *args]
+    out_buf, err_buf = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out_buf), contextlib.redirect_stderr(err_buf):
+        code = main(argv)
+    proc = subprocess.CompletedProcess(["fastfeed", *argv], code, out_buf.getvalue(), err_buf.getvalue())
+    if code != 0:
+        raise RuntimeError(f"fastfeed {' '.join(argv)} failed ({code}):\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 

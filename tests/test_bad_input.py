@@ -110,7 +110,7 @@ def _pixels(data: bytes) -> np.ndarray:
 
 
 def _contract(data: bytes) -> Image.Image:
-    from fastfeed.decode.contract import contract_image
+    from fastfeed.image.contract import contract_image
 
     return contract_image(data)
 

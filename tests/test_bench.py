@@ -10,13 +10,13 @@ import pytest
 import torch
 from PIL import Image
 
-from fastfeed.decode import CPU_DEFAULT
 from fastfeed.bench.plot import plot_report
 from fastfeed.bench.report import REPORT_KEYS, format_table, write_json
 from fastfeed.bench.runner import PERCENTILE_KEYS, RESULT_KEYS, run_loader
 from fastfeed.bench.session import BenchConfig, run_bench
 from fastfeed.bench.torch_baseline import make_torch_loader
 from fastfeed.cli import main
+from fastfeed.decode import CPU_DEFAULT
 
 HOST_KEYS = {"cpu_cores_busy", "cpu_count", "system_cpu_busy_frac", "iowait_frac", "rss_peak_bytes"}
 
@@ -355,7 +355,7 @@ class _BuildsAt:
     `at` is taken, as a tuned Loader's worker does when its tuner asks for one more."""
 
     def __init__(self, at):
-        from fastfeed.stats import StageStats
+        from fastfeed.loader.stats import StageStats
 
         self.at, self.taken, self._stats = at, 0, StageStats(stages=("wait",))
         self._stats.add("pipelines_built")  # the one built before the first batch
@@ -391,7 +391,7 @@ def test_settings_lines_show_the_dali_settings():
     lines = settings_lines({"fastfeed": {"loader_stats": {"info": info}}, "torch": {"loader_stats": None}})
     assert lines == ["fastfeed settings: decoder=dali device=cuda:0 num_threads=2 pipelines=2 "
                      "hw_decoder_load=1.0 reader_threads=4 prefetch=2 pinned=True"]
-    # a Loader whose pipeline count was tuned (fastfeed/pipelines.py): the count it ran last, and its range
+    # a Loader whose pipeline count was tuned (fastfeed/tuning/pipelines.py): the count it ran last, and its range
     stats = {"info": {**info, "pipelines": 3, "pipeline_limit": 4, "pipeline_floor": 1},
              "pipeline_history": [[2, 0.02, 0.5]]}
     lines = settings_lines({"fastfeed": {"loader_stats": stats}})
@@ -592,7 +592,7 @@ def test_compare_reads_what_was_packed_not_the_source_folder(image_folder, tmp_p
     _check_result(report["loaders"]["torch"], 8, 4)  # 24 packed images / 4 = 6 batches: crosses an epoch
 
     from fastfeed.bench.torch_baseline import PackedImages
-    from fastfeed.formats import open_dataset
+    from fastfeed.datasets import open_dataset
 
     with open_dataset(out) as ds:
         packed_labels = ds.labels.tolist()

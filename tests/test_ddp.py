@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).with_name("ddp_train.py")
 N, BATCH, WORLD = 160, 8, 4

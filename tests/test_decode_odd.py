@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastfeed import jpeg, transcode
 from fastfeed.decode import crop_windows, make_decoder, oriented_size
+from fastfeed.image import jpeg, transcode
 from fastfeed.pack.validate import CHANGES, Loaded, LoadOptions, check_image, load_image
 from odd_images.build import build_corpus
 from odd_images.reference import reference_eval
@@ -172,7 +172,7 @@ def test_dali_exif_never_crashes_on_windows_from_the_stored_size(corpus):
     script = textwrap.dedent(f"""
         import numpy as np, torch
         from fastfeed.decode import crop_windows, make_decoder
-        from fastfeed import jpeg
+        from fastfeed.image import jpeg
         data = [open(p, "rb").read() for p in {paths!r}]
         infos = [jpeg.probe(d) for d in data]
         W = np.array([i.width for i in infos]); H = np.array([i.height for i in infos])

@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from fastfeed.cli import main
-from fastfeed.doctor import (FAIL, OK, WARN, check_cpus, check_dali, check_gpu, check_manifest, check_memlock,
+from fastfeed.doctor.checks import (FAIL, OK, WARN, check_cpus, check_dali, check_gpu, check_manifest, check_memlock,
                              check_shm, check_small_files, check_storage, check_torchrun, cgroup_cpu_limit,
                              format_checks, run_checks, to_json)
 from fastfeed.types import Manifest, ShardInfo
@@ -244,7 +244,7 @@ def test_doctor_on_a_packed_dataset_never_suggests_packing_it(packed, capsys):
 def test_read_probe_measures_direct_reads(tmp_path):
     import os
 
-    from fastfeed.doctor import read_probe
+    from fastfeed.doctor.checks import read_probe
 
     (tmp_path / "shard-000000.tar").write_bytes(os.urandom(4 << 20))
     probe = read_probe(str(tmp_path), reads=8)

@@ -14,7 +14,7 @@ import torch
 
 import fastfeed
 from fastfeed import sampling
-from fastfeed.compat import _remainder
+from fastfeed.loader.compat import _remainder
 from fastfeed.world import World
 
 N = 160  # conftest.DEMO_IMAGES
@@ -106,7 +106,7 @@ def test_dataloader_keywords_are_mapped_or_warned_about_once(wds_path, recwarn):
     with make(wds_path, num_threads="auto", num_workers=2, prefetch_factor=3, pin_memory=True,
               persistent_workers=True) as L:
         assert (L.settings.decode_threads, L.settings.prefetch) == (2, 3)
-    fastfeed.settings._warned.clear()
+    fastfeed.loader.settings._warned.clear()
     with pytest.warns(UserWarning, match="collate_fn"):
         make(wds_path, collate_fn=list, worker_init_fn=print, timeout=0).close()
     with warnings.catch_warnings():

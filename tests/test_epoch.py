@@ -9,15 +9,16 @@ import pytest
 import torch
 
 import fastfeed
-from fastfeed import epoch as epoch_mod
 from fastfeed import sampling
+from fastfeed.datasets import open_dataset
 from fastfeed.decode import build_decoder
-from fastfeed.assemble import LoaderError, SampleTable
-from fastfeed.epoch import EpochRun
-from fastfeed.formats import integrity, open_dataset
-from fastfeed.ring import PrefetchRing
-from fastfeed.settings import resolve_settings
-from fastfeed.stats import StageStats
+from fastfeed.formats import integrity
+from fastfeed.loader import epoch as epoch_mod
+from fastfeed.loader.assemble import LoaderError, SampleTable
+from fastfeed.loader.epoch import EpochRun
+from fastfeed.loader.ring import PrefetchRing
+from fastfeed.loader.settings import resolve_settings
+from fastfeed.loader.stats import StageStats
 from fastfeed.world import World
 
 

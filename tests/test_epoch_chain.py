@@ -1,4 +1,4 @@
-"""A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch] in fastfeed/loader.py):
+"""A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch] in fastfeed/loader/loader.py):
 what it read ahead is exactly what a fresh Loader gives for that epoch, and whatever asks for another epoch or
 state gets that instead. So does its first read, started at construction (NOTE [Reading before the first
 iteration]). Real packed data from conftest.py (160 demo JPEGs), the CPU path."""
@@ -137,7 +137,7 @@ def test_a_cpu_decoder_decodes_nothing_before_the_first_iteration(wds_path):
 def decodes_early(monkeypatch):
     """Loaders built while this is active start epoch 0's decode in the constructor, as a GPU decoder's do (NOTE
     [Reading before the first iteration]): the mechanism, run on the CPU path here (tests/test_gpu.py runs it as is)."""
-    from fastfeed.loader import Loader
+    from fastfeed.loader.loader import Loader
 
     monkeypatch.setattr(Loader, "_decodes_early", property(lambda self: self._primed is not None))
 
@@ -171,8 +171,8 @@ def test_another_epoch_or_a_loaded_state_replaces_the_early_decode(wds_path, dec
 
 
 def test_a_failed_decoder_build_closes_the_ring_it_started(wds_path, monkeypatch):
-    import fastfeed.loader
-    from fastfeed.ring import PrefetchRing, RingClosedError
+    import fastfeed.loader.loader
+    from fastfeed.loader.ring import PrefetchRing, RingClosedError
 
     rings = []  # held here, so only the Loader's own close() can have closed it
 
@@ -183,8 +183,8 @@ def test_a_failed_decoder_build_closes_the_ring_it_started(wds_path, monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("no decoder today")
 
-    monkeypatch.setattr(fastfeed.loader, "PrefetchRing", recorded)
-    monkeypatch.setattr(fastfeed.loader, "build_decoder", broken)
+    monkeypatch.setattr(fastfeed.loader.loader, "PrefetchRing", recorded)
+    monkeypatch.setattr(fastfeed.loader.loader, "build_decoder", broken)
     with pytest.raises(RuntimeError, match="no decoder today"):
         make_loader(wds_path)
     assert len(rings) == 1
@@ -270,7 +270,7 @@ def test_the_next_epoch_is_decoded_while_a_worker_still_holds_this_ones_last_bat
     """No pipeline waits at an epoch boundary: while one worker still decodes the last batch of epoch 0, another
     decodes epoch 1's first. (The run used to start the next epoch in the ring only once every batch of this one was
     released, so each boundary drained the pipelines: the loader alone lost ~1.5 batches of decode per epoch.)"""
-    from fastfeed.epoch import EpochRun
+    from fastfeed.loader.epoch import EpochRun
 
     produce, slow = EpochRun._produce, threading.Event()
 

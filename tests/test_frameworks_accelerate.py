@@ -23,7 +23,7 @@ import pytest
 import fastfeed
 from clients.common import client_env, make_tiny_tree, pack, row_fingerprint_ints
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).parent / "clients" / "accelerate_train.py"
 N_TRAIN, N_VAL, BATCH, WORLD, EPOCHS = 48, 21, 4, 2, 2

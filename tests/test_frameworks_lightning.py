@@ -25,7 +25,7 @@ import pytest
 import fastfeed
 from clients.common import client_env, make_tiny_tree, pack, row_fingerprints
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).parent / "clients" / "lightning_train.py"
 N_TRAIN, N_VAL = 48, 21

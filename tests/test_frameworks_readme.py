@@ -1,6 +1,7 @@
-"""The README's framework recipes are the code CI runs: each ```python block under "Recipes" must be, verbatim,
-the region between `# --- recipe: NAME ---` and `# --- end recipe ---` of its client script in tests/clients/
-(dedented, without the scripts' `probe.` recording lines). Edit the script, then copy the region to the README.
+"""The documented framework recipes are the code CI runs: each ```python block of docs/recipes.md must be,
+verbatim, the region between `# --- recipe: NAME ---` and `# --- end recipe ---` of its client script in
+tests/clients/ (dedented, without the scripts' `probe.` recording lines). Edit the script, then copy the region to
+docs/recipes.md. docs/coming-from-dataloader.md must have a row for every DataLoader argument.
 """
 from __future__ import annotations
 
@@ -22,16 +23,17 @@ def recipe(name: str) -> str:
     return textwrap.dedent("".join(lines)).strip("\n") + "\n"
 
 
-def readme_blocks() -> list[str]:
-    return [b.strip("\n") + "\n" for b in re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(),
-                                                       re.S | re.M)]
+def recipes_doc_blocks() -> list[str]:
+    """Every ```python block of docs/recipes.md."""
+    text = (ROOT / "docs" / "recipes.md").read_text()
+    return [b.strip("\n") + "\n" for b in re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)]
 
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_readme_recipe_is_the_tested_code(name):
     code = recipe(name)
     assert "fastfeed.Loader(" in code
-    assert code in readme_blocks(), f"README's {name} recipe differs from tests/clients/{RECIPES[name]}"
+    assert code in recipes_doc_blocks(), f"docs/recipes.md's {name} recipe differs from tests/clients/{RECIPES[name]}"
 
 
 def test_readme_has_a_dataloader_row_for_every_dataloader_argument():
@@ -39,7 +41,7 @@ def test_readme_has_a_dataloader_row_for_every_dataloader_argument():
 
     import torch.utils.data
 
-    section = (ROOT / "README.md").read_text().split("## Coming from DataLoader", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "coming-from-dataloader.md").read_text()
     params = [p for p in inspect.signature(torch.utils.data.DataLoader.__init__).parameters if p != "self"]
     missing = [p for p in params if f"`{p}" not in section]
     assert not missing, f"the 'Coming from DataLoader' table lacks {missing}"

@@ -50,7 +50,7 @@ def torchrun(data) -> list[dict]:
     return [json.loads((out / f"run-rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_reference_style_script_trains_and_evaluates_exactly(data, torchrun):
     per_rank = N_TRAIN // (WORLD * BATCH) * BATCH  # drop_last in training: 24 samples, 6 batches per rank
     for r, rec in enumerate(torchrun):

@@ -62,7 +62,7 @@ def test_first_batch_of_a_gpu_loader_is_quick(gpu_wds):
 
 
 def test_a_gpu_training_loader_decodes_epoch_0_before_its_first_iteration(gpu_wds):
-    """NOTE [Reading before the first iteration] in fastfeed/loader.py: with decoders on the GPU the constructor starts
+    """NOTE [Reading before the first iteration] in fastfeed/loader/loader.py: with decoders on the GPU the constructor starts
     epoch 0's decode, and the first iteration continues it with exactly the batches of a Loader whose early work was
     dropped (the CUDA decoder alone: bit-exact)."""
     from test_epoch_chain import epoch_0_restarted, wait_for_read_on
@@ -118,8 +118,8 @@ def test_forked_children_of_a_gpu_loader_work_and_exit_cleanly(gpu_wds):
 def test_ring_slots_are_page_locked_when_first_used(gpu_wds):
     """The ring pins each slot the first time one of its batches is handed out (ring.py): the batch's memory is
     then page-locked as CUDA sees it, and every slot is pinned once the ring has gone round."""
-    from fastfeed.formats import open_dataset
-    from fastfeed.ring import PrefetchRing
+    from fastfeed.datasets import open_dataset
+    from fastfeed.loader.ring import PrefetchRing
 
     ext = open_dataset(gpu_wds).extents()
     with PrefetchRing(ext, 8, num_slots=3) as ring:
@@ -139,10 +139,10 @@ def test_samples_handed_to_dali_as_page_locked_decode_to_the_same_bits(gpu_wds, 
     batch waiting until DALI has read them. On real ring batches it takes that path and decodes, bit for bit, what
     DALI's own copy of the same bytes decodes; a sample that is not in the slot (read again on its own) is not
     marked."""
-    import fastfeed.decode.dali as D
+    from fastfeed.datasets import open_dataset
     from fastfeed.decode.crop import crop_windows
-    from fastfeed.formats import open_dataset
-    from fastfeed.ring import PrefetchRing
+    import fastfeed.decode.dali as D
+    from fastfeed.loader.ring import PrefetchRing
 
     waits = []
     inputs_read = D._inputs_read
@@ -175,9 +175,9 @@ def test_zero_copy_batches_stay_valid_after_later_batches(gpu_wds):
     """zero_copy hands DALI's output buffer to torch without a copy (decode/dali_capi.py: _CudaArray keeps it alive):
     a batch kept while the decoder runs on must still hold its own pixels, equal to a copied decode of the same
     samples."""
+    from fastfeed.datasets import open_dataset
     from fastfeed.decode.crop import crop_windows
     from fastfeed.decode.dali import DaliDecoder
-    from fastfeed.formats import open_dataset
 
     ds = open_dataset(gpu_wds)
     n = 16
@@ -258,11 +258,11 @@ def test_hybrid_batches_match_the_cpu_path_and_use_both_parts(gpu_wds):
 
 
 def test_the_pipeline_tuner_changes_no_batch(gpu_wds):
-    """A GPU Loader whose `pipelines` is not given tunes their number on the loop (fastfeed/pipelines.py); a loop
+    """A GPU Loader whose `pipelines` is not given tunes their number on the loop (fastfeed/tuning/pipelines.py); a loop
     that does nothing waits for every batch, so the one pipeline it starts with is measured and a second tried.
     Whatever it runs, the batches are those of a fixed count (the CUDA decoder alone: bit-exact), over epochs read on
     one into the next."""
-    from fastfeed.pipelines import GROW_WAIT
+    from fastfeed.tuning.pipelines import GROW_WAIT
 
     kw = dict(batch_size=8, train=True, image_size=64, device="cuda", decoder="dali", hw_decoder_load=0.0)
     epochs = 8  # 20 batches each: enough for a few measurements
@@ -289,10 +289,10 @@ def test_the_pipeline_tuner_changes_no_batch(gpu_wds):
 
 def test_a_gpu_pipeline_beside_cpu_ones_gives_the_same_batches(gpu_wds, monkeypatch):
     """A "cpu-dali" Loader on a GPU whose tuner reaches past its CPU pipelines decodes on the GPU there
-    (`gpu_pipelines_from`, fastfeed/settings.py); the workers take batches in turn, so the pool is mixed within an
+    (`gpu_pipelines_from`, fastfeed/loader/settings.py); the workers take batches in turn, so the pool is mixed within an
     epoch. Here the second of two fixed pipelines is the GPU one: every eval batch matches the CPU path."""
-    import fastfeed.loader as loader_module
     from fastfeed.decode.dali import DaliDecoder
+    import fastfeed.loader.loader as loader_module
 
     resolve = loader_module.resolve_settings
 

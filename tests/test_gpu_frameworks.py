@@ -5,7 +5,7 @@ recipe, unchanged; the CPU tests cover the same client with thumbnails, which `a
 
 The same runs and checks as tests/test_frameworks_lightning.py (every step of every epoch, a mid-epoch resume trains
 exactly the rest, every val sample scored once), with pixels compared within a tolerance instead of by hash: the GPU
-decoders may differ from the CPU path by a fraction of a grey level (docs/decode_contract.md), and which part of the
+decoders may differ from the CPU path by a fraction of a grey level (docs/decode-contract.md), and which part of the
 hybrid decodes a sample depends on timing. A sample is named by its label and `row_signatures` (12 means over
 quarters of the image).
 """
@@ -20,7 +20,7 @@ from clients.common import make_tiny_tree, pack, row_signatures
 from test_frameworks_lightning import CKPT_EVERY, EPOCHS, IMAGE_SIZE, N_TRAIN, N_VAL, assert_every_step_trained, \
     resume, run
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
 PHOTO_SIDES = (240, 360)  # median ~300x300 px: above the thumbnail limit, so the GPU decodes
 # Max difference of a signature entry (normalised units; 1/255 of a grey level is ~0.017) between two decodes of

@@ -21,10 +21,11 @@ import fastfeed
 from fastfeed.decode import (CPU_DALI_MAX_OUTPUT, CPU_DECODE_MAX_PIXELS, HYBRID_MIN_CORES, THUMBNAIL_CPU_MIN_CORES,
                              CorruptSampleError, crop_windows, make_decoder, resolve_kind)
 from fastfeed.decode.dali import DaliDecoder
-from fastfeed.decode.hybrid import DDP_START_SHARE, START_SHARE, STEP, HybridDecoder, ShareClimber, climber_for
-from fastfeed.pace import ConsumerPace
+from fastfeed.decode.hybrid import HybridDecoder
+from fastfeed.tuning.climber import DDP_START_SHARE, START_SHARE, STEP, ShareClimber
+from fastfeed.loader.settings import HYBRID_RESERVED_CORES
+from fastfeed.tuning.pace import ConsumerPace
 from fastfeed.types import ImageProfile
-from fastfeed.settings import HYBRID_RESERVED_CORES
 from fastfeed.world import World
 from decode_samples import corrupt_variants
 from test_epoch import settings_for
@@ -277,7 +278,7 @@ def test_on_the_measured_loops_the_climber_comes_close_to_the_best_fixed_share(m
 def test_the_climber_says_it_has_settled_only_while_it_holds_a_share():
     """`settled` (what fastfeed bench warms up for): False while the climber measures its base and probes a
     neighbour, True through the hold after a look that found none faster, False again when it looks again."""
-    from fastfeed.decode.hybrid import HOLD_BATCHES
+    from fastfeed.tuning.climber import HOLD_BATCHES
 
     climber, pace, clock = _climber()
     settled = []
@@ -288,12 +289,6 @@ def test_the_climber_says_it_has_settled_only_while_it_holds_a_share():
     held = next(i for i in range(first, len(got)) if not got[i][1]) - first
     assert held == HOLD_BATCHES
     assert any(settled for _, settled in got[first + held:])  # it looked again, and holds again (twice as long)
-
-
-def test_one_climber_per_loader():
-    pace, other = ConsumerPace(), ConsumerPace()
-    assert climber_for(pace, 6) is climber_for(pace, 6)
-    assert climber_for(other, 6) is not climber_for(pace, 6)
 
 
 def test_pace_counts_intervals_and_skips_the_gap_before_an_epoch():
@@ -375,4 +370,4 @@ def test_a_rank_of_a_distributed_job_starts_its_climber_at_a_quarter():
     assert start(2, 2, 32) == DDP_START_SHARE == 0.25  # two ranks of 16 cores: what was measured
     assert start(4, 2, 32) == DDP_START_SHARE  # two hosts of two
     assert start(8, 8, 64) == START_SHARE  # 8 cores per rank: a quarter of a batch may outrun the CPU part
-    assert climber_for(ConsumerPace(), 6, DDP_START_SHARE).share == DDP_START_SHARE
+    assert ShareClimber(ConsumerPace(), settle=6, start=DDP_START_SHARE).share == DDP_START_SHARE

@@ -1,4 +1,4 @@
-"""The native readers' JPEG probe (csrc/image_probe.h) is a mirror of the Python header walk (fastfeed/jpeg.py probe,
+"""The native readers' JPEG probe (csrc/image_probe.h) is a mirror of the Python header walk (fastfeed/image/jpeg.py probe,
 headers.tiff_orientation, validate._tail): on real files (the odd-image corpus, demo JPEGs) and on thousands of
 mutated ones (byte flips in the header, cuts, EXIF edits, trailing padding) the facts it hands to
 pack/validate.check_image lead to the very same decision, byte for byte, as the Python walk on its own."""
@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastfeed import _native, jpeg
-from fastfeed.headers import png_facts
+from fastfeed import _native
+from fastfeed.image import jpeg
+from fastfeed.image.headers import png_facts
 from fastfeed.pack.validate import Loaded, LoadOptions, _tail, check_image
 from odd_images.build import build_corpus, photo
 

@@ -1,4 +1,4 @@
-"""fastfeed.jpeg.probe and transcode.hw_decoder_advice on real encoded images (skimage photos) and crafted headers."""
+"""fastfeed.image.jpeg.probe and transcode.hw_decoder_advice on real encoded images (skimage photos) and crafted headers."""
 from __future__ import annotations
 
 import functools
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from skimage import data as skdata
 
-from fastfeed import jpeg, transcode
+from fastfeed.image import jpeg, transcode
 
 
 @functools.lru_cache(maxsize=None)

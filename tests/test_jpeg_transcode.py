@@ -1,4 +1,4 @@
-"""Lossless progressive/arithmetic -> baseline transcoding (native core) and fastfeed.transcode.prepare.
+"""Lossless progressive/arithmetic -> baseline transcoding (native core) and fastfeed.image.transcode.prepare.
 
 Every transcode is checked by decoding before and after with PIL: the pixels must be identical.
 """
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from skimage import data as skdata
 
-from fastfeed import jpeg, transcode
+from fastfeed.image import jpeg, transcode
 
 pytestmark = pytest.mark.skipif(
     not transcode.HAVE_TRANSCODE, reason="fastfeed._native built without libjpeg (no jpeglib.h at build time)"

@@ -24,7 +24,7 @@ from fastfeed import IMAGENET_MEAN, IMAGENET_STD, open_dataset, sampling
 from fastfeed.decode import CPU_DEFAULT
 from decode_samples import torchvision_eval_reference
 from fastfeed.demo_data import make_dataset
-from fastfeed.loader import Loader, LoaderError
+from fastfeed.loader.loader import Loader, LoaderError
 from fastfeed.types import DatasetError
 from fastfeed.world import World
 

@@ -250,7 +250,7 @@ def _pack_cmd(src: str, out: str, *extra: str) -> list[str]:
             "--workers", "1", "--quiet", *extra]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 def test_sigkill_mid_pack_then_resume(src, tmp_path, fmt):
     out = str(tmp_path / "out")

@@ -14,9 +14,9 @@ from PIL import Image
 from skimage import data as skdata
 
 import fastfeed
-from fastfeed import jpeg, transcode
 from fastfeed.cli import main as cli
 from fastfeed.demo_data import make_dataset
+from fastfeed.image import jpeg, transcode
 from fastfeed.pack import PackError, PackOptions, pack
 from fastfeed.pack.run import NO_TRANSCODER_NOTE, resolve_jpeg_mode
 

@@ -1,4 +1,4 @@
-"""The pipeline tuner (fastfeed/pipelines.py) on loops of known shape, and `EpochRun` changing its number of workers
+"""The pipeline tuner (fastfeed/tuning/pipelines.py) on loops of known shape, and `EpochRun` changing its number of workers
 mid-epoch with real CPU decoders (the GPU Loader's wiring: tests/test_gpu.py)."""
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import pytest
 import torch
 
 import fastfeed
-from fastfeed import pipelines as tuner_mod
 from fastfeed import sampling
+from fastfeed.datasets import open_dataset
 from fastfeed.decode import build_decoder, pipeline_kind
-from fastfeed.assemble import SampleTable
-from fastfeed.epoch import EpochRun
-from fastfeed.formats import open_dataset
-from fastfeed.pace import ConsumerPace
-from fastfeed.pipelines import PipelineTuner
-from fastfeed.ring import PrefetchRing
-from fastfeed.stats import StageStats
+from fastfeed.loader.assemble import SampleTable
+from fastfeed.loader.epoch import EpochRun
+from fastfeed.loader.ring import PrefetchRing
+from fastfeed.loader.stats import StageStats
+from fastfeed.tuning import pipelines as tuner_mod
+from fastfeed.tuning.pace import ConsumerPace
+from fastfeed.tuning.pipelines import PipelineTuner
 from fastfeed.types import ImageProfile
 from fastfeed.world import World
 from test_epoch import settings_for
@@ -283,7 +283,7 @@ def test_the_pipeline_tuner_and_the_climber_take_turns(seed):
     """Both tune one Loader on one pace: never two tries at once (each is measured alone: on the H200 the tuner
     measured one pipeline while the climber probed 3/8, read a 20% wait and went back), and together they find the
     fastest pair (one pipeline, 3/8) within a few hundred batches."""
-    from fastfeed.decode.hybrid import ShareClimber
+    from fastfeed.tuning.climber import ShareClimber
 
     tuner, pace, clock = make(floor=1)
     climber = ShareClimber(pace, settle=10)
@@ -308,7 +308,7 @@ def test_a_loop_that_still_waits_gets_the_next_pipeline_before_the_climber_probe
     little here). A pipeline more that paid while the loop still waits is followed at once by the next try: three
     pipelines two measurements after the first (on the H200 the climber's probes between them made it ~210
     batches), and still never two tries at once."""
-    from fastfeed.decode.hybrid import ShareClimber
+    from fastfeed.tuning.climber import ShareClimber
 
     tuner, pace, clock = make(start=1, floor=1)
     climber = ShareClimber(pace, settle=10)
@@ -560,9 +560,9 @@ def test_a_cpu_loader_and_a_given_pipeline_count_are_not_tuned(wds_path):
 
 def test_a_gpu_loader_starts_on_one_pipeline_and_may_grow_to_one_per_four_cores(monkeypatch):
     """Every pipeline is built before the first batch (0.5-0.7 s each on an H200): a tuned GPU Loader starts with one
-    and grows on the loop; its decode threads are sized for two, the count measured most (fastfeed/settings.py).
+    and grows on the loop; its decode threads are sized for two, the count measured most (fastfeed/loader/settings.py).
     The settings alone, resolved for a GPU this machine need not have (the Loader on one: tests/test_gpu.py)."""
-    from fastfeed.settings import HYBRID_RESERVED_CORES
+    from fastfeed.loader.settings import HYBRID_RESERVED_CORES
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -576,7 +576,7 @@ def test_a_gpu_loader_starts_on_one_pipeline_and_may_grow_to_one_per_four_cores(
     assert (given.pipelines, given.pipeline_floor, given.pipeline_limit) == (2, 2, 2)
     assert s.gpu_pipelines_from is None and few.gpu_pipelines_from is None
     # DALI's CPU backend feeding a GPU: its two, threads split between them, and up to one per four cores when the
-    # loop waits, never fewer than two (fastfeed/settings.py says why) ...
+    # loop waits, never fewer than two (fastfeed/loader/settings.py says why) ...
     cpu = settings_for(world=World(cpus=16), device="cuda", decoder="cpu-dali", num_threads="auto")
     assert (cpu.pipelines, cpu.pipeline_floor, cpu.pipeline_limit, cpu.decode_threads) == (2, 2, 4, 8)
     few = settings_for(world=World(cpus=4), device="cuda", decoder="cpu-dali", num_threads="auto")

@@ -14,12 +14,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from fastfeed.formats import open_dataset  # noqa: E402
+from fastfeed.datasets import open_dataset  # noqa: E402
 from fastfeed.pack import PackOptions, merge, pack  # noqa: E402
-from fastfeed.remote.pack import pack_ray  # noqa: E402
+from fastfeed.pack.remote import pack_ray  # noqa: E402
 
 SHARD = 1 << 20
-pytestmark = pytest.mark.slow  # starts a Ray cluster (~10 s)
+pytestmark = pytest.mark.integration  # starts a Ray cluster (~10 s)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_engine_ray_packs_to_a_url_merged_before_upload(ray_cluster, demo_tree, 
     processes, but only the driver uploads, after the merge."""
     import fsspec
 
-    from fastfeed.remote.pack import pack_any
+    from fastfeed.pack.remote import pack_any
 
     monkeypatch.setenv("FASTFEED_CACHE", str(tmp_path / "cache"))
     url = "memory://ray-bucket/ds"

@@ -21,7 +21,8 @@ import pytest
 moto_server = pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 
-from fastfeed.formats import DatasetError, open_dataset  # noqa: E402
+from fastfeed.datasets import open_dataset
+from fastfeed.formats import DatasetError  # noqa: E402
 
 BUCKET = "fastfeed-test"
 FAST_FAIL = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 3}}
@@ -174,7 +175,7 @@ def test_parts_packed_to_s3_are_merged_there_into_the_one_process_pack(s3, demo_
     """A Slurm array writing to object storage: each part uploads to URL/part-NNNNN, then `fastfeed merge URL`
     leaves exactly the files of a one-process pack there (every object compared byte for byte), the parts gone."""
     from fastfeed.pack import PackOptions
-    from fastfeed.remote.pack import pack_any
+    from fastfeed.pack.remote import pack_any
 
     url = f"s3://{BUCKET}/merged"
     opts = PackOptions(shard_size=4_000_000, num_parts=3)  # wds_path: the same tree, options and shard size
@@ -225,7 +226,7 @@ def test_truncated_object_is_a_checksum_error_naming_the_shard(s3, demo_tree, ca
 
 _SHARE_CHILD = """
 import json, sys
-from fastfeed.formats import open_dataset
+from fastfeed.datasets import open_dataset
 ds = open_dataset(sys.argv[1], cache_dir=sys.argv[2])
 ds.extents()  # fetch="all": every shard local before the ring would read
 print(json.dumps(ds.cache_stats()))
@@ -233,7 +234,7 @@ ds.close()
 """
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_processes_share_one_cache_and_download_each_shard_once(s3, remote_wds, tmp_path):
     cache = tmp_path / "shared-cache"
     procs = [subprocess.Popen([sys.executable, "-c", _SHARE_CHILD, remote_wds, str(cache)], stdout=subprocess.PIPE,
@@ -335,8 +336,8 @@ def test_server_stopped_mid_epoch_raises_dataset_error_within_a_bounded_time(dem
 def test_epoch_fetch_streams_shards_through_the_native_ring(s3, remote_wds, wds_path, tmp_path):
     """The hook the epoch runner calls (fastfeed/remote/epoch.py) with the real ring: nothing is local when the
     ring starts except the first window, and every batch read equals the local dataset's bytes."""
+    from fastfeed.loader.ring import PrefetchRing
     from fastfeed.remote import epoch_fetch
-    from fastfeed.ring import PrefetchRing
 
     batch_size, slots = 8, 3
     with open_dataset(remote_wds, cache_dir=str(tmp_path / "c"), fetch="on_demand") as ds, \
@@ -359,8 +360,8 @@ def test_epoch_fetch_streams_shards_through_the_native_ring(s3, remote_wds, wds_
 def test_streaming_with_a_cache_smaller_than_the_dataset_stays_under_its_limit(s3, demo_tree, wds_path, tmp_path):
     """order="shard" through the ring with a cache that holds about half the dataset: shards whose batches the
     ring is done with are released and evicted (LRU), every byte read is right, the limit always holds."""
+    from fastfeed.loader.ring import PrefetchRing
     from fastfeed.remote.epoch import EpochFetch
-    from fastfeed.ring import PrefetchRing
 
     url = f"s3://{BUCKET}/small-shards"
     assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "1MB").returncode == 0
@@ -397,7 +398,7 @@ def test_a_reader_never_sees_the_manifest_before_the_files_it_lists(s3, wds_path
     """Readers poll the URL while a dataset uploads: each sees either no dataset or a complete, verified one."""
     import threading
 
-    from fastfeed.remote.pack import upload_dataset
+    from fastfeed.pack.remote import upload_dataset
 
     url = f"s3://{BUCKET}/racing"
     done = threading.Event()
@@ -428,7 +429,7 @@ def test_a_reader_never_sees_the_manifest_before_the_files_it_lists(s3, wds_path
     assert errors == [] and missing > 0 and complete == 1
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_killed_pack_to_a_url_uploads_nothing_and_resumes_from_staging(s3, src_small, tmp_path, cache_dir):
     import signal
 

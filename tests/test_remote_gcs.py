@@ -18,7 +18,7 @@ if importlib.util.find_spec("gcsfs") is None:  # not imported here: the fixture 
     pytest.skip("gcsfs is not installed", allow_module_level=True)
 emulator = pytest.importorskip("gcp_storage_emulator.server")
 
-from fastfeed.formats import open_dataset  # noqa: E402
+from fastfeed.datasets import open_dataset  # noqa: E402
 
 # gcsfs hands aiohttp each upload as one bytes body, which aiohttp warns about (a client-side performance note;
 # the suite turns warnings into errors).
@@ -64,7 +64,7 @@ def test_pack_to_gcs_then_loader_reads_every_sample_like_the_local_pack(gcs, dem
     import torch
 
     from fastfeed.pack import PackOptions
-    from fastfeed.remote.pack import pack_any
+    from fastfeed.pack.remote import pack_any
 
     monkeypatch.setenv("FASTFEED_CACHE", str(tmp_path / "cache"))
     url = f"gs://{BUCKET}/wds"

@@ -12,8 +12,9 @@ pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 
 import fastfeed  # noqa: E402
-from fastfeed.assemble import LoaderError  # noqa: E402
-from fastfeed.formats import DatasetError, open_dataset  # noqa: E402
+from fastfeed.datasets import open_dataset
+from fastfeed.formats import DatasetError  # noqa: E402
+from fastfeed.loader.assemble import LoaderError  # noqa: E402
 from tests.test_remote import BUCKET, FAST_FAIL, S3Server, _cli  # noqa: E402
 
 

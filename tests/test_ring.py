@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastfeed.ring import PrefetchRing, RingBatch, RingReadError, auto_slot_bytes
+from fastfeed.loader.ring import PrefetchRing, RingBatch, RingReadError, auto_slot_bytes
 from fastfeed.types import Extents
 
 # Fewer examples under the sanitizer run (tools/sanitize.sh), which is ~10x slower per example.
@@ -126,7 +126,7 @@ def _packed(tmp_path, kind: str):
     """A real packed dataset of small real JPEGs in two class folders, written by the packer."""
     from PIL import Image
 
-    from fastfeed.formats import open_dataset
+    from fastfeed.datasets import open_dataset
     from fastfeed.pack.run import PackOptions, pack
 
     rng = np.random.default_rng(0)

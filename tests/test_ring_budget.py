@@ -1,4 +1,4 @@
-"""The ring's read-ahead stays within each rank's share of host memory (fastfeed/settings.py, RING_MEMORY_SHARE):
+"""The ring's read-ahead stays within each rank's share of host memory (fastfeed/loader/settings.py, RING_MEMORY_SHARE):
 fewer slots when batches are large or ranks are many, never fewer than the pipelines need to make progress."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 import fastfeed
-from fastfeed.settings import RING_MEMORY_SHARE, ring_budget_bytes
+from fastfeed.loader.settings import RING_MEMORY_SHARE, ring_budget_bytes
 from fastfeed.world import World
 from test_epoch import settings_for
 

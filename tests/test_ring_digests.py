@@ -11,7 +11,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastfeed.ring import PrefetchRing
+from fastfeed.loader.ring import PrefetchRing
 from fastfeed.types import Extents
 
 EXAMPLES = 6 if os.environ.get("FASTFEED_RING_SANITIZE") else 25
@@ -21,7 +21,7 @@ def _pack(tmp_path, kind: str, n: int = 48):
     """A real packed dataset of real JPEGs (noise, 24-160 px: 1-60 KB each, so batch sizes vary a lot)."""
     from PIL import Image
 
-    from fastfeed.formats import open_dataset
+    from fastfeed.datasets import open_dataset
     from fastfeed.pack.run import PackOptions, pack
 
     rng = np.random.default_rng(1)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from fastfeed.ring import PrefetchRing, RingClosedError, RingPinWarning
+from fastfeed.loader.ring import PrefetchRing, RingClosedError, RingPinWarning
 from fastfeed.types import Extents
 
 

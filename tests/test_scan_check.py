@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 import fastfeed
-from fastfeed import jpeg, transcode
+from fastfeed.image import jpeg, transcode
 from fastfeed.pack.validate import REPAIRED, Loaded, LoadOptions, Rejected, check_image, load_image
 from odd_images.build import build_corpus, photo
 from odd_images.reference import reference_eval

@@ -1,4 +1,4 @@
-"""Settings that depend on the dataset's images (fastfeed/settings.py, `ImageProfile` from the sample table): the
+"""Settings that depend on the dataset's images (fastfeed/loader/settings.py, `ImageProfile` from the sample table): the
 DALI thread count grows with the share of images the hardware decoder cannot take; large photos give a tenth of their
 JPEGs to DALI's CUDA decoder."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 import fastfeed
-from fastfeed.formats import open_dataset
+from fastfeed.datasets import open_dataset
 from fastfeed.types import ImageProfile
 from fastfeed.world import World
 from test_epoch import settings_for

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fastfeed.stats import MAX_SKIP_EXAMPLES, SNAPSHOT_KEYS, STAGE_KEYS, StageStats, format_summary
+from fastfeed.loader.stats import MAX_SKIP_EXAMPLES, SNAPSHOT_KEYS, STAGE_KEYS, StageStats, format_summary
 
 
 def test_timed_measures_wall_time_and_counts_items():

@@ -30,7 +30,9 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     import torch
 
-    from fastfeed import jpeg, open_dataset
+    from fastfeed.image import jpeg
+
+    from fastfeed import open_dataset
     from fastfeed.decode import crop_windows, make_decoder, oriented_size
     from fastfeed.pack import PackOptions, pack
     from odd_images.build import build_corpus

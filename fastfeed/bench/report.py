@@ -79,7 +79,7 @@ def settings_lines(loaders: dict[str, dict]) -> list[str]:
         if info.get("decoder") == "dali":
             keys.insert(4, "hw_decoder_load")  # meaningful for the GPU decoder only
         parts = [f"{k}={info[k]}" for k in keys if k in info]
-        if "pipeline_history" in (r.get("loader_stats") or {}):  # the count the tuner ran last (fastfeed/pipelines.py)
+        if "pipeline_history" in (r.get("loader_stats") or {}):  # the tuner's last count (tuning/pipelines.py)
             span = f"{info.get('pipeline_floor', info.get('pipelines'))} to {info.get('pipeline_limit')}"
             gpu = info.get("gpu_pipelines")  # auto's "cpu-dali": its last pipelines decode on the GPU (settings.py)
             on_gpu = f", {gpu} on the GPU" if gpu else ""
@@ -92,7 +92,7 @@ def settings_lines(loaders: dict[str, dict]) -> list[str]:
 def build_report(config: dict, loaders: dict[str, dict], consumer: str, compute_only_step_s: dict | None,
                  batch_size: int, errors: dict[str, str] | None = None, notes: list[str] | None = None,
                  baseline_source: str | None = None) -> dict:
-    from fastfeed import __version__
+    from fastfeed.constants import __version__
 
     errors = dict(errors or {})
     comparison = None

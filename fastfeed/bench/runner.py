@@ -172,8 +172,7 @@ def run_loader(loader: Iterable, consumer: Callable, *, name: str, steps: int = 
 def still_tuning(loader) -> bool:
     """Whether `loader` says it is still tuning itself on the loop: a fastfeed.Loader whose pipeline tuner or hybrid
     CPU-share climber has a try in flight or waiting (`stats()["info"]["tuning_settled"]`). Steps timed meanwhile
-    measure a loader in the middle of changing: on an H200 a GPU Loader alone climbed 1 -> 2 pipelines in its first
-    ~250 batches, and a CPU-share probe of the climber inside 50 timed steps read 11.7k img/s where it ran 17-18k."""
+    measure a loader in the middle of changing, and a short run can be mostly such steps (docs/design/tuning.md)."""
     stats = getattr(loader, "stats", None)
     if not callable(stats):
         return False
@@ -181,11 +180,11 @@ def still_tuning(loader) -> bool:
 
 
 def _stats_delta(before: dict | None, after: dict | None) -> dict | None:
-    """Loader stats for the timed steps only, when the loader uses fastfeed.stats snapshots; else as given."""
+    """Loader stats for the timed steps only, when the loader uses fastfeed.loader.stats snapshots; else as given."""
     if after is None:
         return None
     if before and "stages" in after and "stages" in before:
-        from fastfeed.stats import snapshot_delta
+        from fastfeed.loader.stats import snapshot_delta
 
         return snapshot_delta(after, before)
     return after

@@ -114,14 +114,14 @@ def _default_device(device: str | None) -> str:
 
 def _fastfeed_factory(cfg: BenchConfig, device: str) -> Callable[[], Iterable]:
     def make():
-        import fastfeed
+        from fastfeed.loader.loader import Loader
 
-        return fastfeed.Loader(cfg.dataset, batch_size=cfg.batch_size, train=cfg.train, image_size=cfg.image_size,
-                               device=device, decoder=cfg.decoder, dtype=_torch_dtype(cfg.dtype),
-                               channels_last=cfg.channels_last, seed=cfg.seed,
-                               num_threads="auto" if cfg.num_threads is None else cfg.num_threads,
-                               prefetch=cfg.prefetch, pipelines=cfg.pipelines, reader_threads=cfg.reader_threads,
-                               hw_decoder_load=cfg.hw_decoder_load)
+        return Loader(cfg.dataset, batch_size=cfg.batch_size, train=cfg.train, image_size=cfg.image_size,
+                      device=device, decoder=cfg.decoder, dtype=_torch_dtype(cfg.dtype),
+                      channels_last=cfg.channels_last, seed=cfg.seed,
+                      num_threads="auto" if cfg.num_threads is None else cfg.num_threads,
+                      prefetch=cfg.prefetch, pipelines=cfg.pipelines, reader_threads=cfg.reader_threads,
+                      hw_decoder_load=cfg.hw_decoder_load)
 
     return make
 

@@ -42,7 +42,7 @@ class PackedImages(torch.utils.data.Dataset):
     """
 
     def __init__(self, root: str | os.PathLike, transform=None):
-        from fastfeed.formats import open_dataset
+        from fastfeed.datasets import open_dataset
 
         self.root = os.fspath(root)
         self.transform = transform
@@ -57,7 +57,7 @@ class PackedImages(torch.utils.data.Dataset):
 
     def _reader(self):
         if self._pid != os.getpid():
-            from fastfeed.formats import open_dataset
+            from fastfeed.datasets import open_dataset
 
             self._ds, self._pid = open_dataset(self.root), os.getpid()
         return self._ds

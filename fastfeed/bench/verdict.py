@@ -9,8 +9,8 @@ loader would give. Per sample (so partial batches count right), a measured step 
     model         the ceiling itself (or the consumer time, when noise makes it shorter than the ceiling)
 
 A low data-wait share alone does not mean "the loader keeps up": a DataLoader whose workers take the CPU from the
-training process can wait 2% of the time and still train 38% below the ceiling. Advice names only `fastfeed bench`
-flags (tests check every `--flag` mentioned against the parser) and `fastfeed pack` commands.
+training process can wait a few percent of the time and still train far below the ceiling. Advice names only
+`fastfeed bench` flags (tests check every `--flag` mentioned against the parser) and `fastfeed pack` commands.
 """
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def bottleneck(r: dict, gpu: bool = True) -> str:
     if tried and info.get("decoder") in ("dali", "hybrid") and str(info.get("device", "")).startswith("cuda"):
         # More pipelines were tried on this loop and did not pay: neither cores nor pipelines are what is short, so
         # "raise --pipelines" would send the user after what the tuner already measured. What is left is the GPU's
-        # JPEG decode itself (on an H200 the hardware decoder limits photos of a few MP for DALI's own reader too).
+        # JPEG decode itself (the hardware decoder limits photos of a few MP for DALI's own reader too:
+        # docs/design/decoders.md#hw-decoder-load).
         return (f"the GPU's JPEG decode is the limit (the pipeline tuner tried {tried} pipelines, no faster than "
                 f"{info.get('pipelines')}; {busy:.1f} of {cpus} cores busy): for photos much larger than the "
                 "training crop, pack them downscaled (`fastfeed pack --max-side 512`); or a lower --hw-decoder-load "
@@ -93,7 +94,7 @@ def bottleneck(r: dict, gpu: bool = True) -> str:
 
 def _pipelines_tried_beyond(r: dict) -> int | None:
     """The most pipelines the Loader's tuner tried, when that is more than it settled on (its history: (count, period,
-    wait) per measurement, fastfeed/pipelines.py); None when it did not try more or did not settle."""
+    wait) per measurement, fastfeed/tuning/pipelines.py); None when it did not try more or did not settle."""
     stats = r.get("loader_stats") or {}
     info = stats.get("info") or {}
     history, now = stats.get("pipeline_history") or [], info.get("pipelines")

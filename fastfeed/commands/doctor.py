@@ -13,7 +13,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastfeed.doctor import FAIL, format_checks, run_checks, to_json
+    from fastfeed.doctor.checks import FAIL, format_checks, run_checks, to_json
 
     if args.num_threads is not None and args.num_threads < 1:
         print("fastfeed doctor: --num-threads must be >= 1", file=sys.stderr)

@@ -36,7 +36,7 @@ def summarize(m) -> str:
         f"source:      {m.source} ({m.source_kind})",
     ]
     try:
-        from fastfeed.transcode import hw_decoder_advice
+        from fastfeed.image.transcode import hw_decoder_advice
 
         advice = hw_decoder_advice(m.jpeg_mix)
     except (ImportError, ValueError, KeyError):

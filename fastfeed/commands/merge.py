@@ -1,5 +1,5 @@
 """`fastfeed merge OUT`: join OUT/part-NNNNN (from `pack --num-parts K --part i`) into one dataset; OUT may be an
-fsspec URL (fastfeed/remote/pack.py `merge_any`)."""
+fsspec URL (fastfeed/pack/remote.py `merge_any`)."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +16,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fastfeed.pack import PackError
-    from fastfeed.remote.pack import merge_any
+    from fastfeed.pack.remote import merge_any
 
     try:
         m, num_parts = merge_any(args.out, staging=args.staging)

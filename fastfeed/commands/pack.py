@@ -9,9 +9,9 @@ __all__ = ["configure", "run"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from fastfeed.pack.remote import add_arguments as remote_arguments
     from fastfeed.pack.sources import SOURCE_KINDS
     from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
-    from fastfeed.remote.pack import add_arguments as remote_arguments
 
     p.add_argument("src", help="ImageFolder tree, flat folder of images, or a .csv/.jsonl list (path,label[,metadata])")
     p.add_argument("out", help="output folder or fsspec URL (s3://bucket/prefix, gs://...)")
@@ -25,7 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="baseline (default when built with libjpeg, else keep): losslessly transcode progressive/"
                         "arithmetic JPEGs to baseline for the GPU hardware decoder (identical pixels); keep: store "
                         "bytes untouched; reencode: also re-encode, lossily, what that decoder cannot take "
-                        "(see fastfeed/transcode.py)")
+                        "(see fastfeed/image/transcode.py)")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality for re-encoded images")
     p.add_argument("--max-side", type=int, default=None,
                    help="re-encode images whose longer side exceeds N pixels to JPEG at --quality")
@@ -41,7 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace fastfeed's files in OUT")
     p.add_argument("--strict", action="store_true", help="exit with status 1 if any file was rejected")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
-    remote_arguments(p)  # hook: --engine, --ray-address, --staging (fastfeed/remote/pack.py)
+    remote_arguments(p)  # hook: --engine, --ray-address, --staging (fastfeed/pack/remote.py)
 
 
 def _demo_marker(src: str) -> int:
@@ -53,7 +53,7 @@ def _demo_marker(src: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from fastfeed.pack import PackError, PackOptions, parse_size
-    from fastfeed.remote.pack import pack_any as _remote_pack
+    from fastfeed.pack.remote import pack_any as _remote_pack
 
     try:
         opts = PackOptions(
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet and sys.stderr.isatty(),
         )
         result = _remote_pack(args.src, args.out, opts, engine=args.engine, ray_address=args.ray_address,
-                              staging=args.staging)  # hook: URLs and --engine ray (fastfeed/remote/pack.py)
+                              staging=args.staging)  # hook: URLs and --engine ray (fastfeed/pack/remote.py)
     except (PackError, ValueError, OSError) as e:
         print(f"fastfeed pack: error: {e}", file=sys.stderr)
         return 2

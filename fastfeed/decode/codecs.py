@@ -3,17 +3,16 @@
 DALI's image decoder creates an nvImageCodec instance when its pipeline is built, and the instance loads every
 extension module in nvImageCodec's `extensions` folder, or in $NVIMGCODEC_EXTENSIONS_PATH when that is set (read at
 each instance's creation). On a host that sees a GPU the GPU ones (nvJPEG, nvJPEG2000, nvTIFF) set up GPU state as
-they load, also for a pipeline on DALI's CPU backend, which never uses them. Measured on an H200
-(benchmarks/h200/codec_probe.py, 2026-12-02), a CPU pipeline's build took 1,040 ms with every extension and 4 ms
-with the CPU ones only; a process's first took 1,500 against 475 ms. The thumbnails' decoder, DALI's CPU backend,
-paid that second per pipeline: two before the first batch, one per pipeline the tuner tries.
+they load, also for a pipeline on DALI's CPU backend, which never uses them: that setup is most of a CPU pipeline's
+build, paid per pipeline (two before the first batch, one per pipeline the tuner tries) by the thumbnails' decoder,
+DALI's CPU backend. docs/design/decoders.md#codecs
 
 So a pipeline on the CPU backend is built while the variable names a folder of links to the CPU extensions only.
 The folder is made for that build and removed after it: the extensions are loaded by then, and a folder that
 outlived its build would be left behind by every process that ends in os._exit (a forked worker's way out). Builds
 take one lock, so that a GPU pipeline built meanwhile in another thread never sees that folder. A variable the user
 set is left alone: they chose the extensions. DALI's CPU backend decodes JPEGs with libjpeg-turbo and PNGs with
-OpenCV either way, so the folder changes no pixels (tests/test_dali_codecs.py, which passed on the H200 too).
+OpenCV either way, so the folder changes no pixels (tests/test_dali_codecs.py).
 """
 from __future__ import annotations
 

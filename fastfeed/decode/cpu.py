@@ -3,25 +3,25 @@
 Per sample, on a thread pool, a few samples per task (PIL and the numba kernel both release the GIL):
   1. `Image.draft("RGB", size)` lets libjpeg-turbo downscale by 1/2, 1/4 or 1/8 in the DCT domain, choosing the
      largest factor that still leaves the crop window at least `draft_min_scale * S` pixels on each side. DCT
-     scaling is sharper than PIL's antialiased bilinear: measured against a full decode it moves the output by up
-     to ~3/255 mean abs (at draft_min_scale=2, large detailed photos), so use draft=False where the output must
-     match torchvision's eval transform (< 2/255); for training augmentation the speed is worth it;
-  2. the decode contract (README "Decode contract"; fastfeed/decode/contract.py): EXIF orientation applied when
+     scaling is sharper than PIL's antialiased bilinear, so on large detailed photos it can move the output past
+     the contract's 2/255 of a full decode: use draft=False where the output must match torchvision's eval
+     transform; for training augmentation the speed is worth it (docs/design/decoders.md#draft);
+  2. the decode contract (docs/decode-contract.md; fastfeed/image/contract.py): EXIF orientation applied when
      orientation="exif" (JPEG only), any mode (L, CMYK, P, RGBA, LA, 1, I;16, ...) -> RGB, alpha dropped, 16-bit ->
      v >> 8;
   3. `Image.resize((S, S), BILINEAR, box=window)` crops and antialias-resizes in one SIMD pass (the box is in float
      source coordinates, so the draft scale costs no precision, and the filter reads pixels just outside the box
      exactly as resize-then-crop would). A training crop (a box on whole pixels) of an RGB JPEG shown as stored
      decodes only the rows and columns that resize reads, through the native core's window decode
-     (`_resized_region`): the same bits, 1.3x the images per second (RESULTS.md, twelfth session);
+     (`_resized_region`): the same bits for less decode work (docs/design/decoders.md#cpu-pil);
   4. a numba kernel flips, normalizes through a [3, 256] lookup table of the output dtype's bit patterns (exact, and
      float16/bfloat16 need no float16 support in numba) and writes CHW or HWC straight into the batch tensor.
 
 Output buffers: with device="cpu" a batch is written into memory of an earlier batch only once nothing references
 that memory any more (no tensor, view or numpy array: torch's storage use count, the check torch's own CUDA graph
 trees make), else into a new tensor; so nothing handed out is ever overwritten. Recycling matters: a fresh
-multi-MB tensor is fresh mmap'd memory, and the page faults on first write made the numba kernel 4x slower
-(0.28 vs 0.07 ms per 224 px float32 image on the 2-core box).
+multi-MB tensor is fresh mmap'd memory, whose page faults on first write cost the numba kernel several times its
+own work (docs/design/decoders.md#cpu-pil).
 With a CUDA device the batch is built in one of two pinned staging buffers and copied on torch's current stream;
 a staging buffer is reused only after the CUDA event recorded behind its copy has completed.
 """
@@ -37,10 +37,10 @@ from PIL import Image
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common,
                                   is_image, replaced_list, resolve_errors)
-from fastfeed.decode.contract import TRANSPOSE, orientation_tag, to_rgb
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
 from fastfeed.decode.kernels import emit_chw, emit_hwc
 from fastfeed.decode.lut import make_lut, numpy_view
+from fastfeed.image.contract import TRANSPOSE, orientation_tag, to_rgb
 
 __all__ = ["PilDecoder", "decode_rgb"]
 
@@ -128,9 +128,9 @@ def _resized_region(sample, box, image_size: int):
     of reach. The pixels equal the full decode's and the resize sees the same box shifted by whole pixels: for a box
     on whole pixels (training crops) the output is the full decode's bit for bit (tests/test_decode_cpu.py); a
     fractional box (eval's exact resize) would round the filter's weights differently (1/255 on 0.02% of values),
-    so it is decoded whole. Why: libjpeg's full decode was 80% of the CPU path's time per image (1.5 of 1.9 ms,
-    demo photos, dev box), and a RandomResizedCrop window covers about half of the image on average. None when the
-    native decode refuses the file (corrupt data, another colour space): the caller decodes it whole, with PIL's
+    so it is decoded whole. Why: libjpeg's full decode is most of the CPU path's time per image, and a
+    RandomResizedCrop window covers about half of the image on average (docs/design/decoders.md#cpu-pil). None when
+    the native decode refuses the file (corrupt data, another colour space): the caller decodes it whole, with PIL's
     rules."""
     x0, y0, x1, y1 = box
     mx = math.ceil(max((x1 - x0) / image_size, 1.0)) + 2
@@ -139,16 +139,15 @@ def _resized_region(sample, box, image_size: int):
     if isinstance(got, str):
         return None
     pixels, rx, ry, _, _ = got
-    # RGBX, PIL's own layout for RGB: wrapped, not copied (an RGB buffer is converted pixel by pixel: 0.18 ms)
+    # RGBX, PIL's own layout for RGB: wrapped, not copied (an RGB buffer would be converted pixel by pixel)
     img = Image.frombuffer("RGBX", (pixels.shape[1], pixels.shape[0]), pixels, "raw", "RGBX", 0, 1)
     out = img.resize((image_size, image_size), Image.BILINEAR, box=(x0 - rx, y0 - ry, x1 - rx, y1 - ry))
     return np.asarray(out)[:, :, :3]
 
 
 # Pool tasks per decode thread and batch (PilDecoder.__call__): 4 images per task for a batch of 64 on 2 threads.
-# Against one image per task, a Loader on the dev box (2 cores, 224-px crops, benchmarks/bench_pil_tasks.py,
-# thirteenth session): ~100-px thumbnails 1.05-1.18x the images/s, 200-260-px images 1.04-1.10x, the demo photos
-# (~0.23 MP) 0.99-1.01x.
+# Several images per task save the pool's per-task cost, which matters for small images, and still leave enough
+# tasks to keep every thread busy. docs/design/decoders.md#cpu-pil
 TASKS_PER_THREAD = 8
 
 

@@ -26,14 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastfeed.constants import DEFAULT_ORIENTATION, ORIENTATIONS
+
 __all__ = ["Windows", "crop_windows", "eval_resize_size", "oriented_size", "ORIENTATIONS", "DEFAULT_ORIENTATION",
            "SCALE", "RATIO", "MAX_ATTEMPTS"]
 
-# EXIF orientation policy (the decode contract, README "Decode contract"): "ignore" decodes the pixels as stored,
-# like torchvision's ImageFolder (PIL does not apply EXIF orientation); "exif" shows JPEGs as a photo viewer does.
-# The default is "ignore" so a model trained here sees what the same model trained with ImageFolder saw.
-ORIENTATIONS = ("ignore", "exif")
-DEFAULT_ORIENTATION = "ignore"
 
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)

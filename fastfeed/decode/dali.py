@@ -16,16 +16,16 @@ external_source contract allows the buffers to be reused; the caller may release
 page-locked memory (the ring's slots) are marked so with pinned_input=True: DALI's decoders then read them in place
 instead of copying each batch into a page-locked buffer of their own, possibly after the outputs are handed back, so
 __call__ also waits until the work on its stream, which follows every read, has finished. The Loader asks for it
-for large photos only (settings.py says why).
+for large photos only (fastfeed/loader/settings.py says why).
 
 Building and running: the pipeline is defined here with DALI's Python API, serialized, and built, fed and run through
-libdali's C API (dali_capi.py), whose blocking calls release the GIL: DALI's Python binding held it through each whole
-build, 0.45-0.58 s in which the training thread of the same process could not launch a kernel. A pipeline on the CPU
-backend is built with nvImageCodec's CPU extensions only (codecs.py: 4 ms against 1 s on a GPU host).
+libdali's C API (dali_capi.py), whose blocking calls release the GIL: DALI's Python binding holds it through each whole
+build, in which the training thread of the same process cannot launch a kernel (docs/design/dali-capi.md). A pipeline
+on the CPU backend is built with nvImageCodec's CPU extensions only (codecs.py: the GPU ones slow its build).
 
 Output lifetime and streams: run(stream=torch's current stream) makes DALI's outputs ready on torch's stream. They
-are then copied into a tensor from torch's caching allocator on that same stream (~50 us for 256x3x224x224 fp16 on
-an H200), so the result's lifetime belongs to torch alone: DALI may reuse its own buffers for the next batch while
+are then copied into a tensor from torch's caching allocator on that same stream (a device copy, small beside the
+decode), so the result's lifetime belongs to torch alone: DALI may reuse its own buffers for the next batch while
 the training step still reads ours. zero_copy=True hands DALI's buffer over instead (__cuda_array_interface__; torch
 keeps DALI's tensor alive until it drops the batch); it is faster by the copy but depends on DALI's stream-ordered
 deallocation for safety, so it is opt-in.
@@ -33,10 +33,10 @@ deallocation for safety, so it is opt-in.
 Errors: DALI fails a whole batch. A cheap signature check drops non-images first; if the run still fails, the
 batch is bisected (runs on halves) to find the culprit records, and only the good ones are decoded again.
 
-Orientation (the decode contract, README): DALI's decoders rotate by EXIF by default and read the ROI in the
-rotated (displayed) image; a window computed on the stored size then runs outside a rotated non-square image and
-DALI crashed the process. So `adjust_orientation` follows the policy ("ignore": off, pixels as stored, like the
-CPU path and torchvision), and with "exif" each JPEG/PNG's displayed size is read from its header (the same
+Orientation (the decode contract, docs/decode-contract.md): DALI's decoders rotate by EXIF by default and read the ROI
+in the rotated (displayed) image; a window computed on the stored size then runs outside a rotated non-square image,
+which crashes the process inside DALI. So `adjust_orientation` follows the policy ("ignore": off, pixels as stored,
+like the CPU path and torchvision), and with "exif" each JPEG/PNG's displayed size is read from its header (the same
 parser pack used for the `orientation` column) and the windows are clamped to it before DALI sees them.
 """
 from __future__ import annotations
@@ -115,13 +115,13 @@ class DaliDecoder:
     """Args: device_id (CUDA device, or None for DALI's CPU backend), image_size S, dtype (torch float16/bfloat16/
     float32/uint8; bfloat16 is produced as float16 by DALI and cast by torch, uint8 skips normalization),
     channels_last (NHWC memory, no copy), mean/std in [0, 1] units, batch_size (largest batch accepted),
-    num_threads (DALI CPU threads), hw_decoder_load (share of JPEGs sent to the hardware decoder; 0.75-1.0 measured
-    1.5-2x faster than DALI's 0.65 on an H200), on_error ("skip" | "raise"), zero_copy (see module docstring),
-    orientation ("ignore" | "exif", see the module docstring), pinned_output (CPU backend: uint8 batches in page-locked
-    memory, for the asynchronous copy of decode/split.py), pinned_input (GPU: samples that are views of one
-    page-locked buffer, a ring slot, are handed to DALI as page-locked; see the module docstring), preallocate (GPU:
-    (width, height) of the images the hardware decoder's buffers are allocated for at the build, for a whole batch;
-    None: they grow in the first runs; fastfeed/settings.py says when the Loader asks for it).
+    num_threads (DALI CPU threads), hw_decoder_load (share of JPEGs sent to the hardware decoder; the default is above
+    DALI's 0.65: docs/design/decoders.md#hw-decoder-load), on_error ("skip" | "raise"), zero_copy (see module
+    docstring), orientation ("ignore" | "exif", see the module docstring), pinned_output (CPU backend: uint8 batches
+    in page-locked memory, for the asynchronous copy of decode/split.py), pinned_input (GPU: samples that are views
+    of one page-locked buffer, a ring slot, are handed to DALI as page-locked; see the module docstring), preallocate
+    (GPU: (width, height) of the images the hardware decoder's buffers are allocated for at the build, for a whole
+    batch; None: they grow in the first runs; fastfeed/loader/settings.py says when the Loader asks for it).
     """
 
     def __init__(self, *, device_id=0, image_size=224, dtype=None, channels_last=False, mean=None, std=None,
@@ -149,9 +149,9 @@ class DaliDecoder:
         # CPU backend only: batches land in page-locked memory, ready for an asynchronous copy to a GPU (split.py).
         self._pinned_output = bool(pinned_output) and device_id is None
         self._pinned_input = bool(pinned_input) and device_id is not None
-        # DALI's CPU crop_mirror_normalize is slow for float16 (measured 300 vs 550 img/s on 2 cores for uint8):
-        # on the CPU backend DALI emits flipped uint8 HWC and the numba lookup-table kernel of the PIL path
-        # normalizes and lays it out.
+        # DALI's CPU crop_mirror_normalize is slow for float16 output (docs/design/decoders.md#cpu-dali): on the CPU
+        # backend DALI emits flipped uint8 HWC and the numba lookup-table kernel of the PIL path normalizes and lays
+        # it out.
         self._lut = None
         pipe_dtype, pipe_hwc = self._dtype_name, self.channels_last
         if device_id is None and self._dtype_name != "uint8":
@@ -214,7 +214,7 @@ class DaliDecoder:
                     raise _Closed("decoder is closed") from exc
                 self._pipe = None
             pipe.close()
-            fresh = self._build()  # without the lock: close() need not wait out a build (1.7 s on a GPU)
+            fresh = self._build()  # without the lock: close() need not wait out a build (seconds on a GPU)
             with self._swap:
                 closed = self._closed
                 if not closed:
@@ -342,15 +342,13 @@ CHROMA_MODES = ("full", "roi", "plain")
 def chroma_mode(gpu: bool) -> str:
     """How the pipeline decodes JPEGs so that 4:2:0 chroma matches libjpeg-turbo's (PIL's, torchvision's):
       "full"  the whole image decoded with interpolated ("fancy") chroma upsampling, the window cut by the resize:
-              the GPU. nvJPEG refuses cropped (ROI) decodes with interpolated upsampling before its version 13.2
-              (DALI then decodes those images on the CPU, 41 img/s measured), and a training script usually has an
-              older one: torchvision 0.29 loads its bundled nvJPEG 13.0.1 (soname libnvjpeg.so.13) at import, and
-              DALI's decoders then get that library, not their own 13.3 (benchmarks/h200/nvjpeg_probe.py, H200,
-              2026-11-30). Whole-image decodes train as fast (ResNet-50 4,313 vs 4,324 img/s), and where 13.3 was
-              loaded, a short probe of the cropped decode on 12-MP photos was not faster (benchmarks/RESULTS.md).
+              the GPU. nvJPEG before 13.2 refuses cropped (ROI) decodes with interpolated upsampling (DALI then
+              decodes those images on the CPU, far slower), and a training script usually loads an older one first:
+              torchvision's bundled nvJPEG, which DALI's decoders then get. Whole-image decodes train as fast.
+              docs/design/decoders.md#chroma
       "roi"   only the window decoded, interpolated upsampling: DALI's CPU backend (libjpeg-turbo does it exactly).
-      "plain" ROI decode with plain (replicated) chroma: 2.64/255 off the CPU path on the corpus, outside the
-              decode contract; only through FASTFEED_DALI_CHROMA, for measurements.
+      "plain" ROI decode with plain (replicated) chroma: off the CPU path, outside the decode contract
+              (docs/decode-contract.md); only through FASTFEED_DALI_CHROMA, for measurements.
     FASTFEED_DALI_CHROMA=full|roi|plain overrides the choice (the benchmarks compare them)."""
     import os
 
@@ -391,14 +389,14 @@ def _subset(samples, windows: Windows, positions: list[int]):
 def _clamp_displayed(samples, windows: Windows, positions) -> Windows:
     """The windows clamped to each JPEG/PNG's displayed size (header size, axes swapped for EXIF tags 5..8), so
     that a window computed on a wrong size can never send DALI's ROI decode outside the rotated image."""
-    from fastfeed.headers import exif_orientation
-    from fastfeed.jpeg import displayed_size
+    from fastfeed.image.headers import exif_orientation
+    from fastfeed.image.jpeg import displayed_size
 
     W = windows.x.astype(np.int64) + windows.w
     H = windows.y.astype(np.int64) + windows.h
     for i in positions:
         # Tags 1-4 keep the stored size, which the windows were computed on; only 5-8 (axes swapped) can put a
-        # window outside the rotated image. Reading the tag costs ~5 us (measured), the size only for rotated samples.
+        # window outside the rotated image. Reading the tag costs microseconds; the size is read for rotated ones only.
         tag = exif_orientation(samples[i])
         size = displayed_size(samples[i], tag) if tag >= 5 else None
         if size is not None:

@@ -1,9 +1,9 @@
 """A DALI pipeline built, fed and run through libdali's C API (`dali/dali.h`, DALI's "C API 2.0"), called with ctypes.
 
-Why not DALI's Python binding: `Pipeline.build()` holds the GIL for the whole build (0.22 s on an idle H200, 0.45-0.58
-s beside ResNet-18/-50 training: benchmarks/h200/build_stall_probe.py), and `feed_input`/`run` do per-sample work in
-Python. A decode worker lives in the training process, so every millisecond it holds the GIL is a millisecond in which
-the training thread cannot launch its next kernels. Called through ctypes, the build, the run, the wait for its outputs
+Why not DALI's Python binding: `Pipeline.build()` holds the GIL for the whole build (a large fraction of a second
+beside training: docs/design/dali-capi.md), and `feed_input`/`run` do per-sample work in Python. A decode worker
+lives in the training process, so every millisecond it holds the GIL is a millisecond in which the training thread
+cannot launch its next kernels. Called through ctypes, the build, the run, the wait for its outputs
 and the copy out release the GIL (the microsecond calls keep it: _SIGNATURES says why), so they happen beside the
 training thread instead of in front of it.
 
@@ -80,8 +80,7 @@ class DaliCError(RuntimeError):
 # name: (restype, argtypes, blocking). Only the blocking calls (the build, the run and the wait for its outputs, the
 # copy out, the teardown) release the GIL. Releasing it around a call of a microsecond costs more than it saves: the
 # thread must then win the GIL back from whichever thread took it, which can hold it for the interpreter's whole
-# switch interval (5 ms): with every call releasing it, the loader alone ran 17,076-17,876 img/s against 18,957-19,015
-# through DALI's binding in one ABBA on the H200; with only these releasing, 18,730-18,930 against 18,694-18,802.
+# switch interval (5 ms). docs/design/dali-capi.md#gil
 _SIGNATURES = {
     "daliGetLastErrorMessage": (C.c_char_p, [], False),
     "daliPipelineDeserialize": (C.c_int, [C.POINTER(_handle), C.c_char_p, C.c_size_t, C.POINTER(_Params)], True),
@@ -174,7 +173,8 @@ class CPipeline:
     def feed_samples(self, name: str, samples, pinned: bool = False) -> None:
         """Feed contiguous 1-D uint8 samples in place (no copy): they must stay valid until this iteration's outputs
         are popped. `pinned`: the samples are page-locked host memory (DALI's GPU decoders then read them directly).
-        The descriptors are built as one numpy record array: a ctypes structure per sample costs ~4 us of GIL each."""
+        The descriptors are built as one numpy record array: a ctypes structure per sample costs microseconds of GIL
+        each."""
         n = len(samples)
         shapes = np.fromiter(map(len, samples), np.int64, n)
         descs = np.zeros(n, _DESC_RECORD)

@@ -4,7 +4,7 @@ by one table lookup on torch's current stream.
 
 Why: decoding on the GPU costs the training step more than the decode itself on small images. The GPU decoder
 launches work for every image from threads of the training process, and with 64-px thumbnails a ResNet-50 step is
-short enough that those launches delay its own (benchmarks/RESULTS.md: thumbnails). Here the GPU sees one copy and
+short enough that those launches delay its own (docs/design/decoders.md#auto). Here the GPU sees one copy and
 a few kernels per batch, and no decoder thread makes a CUDA call.
 
 Exactness: the lookup table is the CPU path's (`lut.make_lut`: the output dtype's value of (v/255 - mean)/std for

@@ -1,4 +1,5 @@
-"""Packed-dataset readers: `open_dataset(path)` picks the reader from the folder's manifest.
+"""Packed-dataset readers for a local folder: `open_local(path)` picks the reader from the folder's manifest
+(`fastfeed.open_dataset` also takes URLs: fastfeed/datasets.py).
 
 Both readers share one interface (see `base.Dataset`): len(), labels, classes, keys, widths/heights, checksums,
 orientations, read(i), metadata(i), extents(), iteration yielding `Sample`s, manifest, close(), and use as a
@@ -14,18 +15,12 @@ from fastfeed.formats.lmdb import LmdbDataset
 from fastfeed.formats.wds import WdsDataset
 from fastfeed.types import DatasetError
 
-__all__ = ["open_dataset", "Dataset", "DatasetError", "READERS"]
+__all__ = ["open_local", "Dataset", "DatasetError", "READERS"]
 
 READERS: dict[str, type] = {"wds": WdsDataset, "lmdb": LmdbDataset}
 
 
-def open_dataset(path: str | os.PathLike, storage_options: dict | None = None, **remote) -> Dataset:
-    """Open a folder written by `fastfeed pack`; raises DatasetError when it is not a complete, intact dataset.
-    An fsspec URL (s3://, gs://, https://, ...) opens through the shard cache: fastfeed/remote/dataset.py
-    (`storage_options` go to fsspec; `remote` keywords: cache_dir, cache_size, fetch, parallel, retry_timeout)."""
-    from fastfeed.remote import is_url, open_remote  # hook: remote datasets (fastfeed/remote/)
-    if is_url(path):
-        return open_remote(path, storage_options, **remote)
-
+def open_local(path: str | os.PathLike) -> Dataset:
+    """Open a folder written by `fastfeed pack`; raises DatasetError when it is not a complete, intact dataset."""
     root = os.fspath(path)
     return READERS[load_manifest(root).kind](root)

@@ -22,7 +22,7 @@ from typing import Iterator, Protocol, runtime_checkable
 import numpy as np
 
 from fastfeed.formats.integrity import checksum, xxh3_hex
-from fastfeed.jpeg import KIND_BASELINE
+from fastfeed.image.jpeg import KIND_BASELINE
 from fastfeed.types import MANIFEST_NAME, SAMPLES_NAME, DatasetError, Extents, ImageProfile, Manifest, Sample
 
 __all__ = ["Dataset", "TableDataset", "load_manifest", "load_table", "data_path", "read_regular"]

@@ -36,10 +36,9 @@ def bad_checksums(dataset, indices: Sequence[int] | np.ndarray, samples: Sequenc
     an empty record (a failed read) is reported too. `digests`: the records' xxh3_64 already computed elsewhere
     (e.g. by native reader threads right after the read, without the GIL); then only the comparison runs here.
 
-    Cost per 256-sample batch of 117 KB JPEGs (benchmarks/bench_integrity.py, 2-core dev box): 1.3-1.9 ms hashing
-    here, where python-xxhash releases the GIL only around buffers over 64 KB, so it needs the GIL back once per
-    sample (beside a busy Python thread that alone took up to 0.5 s per batch); 3-7 us with `digests`, one numpy
-    comparison. The Loader passes the ring's digests (`PrefetchRing(digests=True)`).
+    Cost: hashing here needs the GIL back once per sample (python-xxhash releases it only around buffers over
+    64 KB), which a busy Python thread beside it can stretch far past the hash itself; with `digests` it is one numpy
+    comparison. So the Loader passes the ring's digests (`PrefetchRing(digests=True)`; docs/design/ring.md#digests).
     """
     sums = dataset.checksums
     if sums is None:

@@ -1,8 +1,8 @@
 """Read a batch of source files straight into one reused buffer as finished tar records (WebDataset packing).
 
 Why batches and a buffer pool: per-file Python work (a future, a queue hop, a bytes object per read) cost more
-than the copy itself, and reading 2 GB into freshly allocated memory costs ~10x reading it into memory that is
-already mapped (page faults: 3.8 s vs 0.3 s for 20k files on this machine). So a worker takes ~32 files, reads
+than the copy itself, and reading into freshly allocated memory costs many times reading into memory that is
+already mapped (page faults; benchmarks/README.md, pack). So a worker takes ~32 files, reads
 each one with a single `readv` into its slot of a pooled buffer, checks it there (header probe on the first
 16 KB, end marker in the last 512 bytes) and writes the tar headers and padding around it. The writer thread then
 only concatenates the records (`os.writev`), and the buffer goes back to the pool once its bytes are written

@@ -12,9 +12,9 @@ WebDataset packs go through the native tar writer instead when the core has it (
 threads read, frame and hash; the same validation runs in its check hook; the same files, byte for byte).
 
 JPEG mode: `jpeg_mode=None` (the default) means 'baseline' when the native core has libjpeg
-(`fastfeed.transcode.HAVE_TRANSCODE`) and 'keep' otherwise. Measured on an H200 (issue 8): 20% progressive JPEGs stored
-as-is give 4.0k-11.9k img/s through the GPU path, transcoded to baseline 14.8k-16.1k, for ~4.3 ms of CPU per
-progressive file at pack time. Asking for 'baseline' or 'reencode' explicitly without libjpeg is an error.
+(`fastfeed.image.transcode.HAVE_TRANSCODE`) and 'keep' otherwise: a few ms of CPU per progressive file at pack time
+buy the GPU's hardware decoder for it at every epoch (docs/design/decoders.md#hw-decodable). Asking for 'baseline'
+or 'reencode' explicitly without libjpeg is an error.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from fastfeed import __version__
-from fastfeed import transcode as _transcode
+from fastfeed.constants import __version__
 from fastfeed.formats.integrity import checksum
+from fastfeed.image import transcode as _transcode
 from fastfeed.pack import table as tbl
 from fastfeed.pack.base import WRITERS, FormatWriter, PackError
 from fastfeed.pack.journal import JOURNAL_DIR, Journal
@@ -59,9 +59,9 @@ NO_SCAN_CHECK_NOTE = ("JPEG scan check skipped (fastfeed._native built without l
 @dataclass(frozen=True)
 class PackOptions:
     """Args: format 'wds'|'lmdb'; shard_size in bytes (wds); shuffle_seed None keeps source order; workers
-    threads (None = all cores); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.transcode.prepare) or None for the
-    default ('baseline' when fastfeed.transcode.HAVE_TRANSCODE, else 'keep'); quality for re-encoding; max_side
-    re-encodes larger images as JPEG at `quality`; scan_check False skips the JPEG scan check (validate.py);
+    threads (None = all cores); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.image.transcode.prepare) or None for
+    the default ('baseline' when fastfeed.image.transcode.HAVE_TRANSCODE, else 'keep'); quality for re-encoding;
+    max_side re-encodes larger images as JPEG at `quality`; scan_check False skips the JPEG scan check (validate.py);
     num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN."""
 
     format: str = "wds"
@@ -228,8 +228,8 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels, o.scan_check)
     bar = _progress(len(plan), start, o.progress)
     workers = o.workers or os.cpu_count() or 1
-    # Small batches keep the bytes in cache between read, write and hash (8 MB batches in flight cost ~30%
-    # more wall time on 2 cores than ~0.5 MB ones); small packs still spread over every worker.
+    # Small batches keep the bytes in cache between read, write and hash (larger ones cost wall time:
+    # benchmarks/README.md, pack); small packs still spread over every worker.
     batch = max(1, min(_BATCH_FILES, (len(plan) - start) // (4 * workers)))
     try:
         if native:  # the native tar writer reads, frames and hashes on its own threads (pack/wds_native.py)

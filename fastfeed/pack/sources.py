@@ -8,12 +8,12 @@ ImageFolder class indices are exactly torchvision's `ImageFolder.class_to_idx`: 
 first-level folders. Files directly under an ImageFolder root are rejected ("not inside a class folder"), as
 torchvision ignores them. Hidden entries (name starting with '.') are skipped and counted, like torchvision.
 
-Symlinks (README "Pack your images"): followed, files and folders, wherever they point -- also out of the source
-tree -- because that is what ImageFolder does (`os.walk(followlinks=True)`), so a tree of links into a shared image
-store packs the same images a torchvision run would read. Unlike os.walk, a folder link back to one of its own
-ancestors is never entered (rejected as "symlink loop"); a file-link loop or a dangling link is rejected when read.
-`Source.symlinks` counts the entries reached through a link and `Source.symlinks_outside` those whose target lies
-outside the source folder; the pack summary reports both (`Source.symlink_note()`).
+Symlinks (docs/user-guide.md, "What pack writes"): followed, files and folders, wherever they point -- also out of
+the source tree -- because that is what ImageFolder does (`os.walk(followlinks=True)`), so a tree of links into a
+shared image store packs the same images a torchvision run would read. Unlike os.walk, a folder link back to one of
+its own ancestors is never entered (rejected as "symlink loop"); a file-link loop or a dangling link is rejected
+when read. `Source.symlinks` counts the entries reached through a link and `Source.symlinks_outside` those whose
+target lies outside the source folder; the pack summary reports both (`Source.symlink_note()`).
 """
 from __future__ import annotations
 

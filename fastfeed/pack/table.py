@@ -1,8 +1,8 @@
 """The per-sample table (`samples.npz`), the rejected report and the manifest: built at the end of a pack.
 
 `samples.npz` columns (all plain dtypes, read with `allow_pickle=False`):
-    key U (fixed width), label int64, width/height int32, jpeg uint8 (fastfeed.jpeg kind code), transcoded bool,
-    hw_decodable bool (the GPU hardware JPEG decoder takes the stored bytes: fastfeed.jpeg.ImageInfo),
+    key U (fixed width), label int64, width/height int32, jpeg uint8 (fastfeed.image.jpeg kind code), transcoded bool,
+    hw_decodable bool (the GPU hardware JPEG decoder takes the stored bytes: fastfeed.image.jpeg.ImageInfo),
     size int64 (stored image bytes), source U (path relative to the source root, for reports),
     checksum uint64 (xxh3_64 of the stored image bytes: fastfeed.formats.integrity.checksum),
     orientation uint8 (EXIF orientation tag 1..8 of the stored image, 1 when absent or not a JPEG),
@@ -23,8 +23,8 @@ import zipfile
 
 import numpy as np
 
-from fastfeed import jpeg
 from fastfeed.formats.integrity import xxh3_hex
+from fastfeed.image import jpeg
 from fastfeed.pack.writers import atomic_write
 from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, Manifest
 
@@ -99,7 +99,7 @@ def image_stats(table: dict[str, np.ndarray], sizes: np.ndarray) -> dict:
 
 
 def jpeg_mix(kinds: np.ndarray, hw_decodable: np.ndarray | None = None) -> dict[str, int]:
-    """Counts by fastfeed.jpeg kind name, plus `baseline_not_hw` (baseline JPEGs the hardware decoder still
+    """Counts by fastfeed.image.jpeg kind name, plus `baseline_not_hw` (baseline JPEGs the hardware decoder still
     rejects: CMYK/YCCK/RGB, odd subsampling) when the per-sample `hw_decodable` column is known."""
     counts = np.bincount(kinds.astype(np.int64), minlength=len(jpeg.KIND_NAMES))
     mix = {jpeg.KIND_NAMES[code]: int(counts[code]) for code in sorted(jpeg.KIND_NAMES)}

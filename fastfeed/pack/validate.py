@@ -1,7 +1,7 @@
 """Read one source file and decide, cheaply, whether it goes into the dataset, and in which form.
 
 Pack accepts every image torchvision's ImageFolder would load and stores each in a form every fastfeed decoder
-reads the same way (README "Decode contract"):
+reads the same way (docs/decode-contract.md):
 - JPEG (8-bit, YCbCr/grey, baseline or progressive) and 8-bit grey/RGB/palette PNG: stored as they are, or
   losslessly fixed: data after the JPEG's end-of-image marker / the PNG's IEND trimmed (phone motion photos,
   vendor trailers), junk before the SOI or between SOI and the first marker dropped;
@@ -22,12 +22,11 @@ reads the same way (README "Decode contract"):
 Each fix or conversion is named by a code on `Loaded.change` (CHANGES) that the manifest counts.
 
 Cost: JPEGs (the bulk of any dataset) are checked from the header and the last bytes, plus the scan check (an
-entropy-decoding pass, no IDCT: the bulk of pack's CPU time, see benchmarks/RESULTS.md; `LoadOptions.scan_check`
+entropy-decoding pass, no IDCT: the bulk of pack's CPU time, see benchmarks/README.md; `LoadOptions.scan_check`
 False, `fastfeed pack --no-scan-check`, skips it); only a JPEG that does not end in EOI is scanned for the end of
-its first image. PNGs
-get their compressed pixel data inflated and its length checked against the header (DALI refuses a PNG whose
-data is shorter than its header says while PIL silently accepts it). Converted files are fully decoded. Every
-failure becomes a reason string, never an exception.
+its first image. PNGs get their compressed pixel data inflated and its length checked against the header (DALI
+refuses a PNG whose data is shorter than its header says while PIL silently accepts it). Converted files are fully
+decoded. Every failure becomes a reason string, never an exception.
 """
 from __future__ import annotations
 
@@ -38,8 +37,8 @@ import stat
 import struct
 from dataclasses import dataclass
 
-from fastfeed import jpeg, transcode
-from fastfeed.headers import exif_orientation, jpeg_end, png_data_ok, png_facts
+from fastfeed.image import jpeg, transcode
+from fastfeed.image.headers import exif_orientation, jpeg_end, png_data_ok, png_facts
 
 __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS",
            "CHANGES", "TRIMMED", "DROPPED_JUNK", "CONVERTED", "REPAIRED", "TRANSCODED", "REENCODED", "DOWNSCALED"]
@@ -78,7 +77,7 @@ _PNG_END = b"IEND\xaeB`\x82"
 
 @dataclass(frozen=True)
 class LoadOptions:
-    jpeg_mode: str = "keep"  # fastfeed.transcode.prepare mode
+    jpeg_mode: str = "keep"  # fastfeed.image.transcode.prepare mode
     quality: int = 90
     max_side: int | None = None  # re-encode images whose longer side exceeds this
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -273,7 +272,7 @@ def _convert(data, fmt: str, opts: LoadOptions, change: str | None, what: str | 
     the change reported."""
     from PIL import Image, UnidentifiedImageError
 
-    from fastfeed.decode.contract import GREY_MODES, to_rgb, to_8bit
+    from fastfeed.image.contract import GREY_MODES, to_rgb, to_8bit
 
     reason = (f"{what}: no fastfeed decoder reads it as stored and PIL cannot decode it" if what else
               f"unsupported format: {fmt} (this PIL cannot decode it, so neither can torchvision's ImageFolder here)")
@@ -449,7 +448,7 @@ def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, chan
 def _downscale(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:
     from PIL import Image
 
-    from fastfeed.decode.contract import to_rgb
+    from fastfeed.image.contract import to_rgb
 
     # No warnings.catch_warnings() here: it is not thread-safe and this runs on pack's threads; the pixel limit
     # was checked before.

@@ -24,7 +24,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from fastfeed.formats import open_dataset
+from fastfeed.datasets import open_dataset
 from fastfeed.formats.integrity import checksum, sha256_file
 from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
 from fastfeed.types import DatasetError

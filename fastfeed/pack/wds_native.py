@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, replace
 
-from fastfeed.transcode import HAVE_SCAN_CHECK
+from fastfeed.image.transcode import HAVE_SCAN_CHECK
 from fastfeed.pack.native import HAVE_NATIVE_WRITER, NativeTarShardWriter, wds_sample
 from fastfeed.pack.reader import _read_into
 from fastfeed.pack.validate import LoadOptions, Rejected, check_image, stat_size

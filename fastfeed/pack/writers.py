@@ -148,7 +148,7 @@ def make_record(key: str, ext: str, data, label: int, meta: bytes | None) -> Tar
 class ShardHasher:
     """sha256 of every shard, on one helper thread, in write order.
 
-    sha256 (~1.2-1.9 GB/s) is the single largest cost of packing; hashlib releases the GIL on large buffers, so
+    sha256 is the single largest cost of packing (benchmarks/README.md); hashlib releases the GIL on large buffers, so
     hashing the chunks the writer has just written overlaps the next writes. The queue is FIFO, so `digest()`
     (end of a shard) and `call()` (hand a reused buffer back to its pool) take effect after everything queued
     before them. Bounded: the writer blocks rather than pile up buffers.

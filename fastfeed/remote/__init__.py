@@ -1,10 +1,10 @@
-"""Datasets in object storage (fsspec URLs) with a local shard cache, and packing to/from URLs and on Ray.
+"""Datasets in object storage (fsspec URLs) with a local shard cache. (Packing to/from URLs and on Ray, `pack_any`,
+is fastfeed/pack/remote.py.)
 
     open_remote(url, storage_options, cache_dir=, cache_size=, fetch=, ...)   remote/dataset.py
     read_manifest(path_or_url)                             the manifest only (inspect, doctor): remote/dataset.py
     ShardCache                                             the shared, bounded shard cache: remote/cache.py
     epoch_fetch(dataset, indices, batch_size, num_slots)   streaming hook for the epoch runner: remote/epoch.py
-    pack_any(src, out, options, ...)                       `fastfeed pack` with URLs, --engine ray: remote/pack.py
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from fastfeed.types import DatasetError
+from fastfeed.types import DatasetError, parse_size
 
 __all__ = ["ShardCache", "default_cache_dir", "default_cache_size", "CacheStats"]
 
@@ -62,8 +62,6 @@ def default_cache_size(cache_dir: str) -> int:
     cache's filesystem: a limit that does not shrink as the cache itself fills the disk."""
     env = os.environ.get("FASTFEED_CACHE_SIZE")
     if env:
-        from fastfeed.pack import parse_size
-
         return parse_size(env)
     os.makedirs(cache_dir, exist_ok=True)
     held = sum(size for _, size, _ in _scan(cache_dir)[0])

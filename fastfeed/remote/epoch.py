@@ -28,7 +28,7 @@ import numpy as np
 
 __all__ = ["EpochFetch", "epoch_fetch"]
 
-_POLL_S = 0.1  # the epoch runner's stop-flag poll interval (fastfeed/epoch.py)
+_POLL_S = 0.1  # the epoch runner's stop-flag poll interval (fastfeed/loader/epoch.py)
 
 
 class EpochFetch:

@@ -87,7 +87,7 @@ def _rows(a: np.ndarray) -> bytes:
 def _scan_repair() -> str | None:
     """The change code pack reports for a JPEG whose scans miss pixels: None when it cannot check scans."""
     try:
-        from fastfeed.transcode import HAVE_SCAN_CHECK
+        from fastfeed.image.transcode import HAVE_SCAN_CHECK
     except ImportError:  # run standalone (the device's corpus tool): fastfeed's native core has libjpeg there
         return "repaired_corrupt_scan"
     return "repaired_corrupt_scan" if HAVE_SCAN_CHECK else None

@@ -1,0 +1,74 @@
+"""The decode contract in code: how any image becomes the RGB pixels every fastfeed decoder delivers.
+
+docs/decode-contract.md is the prose; this module is the PIL rendering of it, used by the CPU decoder, by pack's
+conversions (pack/validate.py) and by the tests' reference. PIL only: no numba, no torch.
+
+- Orientation: policy "ignore" (default; torchvision's ImageFolder) or "exif" (the EXIF tag applied, displayed
+  size). Stored files are JPEG or PNG (pack converts the rest, carrying the tag into a PNG eXIf chunk); the tag is
+  read from JPEG APP1 / PNG eXIf by fastfeed.image.headers.exif_orientation on the CPU path and by DALI on DALI's.
+- 16-bit samples -> v >> 8, whatever the content (no stretching, no clipping).
+- Alpha (RGBA, LA, PA, palette tRNS) is dropped: the colour channels as stored, exactly torchvision's
+  `convert("RGB")`. No compositing: a background colour would make fastfeed differ from ImageFolder by up to
+  255/255 on every transparent pixel.
+- Animations (GIF, APNG, multi-page TIFF): the first frame.
+- CMYK/YCCK JPEG: PIL's conversion (pack stores them as PNG so every decoder gets the same pixels).
+- ICC profiles: ignored (pixel values as stored), like PIL, DALI and torchvision.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from fastfeed.constants import DEFAULT_ORIENTATION, ORIENTATIONS
+from fastfeed.image.headers import exif_orientation
+
+__all__ = ["TRANSPOSE", "GREY_MODES", "to_rgb", "to_8bit", "orientation_tag", "contract_image"]
+
+# EXIF orientation tag -> the PIL transpose that displays the image (PIL's ImageOps.exif_transpose table).
+TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+             5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+             8: Image.Transpose.ROTATE_90}
+GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "F", "I;16", "I;16L", "I;16B", "I;16N"})
+
+
+def to_8bit(img: Image.Image) -> Image.Image:
+    """16-bit / 32-bit integer grey -> L by v >> 8; float -> L clipped to [0, 255]; other modes unchanged.
+    (PIL already opens 16-bit RGB PNGs as RGB keeping the high byte: the same rule.)"""
+    mode = img.mode
+    if mode == "I" or mode.startswith("I;16"):
+        a = np.asarray(img).astype(np.int64) >> 8
+        return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8), "L")
+    if mode == "F":
+        return Image.fromarray(np.clip(np.asarray(img), 0, 255).astype(np.uint8), "L")
+    return img
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """A loaded PIL image -> RGB by the contract's colour rules (module docstring)."""
+    if img.mode == "RGB":
+        return img
+    img = to_8bit(img)
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")  # PIL warns when a palette with transparency goes straight to RGB
+    return img.convert("RGB")
+
+
+def orientation_tag(data, img_format: str | None, policy: str) -> int:
+    """The EXIF transpose to apply under `policy` (1 = none), for the stored formats (JPEG, PNG)."""
+    if policy == "exif" and img_format in ("JPEG", "MPO", "PNG"):
+        return exif_orientation(data)
+    return 1
+
+
+def contract_image(data, orientation: str = DEFAULT_ORIENTATION) -> Image.Image:
+    """The whole image as every decoder shows it (RGB, first frame, oriented by the policy). Raises on bad data."""
+    if orientation not in ORIENTATIONS:
+        raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
+    img = Image.open(io.BytesIO(bytes(data)))
+    tag = orientation_tag(data, img.format, orientation)
+    img.load()
+    if tag != 1:
+        img = img.transpose(TRANSPOSE[tag])
+    return to_rgb(img)

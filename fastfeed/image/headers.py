@@ -1,0 +1,229 @@
+"""The byte structure of JPEG and PNG files, read without decoding a pixel: the EXIF orientation tag, where a
+JPEG's first image ends, a PNG's chunks and whether its compressed data holds as many bytes as its header promises.
+
+Pure Python on bytes-like input (bytes, memoryview, numpy uint8 views of ring slots); no PIL, no numpy. Used by
+pack's validation (fastfeed/pack/validate.py), fastfeed.image.jpeg.probe and the decoders (the one EXIF reader of the
+decode contract, docs/decode-contract.md).
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+__all__ = ["STANDALONE_MARKERS", "tiff_orientation", "exif_orientation", "jpeg_end", "PngFacts", "png_facts",
+           "png_raw_size", "png_data_ok"]
+
+# JPEG markers without a length field.
+STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})
+_STANDALONE = STANDALONE_MARKERS
+_PNG_SIG = b"\x89PNG\r\n\x1a\n"
+_EXIF_FIRST = 4096  # EXIF is nearly always in the first few KB (APP1 right after SOI/APP0) ...
+_EXIF_SCAN = 1 << 16  # ... else it is looked for this far in
+
+
+def tiff_orientation(tiff: bytes) -> int:
+    """Tag 0x0112 of IFD0 of a TIFF-structured EXIF block; 1 when absent or malformed (never raises).
+    The one EXIF parser of fastfeed: pack's probe (the `orientation` column) and the CPU decoder use it."""
+    if len(tiff) < 8 or tiff[:4] not in (b"II*\x00", b"MM\x00*"):
+        return 1
+    e = "<" if tiff[:2] == b"II" else ">"
+    (ifd,) = struct.unpack_from(e + "I", tiff, 4)
+    if ifd + 2 > len(tiff):
+        return 1
+    (count,) = struct.unpack_from(e + "H", tiff, ifd)
+    for k in range(count):
+        at = ifd + 2 + 12 * k
+        if at + 12 > len(tiff):
+            return 1
+        tag, typ, n = struct.unpack_from(e + "HHI", tiff, at)
+        if tag == 0x0112:
+            if typ != 3 or n < 1:  # SHORT
+                return 1
+            (v,) = struct.unpack_from(e + "H", tiff, at + 8)
+            return v if 1 <= v <= 8 else 1
+    return 1
+
+
+def exif_orientation(data) -> int:
+    """The EXIF orientation tag (1..8) of a JPEG (APP1 "Exif") or PNG (eXIf chunk) held in `data` (bytes-like),
+    without decoding; 1 for other formats, without a (valid) tag, or with a malformed header. The one reader of
+    the tag: pack's `orientation` column, the CPU decoder and the DALI decoder's window clamp all use it."""
+    if bytes(data[:8]) == _PNG_SIG:
+        return _png_exif_orientation(data)
+    tag = _jpeg_exif_orientation(data, _EXIF_FIRST)
+    if tag is None and len(data) > _EXIF_FIRST:
+        tag = _jpeg_exif_orientation(data, _EXIF_SCAN)
+    return tag or 1
+
+
+def _jpeg_exif_orientation(data, scan: int) -> int | None:
+    """The tag, 1 when the header has none, None when the header runs past `scan` bytes before the scan data."""
+    head = bytes(data[:scan])
+    if head[:2] != b"\xff\xd8":
+        return 1
+    pos, n = 2, len(head)
+    while pos + 4 <= n and head[pos] == 0xFF:
+        while pos < n and head[pos] == 0xFF:
+            pos += 1
+        if pos + 3 > n:
+            return None
+        marker = head[pos]
+        if marker in _STANDALONE:
+            pos += 1
+            continue
+        if marker == 0xDA or marker == 0xD9:
+            return 1
+        (length,) = struct.unpack_from(">H", head, pos + 1)
+        seg = head[pos + 3 : pos + 1 + length]
+        if marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
+            if pos + 1 + length > n and len(data) > n:  # a large EXIF block (thumbnail): read all of it
+                seg = bytes(data[pos + 3 : pos + 1 + length])
+            return tiff_orientation(seg[6:])
+        pos += 1 + length
+    return None if pos + 4 > n and len(data) > n else 1
+
+
+def _png_exif_orientation(data) -> int:
+    pos, n = 8, len(data)
+    while pos + 8 <= n:
+        length, kind = struct.unpack(">I4s", bytes(data[pos : pos + 8]))
+        if kind == b"eXIf":
+            body = bytes(data[pos + 8 : pos + 8 + length])
+            return tiff_orientation(body[6:] if body[:6] == b"Exif\x00\x00" else body)
+        if kind == b"IEND":
+            break
+        pos += 12 + length
+    return 1
+
+
+def jpeg_end(data, start: int = 0) -> int | None:
+    """Offset just past the EOI marker that ends the JPEG starting at `start` (its first image, for files with
+    more after it: motion-photo video, MPF secondary images, vendor trailers), or None when there is none
+    (a truncated file). Walks the marker segments and scans each entropy-coded segment for its ending marker."""
+    mv = bytes(data)
+    n = len(mv)
+    if mv[start : start + 2] != b"\xff\xd8":
+        return None
+    pos = start + 2
+    while pos < n:
+        if mv[pos] != 0xFF:
+            return None
+        while pos < n and mv[pos] == 0xFF:
+            pos += 1
+        if pos >= n:
+            return None
+        marker = mv[pos]
+        pos += 1
+        if marker == 0xD9:
+            return pos
+        if marker in _STANDALONE or marker == 0xD8:
+            continue
+        if pos + 2 > n:
+            return None
+        (length,) = struct.unpack_from(">H", mv, pos)
+        pos += length
+        if marker != 0xDA:
+            continue
+        # Entropy-coded data: ends at the first 0xFF followed by a byte other than 0x00 (stuffing) or RSTn.
+        while True:
+            pos = mv.find(b"\xff", pos)
+            if pos < 0 or pos + 1 >= n:
+                return None
+            nxt = mv[pos + 1]
+            if nxt == 0x00 or 0xD0 <= nxt <= 0xD7 or nxt == 0xFF:
+                pos += 1 if nxt == 0xFF else 2
+                continue
+            break
+    return None
+
+
+# ---- PNG ---------------------------------------------------------------------------------------------------
+
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+@dataclass
+class PngFacts:
+    width: int
+    height: int
+    depth: int
+    ctype: int
+    interlace: int
+    end: int  # offset just past the IEND chunk
+    idat: list  # (offset, length) of each IDAT body
+    trns: bool = False
+    animated: bool = False
+
+
+def png_facts(data) -> PngFacts | str:
+    """Walk the chunks (no pixel work); a reason string when the structure is broken."""
+    n = len(data)
+    pos = 8
+    facts = None
+    while pos + 8 <= n:
+        length, kind = struct.unpack(">I4s", bytes(data[pos : pos + 8]))
+        body = pos + 8
+        nxt = body + length + 4
+        if nxt > n:
+            return "truncated PNG (a chunk runs past the end of the file)"
+        if facts is None:
+            if kind != b"IHDR" or length != 13:
+                return "bad image header: PNG does not start with IHDR"
+            w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", bytes(data[body : body + 13]))
+            if w == 0 or h == 0 or ctype not in _PNG_CHANNELS:
+                return f"bad image header: PNG {w}x{h} colour type {ctype}"
+            facts = PngFacts(w, h, depth, ctype, interlace, 0, [])
+        elif kind == b"IDAT":
+            facts.idat.append((body, length))
+        elif kind == b"tRNS":
+            facts.trns = True
+        elif kind == b"acTL":
+            facts.animated = True
+        elif kind == b"IEND":
+            facts.end = nxt
+            return facts if facts.idat else "bad image header: PNG without pixel data (no IDAT)"
+        pos = nxt
+    return "truncated PNG (no IEND chunk at the end)"
+
+
+def png_raw_size(f: PngFacts) -> int:
+    """Bytes the inflated IDAT stream must hold: filter byte + packed samples per row (per Adam7 pass)."""
+    bits = _PNG_CHANNELS[f.ctype] * f.depth
+
+    def rows(w, h):
+        return 0 if w == 0 or h == 0 else h * (1 + (w * bits + 7) // 8)
+
+    if not f.interlace:
+        return rows(f.width, f.height)
+    total = 0
+    for x0, y0, dx, dy in _ADAM7:
+        total += rows((f.width - x0 + dx - 1) // dx, (f.height - y0 + dy - 1) // dy)
+    return total
+
+
+def png_data_ok(data, f: PngFacts) -> str | None:
+    """Inflate the pixel data in 1 MB steps (bounded memory) and compare its length with the header's promise."""
+    need = png_raw_size(f)
+    z = zlib.decompressobj()
+    got = 0
+    try:
+        for off, length in f.idat:
+            chunk = bytes(data[off : off + length])
+            while chunk:
+                got += len(z.decompress(chunk, 1 << 20))
+                chunk = z.unconsumed_tail
+                if got > need:
+                    return None
+        while not z.eof and got <= need:
+            more = z.decompress(b"", 1 << 20)
+            if not more:
+                break
+            got += len(more)
+    except zlib.error as e:
+        return f"corrupt PNG pixel data ({e}); it would fail to decode"
+    if got < need:
+        return (f"PNG pixel data shorter than its header says ({got} of {need} bytes: a header lie or a cut "
+                f"file); it would fail to decode")
+    return None

@@ -1,0 +1,220 @@
+"""What one batch of the ring becomes for the training loop: (images, labels) on the device.
+
+`BatchAssembler.produce` holds back the samples no decoder may see (a read error, a checksum mismatch, an unchecked
+JPEG or PNG that pack would not have stored), decodes the rest, and keeps the batch's shape: a position whose sample is
+bad holds a copy of another sample of its batch, label included, and a batch whose every sample is bad is filled with a
+good sample from the rest of the epoch. In evaluation a position that holds no sample of its own is labelled
+IGNORE_INDEX, so every sample is scored once. With on_error="raise" it raises LoaderError naming the samples instead.
+The decode workers of `epoch.EpochRun` share one assembler, which changes nothing per batch (the consumer's `report`
+keeps the log of the samples already named).
+
+A batch's replaced samples are counted in `stats()["skipped"]` (and logged) when the run hands the batch to the loop
+(`report`), not when it is decoded: a training Loader decodes the next epoch's first batches while the loop finishes
+this one (NOTE [Reading on into the next epoch] in fastfeed/loader/loader.py), and counted at decode time a bad sample
+in them would show in the stats of the epoch before, or not, as the decode won or lost the race with the loop's
+`stats()` call. Counted at hand-out, the skips are those of the batches the loop got.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from fastfeed.constants import IGNORE_INDEX
+from fastfeed.decode import crop_windows
+from fastfeed.decode.base import DECODE_ERROR, CorruptSampleError, replacement_map
+from fastfeed.image import jpeg
+from fastfeed.loader.ring import RingReadError
+
+__all__ = ["BatchAssembler", "LoaderError", "SampleTable", "SKIP_CODES"]
+
+log = logging.getLogger("fastfeed")
+
+_FILL_CANDIDATES = 64  # other samples of the epoch tried for a batch whose every sample is bad
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+# Why a batch position holds a copy of another sample (stats()["skipped"] keys; the same on every decoder).
+SKIP_CODES = ("read_error", "checksum", "not_image", "decode_error")
+
+
+class LoaderError(RuntimeError):
+    """An error raised in a decode worker, re-raised in the training loop with where it happened."""
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """What the batches need to know about every sample, by sample id.
+
+    labels: int64 [N] (CPU). widths/heights: the displayed size crop windows are computed on (the stored size
+    under the orientation policy: `decode.oriented_size`). keys: each sample's source
+    name (for messages and logs). read(i): one sample's bytes, for the per-sample fallback after a ring read error
+    and for refilling a batch. bad_checksums(indices, samples, digests=None): the positions whose bytes do not
+    match the sample table's checksum, or None when the dataset has none or checks are off; `digests` is the ring
+    batch's native xxh3_64 of each sample (`RingBatch.digests`) when the ring computed them, so only the comparison
+    runs with the GIL held, and None where the samples must be hashed here (the per-sample fallback reads).
+    """
+
+    labels: torch.Tensor
+    widths: np.ndarray
+    heights: np.ndarray
+    keys: Sequence
+    read: Callable[[int], bytes]
+    bad_checksums: Callable[..., list] | None = None
+
+
+class BatchAssembler:
+    """One batch at a time, for a run's decode workers (see the module docstring); `settings` are the Loader's,
+    `table` its SampleTable, `stats` its StageStats (decode time, samples, batches and skips are counted there)."""
+
+    def __init__(self, settings, table: SampleTable, stats):
+        self.settings, self.table, self.stats = settings, table, stats
+        self._logged: set[str] = set()  # samples already named in a warning (at most 1,000)
+
+    def produce(self, plan, j: int, slot, decoder, stream):
+        """Batch j of `plan` from its ring batch (or the RingReadError the ring raised for it), decoded by `decoder`
+        on `stream` (None on the CPU): (images, labels, event, replaced), the event recorded on `stream` after the
+        batch, `replaced` the [(code, key, detail)] of its positions holding another sample, for `report`."""
+        s = self.settings
+        if isinstance(slot, BaseException) and not isinstance(slot, RingReadError):
+            raise slot
+        bad: dict[int, tuple[str, str]] = {}  # position -> (code, detail), found before decoding
+        rb = None
+        digests = None  # the ring's xxh3 of each sample, when it computes them
+        if isinstance(slot, RingReadError):
+            if s.on_error == "raise":
+                raise slot
+            # The ring failed this batch; read it sample by sample so one bad extent costs one sample, not a batch.
+            indices = np.asarray(plan.batch(j), dtype=np.int64)
+            samples = []
+            for p, i in enumerate(indices.tolist()):
+                data, err = self._read_one(i)
+                samples.append(data)
+                if err:
+                    bad[p] = ("read_error", err)
+        else:
+            rb = slot
+            indices = np.asarray(rb.indices, dtype=np.int64)
+            samples = rb.samples()
+            digests = rb.digests
+        try:
+            for p, why in self._untrusted(indices, samples, digests).items():
+                bad.setdefault(p, why)
+            if bad and s.on_error == "raise":
+                raise LoaderError(f"sample(s) {self._names(indices, sorted(bad))} in batch {j} of epoch "
+                                  f"{plan.epoch}: " + "; ".join(f"{c}: {d}" for c, d in bad.values()))
+            for p in bad:
+                samples[p] = _EMPTY  # the decoder reports it as not an image; its code stays the one found here
+            with self.stats.timed("decode", n=len(indices)):
+                if stream is not None:
+                    with torch.cuda.stream(stream):
+                        images, labels, replaced = self._decode(plan, j, decoder, indices, samples, bad)
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                else:
+                    images, labels, replaced = self._decode(plan, j, decoder, indices, samples, bad)
+                    event = None
+        finally:
+            del samples
+            if rb is not None:
+                rb.release()  # the decoder has returned: nothing reads the slot any more
+        self.stats.add("samples", len(indices))
+        self.stats.add("batches", 1)
+        return images, labels, event, [(code, self.table.keys[indices[p]], detail) for p, code, detail in replaced]
+
+    def _decode(self, plan, k, decoder, indices, samples, bad):
+        """Batch k of `plan`: images, labels (on the device) and [(position, code, detail)] of positions holding
+        another sample."""
+        s = self.settings
+        try:
+            result = decoder(samples, self._windows(plan, indices))
+        except CorruptSampleError as exc:
+            if s.on_error == "raise":
+                raise LoaderError(f"corrupt sample(s) {self._names(indices, exc.positions)} in batch {k} of epoch "
+                                  f"{plan.epoch}: {exc}") from exc
+            if len(exc.positions) < len(indices):
+                raise
+            return self._fill_from_epoch(plan, k, decoder, indices, exc, bad)
+        replaced = [(r.position, *bad[r.position]) if r.position in bad else tuple(r) for r in result.replaced]
+        labels = self.table.labels[torch.from_numpy(indices)]
+        sources = replacement_map([p for p, _, _ in replaced], len(indices))
+        for dst, src in sources.items():
+            labels[dst] = labels[src]
+        return result.images, self._finish_labels(plan, k, labels, sources), replaced
+
+    def _windows(self, plan, indices: np.ndarray):
+        """The crop windows of samples `indices` in `plan`'s epoch (from the seed, the epoch and each sample's id)."""
+        s = self.settings
+        return crop_windows(self.table.widths[indices], self.table.heights[indices], indices, seed=s.seed,
+                            epoch=plan.epoch, train=s.train, image_size=s.image_size)
+
+    def _untrusted(self, indices, samples, digests=None) -> dict[int, tuple[str, str]]:
+        """The samples no decoder may see, by position, with (code, detail). Bytes that match the checksum pack
+        stored are the bytes pack validated. Where no checksum is checked (the dataset has none, or
+        verify_checksums=False), JPEGs and PNGs that pack would not have stored as they are (a broken header or
+        chunk, no end marker) are held back: DALI's decoders can crash the process on such bytes, and its GPU decoder
+        returns a cut JPEG's missing rows as pixels without an error (docs/design/decoders.md#untrusted-bytes)."""
+        if self.table.bad_checksums is not None:
+            return {p: ("checksum", "its bytes do not match the checksum in the sample table")
+                    for p in self.table.bad_checksums(indices, samples, digests=digests)}
+        return {p: (DECODE_ERROR, why) for p, why in jpeg.header_failures(samples)}
+
+    def _fill_from_epoch(self, plan, k, decoder, indices, exc: CorruptSampleError, bad):
+        """Every sample of batch k is bad (skip mode): fill the batch with one good sample taken from the rest of
+        the epoch (the next ones in the plan, cyclically), so the run goes on and the batch keeps its shape."""
+        s = self.settings
+        n = len(indices)
+        replaced = [(p, *bad[p]) if p in bad else (p, code, detail)
+                    for p, code, detail in zip(exc.positions, exc.codes, exc.details)]
+        order = plan.indices
+        start = min((k + 1) * plan.batch_size, len(order))
+        candidates = np.concatenate((order[start:], order[:start]))[:_FILL_CANDIDATES]
+        for c in candidates.tolist():
+            data, err = self._read_one(c)
+            if err or self._untrusted(np.asarray([c]), [data]):
+                continue
+            try:
+                one = decoder([data], self._windows(plan, np.asarray([c])))
+            except CorruptSampleError:
+                continue
+            images = one.images.expand(n, *one.images.shape[1:]).contiguous(
+                memory_format=torch.channels_last if s.channels_last else torch.contiguous_format)
+            labels = self.table.labels[torch.full((n,), c, dtype=torch.int64)]
+            return images, self._finish_labels(plan, k, labels, {p: -1 for p in range(n)}), replaced
+        raise LoaderError(f"batch {k} of epoch {plan.epoch}: every sample is bad "
+                          f"({self._names(indices, range(n))}) and none of {len(candidates)} other samples of the "
+                          "epoch decodes either; check the dataset with `fastfeed verify`")
+
+    def _finish_labels(self, plan, k: int, labels: torch.Tensor, replaced: dict) -> torch.Tensor:
+        """In evaluation a position that holds no sample of its own (padding, a replaced sample) is labelled
+        IGNORE_INDEX, so every sample is scored exactly once. Then to the device."""
+        if not self.settings.train:
+            padded = plan.padded[k * plan.batch_size:(k + 1) * plan.batch_size]
+            ignore = torch.from_numpy(np.asarray(padded, dtype=bool).copy())
+            if replaced:
+                ignore[list(replaced)] = True
+            labels[ignore] = IGNORE_INDEX
+        if self.settings.device.type == "cuda":
+            labels = labels.pin_memory().to(self.settings.device, non_blocking=True)
+        return labels
+
+    def _read_one(self, i: int):
+        try:
+            return np.frombuffer(self.table.read(i), dtype=np.uint8), None
+        except (OSError, ValueError) as e:
+            return _EMPTY, f"{type(e).__name__}: {e}"
+
+    def _names(self, indices, positions) -> str:
+        names = [str(self.table.keys[indices[p]]) for p in list(positions)[:8]]
+        return ", ".join(names) + (" ..." if len(list(positions)) > 8 else "")
+
+    def report(self, replaced) -> None:
+        """Count and log a batch's replaced samples (`produce`'s last item) as the batch is handed to the loop (see
+        the module docstring); called by the consumer's thread only."""
+        for code, key, detail in replaced:
+            self.stats.skip(code, key=str(key))
+            if str(key) not in self._logged and len(self._logged) < 1000:
+                self._logged.add(str(key))
+                log.warning("fastfeed: sample %s replaced by another sample of its batch (%s: %s)", key, code, detail)
