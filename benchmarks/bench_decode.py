@@ -1,8 +1,8 @@
 """img/s of the CPU decoders (cpu-pil with and without JPEG draft, cpu-dali) on the same JPEGs in one run.
 
 `--rounds N` repeats the rows N times, interleaved; cpu-pil also runs with its window decode off ("whole", every image
-decoded by PIL whole: decode/cpu.py `_REGION_DECODE`, the twelfth session's change) and with one pool task per image
-("per-image tasks": decode/cpu.py `TASKS_PER_THREAD`, the thirteenth session's change) for side-by-side baselines.
+decoded by PIL whole: decode/cpu.py `_REGION_DECODE`) and with one pool task per image
+("per-image tasks": decode/cpu.py `TASKS_PER_THREAD`) for side-by-side baselines.
 
     python benchmarks/bench_decode.py [--images DIR] [--num 256] [--batch 64] [--threads 2] [--size 224] [--eval]
 

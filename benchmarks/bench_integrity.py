@@ -62,7 +62,7 @@ def main() -> None:
     from fastfeed.demo_data import make_dataset
     from fastfeed.formats.integrity import bad_checksums
     from fastfeed.pack import PackOptions, pack
-    from fastfeed.ring import PrefetchRing
+    from fastfeed.loader.ring import PrefetchRing
 
     with tempfile.TemporaryDirectory() as tmp:
         make_dataset(os.path.join(tmp, "src"), num_images=a.images, num_classes=4, seed=0, workers=os.cpu_count())

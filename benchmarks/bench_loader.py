@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_WORKDIR = Path(__file__).resolve().parent / "results" / "tmp" / "bench-loader"
+DEFAULT_WORKDIR = Path(os.environ.get("TMPDIR", "/tmp")) / "fastfeed-bench" / "bench-loader"  # data, kept between runs
 TARGET_RATIO = 1.5  # issue 4: the CPU path must reach 1.5x the DataLoader on the 2-core machine
 
 

@@ -4,7 +4,7 @@
                                       [--decoder cpu] [--rounds 2] [--order global|shard] [--json FILE]
 
 Data: `fastfeed.demo_data.make_dataset` JPEGs (~120 KB) packed by the real CLI into WORKDIR/wds, uploaded with
-`fastfeed.remote.pack.upload_dataset` to moto's S3 server, started here as a separate process on 127.0.0.1 (so
+`fastfeed.pack.remote.upload_dataset` to moto's S3 server, started here as a separate process on 127.0.0.1 (so
 the server's CPU is not the loader's GIL; on this 2-core machine it still competes for the cores). The server
 keeps objects in memory: the numbers are a loopback store, an upper bound for a real one; what they show is the
 cost fastfeed adds (download, sha256, rename) and that a cached epoch runs at local speed.
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_WORKDIR = Path(__file__).resolve().parent / "results" / "tmp" / "bench-remote"
+DEFAULT_WORKDIR = Path(os.environ.get("TMPDIR", "/tmp")) / "fastfeed-bench" / "bench-remote"  # data, kept between runs
 
 
 def _free_port() -> int:
@@ -106,7 +106,7 @@ def main() -> int:
     try:
         import s3fs
 
-        from fastfeed.remote.pack import upload_dataset
+        from fastfeed.pack.remote import upload_dataset
 
         s3fs.S3FileSystem().mkdir("bench")
         url = "s3://bench/wds"

@@ -21,10 +21,8 @@ import time
 
 import numpy as np
 
-from fastfeed.ring import PrefetchRing
+from fastfeed.loader.ring import PrefetchRing
 from fastfeed.types import Extents
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def make_tar(path: str, num_samples: int, mean_bytes: int, seed: int) -> Extents:
@@ -121,13 +119,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     if args.dataset:
-        from fastfeed.formats import open_dataset
+        from fastfeed.datasets import open_dataset
 
         with open_dataset(args.dataset) as ds:
             ext = ds.extents()
         where = args.dataset
     else:
-        tmp = os.path.join(HERE, "results", "tmp")
+        tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), "fastfeed-bench")
         os.makedirs(tmp, exist_ok=True)
         where = os.path.join(tmp, f"bench-ring-{args.num_samples}x{args.mean_bytes}.tar")
         if not os.path.exists(where):

@@ -2,8 +2,8 @@
 
 Generates ImageNet-like progressive JPEGs (~100 KB, ~500x375, 4:2:0, skimage's photos), then times:
   - PIL full decode of the same files (the reference cost a sample pays anyway, once per epoch),
-  - fastfeed.transcode.transcode_to_baseline one file at a time (GIL released, 1 thread),
-  - fastfeed.transcode.transcode_many with 1 and 2 native threads,
+  - fastfeed.image.transcode.transcode_to_baseline one file at a time (GIL released, 1 thread),
+  - fastfeed.image.transcode.transcode_many with 1 and 2 native threads,
   - the native transcoder without Huffman optimisation (what optimize_coding costs).
 Reports files/s, MB/s (input bytes), CPU ms per file, and the baseline/progressive size ratio. Checks a few
 outputs decode pixel-identical first.
@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 from skimage import data as skdata
 
-from fastfeed import jpeg, transcode
+from fastfeed.image import jpeg, transcode
 
 
 def make_corpus(n: int, seed: int = 0) -> list[bytes]:

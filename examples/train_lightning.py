@@ -2,9 +2,8 @@
 
     python examples/train_lightning.py /data/packed/train --devices 8
 
-Run on the project's H200 box with Lightning 2.6.6 (2 epochs, 1,024 demo images, DALI absent there so the CPU
-decoders fed the GPU; `bash benchmarks/h200/lightning_check.sh`), 2026-11-29. Lightning is a dev dependency:
-CI runs tests/clients/lightning_train.py, whose Loader-specific parts are these.
+Lightning is a dev dependency: CI runs tests/clients/lightning_train.py, whose Loader-specific parts are these, and
+`pytest -m gpu` runs the same client on GPUs (tests/test_gpu_frameworks.py).
 
 How it fits (the same as tests/clients/lightning_train.py, which CI runs on 1 and 2 processes): the Loader is returned
 from `train_dataloader()` (called in every DDP process after the process group exists, so the Loader picks up its

@@ -1,6 +1,10 @@
-"""The GPU path, side by side on one machine, in one run, on the same data (issue 7; and issue 8's progressive mix).
+"""The GPU path, side by side on one machine, in one run, on the same data; and the progressive-JPEG mix.
 
-    python benchmarks/bench_gpu.py --workdir /tmp/ffbench --num-images 20000 --json benchmarks/results/gpu.json
+    python3 benchmarks/gpu/bench_gpu.py --workdir /tmp/ffbench --sections progressive --json $OUT/progressive.json
+
+(benchmarks/gpu/run.sh progressive runs the line above: the progressive-JPEG table of benchmarks/README.md. The
+other sections, a sweep of hw_decoder_load x threads for each loader, are older than train_table.py, which measures
+the training tables now.)
 
 Loaders (train: RandomResizedCrop 224 + flip + normalize, float16 CHW on the GPU, batch 256):
   fastfeed        fastfeed.Loader, DALI `mixed` decode fed from the native ring (swept: hw_decoder_load x threads)
@@ -25,8 +29,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # dali_reference
+sys.path.insert(0, str(HERE.parent.parent))  # this tree's fastfeed
 
 from fastfeed.bench.consumers import make_consumer, synthetic_batch  # noqa: E402
 from fastfeed.bench.runner import run_compute_only, run_loader, percentiles  # noqa: E402

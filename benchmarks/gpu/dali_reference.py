@@ -1,4 +1,4 @@
-"""DALI's own pipelines, tuned: the vendor's best that fastfeed is measured against (benchmarks/bench_gpu.py).
+"""DALI's own pipelines, tuned: the vendor's best that fastfeed is measured against (train_table.py, ddp_scaling.py).
 
 Same output as `fastfeed.Loader(train=True)`: RandomResizedCrop(S, scale 0.08-1, ratio 3/4-4/3) + horizontal flip
 + ImageNet normalisation, float16 CHW on the GPU, int64 labels on the GPU.

@@ -1,7 +1,7 @@
-"""Issue 14: DDP scaling of ResNet-50 (or --arch resnet18) training fed by fastfeed.Loader, one process per GPU.
+"""DDP scaling of ResNet-50 (or --arch resnet18) training fed by fastfeed.Loader, one process per GPU.
 
-    torchrun --nproc-per-node 1 benchmarks/h200/ddp_scaling.py --data /tmp/ffbench/base-wds --json $OUT/ddp1.json
-    torchrun --nproc-per-node 2 benchmarks/h200/ddp_scaling.py --data /tmp/ffbench/base-wds --json $OUT/ddp2.json
+    torchrun --nproc-per-node 1 benchmarks/gpu/ddp_scaling.py --data /tmp/ffbench/base-wds --json $OUT/ddp1.json
+    torchrun --nproc-per-node 2 benchmarks/gpu/ddp_scaling.py --data /tmp/ffbench/base-wds --json $OUT/ddp2.json
 Each rank: Loader(batch 256 per rank, float16, channels_last, rank/world from torchrun), ResNet-50 (torchvision),
 bf16 autocast, SGD, DDP. Timed: --steps after --warmup, wall clock between two barriers with the GPUs synchronised;
 images/s = steps * 256 * world / wall. Scaling = (2-GPU img/s) / (2 x 1-GPU img/s).
@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # dali_reference
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this tree's fastfeed
 
 
 def main() -> int:
@@ -31,7 +32,7 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--loader-kwargs", default="{}", help='extra Loader keywords as JSON, e.g. {"pipelines": 3}')
     p.add_argument("--loader", default="fastfeed", choices=["fastfeed", "dali-wds"],
-                   help="dali-wds: DALI's webdataset reader over the same shards, tuned (benchmarks/dali_reference.py; "
+                   help="dali-wds: DALI's webdataset reader over the same shards, tuned (dali_reference.py; "
                         "every rank reads all shards in its own random order: a throughput baseline, not a sharding)")
     p.add_argument("--dali-grid", default="1.0:4", help="hw_decoder_load:threads of the DALI reader")
     p.add_argument("--resident", action="store_true",
@@ -39,13 +40,8 @@ def main() -> int:
     p.add_argument("--bind", action="store_true",
                    help="run each rank on the cores of its GPU's NUMA node (what torchrun --numa-binding=node does, "
                         "without numactl), or on its 1/LOCAL_WORLD_SIZE of the cores where the host has one node")
-    p.add_argument("--share", type=float, default=None,
-                   help="decoder hybrid: hold its CPU share at this value (the climber replaced, as in share_sweep.py)")
-    p.add_argument("--start-share", type=float, default=None, help="decoder hybrid: the share its climber starts at")
     args = p.parse_args()
     import torchvision
-
-    _hybrid_share(args.share, args.start_share)
 
     import fastfeed
 
@@ -66,7 +62,6 @@ def main() -> int:
         loader = fastfeed.Loader(args.data, batch_size=args.batch_size, train=True, image_size=224, device=dev,
                                  dtype=torch.float16, channels_last=True, **extra)
     else:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from dali_reference import DaliReference
 
         hw, threads = args.dali_grid.split(":")
@@ -120,7 +115,7 @@ def main() -> int:
                "waits_ms_rank0": [round(w * 1e3, 1) for w in waits],
                "settings_rank0": {k: info.get(k) for k in ("hw_decoder_load", "num_threads", "pipelines")},
                "pipeline_history_rank0": stats.get("pipeline_history"), "cpu_count": os.cpu_count(),
-               "resident": args.resident, "share": args.share, "start": args.start_share, "arch": args.arch,
+               "resident": args.resident, "arch": args.arch,
                "loader_kwargs": extra, "loader": args.loader, "binding_rank0": binding,
                "dali_grid": args.dali_grid if args.loader != "fastfeed" else None,
                "stats_rank0": json.loads(json.dumps(stats, default=str)),
@@ -130,24 +125,6 @@ def main() -> int:
             Path(args.json).write_text(json.dumps(res, indent=1))
     dist.destroy_process_group()
     return 0
-
-
-def _hybrid_share(share: float | None, start: float | None) -> None:
-    """A fixed CPU share, or another start for the climber: make_decoder looks climber_for up at each build."""
-    if share is None and start is None:
-        return
-    import fastfeed.decode.hybrid as H
-    from share_sweep import FixedShare  # this script's folder is on sys.path
-
-    made = {}
-
-    def climber_for(pace, settle, _start=None):  # one per Loader (per pace), as the original
-        if id(pace) not in made:
-            made[id(pace)] = FixedShare(share) if share is not None else H.ShareClimber(pace, settle=settle,
-                                                                                         start=start)
-        return made[id(pace)]
-
-    H.climber_for = climber_for
 
 
 def _bind(local: int) -> dict:

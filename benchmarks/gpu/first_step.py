@@ -1,18 +1,14 @@
-"""From `Loader(...)` to the end of the first training step, in a script shaped like a real one (twenty-second
-session): the Loader, then the model and its optimizer, then the loop's first batch and step.
+"""From `Loader(...)` to the end of the first training step, in a script shaped like a real one: the Loader, then the
+model and its optimizer, then the loop's first batch and step. Each row is a fresh process.
 
-    python benchmarks/bench_first_step.py DATASET [--device cpu] [--model resnet18] [--batch 64] [--rounds 2]
+    python3 benchmarks/gpu/first_step.py DATASET --device cuda --model resnet50 --batch 256 --rounds 2
+    python3 benchmarks/gpu/first_step.py DATASET [--device cpu] [--model resnet18] [--batch 64]     # a CPU box
 
-Sides (each row a fresh process, the order A B C C B A per round, so no side inherits another's page cache):
-  decode   decoding before the first `next()` too: the constructor starts epoch 0's run and parks it, so the first
-           `next()` continues it (the library's default with decoders on the GPU since the twenty-third session; on
-           the CPU a probe: `Loader._decodes_early` patched to say yes)
-  read     only the ring reads epoch 0 while the decoders are built; decoding starts at the first `next()` (the
-           default with CPU decoders: NOTE [Reading before the first iteration] in fastfeed/loader.py)
-  iterate  nothing before the first `next()`, as before that NOTE (`Loader._prime` patched to None)
 Timed from the constructor call: the constructor, the model's build (torchvision, on the device, channels_last on a
-GPU, SGD), the first batch in hand, and the first step (forward, backward, optimizer step; synchronised). Prints each
-row and the medians; --json writes them.
+GPU, SGD), the first batch in hand, and the first step (forward, backward, optimizer step; synchronised). The Loader
+runs with its defaults: a training Loader reads epoch 0 while its decoders are built, and with decoders on the GPU
+decodes its first batches while the script builds its model (docs/design/epochs.md). Prints each row and the
+medians; --json writes them.
 """
 from __future__ import annotations
 
@@ -24,7 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-SIDES = ("decode", "read", "iterate")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this tree's fastfeed
+
+KEYS = ("constructor_s", "model_s", "first_batch_s", "first_step_s")
 
 
 def child(a) -> dict:
@@ -32,13 +30,7 @@ def child(a) -> dict:
     import torchvision
 
     import fastfeed
-    import fastfeed.loader
 
-    Loader = fastfeed.loader.Loader
-    if a.child == "iterate":
-        Loader._prime = lambda self: None
-    else:  # the one difference between "decode" and "read", whatever the decoder
-        Loader._decodes_early = property(lambda self: a.child == "decode" and self._primed is not None)
     cuda = a.device.startswith("cuda")
     dtype = torch.float16 if cuda else torch.float32
 
@@ -69,7 +61,7 @@ def child(a) -> dict:
     sync()
     step = time.perf_counter() - t0
     loader.close()
-    return {"side": a.child, "constructor_s": built, "model_s": setup, "first_batch_s": first, "first_step_s": step}
+    return {"constructor_s": built, "model_s": setup, "first_batch_s": first, "first_step_s": step}
 
 
 def main(argv=None) -> int:
@@ -79,29 +71,26 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="resnet18", help="a torchvision.models constructor")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--size", type=int, default=224)
-    p.add_argument("--rounds", type=int, default=2, help="rounds of A B C C B A (fresh processes)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of two fresh processes")
     p.add_argument("--json", default=None)
-    p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
         print(json.dumps(child(a)))
         return 0
     rows = []
-    for _ in range(a.rounds):
-        for side in (*SIDES, *reversed(SIDES)):
-            cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", side]
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            if out.returncode != 0:
-                print(out.stderr[-3000:], file=sys.stderr)
-                return 1
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            r = rows[-1]
-            print(f"{side:8s} constructor {r['constructor_s']:.2f} s, model {r['model_s']:.2f} s, first batch "
-                  f"{r['first_batch_s']:.2f} s, first step done {r['first_step_s']:.2f} s", flush=True)
-    medians = {side: {k: statistics.median(r[k] for r in rows if r["side"] == side)
-                      for k in ("constructor_s", "model_s", "first_batch_s", "first_step_s")} for side in SIDES}
-    for side, m in medians.items():
-        print(f"median {side:8s} first batch {m['first_batch_s']:.2f} s, first step done {m['first_step_s']:.2f} s")
+    for _ in range(2 * a.rounds):
+        cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            print(out.stderr[-3000:], file=sys.stderr)
+            return 1
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(r)
+        print(f"constructor {r['constructor_s']:.2f} s, model {r['model_s']:.2f} s, first batch "
+              f"{r['first_batch_s']:.2f} s, first step done {r['first_step_s']:.2f} s", flush=True)
+    medians = {k: statistics.median(r[k] for r in rows) for k in KEYS}
+    print(f"median: first batch {medians['first_batch_s']:.2f} s, first step done {medians['first_step_s']:.2f} s")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": {k: v for k, v in vars(a).items() if k != "child"},
                                             "rows": rows, "medians": medians,

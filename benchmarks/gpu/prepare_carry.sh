@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Everything the stage scripts carry to an offline H200 host, made here (needs the package index), into .carry/
+# Everything benchmarks/gpu/run.sh carries to the offline H200 host, made here (needs the package index), into .carry/
 # (git-ignored): DALI in parts (../shared/dali-offline/prepare_dali_carry.sh), re-split so that a call carrying a part
-# and the tree stays under the 64 MiB a call may carry (README.md in this folder), and the small wheels:
+# and the working tree stays under the 64 MiB a call may carry, and the small wheels:
 #   .carry/p1..p4   56 MiB of DALI's bundle each          .carry/p5  the rest, the last 4 MiB of p1..p4 (part.0Nz),
 #                                                                    install_dali.sh and the bundle's sha256
-#   .carry/x        xxhash (with part 1)                   .carry/x2  lmdb, webdataset and what it needs (with part 5)
+#   .carry/x        xxhash (with part 1: `build`)          .carry/x2  lmdb, webdataset and what it needs (with part 5)
 #   .carry/fw       lightning, lightning-utilities, torchmetrics (tests/test_gpu_frameworks.py, with part 5)
-#   .carry/old      with OLD=<commit>: that tree's fastfeed/ and benchmarks/ as tree-<commit>.tar.gz (an ABBA
-#                   against it on the host, see stage31.sh)
-#     bash benchmarks/h200/prepare_carry.sh            (OLD=<commit> bash ... to add .carry/old)
+#   .carry/old      with OLD=<commit>: that tree's fastfeed/ and benchmarks/ as tree-<commit>.tar.gz (run.sh's `abba`
+#                   step runs this tree against it; the commit must have benchmarks/gpu/)
+#     bash benchmarks/gpu/prepare_carry.sh            (OLD=<commit> bash ... to add .carry/old)
 # The host runs Python 3.12 (manylinux x86_64); install_dali.sh concatenates /tmp/dali/part.* in name order, so
-# part.00, part.00z, part.01, ... reassemble the bundle.
+# part.00, part.00z, part.01, ... reassemble the bundle. Each call also carries the working tree (tracked and
+# untracked-not-ignored files): the largest call (stage-dali 5 with .carry/x2 and .carry/fw) takes ~61 MiB with a
+# 4 MiB tree; this script prints the tree's size. If the tree grows past ~7 MiB, move more of p1..p4 into a .carry/p6
+# carried by a call that has room: a call over 64 MiB is refused, and a later step then finds no DALI.
 set -euo pipefail
 REPO=$(git rev-parse --show-toplevel)
 cd "$REPO"
@@ -36,7 +39,7 @@ $pip download -q $P -d .carry/fw lightning==2.6.6 lightning-utilities torchmetri
   | grep -v "^WARNING: Location" || true
 if [ -n "${OLD:-}" ]; then
   mkdir -p .carry/old
-  git archive "$OLD" fastfeed benchmarks/h200 benchmarks/dali_reference.py | gzip -6 > .carry/old/tree-"$OLD".tar.gz
+  git archive "$OLD" fastfeed benchmarks | gzip -6 > .carry/old/tree-"$OLD".tar.gz
 fi
 du -sh .carry/* | tr '\n' ' '; echo
 echo "tracked tree: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes (each call carries it too)"

@@ -1,21 +1,25 @@
-"""Issue 14's side-by-side table: images/s *inside the training step*, fastfeed variants vs tuned DALI vs DataLoader.
+"""The side-by-side table: images/s *inside the training step*, fastfeed against tuned DALI and the DataLoader.
 
-    python3 benchmarks/h200/train_table.py --data /tmp/ffbench/base-wds-keep --images /tmp/ffbench/base-images \
-        --consumers none,resnet50,resnet18 --json $OUT/table.json
+    python3 benchmarks/gpu/train_table.py --data /tmp/ffbench/base-wds --images /tmp/ffbench/base-images \
+        --consumers none,resnet50,resnet18 --rows default,dali,torch --json $OUT/table.json
 
-Every row builds its loader fresh, takes the first batch (time-to-first-batch, from the constructor call to the
-first batch on the GPU), then runs `--warmup` untimed and `--steps` timed steps with fastfeed.bench.runner (each
-step ends with a device synchronise, so the loader's GPU work is paid inside the step that consumes it).
+(benchmarks/gpu/run.sh runs it with the arguments of each table: benchmarks/README.md.) For every consumer the
+ceiling comes first (the model's step on a batch already on the GPU), then the rows, one after the other in this
+process. Every row builds its loader fresh, takes the first batch (time to the first batch, from the constructor
+call to the first batch on the GPU), then runs `--warmup` untimed steps (more, up to `--max-warmup`, while a
+fastfeed Loader is still tuning itself) and `--steps` timed steps with fastfeed.bench.runner; each step ends with a
+device synchronise, so the loader's GPU work is paid inside the step that consumes it.
 All loaders: train mode (RandomResizedCrop + flip + normalise), float16 output, batch 256 (default), on cuda:0.
-Rows:
-  ff-default       fastfeed.Loader as the installed code defaults it (num_threads="auto" etc.)
+Rows, in this order:
+  ff-default       fastfeed.Loader with its defaults (channels_last=True)
   ff-default chroma=M   the same under FASTFEED_DALI_CHROMA=M (how JPEG chroma is upsampled, decode/dali.py)
-  ff pP hwH tT     fastfeed.Loader(pipelines=P, hw_decoder_load=H, num_threads=T), channels_last
-  ff-prefetchD     ONE DALI pipeline with DALI's own prefetch (depth D) fed by fastfeed's ring (ring_dali_prefetch)
-  ff-best+hiprio   the best ff row of this consumer, with the training step on a high-priority CUDA stream
-  dali-file/-wds   DALI's readers + fused image_random_crop(mixed), swept over --dali-grid for THIS consumer
-                   (--rows dali: both readers; dali-file or dali-wds: that one)
-  torch            DataLoader + ImageFolder + PIL + torchvision v2, 16 workers, pin_memory
+  NAME             --extra-ff "NAME=dict(kwargs);...": fastfeed.Loader(**kwargs), e.g. gpu=dict(decoder="dali");
+                   "ff-default=dict()" puts the defaults' row in that place instead
+  ff pP hwH tT     --rows ff: fastfeed.Loader(pipelines=P, hw_decoder_load=H, num_threads=T) over --ff-grid
+  dali-file/-wds   DALI's readers + fused image_random_crop(mixed), over --dali-grid (hw_decoder_load:threads)
+                   (--rows dali: both readers; dali-file or dali-wds: that one) (dali_reference.py)
+  torch-dl         DataLoader + ImageFolder + PIL + torchvision v2, 16 workers, pin_memory
+--per-step keeps every timed step's time and wait and what the loader did inside it (Timeline).
 """
 from __future__ import annotations
 
@@ -29,9 +33,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parent.parent))
+sys.path.insert(0, str(HERE))  # dali_reference
+sys.path.insert(0, str(HERE.parent.parent))  # this tree's fastfeed
 
 from fastfeed.bench.consumers import make_consumer, synthetic_batch  # noqa: E402
 from fastfeed.bench.runner import percentiles, run_compute_only, run_loader  # noqa: E402
@@ -60,17 +63,7 @@ class Started:
         return self.loader.stats() if hasattr(self.loader, "stats") else None
 
 
-def measure(name, factory, consumer, args, stream=None, extra=None, warmup=None, switch=None):
-    old_switch = sys.getswitchinterval()
-    if switch is not None:
-        sys.setswitchinterval(switch)
-    try:
-        return _measure(name, factory, consumer, args, stream, extra, warmup)
-    finally:
-        sys.setswitchinterval(old_switch)
-
-
-def _measure(name, factory, consumer, args, stream, extra, warmup):
+def measure(name, factory, consumer, args, extra=None):
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     try:
@@ -86,18 +79,15 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
     timeline = Timeline(consumer) if args.per_step else None
     epoch_batches = len(loader) if timeline is not None and hasattr(loader, "__len__") else None  # before close()
     try:
-        ctx = torch.cuda.stream(stream) if stream is not None else _null()
-        with ctx, (timeline or _null()):
+        with timeline or _null():
             res = run_loader(Started(loader, it, first), timeline or consumer, name=name, steps=args.steps,
-                             warmup=args.warmup if warmup is None else warmup,
-                             max_warmup=args.max_warmup or None, gpu_index=0, progress=False)
+                             warmup=args.warmup, max_warmup=args.max_warmup or None, gpu_index=0, progress=False)
     except Exception as e:
         log(f"{name}: failed: {type(e).__name__}: {str(e)[:300]}")
         return None
     finally:
         if hasattr(loader, "close"):
             loader.close()
-        Renicer.stop_all()
     d = res.to_dict()
     d["warmup_steps"] = res.warmup_steps  # more than --warmup when --max-warmup waited for the tuning to settle
     per_step = d.pop("per_step", None)
@@ -112,16 +102,16 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
             c = snap.get("counters", {})
             if c.get("cpu_decoded") is not None:  # decoder="hybrid": the share of images the CPU decoded
                 d["cpu_share"] = c["cpu_decoded"] / max(1, c["cpu_decoded"] + c["gpu_decoded"])
-                climber = getattr(loader._decoders[0], "_climber", None)  # the share it settled on, and how
+                climber = _climber(loader)  # the share it settled on, and how
                 if climber is not None:
                     d["final_cpu_share"], d["climber_history"] = climber.share, climber.history
-            if "pipeline_history" in snap:  # the pipeline tuner (fastfeed/pipelines.py): where it ended, and how
+            if "pipeline_history" in snap:  # the pipeline tuner (fastfeed/tuning/pipelines.py): where it ended
                 d["pipelines_now"], d["pipeline_history"] = info.get("pipelines"), snap["pipeline_history"]
                 if info.get("gpu_pipelines") is not None:  # "cpu-dali": how many of them decode on the GPU
                     d["gpu_pipelines_now"] = info["gpu_pipelines"]
         except Exception:  # noqa: BLE001 - DaliReference etc.
             pass
-    # a pipeline built inside the timed steps stalled one of them ~0.5 s (fastfeed/pipelines.py): the row reads low
+    # a pipeline built inside the timed steps costs its first decodes a few slow steps: the row may read low
     built = ((res.loader_stats or {}).get("counters") or {}).get("pipelines_built", 0)
     if built:
         d["pipelines_built_timed"] = built
@@ -140,8 +130,18 @@ def _measure(name, factory, consumer, args, stream, extra, warmup):
         + (f"  pipelines {d['pipelines_now']}" if "pipelines_now" in d else "")
         + (f" ({d['gpu_pipelines_now']} on the GPU)" if d.get("gpu_pipelines_now") else "")
         + (f" (+{d['pipelines_built_timed']} built in the timed steps)" if "pipelines_built_timed" in d else "")
-        + (f"  warm-up {d['warmup_steps']}" if d["warmup_steps"] > (args.warmup if warmup is None else warmup) else ""))
+        + (f"  warm-up {d['warmup_steps']}" if d["warmup_steps"] > args.warmup else ""))
     return d
+
+
+def _climber(loader):
+    """The hybrid's ShareClimber of a fastfeed Loader (owned by the Loader, or by its first decoder), or None."""
+    for owner in (loader, *(getattr(loader, "_decoders", None) or [])[:1]):
+        for name in ("_climber", "climber"):
+            c = getattr(owner, name, None)
+            if c is not None and hasattr(c, "history"):
+                return c
+    return None
 
 
 class Timeline:
@@ -150,8 +150,8 @@ class Timeline:
     thread, start, end: `EpochRun._produce`), each pipeline build (`ConsumerPace.building`), each change of the
     pipeline count (`PipelineTuner._set`) and of the hybrid's CPU share (`ShareClimber._set`). So a slow step can be
     told apart: an epoch boundary, a collection (the GIL held for its whole length), a build or a tuner's try, more
-    decode work than usual beside it, or none of these (twenty-third session: fastfeed's median step equals DALI's,
-    its slow ones do not). The wrappers are installed on the classes for the row only."""
+    decode work than usual beside it, or none of these. The wrappers are installed on the classes for the row only;
+    a method the library no longer has is left out (said once), the rest is still recorded."""
 
     def __init__(self, consumer):
         self._consumer = consumer
@@ -175,7 +175,10 @@ class Timeline:
             self._gc_start = None
 
     def _wrap(self, cls, name, make):
-        old = getattr(cls, name)
+        old = getattr(cls, name, None)
+        if old is None:
+            log(f"--per-step: {cls.__name__}.{name} not found, its events are not recorded")
+            return
         setattr(cls, name, make(old))
         self._undo.append((cls, name, old))
 
@@ -184,10 +187,10 @@ class Timeline:
         import gc
         import threading
 
-        from fastfeed.decode.hybrid import ShareClimber
-        from fastfeed.epoch import EpochRun
-        from fastfeed.pace import ConsumerPace
-        from fastfeed.pipelines import PipelineTuner
+        from fastfeed.loader.epoch import EpochRun
+        from fastfeed.tuning.climber import ShareClimber
+        from fastfeed.tuning.pace import ConsumerPace
+        from fastfeed.tuning.pipelines import PipelineTuner
 
         gc.callbacks.append(self._on_gc)
         clock = time.perf_counter
@@ -294,58 +297,6 @@ def slow_steps(per_step: dict) -> dict:
     return out
 
 
-class Renicer:
-    """Benchmark-only (fourteenth session): lowers the CPU scheduling priority (nice `level`) of every thread that
-    appears after it starts (a loader's: its ring's readers, decode workers, DALI's and nvJPEG's threads), re-scanning
-    every 0.2 s for threads built later (a pipeline the tuner adds). The threads that were there before (the training
-    thread, torch's autograd threads "pt_*") keep theirs, and with keep_python the interpreter's threads (the decode
-    workers, which hold the GIL the training thread needs) too. Does the training step, launch-bound on a busy host,
-    get its CPU sooner when the loader's threads yield to it?"""
-    active: list = []
-
-    def __init__(self, level: int, keep_python: bool):
-        import threading
-
-        self.level, self.keep_python = level, keep_python
-        self.before = set(self._tids())
-        self.done: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="renicer")
-        Renicer.active.append(self)
-        self._thread.start()
-
-    @staticmethod
-    def _tids():
-        return [int(t) for t in os.listdir("/proc/self/task")]
-
-    def _run(self):
-        import threading
-
-        while True:
-            keep = {t.native_id for t in threading.enumerate()} if self.keep_python else set()
-            for tid in self._tids():
-                if tid in self.before or tid in self.done or tid in keep:
-                    continue
-                try:
-                    name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-                    if not name.startswith("pt_"):
-                        os.setpriority(os.PRIO_PROCESS, tid, self.level)
-                    self.done.add(tid)
-                except OSError:
-                    pass
-            if self._stop.wait(0.2):
-                return
-
-    @classmethod
-    def stop_all(cls):
-        for r in cls.active:
-            r._stop.set()
-            r._thread.join()
-        if cls.active:
-            log(f"reniced {sum(len(r.done) for r in cls.active)} threads")
-        cls.active.clear()
-
-
 class _null:
     def __enter__(self):
         return self
@@ -365,16 +316,14 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--max-warmup", type=int, default=0,
                    help="warm up beyond --warmup while a Loader is still tuning itself (stats info tuning_settled), "
-                        "up to this many steps; 0: --warmup exactly (every session before the eleventh)")
+                        "up to this many steps; 0: --warmup exactly")
     p.add_argument("--consumers", default="none,resnet50,resnet18")
     p.add_argument("--ff-grid", default="1:1.0:2,1:0.9:4,2:1.0:2,2:0.9:4,3:1.0:2,3:0.9:4,1:1.0:4,2:1.0:4",
-                   help="pipelines:hw_decoder_load:threads rows of fastfeed")
-    p.add_argument("--prefetch-grid", default="2:1.0:2,2:0.9:4", help="depth:hw:threads of the 1-pipeline variant")
+                   help="pipelines:hw_decoder_load:threads rows of fastfeed (--rows ff)")
     p.add_argument("--dali-grid", default="0.9:4,1.0:2,0.9:6,1.0:4")
-    p.add_argument("--rows", default="default,ff,prefetch,hiprio,dali,torch")
-    p.add_argument("--long-warmup", type=int, default=0,
-                   help="also run ff-default after this many untimed steps (the online tuner settled)")
-    p.add_argument("--switch-grid", default="", help="pipelines:hw:threads rows run with sys.setswitchinterval 0.5 ms")
+    p.add_argument("--rows", default="default,dali,torch",
+                   help="comma list of: default, ff, dali (both readers), dali-file, dali-wds, torch; none: no row "
+                        "but --extra-ff's and --chroma's")
     p.add_argument("--extra-ff", default="", help="name=python-kwargs;... extra fastfeed rows, e.g. new=dict()")
     p.add_argument("--chroma", default="",
                    help="comma list of FASTFEED_DALI_CHROMA modes (roi,full,plain): ff-default once under each")
@@ -389,61 +338,16 @@ def main(argv=None) -> int:
 
     S, bs = args.image_size, args.batch_size
 
-    import fastfeed.decode.dali as D
-    inputs_read = D._inputs_read
-
-    def read_by_event(device):
-        event = torch.cuda.Event(blocking=True)
-        event.record(torch.cuda.current_stream(device))
-        event.synchronize()
-
-    def ff(_start=None, _share=None, _first=None, _pinned=None, _nice=None, **kw):
-        """_start: the hybrid climber starts at this CPU share; _share: every batch split at this share (the climber
-        replaced, as in share_sweep.py; give `pipelines` too: a tuner's later decoders would get the real one);
-        _first: a tuned Loader starts with this many pipelines (settings.AUTO_START_PIPELINES; 2 until the eleventh
-        session). Benchmark-only: they patch the modules while the Loader (and so its decoders) is built.
-        _pinned (twelfth session): the settings' pinned_input (True/False; settings.py decides it from the images),
-        or "async": True without waiting for DALI's reads (unsafe: the ring may refill a slot DALI still reads; an
-        upper bound), or "event" (thirteenth session): True, the wait on a blocking-sync event (the thread sleeps in
-        the driver instead of spinning in cudaStreamSynchronize).
-        _nice (fourteenth session): the loader's threads at this nice level (`Renicer`); "N,py": the Python threads
-        kept at the training thread's."""
+    def ff(**kw):
+        """A fastfeed row: Loader(**kw) on the dataset, channels_last unless given."""
         kw.setdefault("channels_last", True)
-
-        def build():
-            import fastfeed.decode.hybrid as H
-            import fastfeed.settings as FS
-            # read at every batch: set for this row, reset by the next ff row's build
-            D._inputs_read = {"async": lambda device: None, "event": read_by_event}.get(_pinned, inputs_read)
-            saved, first = (H.START_SHARE, H.climber_for, FS._default_pinned_input), FS.AUTO_START_PIPELINES
-            if _pinned is not None:
-                FS._default_pinned_input = lambda images: bool(_pinned)
-            if _first is not None:
-                FS.AUTO_START_PIPELINES = _first
-            if _start is not None:
-                H.START_SHARE = _start
-            if _share is not None:
-                from share_sweep import FixedShare
-                H.climber_for = lambda pace, settle, start=0.0, _f=FixedShare(_share): _f
-            if _nice is not None:
-                level, _, py = str(_nice).partition(",")
-                Renicer(int(level), keep_python=py == "py")
-            try:
-                return fastfeed.Loader(args.data, batch_size=bs, train=True, image_size=S, device="cuda",
+        return lambda: fastfeed.Loader(args.data, batch_size=bs, train=True, image_size=S, device="cuda",
                                        dtype=torch.float16, **kw)
-            finally:
-                (H.START_SHARE, H.climber_for, FS._default_pinned_input), FS.AUTO_START_PIPELINES = saved, first
-        return build
 
     def dali(source, root, hw, t):
         from dali_reference import DaliReference
         return lambda: DaliReference(source, str(root), batch_size=bs, num_threads=t, device_id=0,
                                      hw_decoder_load=hw, image_size=S)
-
-    def prefetch(depth, hw, t):
-        from ring_dali_prefetch import RingDaliPrefetch
-        return lambda: RingDaliPrefetch(args.data, batch_size=bs, num_threads=t, hw_decoder_load=hw, depth=depth,
-                                        image_size=S)
 
     def torch_dl():
         from fastfeed.bench.torch_baseline import make_torch_loader
@@ -481,38 +385,19 @@ def main(argv=None) -> int:
 
         if "default" in rows_wanted:
             add("ff-default", ff())
-            if args.long_warmup:
-                add(f"ff-default after {args.long_warmup} steps", ff(), warmup=args.long_warmup)
         for mode in filter(None, args.chroma.split(",")):
             os.environ["FASTFEED_DALI_CHROMA"] = mode
             try:
                 add(f"ff-default chroma={mode}", ff())
             finally:
                 del os.environ["FASTFEED_DALI_CHROMA"]
-        for g in filter(None, args.switch_grid.split(",")):
-            pp, hw, t = g.split(":")
-            add(f"ff p{pp} hw{hw} t{t} switch0.5ms", ff(pipelines=int(pp), hw_decoder_load=float(hw),
-                                                       num_threads=int(t)), switch=0.0005)
         for spec in filter(None, args.extra_ff.split(";")):
             name, _, kw = spec.partition("=")
             add(name, ff(**eval(kw)))  # noqa: S307 - benchmark CLI, the operator's own expression
-        ffrows = []
         if "ff" in rows_wanted:
             for g in args.ff_grid.split(","):
                 pp, hw, t = g.split(":")
-                r = add(f"ff p{pp} hw{hw} t{t}", ff(pipelines=int(pp), hw_decoder_load=float(hw), num_threads=int(t)))
-                if r:
-                    ffrows.append((r["samples_per_s"], int(pp), float(hw), int(t)))
-        if "prefetch" in rows_wanted:
-            for g in args.prefetch_grid.split(","):
-                dd, hw, t = g.split(":")
-                add(f"ff-prefetch{dd} hw{hw} t{t}", prefetch(int(dd), float(hw), int(t)))
-        if "hiprio" in rows_wanted and ffrows and cname != "none":
-            _, pp, hw, t = max(ffrows)
-            lo, hi = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (0, -1)
-            hs = torch.cuda.Stream(priority=-1)
-            add(f"ff p{pp} hw{hw} t{t} +train-stream-prio{hs.priority}",
-                ff(pipelines=pp, hw_decoder_load=hw, num_threads=t), stream=hs)
+                add(f"ff p{pp} hw{hw} t{t}", ff(pipelines=int(pp), hw_decoder_load=float(hw), num_threads=int(t)))
         for label, source, root in (("dali-file", "file", args.images), ("dali-wds", "webdataset", args.data)):
             if "dali" in rows_wanted or label in rows_wanted:  # "dali": both readers
                 for g in args.dali_grid.split(","):
