@@ -11,7 +11,7 @@ DATA := data
 # the one $(PY) made, so the suffix is the same).
 NATIVE := fastfeed/_native$(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
-.PHONY: setup build demo test test-sanitize clean
+.PHONY: setup build demo test test-fast test-sanitize clean
 
 setup: $(VENV)/.installed build
 
@@ -48,8 +48,14 @@ demo: setup
 	$(BIN)/fastfeed verify $(DATA)/sample-lmdb
 	$(BIN)/fastfeed bench $(DATA)/sample-wds --steps 100 --batch-size 64 --compare torch
 
+# Every tier (CI's command): the unit tier, `integration` (frameworks, servers, Ray, subprocesses, multi-process
+# runs) and `sanitize`; the `gpu` tests skip themselves on a machine without CUDA, such as CI.
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The unit tier, after every edit: no subprocess, no server, under 2 minutes on 2 cores.
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not integration and not sanitize and not gpu"
 
 # The ring tests against an AddressSanitizer/UBSan build of the native core (run after any csrc/ change).
 test-sanitize: $(VENV)/.installed

@@ -85,8 +85,8 @@ def copy_dataset(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need CUDA and DALI's GPU backend: they run on the GPU machine (benchmarks/h200/), and are skipped
-    with the reason here on machines without a GPU, such as CI."""
+    """`gpu` tests need CUDA and DALI's GPU backend: they run on a GPU machine (`pytest -m gpu`) and are skipped,
+    with the reason here, on machines without a GPU, such as CI."""
     try:
         import torch
 

@@ -1,11 +1,12 @@
 """Encoded test records in every colour mode the decoders must turn into RGB, made from one RGB photo with PIL.
 
-Used by tests/test_decode*.py and tools/gpu_selftest.py (which runs where scikit-image may be missing, so the
-photo is passed in). Also the torchvision reference transform both compare against.
+The photo is passed in, so that the helpers need no scikit-image. Also the torchvision reference transform the decoder
+tests compare against.
 """
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 
 import numpy as np
 from PIL import Image
@@ -19,25 +20,58 @@ def _save(img: Image.Image, fmt: str, **kw) -> bytes:
     return b.getvalue()
 
 
-def colour_variants(rgb: np.ndarray) -> dict[str, bytes]:
-    """name -> encoded bytes; each decodes (in PIL) to an image whose RGB rendering matches `rgb`'s content."""
-    im = Image.fromarray(np.ascontiguousarray(rgb[..., :3]).astype(np.uint8), "RGB")
-    gray = im.convert("L")
-    rgba = im.convert("RGBA")
-    rgba.putalpha(128)
-    g16 = Image.fromarray((np.asarray(gray).astype(np.uint16) * 257), "I;16")
-    return {
-        "jpeg_baseline": _save(im, "JPEG", quality=90),
-        "jpeg_progressive": _save(im, "JPEG", quality=90, progressive=True),
-        "jpeg_444": _save(im, "JPEG", quality=90, subsampling=0),
-        "jpeg_gray": _save(gray, "JPEG", quality=90),
-        "jpeg_cmyk": _save(im.convert("CMYK"), "JPEG", quality=90),
-        "png_rgb": _save(im, "PNG"),
-        "png_gray": _save(gray, "PNG"),
-        "png_palette": _save(im.convert("P", palette=Image.ADAPTIVE, colors=256), "PNG"),
-        "png_rgba": _save(rgba, "PNG"),
-        "png_gray16": _save(g16, "PNG"),
-    }
+def colour_variants(rgb: np.ndarray) -> Mapping[str, bytes]:
+    """name -> encoded bytes; each decodes (in PIL) to an image whose RGB rendering matches `rgb`'s content. A record
+    is encoded when first read: all ten of a 1333x889 photo take ~2 s, and most tests read one or two."""
+    return _ColourVariants(rgb)
+
+
+class _ColourVariants(Mapping):
+    NAMES = ("jpeg_baseline", "jpeg_progressive", "jpeg_444", "jpeg_gray", "jpeg_cmyk",
+             "png_rgb", "png_gray", "png_palette", "png_rgba", "png_gray16")
+
+    def __init__(self, rgb: np.ndarray):
+        self._im = Image.fromarray(np.ascontiguousarray(rgb[..., :3]).astype(np.uint8), "RGB")
+        self._records: dict[str, bytes] = {}
+
+    def __iter__(self):
+        return iter(self.NAMES)
+
+    def __len__(self) -> int:
+        return len(self.NAMES)
+
+    def __getitem__(self, name: str) -> bytes:
+        if name not in self.NAMES:
+            raise KeyError(name)
+        if name not in self._records:
+            self._records[name] = self._encode(name)
+        return self._records[name]
+
+    def _encode(self, name: str) -> bytes:
+        im = self._im
+        gray = im.convert("L")
+        if name == "jpeg_baseline":
+            return _save(im, "JPEG", quality=90)
+        if name == "jpeg_progressive":
+            return _save(im, "JPEG", quality=90, progressive=True)
+        if name == "jpeg_444":
+            return _save(im, "JPEG", quality=90, subsampling=0)
+        if name == "jpeg_gray":
+            return _save(gray, "JPEG", quality=90)
+        if name == "jpeg_cmyk":
+            return _save(im.convert("CMYK"), "JPEG", quality=90)
+        if name == "png_rgb":
+            return _save(im, "PNG")
+        if name == "png_gray":
+            return _save(gray, "PNG")
+        if name == "png_palette":
+            return _save(im.convert("P", palette=Image.ADAPTIVE, colors=256), "PNG")
+        if name == "png_rgba":
+            rgba = im.convert("RGBA")
+            rgba.putalpha(128)
+            return _save(rgba, "PNG")
+        assert name == "png_gray16"
+        return _save(Image.fromarray((np.asarray(gray).astype(np.uint16) * 257), "I;16"), "PNG")
 
 
 def corrupt_variants(good_jpeg: bytes) -> dict[str, bytes]:

@@ -14,11 +14,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fastfeed"
 # above.
 LAYERS = [
     ["fastfeed._native", "fastfeed.constants", "fastfeed.types", "fastfeed.world"],
-    ["fastfeed.sampling", "fastfeed.image"],
+    ["fastfeed.sampling", "fastfeed.image", "fastfeed.targets"],
     ["fastfeed.formats"],
     ["fastfeed.remote"],
     ["fastfeed.datasets", "fastfeed.tuning"],
     ["fastfeed.decode"],
+    ["fastfeed.detect"],
     ["fastfeed.loader"],
     ["fastfeed.pack", "fastfeed.demo_data", "fastfeed.doctor"],
     ["fastfeed.bench"],

@@ -99,7 +99,7 @@ ACCEPTED = {"a_class/good.jpg", "a_class/same_name.jpg", "b_class/same_name.jpg"
             "a_class/cmyk.jpg", "a_class/progressive.jpg", "b_class/palette.png", "b_class/rgba.png",
             "b_class/sixteen_bit.png", "b_class/猫 ünïcødé é.jpg", "b_class/link_to_good.jpg",
             os.fsdecode(b"b_class/latin1_\xe9t\xe9.jpg"), "a_class/anim.gif"}
-# Stored as 8-bit PNGs of the decode contract's pixels (README "Decode contract"): no decoder of the GPU path reads
+# Stored as 8-bit PNGs of the decode contract's pixels (docs/decode-contract.md): no decoder of the GPU path reads
 # them identically as they are.
 CONVERTED = {"a_class/cmyk.jpg", "b_class/rgba.png", "b_class/sixteen_bit.png", "a_class/anim.gif"}
 

@@ -88,6 +88,7 @@ def test_bench_torch_baseline_report_is_complete(image_folder, tmp_path):
     assert "samples/s" in table and "data wait" in table and "torch" in table
 
 
+@pytest.mark.integration  # a DataLoader worker process
 def test_baseline_with_worker_processes_counts_children(image_folder):
     loader = make_torch_loader(image_folder, batch_size=4, image_size=32, device="cpu", dtype=torch.float16,
                                channels_last=True, num_workers=1)
@@ -133,6 +134,7 @@ def test_empty_loader_raises_clear_error():
         run_loader([], lambda x, y: None, name="empty", steps=2, warmup=0, progress=False)
 
 
+@pytest.mark.integration  # ResNet-18 steps on the CPU
 def test_resnet_consumer_and_compute_ceiling_and_plot(image_folder, tmp_path, one_torch_thread):
     cfg = BenchConfig(dataset=None, batch_size=4, image_size=32, steps=3, warmup=1, device="cpu", dtype="float16",
                       consumer="resnet18")
@@ -187,6 +189,7 @@ def _finite_numbers(obj, where="report"):
         raise AssertionError(f"{where}: unexpected {type(obj).__name__}")
 
 
+@pytest.mark.integration  # a whole bench run, both loaders
 def test_run_bench_real_loader_against_torch(wds_path):
     # 160 images / batch 8 = 20 batches per epoch: 2 warm-up + 24 timed steps cross an epoch boundary on both.
     steps, batch = 24, 8
@@ -219,6 +222,7 @@ def test_run_bench_real_loader_against_torch(wds_path):
     assert "fastfeed / torch throughput:" in table
 
 
+@pytest.mark.integration  # the bench command end to end
 def test_cli_bench_compare_writes_json_and_png(wds_path, tmp_path, capsys):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     rc = main(["bench", str(wds_path), "--compare", "torch", "--device", "cpu", "--batch-size", "8",
@@ -270,9 +274,9 @@ def test_verdicts_name_the_bottleneck_and_the_change_to_try():
 
 
 def test_a_gpu_loader_whose_tuner_tried_more_pipelines_is_not_told_to_raise_them():
-    """Photos of ~2.5 MP beside ResNet-50 on an H200 (benchmarks/RESULTS.md, thirteenth session): the loop waited 50%
-    with 5.7 of 16 cores busy, the tuner had tried a third pipeline and gone back to two. "Raise --pipelines" sent the
-    user after what the tuner had measured; the limit was the GPU's JPEG decode (DALI's reader waited as long)."""
+    """Photos of ~2.5 MP beside ResNet-50 on an H200: the loop waited 50% with 5.7 of 16 cores busy, the tuner had
+    tried a third pipeline and gone back to two. "Raise --pipelines" sent the user after what the tuner had measured;
+    the limit was the GPU's JPEG decode (DALI's reader waited as long)."""
     from fastfeed.bench.report import verdicts
 
     def result(history, settled=True, pipelines=2):
@@ -403,12 +407,12 @@ def test_settings_lines_show_the_dali_settings():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The verdict against the resident-data ceiling (issue 14: "38% below the ceiling" is never "the loader keeps up")
+# The verdict against the resident-data ceiling: a run 38% below the ceiling is never "the loader keeps up"
 def _host(busy=1.0, cpus=16, machine=0.5):
     return {"cpu_cores_busy": busy, "cpu_count": cpus, "system_cpu_busy_frac": machine, "iowait_frac": 0.0}
 
 
-def test_attribution_shares_on_the_issue_numbers():
+def test_attribution_shares_of_a_measured_run():
     from fastfeed.bench.verdict import attribute
 
     # ResNet-18 bf16 on the H200: ceiling 12,653 img/s; the DataLoader trained at 3,542 with 49% data wait
@@ -531,6 +535,7 @@ class _Batches:
             self._stop.set()
 
 
+@pytest.mark.integration  # ResNet-18 steps on the CPU
 def test_verdict_end_to_end_on_the_cpu_with_a_real_model(one_torch_thread):
     from fastfeed.bench.consumers import synthetic_batch
 
@@ -553,7 +558,9 @@ def test_verdict_end_to_end_on_the_cpu_with_a_real_model(one_torch_thread):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The README's bench command as a new user runs it: small datasets, comparing on what was packed, baseline failure
+# `fastfeed bench` as a new user runs it (docs/measure.md): small datasets, comparing on what was packed, baseline
+# failure
+@pytest.mark.integration  # the bench command end to end
 def test_cli_bench_dataset_smaller_than_the_batch_fits_the_batch(wds_path, tmp_path, capsys):
     out_json = tmp_path / "b.json"
     rc = main(["bench", str(wds_path), "--device", "cpu", "--decoder", "cpu", "--image-size", "32", "--steps", "2",
@@ -576,6 +583,7 @@ def test_fit_batch_size():
         fit_batch_size(8, 0)
 
 
+@pytest.mark.integration  # pack, then a whole bench run
 def test_compare_reads_what_was_packed_not_the_source_folder(image_folder, tmp_path, pack_cli):
     # the source holds a file pack rejects; the baseline must not see it (it crashed on one after 12 minutes)
     import shutil
@@ -602,6 +610,7 @@ def test_compare_reads_what_was_packed_not_the_source_folder(image_folder, tmp_p
     assert images[0][0].mode == "RGB"
 
 
+@pytest.mark.integration  # the bench command end to end
 def test_baseline_failure_keeps_the_fastfeed_half(wds_path, image_folder, tmp_path, capsys):
     import shutil
 

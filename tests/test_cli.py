@@ -17,6 +17,7 @@ def test_no_arguments_prints_help_and_succeeds(capsys):
     assert out.startswith("usage: fastfeed") and all(name in out for name in COMMANDS)
 
 
+@pytest.mark.integration
 def test_version_in_a_real_process():
     proc = subprocess.run([sys.executable, "-m", "fastfeed.cli", "--version"], capture_output=True, text=True,
                           timeout=120)

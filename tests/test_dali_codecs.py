@@ -70,6 +70,7 @@ def _child(tmp_path, name, variable=None):
     return json.loads(line), np.load(pixels)
 
 
+@pytest.mark.integration  # a fresh interpreter per decode
 def test_a_cpu_pipeline_loads_only_the_cpu_extensions_and_decodes_the_same_pixels(tmp_path):
     installed = codecs.extensions_folder()
     assert installed is not None and any(f.name.startswith("libnvjpeg_ext") for f in installed.iterdir())
@@ -108,6 +109,7 @@ def test_only_a_cpu_build_sees_the_folder_and_the_variable_goes_back():
         os.unsetenv(codecs.VARIABLE)
 
 
+@pytest.mark.integration  # forks
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_child_forked_during_a_build_can_build():
     """Another thread holds the build lock (a build in progress) when the process forks: the child, which no thread

@@ -366,6 +366,7 @@ def packed_with_pngs(demo_tree, pack_cli, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.integration  # a child process
 @pytest.mark.parametrize("damage,said", [("garbage", "bad image header: JPEG:"),
                                           ("cut", "truncated JPEG (no end-of-image marker)"),
                                           ("png", "truncated PNG (a chunk runs past the end of the file)")])

@@ -163,9 +163,10 @@ def test_oriented_size_swaps_only_for_exif_5_to_8():
         make_decoder("cpu-pil", device="cpu", orientation="auto")
 
 
+@pytest.mark.integration  # a child process
 def test_dali_exif_never_crashes_on_windows_from_the_stored_size(corpus):
-    """The bug of issue 13: windows computed on the unrotated header size while DALI rotates by EXIF crashed the
-    process. Run in a child so a crash fails this test instead of killing the session."""
+    """Windows computed on the unrotated header size while DALI rotates by EXIF once crashed the process. Run in a
+    child so a crash fails this test instead of killing the session."""
     paths = [c.path for c in corpus if c.expect == "accept" and c.orientation >= 5 and c.name.endswith(".jpg")
              and c.change is None]
     assert len(paths) >= 4

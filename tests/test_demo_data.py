@@ -94,6 +94,7 @@ def test_progressive_fraction(dataset, tmp_path):
     assert all(_is_progressive(p) for p in every.glob("class_*/*.jpg"))
 
 
+@pytest.mark.integration  # spawned worker processes
 def test_deterministic_across_worker_counts(dataset, tmp_path):
     again = make_dataset(tmp_path / "again", num_images=N, num_classes=7, seed=3, workers=2,
                          progressive_fraction=0.25)

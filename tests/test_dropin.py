@@ -1,4 +1,4 @@
-"""The DataLoader contract users rely on (issue 12): evaluation semantics, dtype, len/iter, sampler, DataLoader
+"""The DataLoader contract users rely on: evaluation semantics, dtype, len/iter, sampler, DataLoader
 keywords, per-batch transforms, constructor validation, fork. Real packed data, CPU decoders."""
 from __future__ import annotations
 
@@ -217,6 +217,7 @@ def _run(script: str, timeout=240) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.integration  # a fresh interpreter
 def test_works_after_a_script_replaced_builtins_print(wds_path):
     # torchvision's references/classification/utils.py setup_for_distributed, on a non-master rank.
     proc = _run(f"""
@@ -236,6 +237,7 @@ def test_works_after_a_script_replaced_builtins_print(wds_path):
     assert "samples 160" in proc.stdout
 
 
+@pytest.mark.integration  # a fresh interpreter that forks
 @pytest.mark.parametrize("decoder", ["cpu-pil", "cpu-dali"])
 def test_a_forked_child_can_exit_or_build_its_own_loader(wds_path, decoder):
     proc = _run(f"""

@@ -11,7 +11,7 @@ import pytest
 import fastfeed
 from fastfeed.demo_data import make_dataset
 from fastfeed.pack import PackOptions, pack, parse_size
-from fastfeed.types import FORMAT_VERSION, DatasetError
+from fastfeed.types import READABLE_VERSIONS, DatasetError
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_refuses_missing_manifest(packed, tmp_path, fmt):
 def test_refuses_other_version(packed, tmp_path, fmt):
     d = _copy(packed, fmt, tmp_path)
     m = json.loads((d / "fastfeed.json").read_text())
-    m["version"] = FORMAT_VERSION + 1
+    m["version"] = max(READABLE_VERSIONS) + 1
     (d / "fastfeed.json").write_text(json.dumps(m))
     with pytest.raises(DatasetError, match="format version"):
         fastfeed.open_dataset(d)

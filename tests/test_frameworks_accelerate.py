@@ -1,7 +1,7 @@
 """Hugging Face Accelerate 1.15 with fastfeed.Loader on 2 CPU processes (gloo), launched with `accelerate launch`
 as a user does (tests/clients/accelerate_train.py, written like Accelerate's examples).
 
-- Training: both ranks take 6 steps per epoch; the learning-rate schedule, sized as the README says
+- Training: both ranks take 6 steps per epoch; the learning-rate schedule, sized as docs/recipes.md says
   (`len(loader) * epochs * num_processes` for a scheduler that went through `prepare`), ends exactly at its last
   step, not half-way.
 - Evaluation: `gather_for_metrics` returns every val sample exactly once (21 samples on 2 ranks: one padded

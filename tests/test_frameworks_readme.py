@@ -30,13 +30,13 @@ def recipes_doc_blocks() -> list[str]:
 
 
 @pytest.mark.parametrize("name", RECIPES)
-def test_readme_recipe_is_the_tested_code(name):
+def test_the_documented_recipe_is_the_tested_code(name):
     code = recipe(name)
     assert "fastfeed.Loader(" in code
     assert code in recipes_doc_blocks(), f"docs/recipes.md's {name} recipe differs from tests/clients/{RECIPES[name]}"
 
 
-def test_readme_has_a_dataloader_row_for_every_dataloader_argument():
+def test_the_dataloader_page_has_a_row_for_every_dataloader_argument():
     import inspect
 
     import torch.utils.data

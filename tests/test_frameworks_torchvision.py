@@ -19,6 +19,7 @@ import pytest
 import fastfeed
 from clients.common import client_env, make_tiny_tree, pack, row_fingerprints
 
+pytestmark = pytest.mark.integration  # torchrun and the script as processes
 SCRIPT = Path(__file__).parent / "clients" / "torchvision_train.py"
 N_TRAIN, N_VAL, BATCH, WORLD, EPOCHS, CLASSES = 48, 21, 4, 2, 2, 4
 IMAGE_SIZE = 32
@@ -50,7 +51,6 @@ def torchrun(data) -> list[dict]:
     return [json.loads((out / f"run-rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-@pytest.mark.integration
 def test_reference_style_script_trains_and_evaluates_exactly(data, torchrun):
     per_rank = N_TRAIN // (WORLD * BATCH) * BATCH  # drop_last in training: 24 samples, 6 batches per rank
     for r, rec in enumerate(torchrun):

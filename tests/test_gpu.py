@@ -86,7 +86,7 @@ def test_a_gpu_training_loader_decodes_epoch_0_before_its_first_iteration(gpu_wd
 
 def test_forked_children_of_a_gpu_loader_work_and_exit_cleanly(gpu_wds):
     """A multiprocessing (fork) child reads the dataset with its own CPU Loader and exits 0; a hand-forked child
-    that leaves with os._exit exits 0. (CUDA cannot be used in either: README, "fork".)"""
+    that leaves with os._exit exits 0. (CUDA cannot be used in either: docs/user-guide.md, "Processes that fork".)"""
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import multiprocessing as mp, os, fastfeed
 

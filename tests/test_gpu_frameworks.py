@@ -1,7 +1,7 @@
 """The Lightning client of tests/test_frameworks_lightning.py on this machine's GPUs (`pytest -m gpu`): one GPU, or
 two with DDP over NCCL, fed photos (240-360 px) so that `auto` decodes them on the GPU — the hybrid on a rank with
-8 or more cores, DALI's GPU decoder on fewer. That is what a Lightning user with GPUs gets from the README's
-recipe, unchanged; the CPU tests cover the same client with thumbnails, which `auto` decodes on the CPU.
+8 or more cores, DALI's GPU decoder on fewer. That is what a Lightning user with GPUs gets from the recipe in
+docs/recipes.md, unchanged; the CPU tests cover the same client with thumbnails, which `auto` decodes on the CPU.
 
 The same runs and checks as tests/test_frameworks_lightning.py (every step of every epoch, a mid-epoch resume trains
 exactly the rest, every val sample scored once), with pixels compared within a tolerance instead of by hash: the GPU

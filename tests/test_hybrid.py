@@ -178,9 +178,9 @@ def test_climber_finds_an_optimum_inside_and_follows_a_change_of_the_loop():
     assert max(shares[-100:]) <= STEP, climber.history[-12:]
 
 
-# The loop's period at each fixed CPU share, step by step, measured on an H200 x2 (benchmarks/h200/share_sweep.py:
-# 100 training steps per share after 30, batch 256; 7/8 was not measured and is drawn from 3/4 and 1).
-SWEEP = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-h200x2-2026-11-30f-share-sweep.json.gz"
+# The loop's period at each fixed CPU share, step by step, measured on an H200 x2 (100 training steps per share after
+# 30, batch 256; 7/8 was not measured and is drawn from 3/4 and 1; the script is at git tag lab-2026-12).
+SWEEP = Path(__file__).resolve().parent / "data" / "share-sweep-h200x2.json.gz"
 
 
 def _measured_steps(model: str) -> dict:
@@ -213,10 +213,9 @@ def _replay(steps: dict, batches: int, seed: int, lag: int = 3) -> float:
     return total / batches
 
 
-# ResNet-18 on a single H200 with 16 cores (benchmarks/results/gpu-h200-2026-11-30g-r2-table-r50.json, the climber's
-# own measurements and the GPU-decode row of the same run): any CPU share slows the step, 1/8 by 14%. The climber
-# of the fifth session started at 1/8, took 1/4 for an improvement over its first, warming-up measurement, and
-# never came back: 19% slower than the GPU alone. 1/2 and above were not measured (drawn worse than 3/8).
+# ResNet-18's step on one H200 with 16 cores by CPU share (the climber's own measurements and a GPU-decode run):
+# any CPU share slows it, 1/8 by 14%. A climber that starts at 1/8 can take a warming-up measurement for an
+# improvement and settle 19% slower than the GPU alone. 1/2 and above were not measured (drawn worse than 3/8).
 _R18_16_CORES = {0.0: 0.0242, 0.125: 0.0276, 0.25: 0.0273, 0.375: 0.0373}
 
 
@@ -233,8 +232,8 @@ def test_on_a_16_core_host_resnet18_keeps_its_decode_on_the_gpu(seed):
     assert mean <= _R18_16_CORES[0.0] * 1.03, (mean, climber.history)  # the probes of 1/8 cost under 3%
 
 
-# ResNet-18 on one H200 with 16 cores, fifteenth session (benchmarks/results/gpu-h200-2026-12-01p-r*-table-r18*:
-# the mean step of the timed rows by the share the climber ended on; 3/8 from its one window there).
+# ResNet-18 on one H200 with 16 cores, a second set of runs: the mean step by the share the climber ended on (3/8
+# from its one window there).
 _R18_16_CORES_P = {0.0: 0.0247, 0.125: 0.0255, 0.25: 0.0264, 0.375: 0.0335}
 
 
@@ -266,8 +265,8 @@ def test_on_the_measured_loops_the_climber_comes_close_to_the_best_fixed_share(m
     """ResNet-50's period is flat from 1/8 to 3/4 and 4% shorter than on the GPU alone; ResNet-18's is shortest at
     0-1/8 and a third longer at 1/2. Averaged over replays, the climber's loop must come within 2.5% of the best fixed
     share (3% over 300 batches: its first share is measured twice, ~80 batches more on the GPU alone) and never be
-    more than 1% slower than the GPU decode alone (the climber of the fourth session, which started at 1/4 with steps
-    of 1/4, made a 300-batch ResNet-18 loop 6% slower than the GPU alone)."""
+    more than 1% slower than the GPU decode alone (a climber that started at 1/4 with steps of 1/4 made a 300-batch
+    ResNet-18 loop 6% slower than the GPU alone)."""
     steps = _measured_steps(model)
     means = {share: float(np.mean(v)) for share, v in steps.items()}
     got = float(np.mean([_replay(steps, batches, seed) for seed in range(12)]))
@@ -355,8 +354,7 @@ def test_auto_for_a_gpu_follows_the_images_and_the_cores(monkeypatch, pixels, pn
 
 def test_a_rank_of_a_distributed_job_starts_its_climber_at_a_quarter():
     """settings.py chooses the start (decode/hybrid.py says why) and the Loader's climber starts there (the wiring
-    through build_decoder needs a GPU: the two-GPU rows of benchmarks/RESULTS.md settled at 0.36 from it, 0.02 from
-    0)."""
+    through build_decoder needs a GPU: on two GPUs the climber settled at 0.36 from this start, at 0.02 from 0)."""
     from test_epoch import settings_for
 
     from fastfeed.world import World

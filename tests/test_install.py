@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.integration  # a Python and a make process
 
 
 def test_pil_check_names_the_package_that_provides_pil():

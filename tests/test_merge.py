@@ -98,6 +98,7 @@ def test_metadata_from_a_list_merges_byte_identically(listing, tmp_path, fmt):
     assert_same_files(single, out)
 
 
+@pytest.mark.integration  # the CLI as a process
 def test_cli_merge_and_an_interrupted_merge_run_again(tree, tmp_path):
     out = tmp_path / "parts"
     for i in range(2):

@@ -31,6 +31,7 @@ def odd_packed(tmp_path_factory, pack_cli):
     return cases, out
 
 
+@pytest.mark.integration  # the verify CLI as a process
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 def test_pack_accepts_what_the_contract_says_and_verify_agrees(odd_packed, fmt):
     cases, out = odd_packed

@@ -39,6 +39,7 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.integration  # the CLI as a process
 @pytest.mark.parametrize("args", [(), ("--shard-size", "300KB"), ("--shard-size", "64KB", "--jpeg", "keep"),
                                   ("--no-shuffle", "--shard-size", "1MB", "--max-side", "200", "--workers", "1")])
 def test_native_and_python_writers_write_identical_files(tree, tmp_path, args):
@@ -71,6 +72,7 @@ def _check_checksums(folder: Path) -> None:
     assert names == [str(k) for k in t["key"]]
 
 
+@pytest.mark.integration  # the CLI as a process
 def test_parts_and_merge_identical(tree, tmp_path):
     for native in (False, True):
         out = tmp_path / ("native" if native else "py")

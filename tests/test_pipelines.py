@@ -110,7 +110,7 @@ def test_a_training_loop_that_waits_a_little_never_changes():
 
 
 def test_resnet50_trains_beside_one_pipeline_when_two_slow_its_step():
-    """ResNet-50 on an H200: 59.2 ms per step beside two pipelines, 1.5% less beside one (NOTES-2026-11-30), which
+    """ResNet-50 on an H200: 59.2 ms per step beside two pipelines, 1.5% less beside one, which
     feeds a batch every 34 ms (the loader alone: ~7.5k img/s per pipeline). The loop does not wait at 2: it tries 1,
     keeps it, and every HOLD_BATCHES tries the start again, which loses and goes."""
     tuner, pace, clock = make(floor=1)
@@ -135,7 +135,7 @@ def test_a_pipeline_fewer_that_starves_the_step_is_tried_ever_more_rarely():
 
 
 def test_resnet18_gets_a_third_pipeline_when_it_waits_and_the_third_pays():
-    """ResNet-18 beside two pipelines waited 4-10% and trained 4-9% faster beside three (H200, ninth session)."""
+    """ResNet-18 beside two pipelines waited 4-10% and trained 4-9% faster beside three (on an H200)."""
     tuner, pace, clock = make(floor=1)
     used = drive(tuner, pace, clock, training(0.024, 0.02, 0.052), 3000, noise=0.02)
     assert used[-1] == 3 and used[200:].count(3) > 0.9 * len(used[200:])
@@ -146,7 +146,7 @@ def test_resnet18_gets_a_third_pipeline_when_it_waits_and_the_third_pays():
 def test_a_pipeline_more_that_stopped_the_wait_is_not_dropped_for_the_missing_wait(seed):
     """ResNet-18 waits 12% beside two pipelines and none beside three, which pay. That it no longer waits is the
     third's doing: trying two again at once would be measured before the decoded window runs dry and kept, and
-    the loop would wait again (the H200, tenth session). It stays at three, trying two every REVISIT_BATCHES."""
+    the loop would wait again (as it did on an H200). It stays at three, trying two every REVISIT_BATCHES."""
     tuner, pace, clock = make(floor=1)
     used = drive_buffered(tuner, pace, clock, lambda n: 0.0245 * (1 + 0.01 * (n - 2)), 0.056, 3000, seed=seed)
     first = used.index(3)  # (after a first try of one pipeline: the window hid the wait)
@@ -182,7 +182,7 @@ def test_a_pipeline_more_that_does_not_pay_is_dropped_and_tried_again_only_after
 def test_a_pipeline_more_whose_first_measurement_reads_slow_is_measured_again_and_kept():
     """ResNet-18 on an H200 from one pipeline (28-32 ms a step, waiting ~20%): the first measurement of the second
     pipeline read 27.0-29.5 ms in 8 of 28 runs, not the 24-27 it trains at, and a try lost there left ResNet-18 on one
-    pipeline (8.5-9.5k against 10.2-10.4k img/s; benchmarks/RESULTS.md, fifteenth session). Here the first 45
+    pipeline (8.5-9.5k against 10.2-10.4k img/s). Here the first 45
     batches after each change run at 29.5 ms: the try is judged on its second measurement, kept, and the loop trains
     at 25."""
     tuner, pace, clock = make(start=1, limit=2, floor=1)
@@ -266,9 +266,9 @@ def test_batches_taken_in_bursts_and_a_stall_are_measured_as_the_loop_ran():
         assert period == pytest.approx(feed, rel=0.001) and wait == pytest.approx(1.0)
 
 
-# ResNet-50 on an H200 with 16 cores, the loop's period (ms) by pipeline count and the hybrid's CPU share, read off
-# the tenth session's rows (benchmarks/results/gpu-h200-2026-12-01k-*-table-r50-a.json.gz: the climbers' measurements
-# and the steady steps of one and two fixed pipelines); one pipeline at a share of 1/2 is starved.
+# ResNet-50 on an H200 with 16 cores, the loop's period (ms) by pipeline count and the hybrid's CPU share (the
+# climbers' measurements and the steady steps of one and two fixed pipelines); one pipeline at a share of 1/2 is
+# starved.
 _R50_MS = {1: {0.0: 61.0, 0.125: 60.3, 0.25: 59.0, 0.375: 57.3, 0.5: 75.6},
            2: {0.0: 61.6, 0.125: 60.5, 0.25: 60.0, 0.375: 60.8, 0.5: 66.0}}
 
@@ -329,8 +329,8 @@ def test_a_loop_that_still_waits_gets_the_next_pipeline_before_the_climber_probe
 
 def test_a_try_is_measured_only_after_the_new_pipeline_is_built():
     """The Loader builds a pipeline when the tuner first asks for it, and the build slows the loop while the old
-    pipelines feed it (pace.building). Measured across the build, a third pipeline that pays 23% was lost (H200,
-    twelfth session); measured after it, it is kept, and nothing is measured during the build."""
+    pipelines feed it (pace.building). Measured across the build, a third pipeline that pays 23% was lost (on an
+    H200); measured after it, it is kept, and nothing is measured during the build."""
     tuner, pace, clock = make(start=2, limit=3, floor=1)
     per_batch = {2: 256 / 14_200, 3: 256 / 17_500}
     built, used, measured_in_build = {2}, [], 0
@@ -547,7 +547,7 @@ def test_a_cpu_loader_and_a_given_pipeline_count_are_not_tuned(wds_path):
     s = settings_for(decoder="cpu", pipelines=3)
     assert s.pipeline_floor == s.pipeline_limit == s.pipelines == 3 and s.ring_slots == s.prefetch + 6
     with fastfeed.Loader(wds_path, batch_size=16, image_size=32, device="cpu", decoder="cpu", num_threads=1) as L:
-        assert L._tuner is None
+        assert "pipeline_history" not in L.stats()  # no tuner
         next(iter(L))
         assert L.stats()["info"]["pipelines"] == 1 and "pipeline_history" not in L.stats()
         assert L.stats()["counters"]["pipelines_built"] == 1

@@ -24,6 +24,7 @@ pytest.importorskip("s3fs")
 from fastfeed.datasets import open_dataset
 from fastfeed.formats import DatasetError  # noqa: E402
 
+pytestmark = pytest.mark.integration  # an S3 server, and the CLI as a process
 BUCKET = "fastfeed-test"
 FAST_FAIL = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 3}}
 
@@ -215,7 +216,7 @@ def test_truncated_object_is_a_checksum_error_naming_the_shard(s3, demo_tree, ca
     name = "shard-000001.tar"
     fs.pipe(f"{BUCKET}/truncated/{name}", fs.cat(f"{BUCKET}/truncated/{name}")[:-4096])
     with open_dataset(url, retry_timeout=5) as ds:
-        victim = int(np.flatnonzero(ds._table["shard"] == 1)[0])
+        victim = int(np.flatnonzero(ds.shard_index == 1)[0])
         with pytest.raises(DatasetError, match=name):
             ds.read(victim)
         assert not os.path.exists(os.path.join(ds.root, name))  # nothing torn or unverified left in the cache
@@ -234,7 +235,6 @@ ds.close()
 """
 
 
-@pytest.mark.integration
 def test_two_processes_share_one_cache_and_download_each_shard_once(s3, remote_wds, tmp_path):
     cache = tmp_path / "shared-cache"
     procs = [subprocess.Popen([sys.executable, "-c", _SHARE_CHILD, remote_wds, str(cache)], stdout=subprocess.PIPE,
@@ -256,7 +256,7 @@ def test_two_processes_share_one_cache_and_download_each_shard_once(s3, remote_w
 def test_cache_stays_under_its_limit_lru_by_shard(s3, remote_wds, tmp_path):
     with open_dataset(remote_wds, cache_dir=str(tmp_path / "c"), cache_size=1) as probe:
         sizes = [s.bytes for s in probe.manifest.shards]
-        shard_col = probe._table["shard"]
+        shard_col = probe.shard_index
     assert len(sizes) >= 3
     limit = sizes[0] + sizes[1] + sizes[2] // 2  # room for two shards, not three
     with open_dataset(remote_wds, cache_dir=str(tmp_path / "c"), cache_size=limit, fetch="on_demand") as ds:
@@ -296,11 +296,11 @@ def test_a_download_completing_during_a_scan_is_counted_once(tmp_path, monkeypat
 
 def test_ensure_local_fetches_in_order_for_streaming(s3, remote_wds, tmp_path):
     with open_dataset(remote_wds, cache_dir=str(tmp_path / "c"), fetch="on_demand") as ds:
-        order = np.argsort(ds._table["shard"], kind="stable")[::-1]  # last shard first
+        order = np.argsort(ds.shard_index, kind="stable")[::-1]  # last shard first
         ds.prepare_epoch(order, wait=False)
         first = order[:8]
         ds.ensure_local(first, timeout=60)
-        shard = int(ds._table["shard"][first[0]])
+        shard = int(ds.shard_index[first[0]])
         assert os.path.exists(os.path.join(ds.root, ds.manifest.shards[shard].path))
         ds.ensure_local(order, timeout=60)
         assert ds.cache_stats()["downloads"] == len(ds.manifest.shards)
@@ -315,7 +315,7 @@ def test_server_stopped_mid_epoch_raises_dataset_error_within_a_bounded_time(dem
         assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "4MB").returncode == 0
         retry_timeout = 3.0
         ds = open_dataset(url, FAST_FAIL, cache_dir=str(tmp_path / "c"), retry_timeout=retry_timeout, parallel=1)
-        shard_col = ds._table["shard"]
+        shard_col = ds.shard_index
         ds.ensure_local([0], timeout=60)  # the epoch has begun: its first shard is local, the others are not
         server.stop()
         t0 = time.monotonic()
@@ -342,7 +342,7 @@ def test_epoch_fetch_streams_shards_through_the_native_ring(s3, remote_wds, wds_
     batch_size, slots = 8, 3
     with open_dataset(remote_wds, cache_dir=str(tmp_path / "c"), fetch="on_demand") as ds, \
             open_dataset(wds_path) as local:
-        order = np.argsort(ds._table["shard"], kind="stable")  # order="shard": shard by shard
+        order = np.argsort(ds.shard_index, kind="stable")  # order="shard": shard by shard
         with PrefetchRing(ds.extents(), batch_size, num_threads=2, num_slots=slots, pin_memory=False) as ring:
             assert ds.cache_stats()["downloads"] == 0  # extents() of an on_demand dataset fetches nothing
             fetch = epoch_fetch(ds, order, batch_size, slots)  # the first window is local after this
@@ -429,7 +429,6 @@ def test_a_reader_never_sees_the_manifest_before_the_files_it_lists(s3, wds_path
     assert errors == [] and missing > 0 and complete == 1
 
 
-@pytest.mark.integration
 def test_killed_pack_to_a_url_uploads_nothing_and_resumes_from_staging(s3, src_small, tmp_path, cache_dir):
     import signal
 

@@ -22,7 +22,8 @@ from fastfeed.datasets import open_dataset  # noqa: E402
 
 # gcsfs hands aiohttp each upload as one bytes body, which aiohttp warns about (a client-side performance note;
 # the suite turns warnings into errors).
-pytestmark = pytest.mark.filterwarnings("ignore:Sending a large body directly with raw bytes:ResourceWarning")
+pytestmark = [pytest.mark.integration,  # a GCS server
+              pytest.mark.filterwarnings("ignore:Sending a large body directly with raw bytes:ResourceWarning")]
 BUCKET = "fastfeed-gcs-test"
 ANON = {"token": "anon"}
 

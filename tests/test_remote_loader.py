@@ -17,6 +17,8 @@ from fastfeed.formats import DatasetError  # noqa: E402
 from fastfeed.loader.assemble import LoaderError  # noqa: E402
 from tests.test_remote import BUCKET, FAST_FAIL, S3Server, _cli  # noqa: E402
 
+pytestmark = pytest.mark.integration  # an S3 server, and the CLI as a process
+
 
 def _loader(path, **kw):
     args = dict(batch_size=16, train=False, image_size=64, device="cpu", decoder="cpu-pil", dtype=torch.uint8,

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.integration
+@pytest.mark.sanitize
 def test_ring_under_address_and_undefined_sanitizers():
     if shutil.which("gcc") is None:
         pytest.fail("gcc is needed to build the sanitizer variant of the native core")

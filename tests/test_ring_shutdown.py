@@ -214,6 +214,7 @@ def test_many_rings_leak_no_threads_or_memory(shard):
     assert rss_bytes() - rss0 < 32 << 20
 
 
+@pytest.mark.integration  # forks
 def test_forked_child_sees_the_ring_closed(shard):
     ext, payloads = shard
     with PrefetchRing(ext, 4, num_threads=2, num_slots=2, pin_memory=False) as ring:

@@ -1,4 +1,4 @@
-"""The JPEG scan check (issue 13: "nothing pack accepts can decode differently later"): a JPEG whose scans code fewer
+"""The JPEG scan check (nothing pack accepts may decode differently later): a JPEG whose scans code fewer
 pixels than its frame header claims decodes to grey rows in PIL/libjpeg and to other pixels in nvJPEG, so pack
 stores PIL's reading of it as PNG ("repaired_corrupt_scan"); a JPEG PIL cannot read stays rejected; every clean
 JPEG (the demo data, the odd-image corpus) passes the check and is stored byte for byte. Real files throughout:

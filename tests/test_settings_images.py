@@ -39,7 +39,7 @@ def test_large_photos_share_the_decode_with_dalis_cuda_decoder():
     assert (photo.hw_decoder_load, photo.decode_threads) == (1.0, 2)
     big = _dali(0.0, 16, pixels=4032 * 3024)  # 12-MP phone photos
     assert (big.hw_decoder_load, big.decode_threads) == (0.9, 4)
-    mid = _dali(0.0, 16, pixels=1600 * 1400)  # photos of ~2 MP (thirteenth session: 0.9 and 4 trained 10-20% faster)
+    mid = _dali(0.0, 16, pixels=1600 * 1400)  # photos of ~2 MP (0.9 and 4 trained 10-20% faster on an H200)
     assert (mid.hw_decoder_load, mid.decode_threads) == (0.9, 4)
     assert _dali(0.0, 16, pixels=999_999).hw_decoder_load == 1.0  # the bound is LARGE_PHOTO_PIXELS
     assert _threads(0.7, 32, pixels=4032 * 3024) == 8  # PNG-heavy large photos: the share's threads, capped

@@ -4,7 +4,7 @@ tests/test_frameworks_accelerate.py on 2 CPU processes:
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/clients/accelerate_train.py \
         --train T --val V --out OUT [--save-every 3] [--resume OUT/step_3]
 
-The part between the recipe markers is the README's Accelerate recipe, verbatim (tests/test_frameworks_readme.py
+The part between the recipe markers is docs/recipes.md's Accelerate recipe, verbatim (tests/test_frameworks_readme.py
 checks that), written like Accelerate's own examples: the Loaders go through `accelerator.prepare` with the rest
 (which leaves them as they are: they already shard by rank and put batches on the device), the train Loader is
 registered for checkpointing so `save_state`/`load_state` carry its position, and the eval loop counts with
@@ -27,7 +27,7 @@ from common import batch_digest, client_parser, row_fingerprint_ints, tiny_net, 
 
 
 class Probe:
-    """The test's recording (the `probe.` lines are not part of the README recipe)."""
+    """The test's recording (the `probe.` lines are not part of the recipe in docs/recipes.md)."""
 
     def __init__(self):
         self.record = {"train": [], "eval": {}}

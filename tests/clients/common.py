@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -55,13 +53,11 @@ def make_tiny_tree(root: Path, num_images: int, num_classes: int = TINY_CLASSES,
 
 
 def pack(src: Path, out: Path, fmt: str, shard_size: str = "24KB") -> Path:
-    """`fastfeed pack` exactly as a user runs it (small wds shards so order="shard" has several to shuffle)."""
-    cmd = [sys.executable, "-m", "fastfeed.cli", "pack", str(src), str(out), "--quiet", "--format", fmt]
-    if fmt == "wds":
-        cmd += ["--shard-size", shard_size]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    """`fastfeed pack` through the CLI's entry point, in the test process (tests/conftest.py's `run_pack`; small wds
+    shards so order="shard" has several to shuffle). Only the tests call it, never a client script."""
+    from conftest import run_pack
+
+    run_pack(src, out, "--format", fmt, *(["--shard-size", shard_size] if fmt == "wds" else []))
     return Path(out)
 
 

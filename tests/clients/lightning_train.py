@@ -4,7 +4,7 @@ this script for rank 1).
 
     python tests/clients/lightning_train.py --train T --val V --out OUT [--devices 2] [--ckpt-path CKPT]
 
-The part between the recipe markers is the README's Lightning recipe, verbatim (tests/test_frameworks_readme.py
+The part between the recipe markers is docs/recipes.md's Lightning recipe, verbatim (tests/test_frameworks_readme.py
 checks that): a LightningModule whose dataloader hooks return Loaders, and `use_distributed_sampler=False`.
 Everything else records what the model was fed, for the test to compare runs: OUT/{tag}-rank{r}.json holds every
 training batch (global step, labels, hash of the image bytes) and every validation batch outside the sanity check
