@@ -8,6 +8,9 @@ Version history:
     2  samples.npz gains `checksum` (xxh3_64 of each stored image) and `orientation` (EXIF tag 1..8), LMDB tables
        gain `offset`; the manifest gains `samples_xxh3` (checksum of samples.npz itself) and `changes`.
        Version 1 datasets still open: per-sample checks are then skipped.
+    3  detection datasets (manifest `task` "detect", `objects`): each sample's KEY.json member is its annotation
+       (fastfeed/targets.py). The layout is version 2's; the number changes so that an older fastfeed refuses
+       them instead of reading them as classification. Classification packs are still written as version 2.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import numpy as np
 __all__ = [
     "parse_size",
     "FORMAT_VERSION",
+    "DETECT_FORMAT_VERSION",
     "READABLE_VERSIONS",
     "MANIFEST_NAME",
     "SAMPLES_NAME",
@@ -33,7 +37,9 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+DETECT_FORMAT_VERSION = 3  # what pack writes for task "detect"
+READABLE_VERSIONS = (1, 2, 3)
+TASK_NAMES = ("classify", "detect")  # fastfeed.targets.TASKS (a layer above this module)
 MANIFEST_NAME = "fastfeed.json"
 SAMPLES_NAME = "samples.npz"
 REJECTED_NAME = "rejected.jsonl"
@@ -72,6 +78,11 @@ class Manifest:
     (e.g. "trimmed_trailing_data", "converted_to_png").
     `image_stats` holds min/mean/max of width, height and stored bytes. `part` is `{"index": i, "count": K}`
     for one part of a `--num-parts` pack, None otherwise.
+    `task` is what the samples hold: "classify" (a label each) or "detect" (an annotation each, version 3). For
+    "detect", `classes` is the class order of the annotations' labels, `changes` also counts the boxes the Loader
+    clips ("clipped_boxes") and drops ("dropped_boxes"), and `objects` holds images with/without objects, objects
+    per image (min/mean/max) and per class, and for COCO sources `source_ids` (the category id of each class).
+    Both are left out of a classification manifest's JSON, so its bytes are those of earlier versions.
     """
 
     kind: str
@@ -92,9 +103,14 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
     samples_xxh3: str = ""
     changes: dict[str, int] = field(default_factory=dict)
+    task: str = "classify"
+    objects: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
+        d = asdict(self)
+        if self.task == "classify":
+            del d["task"], d["objects"]
+        return json.dumps(d, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str, where: str = "manifest") -> "Manifest":
@@ -109,6 +125,11 @@ class Manifest:
             raise DatasetError(
                 f"{where}: format version {version!r}, this fastfeed reads versions "
                 f"{', '.join(map(str, READABLE_VERSIONS))}; re-pack the dataset", path=where)
+        task = raw.get("task", "classify")
+        if (version == DETECT_FORMAT_VERSION) != (task == "detect"):
+            # Version 3 exists to mark detection datasets: any other pairing is a damaged or hand-made manifest.
+            raise DatasetError(f"{where}: format version {version} with task {task!r}: version "
+                               f"{DETECT_FORMAT_VERSION} is for detection datasets only", path=where)
         if raw.get("kind") not in KINDS:
             raise DatasetError(f"{where}: unknown dataset kind {raw.get('kind')!r}", path=where)
         try:
@@ -130,6 +151,8 @@ class Manifest:
             raise bad("classes", self.classes)
         if not isinstance(self.samples_xxh3, str) or not isinstance(self.changes, dict):
             raise bad("samples_xxh3/changes", (self.samples_xxh3, self.changes))
+        if self.task not in TASK_NAMES or not isinstance(self.objects, dict):
+            raise bad("task/objects", (self.task, self.objects))
         for s in self.shards:
             if not (isinstance(s.path, str) and s.path and _is_count(s.bytes) and isinstance(s.sha256, str)
                     and _is_count(s.num_samples)):

@@ -6,6 +6,7 @@
 #                                                                    install_dali.sh and the bundle's sha256
 #   .carry/x        xxhash (with part 1: `build`)          .carry/x2  lmdb, webdataset and what it needs (with part 5)
 #   .carry/fw       lightning, lightning-utilities, torchmetrics (tests/test_gpu_frameworks.py, with part 5)
+#   .carry/ul       ultralytics and what it imports that the host lacks (run.sh's `detect` step)
 #   .carry/old      with OLD=<commit>: that tree's fastfeed/ and benchmarks/ as tree-<commit>.tar.gz (run.sh's `abba`
 #                   step runs this tree against it; the commit must have benchmarks/gpu/)
 #     bash benchmarks/gpu/prepare_carry.sh            (OLD=<commit> bash ... to add .carry/old)
@@ -36,6 +37,9 @@ mkdir -p .carry/x .carry/x2 .carry/fw
 $pip download -q $P -d .carry/x xxhash 2>&1 | grep -v "^WARNING: Location" || true
 $pip download -q $P -d .carry/x2 lmdb webdataset braceexpand tqdm fsspec 2>&1 | grep -v "^WARNING: Location" || true
 $pip download -q $P -d .carry/fw lightning==2.6.6 lightning-utilities torchmetrics 2>&1 \
+  | grep -v "^WARNING: Location" || true
+mkdir -p .carry/ul
+$pip download -q $P -d .carry/ul ultralytics==8.4.190 ultralytics-thop pyyaml tqdm nvidia-ml-py psutil 2>&1 \
   | grep -v "^WARNING: Location" || true
 if [ -n "${OLD:-}" ]; then
   mkdir -p .carry/old

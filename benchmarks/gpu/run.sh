@@ -14,7 +14,7 @@
 #                      and Lightning when .carry/x2 and .carry/fw are carried (carry [.carry/p5, .carry/x2, .carry/fw])
 #   build              the native core from this tree, kept in /tmp/ffnative (carry .carry/x: xxhash)
 #   data [SET...]      the data sets (default: base): base thumb half mid phone mixed png (lib.sh `mk`)
-#   gpu-tests          pytest -m gpu: tests/test_gpu.py, tests/test_gpu_frameworks.py (needs stage-dali 5)
+#   gpu-tests          pytest -m gpu: tests/test_gpu.py, tests/test_detect_loader.py, tests/test_gpu_frameworks.py
 # Tables (carry nothing; the sets each needs in brackets):
 #   train-resnet50     ResNet-50 training, ImageNet-like: two processes, each with fastfeed's defaults, its GPU
 #                      decode ("gpu") and DALI's file reader (hw 0.9, 4 threads), the two fastfeed rows in both
@@ -43,6 +43,9 @@
 #   odd-corpus         the decode contract on the GPU: tools/odd_corpus_gpu.py (hardware and CUDA JPEG decoders)
 #   progressive        20% progressive JPEGs packed --jpeg keep / --jpeg baseline against all baseline, the loader
 #                      alone (bench_gpu.py --sections progressive; makes its own sets)
+#   detect             pytest -m gpu tests/test_detect_loader.py; detection batches at 640 px, batch 64, to the GPU:
+#                      fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
+#                      ultralytics wheels), on 4 cores (taskset) and 16 [makes its own set]
 #   abba [CONSUMERS]   this tree against the one carried in .carry/old (OLD=<commit> prepare_carry.sh), A B B A,
 #                      ImageNet-like, default consumers resnet50 [base]
 # TAG=b names a second run's JSON on the same host. Each table step's command lines are the newest that measured its
@@ -52,7 +55,7 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/lib.sh
 
 STEPS=" stage-dali build data gpu-tests train-resnet50 train-resnet18 alone first-batch first-step photos photos-alone
-        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus progressive abba "
+        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus progressive detect abba "
 STEPS=$(echo $STEPS)  # one line, single spaces
 STEPS=" $STEPS "
 
@@ -132,6 +135,16 @@ run_step() {  # $1 = step, rest: its arguments
   progressive) need native || return 1
                CUDA_VISIBLE_DEVICES=0 timeout 550 python3 $G/bench_gpu.py --workdir $W --sections progressive \
                    --json $OUT/progressive-$tag.json 2>&1 | quiet | grep -E "^\[|img/s" | tail -8 ;;
+  detect) need native || return 1
+          [ -d .carry/ul ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/ul/*.whl
+          CUDA_VISIBLE_DEVICES=0 timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider \
+              tests/test_detect_loader.py 2>&1 | tail -1
+          for cores in 4 16; do
+            CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 240 taskset -c 0-$((cores - 1)) python3 \
+                benchmarks/bench_detect.py --workdir $W/detect --num-images 2000 --batch 64 --device cuda \
+                --seconds 25 --json $OUT/detect-$cores-$tag.json 2>&1 | grep -E "^round|^fastfeed /|images,"
+          done
+          (cd $OUT && tar -czf detect-$tag.tar.gz detect-*-$tag.json && rm detect-*-$tag.json) ;;
   abba) need native base || return 1
         local old
         old=$(ls .carry/old/tree-*.tar.gz 2>/dev/null | head -1)

@@ -13,6 +13,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
 
 
+_BOX_KEYS = ("clipped_boxes", "dropped_boxes")  # detection: counted in `changes`, shown on their own line
+
+
 def summarize(m) -> str:
     st = m.image_stats
     failed = m.extra.get("jpeg_actions", {}).get("transcode_failed", 0)
@@ -28,7 +31,8 @@ def summarize(m) -> str:
         f"jpeg mode:   {m.options.get('jpeg_mode', '?')}; transcoded {m.transcoded}"
         + (f"; stored untouched after a failed transcode {failed}" if failed else "")
         + (f" ({m.options['jpeg_note']})" if m.options.get("jpeg_note") else ""),
-        "changes:     " + (", ".join(f"{k} {v}" for k, v in sorted(m.changes.items())) or "none")
+        "changes:     " + (", ".join(f"{k} {v}" for k, v in sorted(m.changes.items()) if k not in _BOX_KEYS)
+                             or "none")
         + "  (files stored differently from their source, by reason)",
         f"rejected:    {m.rejected}",
         "integrity:   " + ("per-sample xxh3 checksums; samples.npz checksum in the manifest" if m.samples_xxh3
@@ -43,7 +47,22 @@ def summarize(m) -> str:
         advice = None
     if advice:
         lines.append(f"advice:      {advice}")
+    if getattr(m, "task", "classify") == "detect":
+        lines.insert(1, _detect_lines(m))
     return "\n".join(lines)
+
+
+def _detect_lines(m) -> str:
+    ob = m.objects or {}
+    per = ob.get("per_image", {})
+    clipped, dropped = m.changes.get("clipped_boxes", 0), m.changes.get("dropped_boxes", 0)
+    return "\n".join([
+        f"task:        detect ({ob.get('objects', 0)} objects; annotations in each sample's .json member)",
+        (f"objects:     {ob.get('images_with_objects', 0)} images with objects, "
+         f"{ob.get('images_without_objects', 0)} without; per image min {per.get('min', 0)}, "
+         f"mean {per.get('mean', 0)}, max {per.get('max', 0)}"),
+        f"boxes:       the Loader clips {clipped} to the image and drops {dropped} (stored as the source gave them)",
+    ])
 
 
 def run(args: argparse.Namespace) -> int:

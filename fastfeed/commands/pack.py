@@ -9,14 +9,23 @@ __all__ = ["configure", "run"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from fastfeed.pack.annotations import ALL_KINDS
     from fastfeed.pack.remote import add_arguments as remote_arguments
-    from fastfeed.pack.sources import SOURCE_KINDS
     from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
 
-    p.add_argument("src", help="ImageFolder tree, flat folder of images, or a .csv/.jsonl list (path,label[,metadata])")
+    p.add_argument("src", help="ImageFolder tree, flat folder of images, a .csv/.jsonl list (path,label[,metadata]), "
+                               "or a detection dataset: YOLO folder (images/ + labels/), Pascal VOC folder "
+                               "(Annotations/ + JPEGImages/), COCO image folder with --annotations")
     p.add_argument("out", help="output folder or fsspec URL (s3://bucket/prefix, gs://...)")
     p.add_argument("--format", choices=("wds", "lmdb"), default="wds", help="WebDataset tar shards or LMDB")
-    p.add_argument("--source", choices=SOURCE_KINDS, default="auto", help="how to read SRC (auto: guess from SRC)")
+    p.add_argument("--source", choices=ALL_KINDS, default="auto", help="how to read SRC (auto: guess from SRC)")
+    p.add_argument("--annotations", default=None, metavar="FILE",
+                   help="COCO instances JSON for the images in SRC: packs a detection dataset (format version 3)")
+    p.add_argument("--classes", default=None, metavar="FILE",
+                   help="class names, one per line, in label order (VOC: else the sorted names seen; YOLO: else "
+                        "data.yaml's names)")
+    p.add_argument("--split", default=None, metavar="NAME",
+                   help="YOLO: pack images/NAME + labels/NAME; VOC: the ids of ImageSets/Main/NAME.txt")
     p.add_argument("--shard-size", default="1GiB", help="target shard size for wds, e.g. 64MB, 1GiB")
     p.add_argument("--shuffle-seed", type=int, default=0, help="pack-time shuffle seed")
     p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
@@ -72,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
             resume=args.resume,
             overwrite=args.overwrite,
             progress=not args.quiet and sys.stderr.isatty(),
+            annotations=args.annotations,
+            classes_file=args.classes,
+            split=args.split,
         )
         result = _remote_pack(args.src, args.out, opts, engine=args.engine, ray_address=args.ray_address,
                               staging=args.staging)  # hook: URLs and --engine ray (fastfeed/pack/remote.py)

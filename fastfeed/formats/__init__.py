@@ -12,10 +12,11 @@ import os
 
 from fastfeed.formats.base import Dataset, load_manifest
 from fastfeed.formats.lmdb import LmdbDataset
+from fastfeed.formats.targets import read_targets
 from fastfeed.formats.wds import WdsDataset
 from fastfeed.types import DatasetError
 
-__all__ = ["open_local", "Dataset", "DatasetError", "READERS"]
+__all__ = ["open_local", "read_targets", "Dataset", "DatasetError", "READERS"]
 
 READERS: dict[str, type] = {"wds": WdsDataset, "lmdb": LmdbDataset}
 

@@ -2,7 +2,7 @@
 
 A folder is a dataset only when `fastfeed.json` exists (the packer writes it last), carries this fastfeed's
 a readable format version, names only files inside the folder, and every data file it lists exists with the
-recorded size; `samples.npz` must match the manifest's checksum (version 2) and hold sane columns. Data files'
+recorded size; `samples.npz` must match the manifest's checksum (version 2 and 3) and hold sane columns. Data files'
 sha256 are not recomputed on open (that reads every byte); `fastfeed verify` does that. Every sample read
 through `read()` is checked against its xxh3 checksum (version 2), so flipped bytes surface as a DatasetError
 naming the file and the sample key instead of garbled pixels.
@@ -196,6 +196,12 @@ class TableDataset:
     @property
     def classes(self) -> list[str]:
         return list(self.manifest.classes)
+
+    @property
+    def task(self) -> str:
+        """What the samples hold: "classify" (a label each) or "detect" (an annotation each in its JSON member,
+        fastfeed/targets.py; format version 3)."""
+        return self.manifest.task
 
     @property
     def keys(self) -> np.ndarray:

@@ -26,8 +26,10 @@ import torch
 from fastfeed.constants import IGNORE_INDEX
 from fastfeed.decode import crop_windows
 from fastfeed.decode.base import DECODE_ERROR, CorruptSampleError, replacement_map
+from fastfeed.detect.decoder import DetectRequest
 from fastfeed.image import jpeg
 from fastfeed.loader.ring import RingReadError
+from fastfeed.targets import Targets
 
 __all__ = ["BatchAssembler", "LoaderError", "SampleTable", "SKIP_CODES"]
 
@@ -63,6 +65,7 @@ class SampleTable:
     keys: Sequence
     read: Callable[[int], bytes]
     bad_checksums: Callable[..., list] | None = None
+    targets: Targets | None = None  # task "detect": every sample's objects (fastfeed.targets)
 
 
 class BatchAssembler:
@@ -110,11 +113,11 @@ class BatchAssembler:
             with self.stats.timed("decode", n=len(indices)):
                 if stream is not None:
                     with torch.cuda.stream(stream):
-                        images, labels, replaced = self._decode(plan, j, decoder, indices, samples, bad)
+                        batch, replaced = self._decode(plan, j, decoder, indices, samples, bad)
                         event = torch.cuda.Event()
                         event.record(stream)
                 else:
-                    images, labels, replaced = self._decode(plan, j, decoder, indices, samples, bad)
+                    batch, replaced = self._decode(plan, j, decoder, indices, samples, bad)
                     event = None
         finally:
             del samples
@@ -122,11 +125,11 @@ class BatchAssembler:
                 rb.release()  # the decoder has returned: nothing reads the slot any more
         self.stats.add("samples", len(indices))
         self.stats.add("batches", 1)
-        return images, labels, event, [(code, self.table.keys[indices[p]], detail) for p, code, detail in replaced]
+        return batch, event, [(code, self.table.keys[indices[p]], detail) for p, code, detail in replaced]
 
     def _decode(self, plan, k, decoder, indices, samples, bad):
-        """Batch k of `plan`: images, labels (on the device) and [(position, code, detail)] of positions holding
-        another sample."""
+        """Batch k of `plan` on the device — (images, labels) for classification, the detection dict for "detect" —
+        and [(position, code, detail)] of positions holding another sample."""
         s = self.settings
         try:
             result = decoder(samples, self._windows(plan, indices))
@@ -138,17 +141,38 @@ class BatchAssembler:
                 raise
             return self._fill_from_epoch(plan, k, decoder, indices, exc, bad)
         replaced = [(r.position, *bad[r.position]) if r.position in bad else tuple(r) for r in result.replaced]
-        labels = self.table.labels[torch.from_numpy(indices)]
         sources = replacement_map([p for p, _, _ in replaced], len(indices))
+        if self.table.targets is not None:
+            return self._finish_detection(plan, k, result, sources), replaced
+        labels = self.table.labels[torch.from_numpy(indices)]
         for dst, src in sources.items():
             labels[dst] = labels[src]
-        return result.images, self._finish_labels(plan, k, labels, sources), replaced
+        return (result.images, self._finish_labels(plan, k, labels, sources)), replaced
 
     def _windows(self, plan, indices: np.ndarray):
-        """The crop windows of samples `indices` in `plan`'s epoch (from the seed, the epoch and each sample's id)."""
+        """What the decoder is asked for samples `indices` in `plan`'s epoch: their crop windows, or for detection
+        the request its geometry is drawn from (both functions of the seed, the epoch and each sample's id)."""
         s = self.settings
+        if self.table.targets is not None:
+            return DetectRequest(ids=np.asarray(indices, dtype=np.int64), epoch=plan.epoch)
         return crop_windows(self.table.widths[indices], self.table.heights[indices], indices, seed=s.seed,
                             epoch=plan.epoch, train=s.train, image_size=s.image_size)
+
+    def _finish_detection(self, plan, k: int, result, replaced: dict) -> dict:
+        """The detection batch dict on the device. `valid` is False where a position holds no sample of its own in
+        evaluation (padding, a replaced sample): the mask of images to score, as IGNORE_INDEX is for labels."""
+        batch = dict(result.targets, images=result.images)
+        valid = torch.ones(len(result.images), dtype=torch.bool)
+        if not self.settings.train:
+            padded = plan.padded[k * plan.batch_size:(k + 1) * plan.batch_size]
+            valid &= ~torch.from_numpy(np.asarray(padded, dtype=bool).copy())
+            if replaced:
+                valid[list(replaced)] = False
+        batch["valid"] = valid
+        if self.settings.device.type == "cuda":
+            batch = {name: v.pin_memory().to(self.settings.device, non_blocking=True) if v.device.type == "cpu" else v
+                     for name, v in batch.items()}
+        return batch
 
     def _untrusted(self, indices, samples, digests=None) -> dict[int, tuple[str, str]]:
         """The samples no decoder may see, by position, with (code, detail). Bytes that match the checksum pack
@@ -175,14 +199,18 @@ class BatchAssembler:
             data, err = self._read_one(c)
             if err or self._untrusted(np.asarray([c]), [data]):
                 continue
+            everywhere = {p: -1 for p in range(n)}
             try:
+                if self.table.targets is not None:  # n copies of it: the detection geometry gives each its own
+                    many = decoder([data] * n, self._windows(plan, np.full(n, c, dtype=np.int64)))
+                    return self._finish_detection(plan, k, many, everywhere), replaced
                 one = decoder([data], self._windows(plan, np.asarray([c])))
             except CorruptSampleError:
                 continue
             images = one.images.expand(n, *one.images.shape[1:]).contiguous(
                 memory_format=torch.channels_last if s.channels_last else torch.contiguous_format)
             labels = self.table.labels[torch.full((n,), c, dtype=torch.int64)]
-            return images, self._finish_labels(plan, k, labels, {p: -1 for p in range(n)}), replaced
+            return (images, self._finish_labels(plan, k, labels, everywhere)), replaced
         raise LoaderError(f"batch {k} of epoch {plan.epoch}: every sample is bad "
                           f"({self._names(indices, range(n))}) and none of {len(candidates)} other samples of the "
                           "epoch decodes either; check the dataset with `fastfeed verify`")

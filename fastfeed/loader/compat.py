@@ -119,12 +119,14 @@ def _remainder(plan) -> int:
     return 0 if real == plan.world.world_size * plan.batch_size else real
 
 
-def seeded_call(fn, images, labels, *, seed: int, epoch: int, batch: int):
-    """fn(images, labels) with torch's (CPU and the images' GPU), numpy's and `random`'s global generators seeded
-    from (seed, epoch, batch) and restored afterwards: the same batch is mixed the same way in every run, resumed or
-    not, and the caller's own random streams are left exactly as they were."""
-    ss = np.random.SeedSequence([seed, epoch, batch, 0x6D6978])  # last word: "mix", apart from other seed uses
+def seeded_call(fn, batch, *, seed: int, epoch: int, batch_number: int):
+    """fn(images, labels) for a classification batch (a tuple), fn(batch) for a detection batch (a dict), with
+    torch's (CPU and the images' GPU), numpy's and `random`'s global generators seeded from (seed, epoch,
+    batch_number) and restored afterwards: the same batch is transformed the same way in every run, resumed or not,
+    and the caller's own random streams are left exactly as they were."""
+    ss = np.random.SeedSequence([seed, epoch, batch_number, 0x6D6978])  # last word: "mix", apart from other seeds
     torch_seed, np_seed, py_seed = (int(x) for x in ss.generate_state(3, dtype=np.uint32))
+    images = batch[0] if isinstance(batch, tuple) else batch["images"]
     devices = [images.device.index or 0] if images.device.type == "cuda" else []
     np_state, py_state = np.random.get_state(), random.getstate()
     with torch.random.fork_rng(devices=devices):
@@ -132,10 +134,14 @@ def seeded_call(fn, images, labels, *, seed: int, epoch: int, batch: int):
         np.random.seed(np_seed)
         random.seed(py_seed)
         try:
-            out = fn(images, labels)
+            out = fn(*batch) if isinstance(batch, tuple) else fn(batch)
         finally:
             np.random.set_state(np_state)
             random.setstate(py_state)
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise TypeError(f"batch_transform must return (images, labels), got {type(out).__name__}")
-    return tuple(out)
+    if isinstance(batch, tuple):
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f"batch_transform must return (images, labels), got {type(out).__name__}")
+        return tuple(out)
+    if not isinstance(out, dict):
+        raise TypeError(f"batch_transform must return the batch dict, got {type(out).__name__}")
+    return out

@@ -68,7 +68,7 @@ class EpochRun:
         self.stats = stats
         self.stop_flag = threading.Event()
         self.cond = threading.Condition()
-        self.results: dict[int, object] = {}  # batch position -> (images, labels, event, replaced) or _Failure
+        self.results: dict[int, object] = {}  # batch position -> (batch, event, replaced) or _Failure
         self.next_out = 0  # the position the consumer takes next
         self._tuner, self._new_decoder = tuner, new_decoder
         self._decoders_lock = threading.Lock()  # a worker appending the decoder it built
@@ -311,14 +311,14 @@ class EpochRun:
                 self._resize(count)
         if isinstance(item, _Failure):
             raise LoaderError(f"{type(item.exc).__name__} in {item.where}: {item.exc}") from item.exc
-        images, labels, event, replaced = item
+        batch, event, replaced = item
         self.batches.report(replaced)  # the skips of the batches the loop got (assemble.py says why here)
         if event is not None:
             current = torch.cuda.current_stream(self.settings.device)
             current.wait_event(event)
-            images.record_stream(current)
-            labels.record_stream(current)
-        return images, labels
+            for tensor in (batch if isinstance(batch, tuple) else batch.values()):
+                tensor.record_stream(current)
+        return batch
 
     def stop(self) -> bool:
         """Stop the workers; True when all of them ended (their decoders are free to be used again)."""

@@ -84,11 +84,11 @@ import numpy as np
 import torch
 
 from fastfeed import sampling
-from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.datasets import open_dataset
 from fastfeed.decode import GPU_DECODERS, build_decoder, oriented_size
 from fastfeed.decode.crop import DEFAULT_ORIENTATION
-from fastfeed.formats import integrity
+from fastfeed.detect.decoder import DetectDecoder
+from fastfeed.formats import integrity, read_targets
 from fastfeed.loader import lifecycle
 from fastfeed.loader.assemble import LoaderError, SampleTable
 from fastfeed.loader.compat import AccelerateState, EpochSampler, seeded_call
@@ -117,7 +117,7 @@ class Loader:
         batch_size: samples per batch on this rank.
         train: RandomResizedCrop(0.08-1, 3/4-4/3) + horizontal flip, shuffled, full batches if True; resize to
             S/0.875 + centre crop, in dataset order, every sample once (last batch short) if False. Either way
-            normalised with `mean`/`std` (given in 0-1 units).
+            normalised with `mean`/`std` (given in 0-1 units; default ImageNet's, for task "detect" none: [0, 1]).
         image_size: output side S.
         device: "cuda", "cuda:N" or "cpu"; default: this rank's local GPU when CUDA is available, else "cpu".
         decoder: "dali", "cpu" (= "cpu-pil", the fastest CPU decoder for photos), "cpu-pil", "cpu-dali", "hybrid"
@@ -166,14 +166,15 @@ class Loader:
     def __init__(self, path, batch_size: int = 256, *, train: bool = True, image_size: int = 224,
                  device: str | torch.device | None = None, decoder: str = "auto",
                  dtype: torch.dtype = torch.float32, channels_last: bool = False,
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, shuffle: bool | None = None, seed: int = 0,
+                 mean=None, std=None, shuffle: bool | None = None, seed: int = 0,
                  drop_last: bool | None = None, order: str = "global", rank: int | None = None,
                  world_size: int | None = None, local_rank: int | None = None,
                  num_threads: int | str | None = "auto", reader_threads: int | None = None,
                  prefetch: int | None = None, hw_decoder_load: float | None = None, pipelines: int | None = None,
                  on_error: str = "skip", orientation: str = DEFAULT_ORIENTATION, verify_checksums: bool = True,
                  batch_transform=None, log_every: int | None = None, storage_options: dict | None = None,
-                 cache_dir: str | None = None, cache_size: int | None = None, **dataloader_kwargs):
+                 cache_dir: str | None = None, cache_size: int | None = None, task: str | None = None,
+                 augment=None, epochs: int | None = None, **dataloader_kwargs):
         self._closed = True  # until fully built: close() and __del__ then have nothing to undo
         self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
         args = dict(world=self.world, batch_size=batch_size, train=train, image_size=image_size, device=device,
@@ -182,6 +183,8 @@ class Loader:
                     reader_threads=reader_threads, prefetch=prefetch, hw_decoder_load=hw_decoder_load,
                     pipelines=pipelines, on_error=on_error, orientation=orientation,
                     verify_checksums=verify_checksums, log_every=log_every, dataloader_kwargs=dataloader_kwargs)
+        # Before the dataset is open its task is unknown: augment= alone says detection.
+        args.update(task=task or ("detect" if augment is not None else "classify"), augment=augment, epochs=epochs)
         self.settings: LoaderSettings = resolve_settings(**args)  # every argument checked before any I/O
         if batch_transform is not None and not callable(batch_transform):
             raise ValueError(f"batch_transform must be callable(images, labels), got {batch_transform!r}")
@@ -194,6 +197,7 @@ class Loader:
         # Resolved again with what the table says about the images: the decoder "auto" picks and the DALI thread
         # count depend on it (fastfeed/loader/settings.py).
         self._images = self.dataset.image_profile()  # a median over every sample: once
+        args["task"] = task or getattr(self.dataset.manifest, "task", "classify")  # default: what the pack holds
         self.settings = resolve_settings(**args, images=self._images)
         s = self.settings
         if s.drop_last and len(self.dataset) < self.world.world_size * s.batch_size:
@@ -338,17 +342,17 @@ class Loader:
                 if not started:
                     run.begin()
                 for k in range(plan.num_batches):
-                    images, labels = run.next()
+                    batch = run.next()
                     if self._batch_transform is not None:
-                        images, labels = seeded_call(self._batch_transform, images, labels, seed=s.seed,
-                                                     epoch=plan.epoch, batch=plan.first_batch + k)
+                        batch = seeded_call(self._batch_transform, batch, seed=s.seed, epoch=plan.epoch,
+                                            batch_number=plan.first_batch + k)
                     self._batches_done = k + 1
                     if k + 1 == plan.num_batches:
                         accelerate.last_batch()
                     if s.log_every and (k + 1) % s.log_every == 0:
                         log.info("fastfeed epoch %d batch %d/%d: %s", plan.epoch, k + 1, plan.num_batches,
                                  self._stats.summary_line())
-                    yield images, labels
+                    yield batch
             finished = True
             if s.log_every:
                 log.info("fastfeed epoch %d done: %s", plan.epoch, self._stats.summary_line())
@@ -530,10 +534,11 @@ class Loader:
                 return integrity.bad_checksums(ds, indices, samples, digests=digests)
         widths, heights = oriented_size(ds.widths, ds.heights, getattr(ds, "orientations", None),
                                         self.settings.orientation)
+        targets = read_targets(ds) if self.settings.task == "detect" else None
         return SampleTable(labels=torch.from_numpy(np.ascontiguousarray(ds.labels, dtype=np.int64)),
                            widths=np.asarray(widths), heights=np.asarray(heights), keys=ds.keys,
                            # the epoch checks checksums itself, so that a mismatch is counted as one
-                           read=lambda i: ds.read(i, check=False), bad_checksums=check)
+                           read=lambda i: ds.read(i, check=False), bad_checksums=check, targets=targets)
 
     def _build_decoders(self) -> list:
         """One decoder per starting pipeline (a run's workers build more with `_new_decoder` when the tuner asks)."""
@@ -547,10 +552,13 @@ class Loader:
         """new(index) -> pipeline number `index`'s decoder for this Loader, holding no reference to it (a run's
         workers call it). Each one built is counted in `pipelines_built`: fastfeed bench notes a build inside its timed
         steps."""
-        settings, climber, stats = self.settings, self._climber, self._stats
+        settings, climber, stats, table = self.settings, self._climber, self._stats, self._table
 
         def new(index: int):
-            decoder = build_decoder(settings, index=index, climber=climber)
+            if settings.task == "detect":
+                decoder = DetectDecoder.from_settings(settings, table.targets, table.widths, table.heights)
+            else:
+                decoder = build_decoder(settings, index=index, climber=climber)
             stats.add("pipelines_built")
             return decoder
         return new
@@ -626,3 +634,4 @@ class Loader:
                                        drop_last=s.drop_last, shuffle=s.shuffle, order=s.order, shard_of=shard_of,
                                        resume=resume)
         return plan
+

@@ -19,11 +19,13 @@ import torch
 
 from fastfeed import sampling
 from fastfeed.constants import (DALI_CPU_SHARE_FOR_MORE_THREADS, DEFAULT_DALI_PIPELINES, DEFAULT_DALI_THREADS,
-                                DEFAULT_HW_DECODER_LOAD, DTYPE_NAMES)
+                                DEFAULT_HW_DECODER_LOAD, DTYPE_NAMES, IMAGENET_MEAN, IMAGENET_STD)
 from fastfeed.decode import KINDS as DECODERS
 from fastfeed.decode import resolve_kind
 from fastfeed.decode.base import ON_ERROR
 from fastfeed.decode.crop import ORIENTATIONS
+from fastfeed.detect.geometry import DetectAugment
+from fastfeed.targets import TASKS
 from fastfeed.tuning.climber import DDP_START_MIN_CORES, DDP_START_SHARE, START_SHARE
 from fastfeed.types import ImageProfile
 from fastfeed.world import World
@@ -116,6 +118,9 @@ class LoaderSettings:
     prefetch: int  # decoded batches allowed ahead of the consumer
     reader_threads: int
     log_every: int | None
+    task: str = "classify"  # what a batch holds: fastfeed.targets.TASKS
+    augment: object = None  # task "detect": the fastfeed.detect.geometry.DetectAugment of training batches
+    epochs: int | None = None  # the training run's length, for augmentations that end early (close_mosaic)
 
     @property
     def dtype_name(self) -> str:
@@ -156,8 +161,9 @@ class LoaderSettings:
 
 def resolve_settings(*, world: World, batch_size, train, image_size, device, decoder, dtype, channels_last, mean,
                      std, shuffle, seed, drop_last, order, num_threads, reader_threads, prefetch, hw_decoder_load,
-                     pipelines, on_error, orientation, verify_checksums, log_every,
-                     dataloader_kwargs: dict | None = None, images: ImageProfile | None = None) -> LoaderSettings:
+                     pipelines, on_error, orientation, verify_checksums, log_every, task="classify", augment=None,
+                     epochs=None, dataloader_kwargs: dict | None = None,
+                     images: ImageProfile | None = None) -> LoaderSettings:
     """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults.
     `images`: what the dataset's table says about its images, once it is open; decoder="auto" and the DALI thread
     count depend on it (resolve_kind, _default_decode_threads)."""
@@ -171,7 +177,12 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         raise ValueError(f"order must be one of {sorted(sampling.ORDERS)}, got {order!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of torch.float32/float16/bfloat16/uint8, got {dtype!r}")
-    mean, std = _triple("mean", mean), _triple("std", std)
+    task, augment, epochs, decoder = _resolve_task(task, augment, epochs, decoder, orientation)
+    # Defaults per task: ImageNet's normalisation for classification (ToTensor + Normalize); pixels in [0, 1] for
+    # detection, what YOLO-style and torchvision's detection models take.
+    plain = task == "detect"
+    mean = _triple("mean", (0.0, 0.0, 0.0) if plain else IMAGENET_MEAN) if mean is None else _triple("mean", mean)
+    std = _triple("std", (1.0, 1.0, 1.0) if plain else IMAGENET_STD) if std is None else _triple("std", std)
     if any(s <= 0 for s in std):
         raise ValueError(f"std must be > 0, got {std}")
     if on_error not in ON_ERROR:
@@ -236,7 +247,34 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         reader_threads=DEFAULT_READER_THREADS if reader_threads is None else _int(
             "reader_threads", reader_threads, 1, MAX_THREADS),
         log_every=log_every,
+        task=task,
+        augment=augment,
+        epochs=epochs,
     )
+
+
+def _resolve_task(task, augment, epochs, decoder, orientation):
+    """(task, augment, epochs, decoder) checked. Detection batches are decoded and augmented on the CPU
+    (fastfeed/detect/): the GPU decoders do not take a detection geometry yet, so "auto" means "cpu" there and a
+    GPU decoder asked for by name is an error, not a silent fallback."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if epochs is not None:
+        epochs = _int("epochs", epochs, 1, None)
+    if task == "classify":
+        if augment is not None:
+            raise ValueError("augment= applies to task='detect'; classification's augmentation is train=True/False")
+        return task, None, epochs, decoder
+    if augment is None:
+        augment = DetectAugment()
+    elif not isinstance(augment, DetectAugment):
+        raise ValueError(f"augment must be a fastfeed.detect.DetectAugment, got {type(augment).__name__}")
+    if decoder not in ("auto", "cpu", "cpu-pil"):
+        raise ValueError(f"task='detect' decodes on the CPU (decoder='cpu'); decoder={decoder!r} is not available "
+                         "for detection yet")
+    if orientation != "ignore":
+        raise ValueError("task='detect' reads boxes in the stored image's pixels: orientation must be 'ignore'")
+    return task, augment, epochs, "cpu"
 
 
 def ring_budget_bytes(world: World, total_bytes: int | None = None) -> int:

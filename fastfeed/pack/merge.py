@@ -30,6 +30,7 @@ import numpy as np
 from fastfeed.formats.base import load_manifest, load_table
 from fastfeed.formats.integrity import checksum
 from fastfeed.pack import table as tbl
+from fastfeed.pack.annotations import annotation_stats
 from fastfeed.pack.base import FormatWriter, PackError, writer_for
 from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, DatasetError, Manifest, ShardInfo
 
@@ -62,7 +63,7 @@ def _parts(out: str) -> list[tuple[str, Manifest]]:
 
     def same(m: Manifest) -> tuple:
         opts = {k: v for k, v in m.options.items() if k != "part"}
-        return (m.kind, m.source, m.classes, opts, (m.part or {}).get("count"), m.created_by)
+        return (m.kind, m.source, m.classes, opts, (m.part or {}).get("count"), m.created_by, m.task)
 
     for n, m in parts:
         if same(m) != same(first):
@@ -89,13 +90,20 @@ def merge(out: str) -> Manifest:
         failed += int(m.extra.get("jpeg_actions", {}).get("transcode_failed", 0))
     _drop_stale(out)
     try:
-        table, shards = _rewrite(out, fmt, int(first.options["shard_size"]), parts, tables)
+        metas: list | None = [] if first.task == "detect" else None
+        table, shards = _rewrite(out, fmt, int(first.options["shard_size"]), parts, tables, metas)
         shards = fmt.data_files(out, table, shards)
+        objects = None
+        if metas is not None:  # recounted from the stored annotations: the single pack counts the same ones
+            objects = annotation_stats(metas, len(first.classes))
+            if "source_ids" in first.objects:
+                objects["source_ids"] = list(first.objects["source_ids"])
         manifest = tbl.write_dataset(
             out, first.kind, table, shards, rejected,
             classes=first.classes, class_to_idx=first.class_to_idx, source=first.source,
             source_kind=first.source_kind, options=dict(first.options, part=0, num_parts=1), part=None,
             created_by=first.created_by, extra=tbl.jpeg_extra(int(table["transcoded"].sum()), notes, failed),
+            task=first.task, objects=objects,
         )
     except BaseException:
         if not os.path.exists(os.path.join(out, MANIFEST_NAME)):
@@ -115,9 +123,11 @@ def _drop_stale(out: str) -> None:
 
 
 def _rewrite(out: str, fmt: type, shard_size: int, parts: list[tuple[str, Manifest]],
-             tables: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], list[ShardInfo]]:
+             tables: list[dict[str, np.ndarray]], metas: list | None = None
+             ) -> tuple[dict[str, np.ndarray], list[ShardInfo]]:
     """Feed every part's stored samples, in order, to a fresh format writer at OUT, as run.py's pack loop does
-    (start_sample / add / end_sample, then close). Returns the merged table and the writer's shards."""
+    (start_sample / add / end_sample, then close). Returns the merged table and the writer's shards; `metas`, when
+    given, gets each sample's stored JSON member, parsed (None without one)."""
     sink = _Commits()
     w: FormatWriter = fmt(out, shard_size, 0, sink.cut)
     columns: dict[str, list] = {c: [] for c in fmt.columns}
@@ -129,6 +139,8 @@ def _rewrite(out: str, fmt: type, shard_size: int, parts: list[tuple[str, Manife
                 for i, s in enumerate(fmt.stored(os.path.join(out, name), t, m.shards)):
                     if checksum(s.data) != int(sums[i]):
                         raise ValueError(f"sample {keys[i]}: stored bytes do not match their checksum")
+                    if metas is not None:
+                        metas.append(json.loads(s.meta) if s.meta else None)
                     w.start_sample(len(s.data), pos)
                     for c, v in w.add(str(keys[i]), s.ext, s.data, int(labels[i]), s.meta, None).items():
                         columns[c].append(v)

@@ -15,11 +15,17 @@ JPEG mode: `jpeg_mode=None` (the default) means 'baseline' when the native core 
 (`fastfeed.image.transcode.HAVE_TRANSCODE`) and 'keep' otherwise: a few ms of CPU per progressive file at pack time
 buy the GPU's hardware decoder for it at every epoch (docs/design/decoders.md#hw-decodable). Asking for 'baseline'
 or 'reencode' explicitly without libjpeg is an error.
+
+Detection sources (YOLO, COCO, VOC: pack/annotations/) store each sample's annotation as its JSON member and write
+format version 3 (`Manifest.task` "detect"). As each sample is stored, its boxes are checked against the stored
+image's size with the Loader's own rule (annotations.sample_issues): what the Loader will clip or drop goes to
+rejected.jsonl (and the manifest's `changes`), while the stored boxes stay the source's.
 """
 from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -33,10 +39,12 @@ from fastfeed.constants import __version__
 from fastfeed.formats.integrity import checksum
 from fastfeed.image import transcode as _transcode
 from fastfeed.pack import table as tbl
+from fastfeed.pack.annotations import annotation_stats, sample_issues
+from fastfeed.pack.annotations import scan as scan_source
 from fastfeed.pack.base import WRITERS, FormatWriter, PackError
 from fastfeed.pack.journal import JOURNAL_DIR, Journal
 from fastfeed.pack.reader import BatchItem, BatchResult
-from fastfeed.pack.sources import Source, scan_source
+from fastfeed.pack.sources import Source
 from fastfeed.pack.validate import DEFAULT_MAX_PIXELS, LoadOptions, Loaded
 from fastfeed.pack.wds_native import NativeWdsWriter, pack_native, use_native
 from fastfeed.pack.writers import meta_bytes
@@ -62,7 +70,9 @@ class PackOptions:
     threads (None = all cores); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.image.transcode.prepare) or None for
     the default ('baseline' when fastfeed.image.transcode.HAVE_TRANSCODE, else 'keep'); quality for re-encoding;
     max_side re-encodes larger images as JPEG at `quality`; scan_check False skips the JPEG scan check (validate.py);
-    num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN."""
+    num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN. Detection sources
+    (fastfeed/pack/annotations/): annotations is a COCO instances JSON, classes_file a names file (VOC, YOLO),
+    split the YOLO/VOC split to pack; YOLO and VOC folders are recognised under source_kind 'auto'."""
 
     format: str = "wds"
     shard_size: int = 1 << 30
@@ -79,6 +89,18 @@ class PackOptions:
     resume: bool = False
     overwrite: bool = False
     progress: bool = False
+    annotations: str | None = None
+    classes_file: str | None = None
+    split: str | None = None
+
+
+# Options a classification pack leaves unset: left out of its manifest, whose bytes stay those of earlier versions.
+_DETECT_OPTIONS = ("annotations", "classes_file", "split")
+
+
+def _manifest_options(o: PackOptions) -> dict:
+    return {k: v for k, v in asdict(o).items() if k not in ("resume", "overwrite", "progress", "workers")
+            and not (k in _DETECT_OPTIONS and v is None)}
 
 
 @dataclass(frozen=True)
@@ -101,14 +123,35 @@ class PackResult:
         if failed:
             line += (f"\n{failed} JPEG(s) libjpeg found corrupt were stored untouched "
                      f"(listed under extra.transcode_failed in {MANIFEST_NAME})")
-        if m.changes:
-            changed = ", ".join(f"{k} {v}" for k, v in sorted(m.changes.items()))
+        if m.task == "detect":
+            line += "\n" + detect_summary(m)
+        changes = {k: v for k, v in m.changes.items() if k not in _BOX_CHANGES}
+        if changes:
+            changed = ", ".join(f"{k} {v}" for k, v in sorted(changes.items()))
             line += f"\nstored differently from the source: {changed}"
         if m.options.get("jpeg_note"):
             line += f"\nnote: {m.options['jpeg_note']}"
         if self.symlink_note:
             line += f"\n{self.symlink_note}"
         return line
+
+
+_BOX_CHANGES = ("clipped_boxes", "dropped_boxes")  # counted in `changes`, but the stored boxes are the source's
+
+
+def detect_summary(m: Manifest) -> str:
+    """What a detection dataset holds, for pack's summary and `fastfeed inspect`."""
+    ob = m.objects or {}
+    per = ob.get("per_image", {})
+    names = ", ".join(m.classes[:5]) + (", ..." if len(m.classes) > 5 else "")
+    text = (f"task detect: {len(m.classes)} classes ({names}); {ob.get('objects', 0)} objects; "
+            f"{ob.get('images_with_objects', 0)} images with objects, {ob.get('images_without_objects', 0)} without; "
+            f"objects per image min {per.get('min', 0)} / mean {per.get('mean', 0)} / max {per.get('max', 0)}")
+    clipped, dropped = (m.changes.get(k, 0) for k in _BOX_CHANGES)
+    if clipped or dropped:
+        text += (f"\nboxes the Loader clips to the image: {clipped}, drops (no area left inside it): {dropped} "
+                 f"(stored as the source gave them; listed in rejected.jsonl)")
+    return text
 
 
 def resolve_jpeg_mode(requested: str | None, have_transcode: bool) -> tuple[str, str | None]:
@@ -142,6 +185,13 @@ def _check_options(o: PackOptions) -> None:
         raise PackError(f"--max-side must be >= 16, got {o.max_side}")
     if o.resume and o.overwrite:
         raise PackError("--resume and --overwrite contradict each other")
+
+
+def _check_detect(src: Source, o: PackOptions) -> None:
+    if src.task == "detect" and o.max_side is not None:
+        # Re-encoding at a smaller size would need every box (and polygon) scaled with it: not done yet.
+        raise PackError(f"--max-side does not work with annotated ({src.kind}) sources yet: the boxes would have to "
+                        f"be scaled with the images; pack without it")
 
 
 def clear_folder(folder: str) -> None:
@@ -189,8 +239,15 @@ def _fingerprint(src: Source, o: PackOptions) -> dict:
     h = hashlib.sha256()
     for e in src.entries:
         h.update(f"{e.rel}\0{e.label}\0".encode("utf-8", "surrogateescape"))
-    opts = {k: v for k, v in asdict(o).items() if k not in ("workers", "resume", "overwrite", "progress")}
-    return {"source": src.root, "entries": len(src.entries), "entries_sha256": h.hexdigest(), "options": opts}
+    opts = {k: v for k, v in asdict(o).items() if k not in ("workers", "resume", "overwrite", "progress")
+            and not (k in _DETECT_OPTIONS and v is None)}
+    fp = {"source": src.root, "entries": len(src.entries), "entries_sha256": h.hexdigest(), "options": opts}
+    if src.task != "classify":  # a resume must not mix samples annotated differently
+        a = hashlib.sha256()
+        for e in src.entries:
+            a.update(json.dumps([e.metadata, e.size], sort_keys=True).encode() + b"\n")
+        fp.update(task=src.task, classes=src.classes, annotations_sha256=a.hexdigest())
+    return fp
 
 
 def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
@@ -201,7 +258,10 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     if o.scan_check and not _transcode.HAVE_SCAN_CHECK:
         jpeg_note = "; ".join(n for n in (jpeg_note, NO_SCAN_CHECK_NOTE) if n)
     t0 = time.perf_counter()
-    src = scan_source(src_path, o.source_kind)
+    o = replace(o, **{k: os.path.abspath(getattr(o, k)) for k in ("annotations", "classes_file")
+                      if getattr(o, k) is not None})
+    src = scan_source(src_path, o.source_kind, o.annotations, o.classes_file, o.split)
+    _check_detect(src, o)
     folder = part_folder(out, o.part) if o.num_parts > 1 else os.path.abspath(out)
     if o.num_parts > 1 and os.path.exists(os.path.join(out, MANIFEST_NAME)):  # merged already: parts are gone
         raise PackError(f"{os.path.abspath(out)} already holds a packed dataset; a part cannot be added to it "
@@ -224,7 +284,7 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     WRITERS[o.format].drop_stale(folder, len(shards))
 
     native = use_native(o.format)
-    writer = _Writer(folder, o, journal, len(shards), native)
+    writer = _Writer(folder, o, journal, len(shards), native, src.task)
     load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels, o.scan_check)
     bar = _progress(len(plan), start, o.progress)
     workers = o.workers or os.cpu_count() or 1
@@ -284,8 +344,9 @@ class _Writer:
     """Feeds loaded samples into the format's writer (pack/base.py FormatWriter), gathers the samples.npz rows
     and journals each durable commit the format writer announces through `cut`."""
 
-    def __init__(self, folder: str, o: PackOptions, journal: Journal, next_shard: int, native: bool = False):
-        self.o, self.journal = o, journal
+    def __init__(self, folder: str, o: PackOptions, journal: Journal, next_shard: int, native: bool = False,
+                 task: str = "classify"):
+        self.o, self.journal, self.task = o, journal, task
         self.bytes_in = 0
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastfeed-shard-finish")
         self._finishing = None
@@ -324,6 +385,10 @@ class _Writer:
         # After start_sample: the note belongs to the commit that holds the sample (a resume redoes it otherwise).
         if res.note is not None:
             self.notes.append({"source": entry.rel, "reason": res.note})
+        if self.task == "detect":
+            # What the Loader will clip or drop, known now that the stored size is: in plan order, in this
+            # sample's commit, so parts merge (and resumes finish) to the same rejected.jsonl as one pack.
+            self.rejected.extend(sample_issues(entry, res.width, res.height))
         self.bytes_in += size
         # `orientation` and `change` come from the validator (pack/validate.py); older validators lack them.
         change = getattr(res, "change", None)
@@ -392,10 +457,21 @@ def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: f
     manifest = tbl.write_dataset(
         folder, o.format, table, shards, rejected,
         classes=src.classes, class_to_idx=src.class_to_idx, source=src.root, source_kind=src.kind,
-        options=dict({k: v for k, v in asdict(o).items() if k not in ("resume", "overwrite", "progress", "workers")},
-                     **({"jpeg_note": jpeg_note} if jpeg_note else {})),
+        options=dict(_manifest_options(o), **({"jpeg_note": jpeg_note} if jpeg_note else {})),
         part={"index": o.part, "count": o.num_parts} if o.num_parts > 1 else None,
         created_by=f"fastfeed {__version__}",
         extra=tbl.jpeg_extra(int(table["transcoded"].sum()), notes, len(notes)),
+        task=src.task, objects=_objects(src, table),
     )
     return PackResult(folder, manifest, rejected, time.perf_counter() - t0, src.hidden_skipped, src.symlink_note())
+
+
+def _objects(src: Source, table: dict[str, np.ndarray]) -> dict | None:
+    """The manifest's `objects` of a detection pack, from the annotations of the samples stored (key = the
+    entry's index in the source listing)."""
+    if src.task != "detect":
+        return None
+    stats = annotation_stats((src.entries[int(k)].metadata for k in table["key"]), len(src.classes))
+    if src.class_ids is not None:
+        stats["source_ids"] = list(src.class_ids)
+    return stats

@@ -1,5 +1,7 @@
 """Find the files to pack: an ImageFolder tree, a flat folder, or a CSV/JSONL list.
 
+Detection layouts (YOLO, COCO, Pascal VOC) are scanned by fastfeed/pack/annotations/ into the same `Source`.
+
 The result is deterministic (sorted), so every part of a `--num-parts` pack and every `--resume` sees the same
 list. Problems found while scanning (symlink loops, unreadable folders, bad list rows) are returned as
 rejections, never raised: the packer reports them and carries on.
@@ -33,6 +35,9 @@ class SourceEntry:
     rel: str  # path relative to the source root, for reports
     label: int
     metadata: dict | None = None
+    # Detection sources (fastfeed/pack/annotations/): the (width, height) the annotations were made for, checked
+    # against the stored image once it is stored.
+    size: tuple[int, int] | None = None
 
 
 @dataclass
@@ -46,6 +51,8 @@ class Source:
     hidden_skipped: int = 0
     symlinks: int = 0  # entries reached through a symlink (the file itself or a folder above it)
     symlinks_outside: int = 0  # ... of which the real file lies outside the source folder
+    task: str = "classify"  # "detect": entries carry fastfeed/targets.py annotations as their metadata
+    class_ids: list[int] | None = None  # COCO: the category id of each class, in class order
 
     def symlink_note(self) -> str | None:
         """The pack summary's line about followed symlinks, or None when there were none."""

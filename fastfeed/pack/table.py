@@ -25,8 +25,9 @@ import numpy as np
 
 from fastfeed.formats.integrity import xxh3_hex
 from fastfeed.image import jpeg
+from fastfeed.pack.annotations import box_change_counts
 from fastfeed.pack.writers import atomic_write
-from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, Manifest
+from fastfeed.types import DETECT_FORMAT_VERSION, FORMAT_VERSION, MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, Manifest
 
 __all__ = ["COLUMNS", "new_rows", "rows_to_table", "write_table", "write_rejected", "write_manifest", "write_dataset",
            "table_bytes", "change_counts",
@@ -128,11 +129,17 @@ def jpeg_extra(transcoded: int, notes: list[dict], failed: int) -> dict:
 
 def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: list, rejected: list[dict], *,
                   classes: list[str], class_to_idx: dict[str, int], source: str, source_kind: str, options: dict,
-                  part: dict | None, created_by: str, extra: dict) -> Manifest:
+                  part: dict | None, created_by: str, extra: dict, task: str = "classify",
+                  objects: dict | None = None) -> Manifest:
     """The one manifest builder (pack and merge): write samples.npz and rejected.jsonl, derive every count and
-    statistic from the table, and write the manifest last (its presence makes the folder a dataset)."""
+    statistic from the table, and write the manifest last (its presence makes the folder a dataset).
+    task "detect": format version 3; `objects` is pack.annotations.annotation_stats(...); the box counts of
+    `changes` come from the rejected records (pack.annotations.sample_issues), so pack and merge agree."""
     samples_xxh3 = write_table(folder, table)
     write_rejected(folder, rejected)
+    changes = change_counts(table.get("change"))
+    if task == "detect":
+        changes.update(box_change_counts(rejected))
     manifest = Manifest(
         kind=kind,
         num_samples=int(len(table["key"])),
@@ -150,7 +157,10 @@ def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: 
         created_by=created_by,
         extra=extra,
         samples_xxh3=samples_xxh3,
-        changes=change_counts(table.get("change")),
+        changes=changes,
+        version=DETECT_FORMAT_VERSION if task == "detect" else FORMAT_VERSION,
+        task=task,
+        objects=dict(objects or {}),
     )
     write_manifest(folder, manifest)
     return manifest

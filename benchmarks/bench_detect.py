@@ -1,0 +1,167 @@
+"""Detection training batches per second: `fastfeed.Loader(task="detect")` against ultralytics' own YOLO train
+loader, same images, same augmentation, same cores, same run.
+
+    python benchmarks/bench_detect.py [--workdir DIR] [--num-images 1000] [--batch 32] [--size 640]
+                                      [--seconds 40] [--warmup 4] [--workers N] [--rounds 1] [--device cpu]
+                                      [--json FILE]
+
+Data: `fastfeed.demo_data.make_dataset` renders ImageNet-like JPEGs (300-800 px) into WORKDIR/yolo/images, each given
+1-8 random boxes in WORKDIR/yolo/labels (YOLO text, 4 classes) and a data.yaml; the real CLI packs the folder
+(`fastfeed pack WORKDIR/yolo WORKDIR/wds`). ultralytics reads the folder, fastfeed the shards.
+
+Both loaders do ultralytics' default training augmentation (default.yaml: mosaic 1.0, translate 0.1, scale 0.5,
+fliplr 0.5, HSV 0.015/0.7/0.4; mixup, copy-paste and rotation off, as there) at `--size` px and batch `--batch`, and
+hand over uint8 [B, 3, S, S] images on the CPU with their boxes: ultralytics' `build_yolo_dataset` +
+`build_dataloader` with `--workers` workers (default: the usable cores; `cache=False`, its default) and fastfeed's
+`Loader(device="cpu", dtype=torch.uint8)` with its defaults (its threads = the usable cores). Each runs `--warmup`
+untimed batches, then as many timed batches as fit in `--seconds`, one after the other (never together), ultralytics
+first, in `--rounds` rounds; the page cache is warmed for both first. With `--device cuda` each batch ends on the GPU:
+ultralytics' images and targets copied there as its trainer's `preprocess` does (non-blocking, then / 255), fastfeed's
+Loader built with `device="cuda"` (it then applies the HSV gains there); each timed batch ends with a synchronise.
+Needs ultralytics (`pip install ultralytics`). The cores are the process's: run under `taskset -c 0-3` for a rank's
+share of a host.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_WORKDIR = Path(os.environ.get("TMPDIR", "/tmp")) / "fastfeed-bench" / "bench-detect"
+NAMES = ("a", "b", "c", "d")
+
+
+def prepare_data(workdir: Path, num_images: int) -> tuple[Path, Path]:
+    """(YOLO folder, packed WebDataset folder) under `workdir`, made only when missing."""
+    import numpy as np
+    from PIL import Image
+
+    from fastfeed.demo_data import make_dataset
+
+    yolo, packed = workdir / "yolo", workdir / "wds"
+    if (packed / "fastfeed.json").exists() and len(list((yolo / "labels").iterdir())) == num_images:
+        return yolo, packed
+    photos = make_dataset(workdir / "photos", num_images=num_images, num_classes=10, seed=0)
+    (yolo / "images").mkdir(parents=True, exist_ok=True)
+    (yolo / "labels").mkdir(exist_ok=True)
+    (yolo / "data.yaml").write_text("names:\n" + "".join(f"  {i}: {n}\n" for i, n in enumerate(NAMES)))
+    rng = np.random.default_rng(0)
+    for i, src in enumerate(sorted(photos.rglob("*.jpg"))):
+        dst = yolo / "images" / f"{i:06d}.jpg"
+        if not dst.exists():
+            os.link(src, dst)
+        w, h = Image.open(dst).size
+        lines = []
+        for _ in range(int(rng.integers(1, 9))):
+            bw, bh = rng.uniform(0.05, 0.5), rng.uniform(0.05, 0.5)
+            cx, cy = rng.uniform(bw / 2, 1 - bw / 2), rng.uniform(bh / 2, 1 - bh / 2)
+            lines.append(f"{int(rng.integers(0, len(NAMES)))} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}\n")
+        (yolo / "labels" / f"{i:06d}.txt").write_text("".join(lines))
+    subprocess.run([sys.executable, "-m", "fastfeed.cli", "pack", str(yolo), str(packed), "--shard-size", "64MB",
+                    "--overwrite", "--quiet"], check=True)
+    return yolo, packed
+
+
+def ultralytics_loader(yolo: Path, batch: int, size: int, workers: int):
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_dataloader, build_yolo_dataset
+
+    cfg = get_cfg(overrides={"imgsz": size, "cache": False, "workers": workers})
+    data = {"names": dict(enumerate(NAMES)), "nc": len(NAMES), "channels": 3}
+    dataset = build_yolo_dataset(cfg, str(yolo / "images"), batch, data, mode="train", stride=32)
+    return build_dataloader(dataset, batch, workers, shuffle=True)
+
+
+def fastfeed_loader(packed: Path, batch: int, size: int, device: str):
+    import torch
+
+    import fastfeed
+
+    dtype = torch.uint8 if device == "cpu" else torch.float16
+    return fastfeed.Loader(packed, batch_size=batch, image_size=size, device=device, dtype=dtype)
+
+
+def to_device_ultralytics(batch: dict, device: str) -> int:
+    """ultralytics' DetectionTrainer.preprocess: the images to the device, / 255, half; the targets with them."""
+    import torch
+
+    if device != "cpu":
+        img = batch["img"].to(device, non_blocking=True).half() / 255
+        for k in ("cls", "bboxes", "batch_idx"):
+            batch[k].to(device, non_blocking=True)
+        torch.cuda.synchronize()
+        return len(img)
+    return len(batch["img"])
+
+
+def to_device_fastfeed(batch: dict, device: str) -> int:
+    import torch
+
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return len(batch["images"])
+
+
+def measure(loader, images_of, warmup: int, seconds: float) -> dict:
+    """Batches drawn over epochs: `warmup` untimed, then timed until `seconds` pass."""
+    def batches():
+        while True:
+            yield from loader
+
+    it = batches()
+    for _ in range(warmup):
+        next(it)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    n = steps = 0
+    while time.perf_counter() - t0 < seconds:
+        n += images_of(next(it))
+        steps += 1
+    wall = time.perf_counter() - t0
+    return {"images_per_s": n / wall, "batches": steps, "wall_s": wall}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    p.add_argument("--num-images", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--size", type=int, default=640)
+    p.add_argument("--seconds", type=float, default=40)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    yolo, packed = prepare_data(a.workdir, a.num_images)
+    for f in [*yolo.rglob("*"), *packed.rglob("*")]:  # the page cache warm for both
+        if f.is_file():
+            f.read_bytes()
+    rows = []
+    print(f"{a.num_images} images, batch {a.batch}, {a.size} px, {len(os.sched_getaffinity(0))} cores, {a.device}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    for r in range(a.rounds):
+        for name in ("ultralytics", "fastfeed"):
+            if name == "ultralytics":
+                loader = ultralytics_loader(yolo, a.batch, a.size, a.workers)
+                got = measure(loader, lambda b: to_device_ultralytics(b, a.device), a.warmup, a.seconds)
+                del loader
+            else:
+                loader = fastfeed_loader(packed, a.batch, a.size, a.device)
+                got = measure(loader, lambda b: to_device_fastfeed(b, a.device), a.warmup, a.seconds)
+                loader.close()
+            rows.append(dict(got, loader=name, round=r))
+            print(f"round {r} {name:12s} {got['images_per_s']:8.1f} img/s  ({got['batches']} batches)", flush=True)
+    mean = {n: sum(x["images_per_s"] for x in rows if x["loader"] == n) / a.rounds for n in ("ultralytics", "fastfeed")}
+    print(f"fastfeed / ultralytics: {mean['fastfeed'] / mean['ultralytics']:.2f}x")
+    if a.json:
+        a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

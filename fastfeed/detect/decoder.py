@@ -1,0 +1,144 @@
+"""`DetectDecoder`: a ring batch of encoded images -> a detection batch on the device, on the CPU's threads.
+
+Per batch: every image is decoded once (PIL; the decode contract's RGB); a sample that does not decode is replaced by
+another of its batch (decode/base.py's rule, as on every path) before anything else, so a replaced position is an
+exact copy of its replacement; the batch's geometry is drawn (`geometry.plan_batch`, a function of the seed, the
+epoch and the sample ids), each output is rendered (`render.render`) and its boxes transformed by the same geometry.
+The pixels go to the device as uint8 (a quarter of float32's bytes) and are normalised there.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fastfeed.decode.base import DECODE_ERROR, NOT_IMAGE, Replaced, is_image, replaced_list, resolve_errors
+from fastfeed.detect.geometry import plan_batch, transform_boxes
+from fastfeed.detect.hsv import apply_hsv_torch
+from fastfeed.detect.render import decode_image, render
+from fastfeed.targets import Targets
+
+__all__ = ["DetectDecoder", "DetectRequest", "DetectResult"]
+
+
+@dataclass(frozen=True)
+class DetectRequest:
+    """What the detection geometry of a batch is drawn from: its sample ids and the epoch."""
+
+    ids: np.ndarray
+    epoch: int
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class DetectResult:
+    """images [B, 3, S, S]; targets: boxes float32 [N, 4] XYXY output pixels, labels int64 [N], batch_idx int64 [N]
+    (the image each box belongs to), ids int64 [B] (sample ids), orig_size int64 [B, 2] (stored height, width),
+    scale and pad float32 [B, 2] (x, y): output = stored * scale + pad, for each image's own sample (exact unless
+    the training geometry rotates or shears);
+    replaced: positions holding another sample of the batch."""
+
+    images: torch.Tensor
+    targets: dict
+    replaced: list[Replaced]
+
+
+class DetectDecoder:
+    def __init__(self, *, targets: Targets, widths, heights, image_size: int, augment, train: bool, seed: int,
+                 epochs: int | None, device, dtype, channels_last: bool, mean, std, num_threads: int,
+                 on_error: str):
+        self.targets = targets
+        self.widths, self.heights = np.asarray(widths, np.int64), np.asarray(heights, np.int64)
+        self.image_size, self.augment, self.train, self.seed, self.epochs = image_size, augment, train, seed, epochs
+        self.device, self.dtype, self.channels_last = torch.device(device), dtype, channels_last
+        self.on_error = on_error
+        self._mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
+        self._std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
+        self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="fastfeed-detect")
+
+    @classmethod
+    def from_settings(cls, s, targets: Targets, widths, heights) -> "DetectDecoder":
+        """The decoder of a Loader with LoaderSettings `s` over a dataset with `targets` and stored sizes."""
+        return cls(targets=targets, widths=widths, heights=heights, image_size=s.image_size, augment=s.augment,
+                   train=s.train, seed=s.seed, epochs=s.epochs, device=s.device, dtype=s.dtype,
+                   channels_last=s.channels_last, mean=s.mean, std=s.std, num_threads=s.decode_threads,
+                   on_error=s.on_error)
+
+    def __call__(self, samples, request: DetectRequest) -> DetectResult:
+        n = len(samples)
+        if n != len(request):
+            raise ValueError(f"{n} samples but {len(request)} sample ids")
+        decoded, bad = self._decode_all(samples)
+        repl = resolve_errors(bad, n, self.on_error)  # raises under "raise", or when nothing in the batch decodes
+        src = np.array([repl.get(k, k) for k in range(n)], dtype=np.int64)
+        ids = np.asarray(request.ids, dtype=np.int64)[src]
+        images = [decoded[j] for j in src]
+        sizes = np.stack([self.widths[ids], self.heights[ids]], axis=1)
+        geometry = plan_batch(ids, sizes, self.image_size, epoch=request.epoch, seed=self.seed, aug=self.augment,
+                              train=self.train, epochs=self.epochs)
+        S = self.image_size
+        pixels = np.empty((n, S, S, 3), dtype=np.uint8)
+
+        # On a GPU the HSV gains are one batched pass there (fastfeed/detect/hsv.py): a third of the CPU's work.
+        gpu_hsv = self.device.type == "cuda" and bool((geometry.hsv != 1).any())
+
+        def one(k: int):
+            pixels[k] = render(images, geometry, k, hsv=not gpu_hsv)
+            tiles = geometry.tiles(k)
+            return transform_boxes(geometry, k, [self.targets.of(int(ids[t.source]))[0] for t in tiles],
+                                   [self.targets.of(int(ids[t.source]))[1] for t in tiles])
+
+        per_image = list(self._pool.map(one, range(n)))
+        counts = [len(lab) for _, lab in per_image]
+        targets = {
+            "boxes": torch.from_numpy(np.concatenate([b for b, _ in per_image]).astype(np.float32, copy=False)
+                                      .reshape(-1, 4)),
+            "labels": torch.from_numpy(np.concatenate([lab for _, lab in per_image]).astype(np.int64, copy=False)),
+            "batch_idx": torch.repeat_interleave(torch.arange(n, dtype=torch.int64), torch.tensor(counts)),
+            "ids": torch.from_numpy(ids.copy()),
+            "orig_size": torch.from_numpy(np.stack([self.heights[ids], self.widths[ids]], axis=1)),
+            # The own tile's map: diag(scale) and pad, exact for evaluation and axis-aligned training batches.
+            "scale": torch.from_numpy(geometry.affine[:, 0, [0, 1], [0, 1]].astype(np.float32)),
+            "pad": torch.from_numpy(geometry.affine[:, 0, :, 2].astype(np.float32)),
+        }
+        return DetectResult(self._to_device(pixels, geometry.hsv if gpu_hsv else None), targets, replaced_list(bad))
+
+    def _decode_all(self, samples):
+        """Each sample decoded once (None where it fails), and {position: (code, detail)} of the failures."""
+        def decode(sample):
+            if not is_image(sample):
+                return None, (NOT_IMAGE, "not a JPEG or PNG")
+            try:
+                return decode_image(sample), None
+            except Exception as e:  # noqa: BLE001 - any decoder failure is this sample's, reported by its key
+                return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")
+
+        results = list(self._pool.map(decode, samples))
+        return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
+
+    def _to_device(self, pixels: np.ndarray, hsv_gains: np.ndarray | None = None) -> torch.Tensor:
+        """NHWC uint8 -> [B, 3, S, S] in the Loader's dtype and layout, HSV gains [B, 3] applied (when given) and
+        normalised on the device."""
+        t = torch.from_numpy(pixels)
+        if self.device.type == "cuda":
+            t = t.pin_memory().to(self.device, non_blocking=True)
+        t = t.permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels_last already
+        if hsv_gains is not None:
+            t = apply_hsv_torch(t, torch.from_numpy(hsv_gains))
+        if self.dtype != torch.uint8:
+            t = ((t.float() - self._mean.to(t.device)) / self._std.to(t.device)).to(self.dtype)
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        return t.contiguous(memory_format=fmt)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

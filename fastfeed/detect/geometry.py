@@ -1,0 +1,366 @@
+"""YOLO-style detection augmentation as pure functions of (seed, epoch, sample id), drawn before any pixel is decoded.
+
+Exactly ultralytics 8.x (names, defaults, geometry, box rule): with probability `mosaic` (off for the last
+`close_mosaic` of `epochs`) `_mosaic4` of the output's sample and 3 partners on a 2S canvas (centre int(U(S/2, 3S/2)),
+each long side resized to S by `load_image`'s ceil rule), else that resize and a centred `LetterBox`; then
+`RandomPerspective` (M = T @ Shear @ Rotation-Scale @ C, border -S/2 with mosaic, 0 without), `RandomHSV` gains,
+`RandomFlip`. Boxes: clipped to the tile, 4 corners through M, min/max, clipped to [0, S], `box_candidates(wh_thr=2,
+ar_thr=100, area_thr=0.10)` against the box times M's scale, flipped. Evaluation: resize + LetterBox(scaleup=False).
+Differences: (1) resize, placement and M form ONE affine per tile (source -> output pixels, pixel edges at
+integers): each source is resampled once, with PIL's antialiased filter (ultralytics: cv2 INTER_LINEAR resize, then
+a warp mapping pixel centres, which puts its pixels up to |1 - s| / 2 px off its own labels; here pixels and boxes
+share one map). An axis-aligned tile paints whole pixels (those whose centres it covers), its boxes are clipped to
+them and its source rectangle is their exact inverse. (2) Mosaic partners come from the same batch (the loader reads
+batches through a ring): 3 positions other than the output's own, with replacement. (3) LetterBox shifts labels by
+dw / 2 but pixels by round(dw / 2 - 0.1): boxes here take the pixels' whole-pixel shift.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+
+__all__ = ["DetectAugment", "BatchGeometry", "Tile", "plan_batch", "transform_boxes", "box_candidates",
+           "sample_rng", "long_side_size", "letterbox_padding", "SALT"]
+
+# Mixed into every sample's seed sequence, so detection draws never coincide with another user of (seed, epoch, id).
+SALT = 0x64657465  # b"dete"
+_MAX_TILES = 4
+# Indices into the fixed vector of uniforms every output draws: the same draws whatever the hyperparameters, so
+# changing one (say degrees) leaves every other choice of the run as it was.
+_MOSAIC, _PARTNERS, _XC, _YC, _ANGLE, _SCALE, _SHEAR_X, _SHEAR_Y, _TX, _TY, _FLIP, _HSV = (
+    0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+_DRAWS = 16
+
+
+@dataclass(frozen=True)
+class DetectAugment:
+    """Detection training augmentation, with ultralytics' hyperparameter names and defaults (default.yaml):
+    mosaic (probability), degrees (+-rotation), translate (fraction of S), scale (gain +-), shear (+-degrees),
+    fliplr (probability), hsv_h/hsv_s/hsv_v (gain fractions), close_mosaic (mosaic off for the last N epochs when
+    the Loader knows `epochs`), pad_value (grey of the padding)."""
+
+    mosaic: float = 1.0
+    degrees: float = 0.0
+    translate: float = 0.1
+    scale: float = 0.5
+    shear: float = 0.0
+    fliplr: float = 0.5
+    hsv_h: float = 0.015
+    hsv_s: float = 0.7
+    hsv_v: float = 0.4
+    close_mosaic: int = 10
+    pad_value: int = 114
+
+    def __post_init__(self):
+        # (low, high, high included): scale < 1 keeps the gain positive, shear < 90 keeps tan finite
+        ranges = {"mosaic": (0, 1, True), "degrees": (0, 180, True), "translate": (0, 1, True),
+                  "scale": (0, 1, False), "shear": (0, 90, False), "fliplr": (0, 1, True), "hsv_h": (0, 1, True),
+                  "hsv_s": (0, 1, True), "hsv_v": (0, 1, True)}
+        for name, (lo, hi, closed) in ranges.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or not (
+                    lo <= v <= hi if closed else lo <= v < hi):
+                raise ValueError(f"DetectAugment.{name} must be a number in [{lo}, {hi}{']' if closed else ')'}, "
+                                 f"got {v!r}")
+        for name, lo, hi in (("close_mosaic", 0, math.inf), ("pad_value", 0, 255)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, Integral) or not lo <= v <= hi:
+                raise ValueError(f"DetectAugment.{name} must be an integer in [{lo}, {hi}], got {v!r}")
+
+    @property
+    def axis_aligned(self) -> bool:
+        """Whether every training affine keeps rectangles rectangles (no rotation, no shear)."""
+        return self.degrees == 0 and self.shear == 0
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One source image's part of an output. source: batch position; affine float64 [2, 3]: source pixels ->
+    output pixels; region: the source's visible part (x0, y0, x1, y1 float, source pixels); dst_rect (x0, y0, x1,
+    y1 int, clipped to [0, S]): the output pixels it paints (the pixels whose centres lie inside); src_rect: for an
+    axis-aligned affine the exact inverse image of dst_rect (it may overhang the image by under half an output
+    pixel), else `region`; quad float64 [4, 2]: region's corners in output pixels; box_scale: (sx, sy) that scale
+    a source box's width and height to ultralytics' box1 of box_candidates."""
+
+    source: int
+    affine: np.ndarray
+    region: tuple
+    dst_rect: tuple
+    src_rect: tuple
+    quad: np.ndarray
+    box_scale: tuple
+
+
+@dataclass(frozen=True)
+class BatchGeometry:
+    """The drawn geometry of a batch of B outputs (up to 4 tiles each; `n_tiles` says how many are used).
+
+    Per output: n_tiles int [B]; flip bool [B]; hsv float64 [B, 3] (hue, saturation, value gains); scale float64 [B]
+    and pad float64 [B, 2] (x, y): output = stored * scale + pad for the output's own sample (tile 0; exact for the
+    long side, the short side's ceil rounding moves it by under a pixel; `affine` is exact). Per tile [B, 4, ...]:
+    source int64 (batch position, -1 unused), affine [2, 3], region [4], dst_rect int64 [4], src_rect [4],
+    quad [4, 2], box_scale [2] (see `Tile`). sizes int64 [B, 2]: each position's stored (width, height)."""
+
+    image_size: int
+    train: bool
+    axis_aligned: bool
+    pad_value: int
+    sizes: np.ndarray
+    n_tiles: np.ndarray
+    source: np.ndarray
+    affine: np.ndarray
+    region: np.ndarray
+    dst_rect: np.ndarray
+    src_rect: np.ndarray
+    quad: np.ndarray
+    box_scale: np.ndarray
+    flip: np.ndarray
+    hsv: np.ndarray
+    scale: np.ndarray
+    pad: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.n_tiles)
+
+    def tiles(self, k: int) -> list[Tile]:
+        """Output k's tiles, in ultralytics' order (own sample first; with mosaic: top-left, top-right, bottom-left,
+        bottom-right)."""
+        return [Tile(int(self.source[k, t]), self.affine[k, t], tuple(self.region[k, t].tolist()),
+                     tuple(int(v) for v in self.dst_rect[k, t]), tuple(self.src_rect[k, t].tolist()),
+                     self.quad[k, t], tuple(self.box_scale[k, t].tolist()))
+                for t in range(int(self.n_tiles[k]))]
+
+
+def sample_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:
+    """The generator of one sample's draws: a function of (seed, epoch, sample id) only, never the global RNG."""
+    entropy = [int(v) % 2 ** 64 for v in (seed, epoch, sample_id)]  # SeedSequence takes non-negative ints
+    return np.random.default_rng(np.random.SeedSequence(entropy + [SALT]))
+
+
+def long_side_size(w0: int, h0: int, S: int) -> tuple[int, int]:
+    """ultralytics' `load_image` (rect_mode): the long side resized to S, the short one rounded up."""
+    r = S / max(w0, h0)
+    if r == 1:
+        return int(w0), int(h0)
+    return min(math.ceil(w0 * r), S), min(math.ceil(h0 * r), S)
+
+
+def letterbox_padding(w: int, h: int, S: int) -> tuple[int, int, int, int]:
+    """ultralytics' centred `LetterBox` padding (left, top, right, bottom) of a w x h image already fitting S x S."""
+    dw, dh = (S - w) / 2, (S - h) / 2
+    return round(dw - 0.1), round(dh - 0.1), round(dw + 0.1), round(dh + 0.1)
+
+
+def _mosaic4(S: int, xc: int, yc: int, wh: list[tuple[int, int]]) -> list[tuple[int, int, int, int, int, int]]:
+    """ultralytics' `Mosaic._mosaic4` placement: per tile the canvas rectangle (x1a, y1a, x2a, y2a) it fills and
+    the offset (padw, padh) of its resized image's origin on the 2S x 2S canvas."""
+    out = []
+    for i, (w, h) in enumerate(wh):
+        if i == 0:  # top left
+            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+            x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
+        elif i == 1:  # top right
+            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, S * 2), yc
+            x1b, y1b = 0, h - (y2a - y1a)
+        elif i == 2:  # bottom left
+            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(S * 2, yc + h)
+            x1b, y1b = w - (x2a - x1a), 0
+        else:  # bottom right
+            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, S * 2), min(S * 2, yc + h)
+            x1b, y1b = 0, 0
+        out.append((x1a, y1a, x2a, y2a, x1a - x1b, y1a - y1b))
+    return out
+
+
+def _perspective(u: np.ndarray, aug: DetectAugment, canvas: int, S: int) -> tuple[np.ndarray, float]:
+    """ultralytics' `RandomPerspective.affine_transform` matrix (perspective 0) for a canvas x canvas input and an
+    S x S output, and its scale draw s (box_candidates' factor)."""
+    C = np.eye(3)
+    C[0, 2] = C[1, 2] = -canvas / 2
+    a = math.radians(-aug.degrees + 2 * aug.degrees * u[_ANGLE])
+    s = 1 - aug.scale + 2 * aug.scale * u[_SCALE]
+    R = np.eye(3)  # cv2.getRotationMatrix2D(angle=a, center=(0, 0), scale=s)
+    R[:2, :2] = [[s * math.cos(a), s * math.sin(a)], [-s * math.sin(a), s * math.cos(a)]]
+    Sh = np.eye(3)
+    Sh[0, 1] = math.tan(math.radians(-aug.shear + 2 * aug.shear * u[_SHEAR_X]))
+    Sh[1, 0] = math.tan(math.radians(-aug.shear + 2 * aug.shear * u[_SHEAR_Y]))
+    T = np.eye(3)
+    T[0, 2] = (0.5 - aug.translate + 2 * aug.translate * u[_TX]) * S
+    T[1, 2] = (0.5 - aug.translate + 2 * aug.translate * u[_TY]) * S
+    return T @ Sh @ R @ C, s
+
+
+def _centre_rule(lo: float, hi: float) -> tuple[int, int]:
+    """The whole pixels [X0, X1) whose centres lie in [lo, hi): shared edges give neither a gap nor an overlap."""
+    a, b = math.ceil(lo - 0.5), math.ceil(hi - 0.5)
+    return a, max(a, b)
+
+
+def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: DetectAugment | None = None,
+               train: bool = True, epochs: int | None = None) -> BatchGeometry:
+    """The geometry of one batch: sample_ids int [B] (each output's own sample), sizes int [B, 2] (stored width,
+    height of each position), image_size S, the epoch and seed, the augmentation (None: DetectAugment()), train
+    (False: the evaluation letterbox) and the run's `epochs` (for close_mosaic). Output k's draws depend on
+    (seed, epoch, sample_ids[k]) and, for its partners, the batch size only."""
+    ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1)
+    wh0 = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    aug = DetectAugment() if aug is None else aug
+    if not isinstance(aug, DetectAugment):
+        raise ValueError(f"aug must be a DetectAugment, got {type(aug).__name__}")
+    S = int(image_size)
+    B = len(ids)
+    if B == 0 or len(wh0) != B:
+        raise ValueError(f"need one (width, height) per sample id and at least one sample: {B} ids, {len(wh0)} sizes")
+    if S < 1 or (wh0 < 1).any():
+        raise ValueError("image_size and every stored width and height must be >= 1")
+    mosaic_allowed = train and aug.mosaic > 0 and not (epochs is not None and epoch >= epochs - aug.close_mosaic)
+    axis_aligned = aug.axis_aligned or not train
+
+    g = dict(n_tiles=np.ones(B, np.int64), source=np.full((B, _MAX_TILES), -1, np.int64),
+             affine=np.zeros((B, _MAX_TILES, 2, 3)), region=np.zeros((B, _MAX_TILES, 4)),
+             dst_rect=np.zeros((B, _MAX_TILES, 4), np.int64), src_rect=np.zeros((B, _MAX_TILES, 4)),
+             quad=np.zeros((B, _MAX_TILES, 4, 2)), box_scale=np.ones((B, _MAX_TILES, 2)), flip=np.zeros(B, bool),
+             hsv=np.ones((B, 3)), scale=np.zeros(B), pad=np.zeros((B, 2)))
+    for k in range(B):
+        if train:
+            u = sample_rng(seed, epoch, int(ids[k])).random(_DRAWS)
+            _plan_train(g, k, u, wh0, S, aug, mosaic_allowed and u[_MOSAIC] < aug.mosaic, axis_aligned)
+            g["flip"][k] = u[_FLIP] < aug.fliplr
+            g["hsv"][k] = (2 * u[_HSV:_HSV + 3] - 1) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1
+        else:
+            _plan_eval(g, k, wh0, S)
+    return BatchGeometry(image_size=S, train=bool(train), axis_aligned=axis_aligned, pad_value=int(aug.pad_value),
+                         sizes=wh0, **g)
+
+
+def _plan_eval(g: dict, k: int, wh0: np.ndarray, S: int) -> None:
+    """Long-side resize + centred LetterBox(S, scaleup=False): exact whole-pixel rectangles, no resampling error."""
+    w0, h0 = (int(v) for v in wh0[k])
+    w, h = long_side_size(w0, h0, S)
+    left, top, _, _ = letterbox_padding(w, h, S)
+    g["source"][k, 0] = k
+    g["affine"][k, 0] = [[w / w0, 0, left], [0, h / h0, top]]
+    g["region"][k, 0] = g["src_rect"][k, 0] = (0, 0, w0, h0)
+    g["dst_rect"][k, 0] = (left, top, left + w, top + h)
+    g["quad"][k, 0] = [(left, top), (left + w, top), (left + w, top + h), (left, top + h)]
+    g["scale"][k] = S / max(w0, h0)
+    g["pad"][k] = (left, top)
+
+
+def _plan_train(g: dict, k: int, u: np.ndarray, wh0: np.ndarray, S: int, aug: DetectAugment, mosaic: bool,
+                axis_aligned: bool) -> None:
+    B = len(wh0)
+    if mosaic:
+        others = [k] * 3 if B == 1 else [j + (j >= k) for j in
+                                         (min(int(v * (B - 1)), B - 2) for v in u[_PARTNERS:_PARTNERS + 3])]
+        sources = [k] + others
+        border = -S // 2  # ultralytics' Mosaic.border
+        xc = int(-border + (2 * S + 2 * border) * u[_XC])
+        yc = int(-border + (2 * S + 2 * border) * u[_YC])
+        resized = [long_side_size(int(wh0[j, 0]), int(wh0[j, 1]), S) for j in sources]
+        places = _mosaic4(S, xc, yc, resized)
+        canvas = 2 * S
+    else:
+        sources = [k]
+        w, h = long_side_size(int(wh0[k, 0]), int(wh0[k, 1]), S)
+        left, top, _, _ = letterbox_padding(w, h, S)
+        resized = [(w, h)]
+        places = [(left, top, left + w, top + h, left, top)]
+        canvas = S
+    M, s = _perspective(u, aug, canvas, S)
+    g["n_tiles"][k] = len(sources)
+    for t, (j, (w, h), (x1a, y1a, x2a, y2a, padw, padh)) in enumerate(zip(sources, resized, places)):
+        w0, h0 = int(wh0[j, 0]), int(wh0[j, 1])
+        sx, sy = w / w0, h / h0
+        place = np.array([[sx, 0, padw], [0, sy, padh], [0, 0, 1]])
+        A = (M @ place)[:2]
+        region = ((x1a - padw) / sx, (y1a - padh) / sy, (x2a - padw) / sx, (y2a - padh) / sy)
+        corners = np.array([(x1a, y1a, 1), (x2a, y1a, 1), (x2a, y2a, 1), (x1a, y2a, 1)], dtype=np.float64)
+        quad = corners @ M[:2].T  # from canvas coordinates: tiles sharing an edge get bit-identical edges
+        lo, hi = np.clip(quad.min(0), 0, S), np.clip(quad.max(0), 0, S)
+        (X0, X1), (Y0, Y1) = _centre_rule(lo[0], hi[0]), _centre_rule(lo[1], hi[1])
+        if axis_aligned:
+            src = ((X0 - A[0, 2]) / A[0, 0], (Y0 - A[1, 2]) / A[1, 1], (X1 - A[0, 2]) / A[0, 0],
+                   (Y1 - A[1, 2]) / A[1, 1])
+        else:
+            src = region
+        g["source"][k, t] = j
+        g["affine"][k, t] = A
+        g["region"][k, t] = region
+        g["dst_rect"][k, t] = (X0, Y0, X1, Y1)
+        g["src_rect"][k, t] = src
+        g["quad"][k, t] = quad
+        g["box_scale"][k, t] = (s * sx, s * sy)
+        if t == 0:
+            g["scale"][k] = s * S / max(w0, h0)
+            g["pad"][k] = A[:, 2]
+
+
+def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr: float = 100,
+                   area_thr: float = 0.1, eps: float = 1e-16) -> np.ndarray:
+    """ultralytics' `RandomPerspective.box_candidates` on [n, 4] XYXY arrays: box2 (after the augmentation) is kept
+    when it is over wh_thr pixels wide and high, keeps over area_thr of box1's area (box1: before, at the same
+    scale) and has an aspect ratio under ar_thr."""
+    w1, h1 = box1[:, 2] - box1[:, 0], box1[:, 3] - box1[:, 1]
+    w2, h2 = box2[:, 2] - box2[:, 0], box2[:, 3] - box2[:, 1]
+    ar = np.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
+    return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
+
+
+def transform_boxes(geometry: BatchGeometry, k: int, boxes_per_tile, labels_per_tile) -> tuple[np.ndarray,
+                                                                                                 np.ndarray]:
+    """Output k's boxes (float32 [n, 4] XYXY output pixels) and labels (int64 [n]) from each tile's source boxes
+    (stored-image pixels, XYXY; one array per tile of `geometry.tiles(k)`, in that order). ultralytics' rule: clip
+    to what the tile shows, transform (4 corners, min/max), clip to [0, S], keep the box_candidates (training
+    only), flip."""
+    S = geometry.image_size
+    out_boxes, out_labels = [], []
+    tiles = geometry.tiles(k)
+    if len(boxes_per_tile) != len(tiles) or len(labels_per_tile) != len(tiles):
+        raise ValueError(f"output {k} has {len(tiles)} tiles: give one box array and one label array per tile")
+    for tile, boxes, labels in zip(tiles, boxes_per_tile, labels_per_tile):
+        b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+        lab = np.asarray(labels, dtype=np.int64).reshape(-1)
+        if len(b) != len(lab):
+            raise ValueError(f"{len(b)} boxes but {len(lab)} labels")
+        if not len(b):
+            continue
+        A = tile.affine
+        if geometry.axis_aligned:
+            # Mosaic's clip to the tile (in output pixels: M and the resize are diagonal), then to the pixels drawn.
+            lin, off = np.array([A[0, 0], A[1, 1]] * 2), np.array([A[0, 2], A[1, 2]] * 2)
+            region = np.array(tile.region) * lin + off
+            before = _clip(b * lin + off, region)
+            after = _clip(before, np.array(tile.dst_rect, dtype=np.float64))
+        else:
+            inside = _clip(b, np.array(tile.region))
+            bs = np.array(tile.box_scale * 2)
+            before = inside * bs  # box1: only its width and height matter
+            xs, ys = inside[:, [0, 2, 2, 0]], inside[:, [1, 1, 3, 3]]
+            X = A[0, 0] * xs + A[0, 1] * ys + A[0, 2]
+            Y = A[1, 0] * xs + A[1, 1] * ys + A[1, 2]
+            after = _clip(np.stack([X.min(1), Y.min(1), X.max(1), Y.max(1)], axis=1), np.array([0, 0, S, S], float))
+        # Mosaic drops boxes its clip leaves without area before RandomPerspective sees them.
+        keep = (before[:, 2] > before[:, 0]) & (before[:, 3] > before[:, 1])
+        if geometry.train:
+            keep &= box_candidates(before, after)
+        else:
+            keep &= (after[:, 2] > after[:, 0]) & (after[:, 3] > after[:, 1])
+        out_boxes.append(after[keep])
+        out_labels.append(lab[keep])
+    boxes = np.concatenate(out_boxes) if out_boxes else np.zeros((0, 4))
+    labels = np.concatenate(out_labels) if out_labels else np.zeros(0, np.int64)
+    if geometry.flip[k]:
+        boxes = np.stack([S - boxes[:, 2], boxes[:, 1], S - boxes[:, 0], boxes[:, 3]], axis=1)
+    return boxes.astype(np.float32), labels.astype(np.int64)
+
+
+def _clip(boxes: np.ndarray, rect: np.ndarray) -> np.ndarray:
+    """Boxes [n, 4] clipped to rect (x0, y0, x1, y1)."""
+    out = boxes.copy()
+    np.clip(out[:, 0::2], rect[0], rect[2], out=out[:, 0::2])
+    np.clip(out[:, 1::2], rect[1], rect[3], out=out[:, 1::2])
+    return out

@@ -1,0 +1,109 @@
+"""ultralytics' RandomHSV: each pixel to HSV in floats, the hue turned by its gain on the circle, saturation and
+value scaled and clipped, back to RGB, rounded. In floats rather than through uint8 HSV lookup tables (ultralytics:
+OpenCV's 180-step hue): no hue quantisation, so a gain of 1 changes nothing; the result is colorsys' to rounding.
+
+Two implementations of the same arithmetic: `apply_hsv_inplace`, one numba pass over an image on the CPU (the GIL
+released, so the renderer's threads run it at once), and `apply_hsv_torch`, a batch on the GPU, where the
+DetectDecoder moves this cost when batches go to one. They agree to a level (float32 against float64).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fastfeed.decode.numba_import import import_numba
+
+numba = import_numba()
+
+__all__ = ["apply_hsv_inplace", "apply_hsv_torch"]
+
+_INV255 = 1.0 / 255.0
+
+
+@numba.njit(nogil=True, cache=True)
+def _hsv(img, gh, gs, gv):
+    H, W = img.shape[0], img.shape[1]
+    for y in range(H):
+        for x in range(W):
+            r = img[y, x, 0] * _INV255
+            g = img[y, x, 1] * _INV255
+            b = img[y, x, 2] * _INV255
+            mx = max(r, g, b)
+            mn = min(r, g, b)
+            v = mx
+            d = mx - mn
+            if d == 0.0:
+                h = 0.0
+                s = 0.0
+            else:
+                s = d / mx
+                if mx == r:
+                    h = ((g - b) / d) / 6.0
+                elif mx == g:
+                    h = ((b - r) / d + 2.0) / 6.0
+                else:
+                    h = ((r - g) / d + 4.0) / 6.0
+                if h < 0.0:
+                    h += 1.0
+            h = h * gh  # gains lie in [0, 2]: one wrap at most
+            if h >= 1.0:
+                h -= 1.0
+            s = min(s * gs, 1.0)
+            v = min(v * gv, 1.0)
+            # colorsys.hsv_to_rgb
+            i = int(h * 6.0)
+            f = h * 6.0 - i
+            p = v * (1.0 - s)
+            q = v * (1.0 - s * f)
+            t = v * (1.0 - s * (1.0 - f))
+            if i == 0 or i == 6:
+                r, g, b = v, t, p
+            elif i == 1:
+                r, g, b = q, v, p
+            elif i == 2:
+                r, g, b = p, v, t
+            elif i == 3:
+                r, g, b = p, q, v
+            elif i == 4:
+                r, g, b = t, p, v
+            else:
+                r, g, b = v, p, q
+            img[y, x, 0] = np.uint8(int(r * 255.0 + 0.5))
+            img[y, x, 1] = np.uint8(int(g * 255.0 + 0.5))
+            img[y, x, 2] = np.uint8(int(b * 255.0 + 0.5))
+
+
+def apply_hsv_inplace(rgb: np.ndarray, gains) -> None:
+    """RandomHSV with gains (hue, saturation, value) on a C-contiguous uint8 [h, w, 3] RGB array, in place."""
+    if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or not rgb.flags.c_contiguous:
+        raise ValueError(f"need a C-contiguous uint8 [h, w, 3] array, got {rgb.dtype} {rgb.shape}")
+    gh, gs, gv = (float(g) for g in gains)
+    _hsv(rgb, gh, gs, gv)
+
+
+def apply_hsv_torch(images, gains):
+    """RandomHSV on a uint8 [B, 3, H, W] batch (any device) with per-image gains float [B, 3] (hue, saturation,
+    value): a new uint8 batch."""
+    import torch
+
+    x = images.float() / 255
+    r, g, b = x.unbind(1)
+    mx, mn = x.amax(1), x.amin(1)
+    d = mx - mn
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    h = torch.where(mx == r, (g - b) / safe, torch.where(mx == g, (b - r) / safe + 2, (r - g) / safe + 4)) / 6
+    h = torch.where(d > 0, h.remainder(1.0), torch.zeros_like(h))
+    s = torch.where(d > 0, d / torch.where(mx > 0, mx, torch.ones_like(mx)), torch.zeros_like(d))
+    gh, gs, gv = (gains.to(x.device, torch.float32)[:, i].view(-1, 1, 1) for i in range(3))
+    h = (h * gh).remainder(1.0)
+    s = (s * gs).clamp(max=1.0)
+    v = (mx * gv).clamp(max=1.0)
+    i = (h * 6).floor()
+    f = h * 6 - i
+    p, q, t = v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))
+    i = i.long().remainder(6)
+    # colorsys.hsv_to_rgb's six sectors as one gather: per sector, which of (v, p, q, t) each channel takes
+    order = torch.tensor([[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]], device=x.device)
+    parts = torch.stack((v, p, q, t), 1)  # [B, 4, H, W]
+    pick = order[i].permute(0, 3, 1, 2)  # [B, 3, H, W]
+    out = parts.gather(1, pick)
+    return (out * 255 + 0.5).floor().clamp(0, 255).to(torch.uint8)

@@ -1,0 +1,124 @@
+"""Detection sources: YOLO, COCO and Pascal VOC layouts scanned into a `Source` whose entries carry the annotation
+fastfeed/targets.py defines as their `metadata` (the sample's KEY.json member):
+
+    {"boxes": [[x0, y0, x1, y1], ...], "labels": [c, ...], "iscrowd": [...], "polygons": [...], ...}
+
+Boxes are XYXY in pixels of the source image (x1, y1 exclusive edges, as COCO's x + w); labels are 0-based in the
+class order written to the manifest's `classes`. Each layout has its module: yolo.py, coco.py, voc.py; common.py
+holds what they share (names files, image size probes, the last check before an entry is kept).
+
+Nothing here stops a pack for one bad record. Images without objects are kept (negatives: empty lists). A label
+file without its image, an unknown class, a malformed line or record, a box of zero size are rejections
+{"path": annotation file, "reason": ..., "image": ...} naming the object (YOLO: "path" ends in ":LINE"; COCO:
+"annotation_id"; VOC: "object", the index of the <object> element); the image is kept without that object. Only an
+unreadable annotation file drops its image. Whether boxes fit the stored image is checked once it is stored
+(`sample_issues`, with fastfeed.targets.annotation_issues: the Loader's own rule).
+"""
+from __future__ import annotations
+
+import os
+
+# The layout modules import common.py, never this package: __init__ sits on top of them, so there is no cycle.
+from fastfeed.pack.annotations.coco import scan_coco
+from fastfeed.pack.annotations.common import _has_file, read_names
+from fastfeed.pack.annotations.voc import scan_voc
+from fastfeed.pack.annotations.yolo import _yolo_dirs, parse_yaml_names, scan_yolo
+from fastfeed.pack.sources import SOURCE_KINDS, Source, SourceEntry, scan_source
+from fastfeed.targets import annotation_issues
+
+__all__ = ["DETECT_KINDS", "ALL_KINDS", "scan", "detect_layout", "scan_yolo", "scan_coco", "scan_voc",
+           "read_names", "parse_yaml_names", "sample_issues", "box_change_counts", "annotation_stats"]
+
+DETECT_KINDS = ("yolo", "coco", "voc")
+ALL_KINDS = SOURCE_KINDS + DETECT_KINDS
+
+
+def scan(src: str, kind: str = "auto", annotations: str | None = None, classes: str | None = None,
+         split: str | None = None) -> Source:
+    """Any source `fastfeed pack` reads: a detection layout (`kind` in DETECT_KINDS, or recognised under 'auto')
+    or, otherwise, fastfeed.pack.sources.scan_source's classification sources."""
+    if kind not in ALL_KINDS:
+        raise ValueError(f"source kind must be one of {ALL_KINDS}, got {kind!r}")
+    root = os.path.abspath(src)
+    if annotations is not None and kind not in ("auto", "coco"):
+        raise ValueError(f"--annotations names a COCO JSON file; it does not apply to --source {kind}")
+    if kind == "auto" and annotations is not None:
+        kind = "coco"
+    elif kind == "auto" and os.path.isdir(root):
+        kind = detect_layout(root, split) or "auto"
+    if kind not in DETECT_KINDS:
+        if classes is not None or split is not None:
+            raise ValueError(f"--classes and --split apply to YOLO and VOC sources; {src!r} is not one (a YOLO "
+                             f"folder holds images/ and labels/, a VOC folder Annotations/ and JPEGImages/)")
+        return scan_source(src, kind)
+    if not os.path.isdir(root):
+        raise NotADirectoryError(f"source {src!r} is not a folder")
+    if kind == "coco":
+        if annotations is None:
+            raise ValueError("--source coco needs --annotations FILE (the instances JSON)")
+        if classes is not None or split is not None:
+            raise ValueError("--classes and --split do not apply to COCO (names come from the JSON; pick the split "
+                             "with its annotations file)")
+        return scan_coco(root, annotations)
+    if kind == "yolo":
+        return scan_yolo(root, split, classes)
+    return scan_voc(root, split, classes)
+
+
+def detect_layout(root: str, split: str | None = None) -> str | None:
+    """'yolo' or 'voc' when `root` is laid out as one, else None. Recognised by its folders *and* their files, so an
+    ImageFolder tree that happens to have classes named 'images' and 'labels' stays an ImageFolder tree."""
+    if _yolo_dirs(root, split) is not None:
+        return "yolo"
+    ann = os.path.join(root, "Annotations")
+    if os.path.isdir(ann) and os.path.isdir(os.path.join(root, "JPEGImages")) and _has_file(ann, ".xml"):
+        return "voc"
+    return None
+
+
+# ---- after storing: what the Loader will make of each annotation, and the manifest's numbers ---------------------
+
+
+def sample_issues(entry: SourceEntry, width: int, height: int) -> list[dict]:
+    """rejected.jsonl records for one stored detection sample of width x height: a size other than the one the
+    annotations were made for, and each box the Loader clips or drops (fastfeed.targets.annotation_issues). The
+    stored annotation itself stays as the source gave it."""
+    out = []
+    if entry.size is not None and tuple(entry.size) != (width, height):
+        out.append({"path": entry.rel, "reason": f"stored image is {width}x{height}, the annotations were made for "
+                                                 f"{entry.size[0]}x{entry.size[1]}: boxes may not match "
+                                                 f"(an EXIF rotation?)"})
+    for j, why in annotation_issues(entry.metadata, width, height):
+        out.append({"path": entry.rel, "reason": why, "object": j})
+    return out
+
+
+def box_change_counts(rejected: list[dict]) -> dict[str, int]:
+    """The manifest's `changes` for boxes: how many the Loader clips and drops (sample_issues' records)."""
+    out = {"clipped_boxes": 0, "dropped_boxes": 0}
+    for r in rejected:
+        if "object" in r and isinstance(r.get("reason"), str):
+            if r["reason"].endswith(": clipped"):
+                out["clipped_boxes"] += 1
+            elif r["reason"].endswith(": dropped"):
+                out["dropped_boxes"] += 1
+    return {k: v for k, v in out.items() if v}
+
+
+def annotation_stats(annotations, num_classes: int) -> dict:
+    """The manifest's `objects`: images with and without objects, objects per image (min/mean/max) and per class,
+    counted on the annotations as stored (before the Loader's clipping)."""
+    counts = []
+    per_class = [0] * num_classes
+    for ann in annotations:
+        labels = (ann or {}).get("labels") or []
+        counts.append(len(labels))
+        for c in labels:
+            if 0 <= c < num_classes:
+                per_class[c] += 1
+    with_objects = sum(1 for n in counts if n)
+    return {"images_with_objects": with_objects, "images_without_objects": len(counts) - with_objects,
+            "objects": sum(counts),
+            "per_image": {"min": min(counts, default=0), "max": max(counts, default=0),
+                          "mean": round(sum(counts) / len(counts), 2) if counts else 0.0},
+            "per_class": per_class}

@@ -1,0 +1,125 @@
+"""Pascal VOC layout (`ROOT/Annotations/*.xml` + `ROOT/JPEGImages/`, `--split NAME` reads
+`ImageSets/Main/NAME.txt`). Class names from `--classes FILE`, else the sorted names of the objects seen. VOC's
+1-based inclusive pixel boxes become [xmin - 1, ymin - 1, xmax, ymax] (detectron2's conversion); `difficult` is kept
+as its own list "difficult" (it is not COCO's iscrowd: VOC's evaluation ignores such objects, training usually keeps
+them)."""
+from __future__ import annotations
+
+import math
+import os
+import xml.etree.ElementTree as ET
+
+from fastfeed.pack.annotations.common import _add, read_names
+from fastfeed.pack.sources import Source, SourceEntry, _listdir
+
+def scan_voc(root: str, split: str | None = None, classes: str | None = None) -> Source:
+    """Images of JPEGImages/ (or those `ImageSets/Main/SPLIT.txt` lists), each with Annotations/STEM.xml when it
+    exists (an image without one is a negative)."""
+    root = os.path.abspath(root)
+    ann_dir, img_dir = os.path.join(root, "Annotations"), os.path.join(root, "JPEGImages")
+    if not (os.path.isdir(ann_dir) and os.path.isdir(img_dir)):
+        raise ValueError(f"{root}: not a Pascal VOC dataset (needs Annotations/ and JPEGImages/)")
+    src = Source(root, "voc", [], [], {}, task="detect")
+    by_stem: dict[str, str] = {}
+    for name, is_dir in _listdir(img_dir, src):
+        if not is_dir:
+            by_stem.setdefault(os.path.splitext(name)[0], name)  # sorted: a.jpg before a.png
+    xmls = {os.path.splitext(n)[0]: os.path.join(ann_dir, n) for n, is_dir in _listdir(ann_dir, src)
+            if not is_dir and n.endswith(".xml")}
+    if split is not None:
+        ids = _split_ids(root, split)
+        for i in ids:
+            if i not in by_stem and i not in xmls:
+                src.rejected.append({"path": os.path.join(root, "ImageSets", "Main", f"{split}.txt"),
+                                     "reason": f"id {i!r} has neither an image nor an annotation file"})
+        stems = [i for i in ids if i in by_stem or i in xmls]
+    else:
+        stems = sorted(set(by_stem) | set(xmls))
+
+    parsed = []  # (stem, image name or None, objects or error, declared size)
+    for stem in stems:
+        xml = xmls.get(stem)
+        objs, size, filename = ([], None, None) if xml is None else _read_voc(xml)
+        name = filename if filename and os.path.isfile(os.path.join(img_dir, filename)) else by_stem.get(stem)
+        parsed.append((stem, name, objs, size))
+    if classes is not None:
+        names = read_names(classes)
+    else:
+        names = sorted({o[0] for _, _, objs, _ in parsed if not isinstance(objs, str) for o in objs
+                        if isinstance(o, tuple)})
+    src.classes = names
+    src.class_to_idx = {c: i for i, c in enumerate(names)}
+    for stem, name, objs, size in parsed:
+        xml = xmls.get(stem)
+        if name is None:
+            src.rejected.append({"path": xml, "reason": "annotation file without an image"})
+            continue
+        path = os.path.join(img_dir, name)
+        rel = os.path.relpath(path, root)
+        if isinstance(objs, str):
+            src.rejected.append({"path": path, "reason": f"annotation file {xml} unreadable ({objs}): "
+                                                         f"image not packed"})
+            continue
+        ann = {"boxes": [], "labels": [], "difficult": []}
+        for k, o in enumerate(objs):
+            why = o if isinstance(o, str) else None
+            if why is None and o[0] not in src.class_to_idx:
+                why = f"unknown class {o[0]!r} (not in {classes})"
+            if why is not None:
+                src.rejected.append({"path": xml, "image": rel, "object": k, "reason": f"object {k}: {why}"})
+                continue
+            ann["boxes"].append(o[1])
+            ann["labels"].append(src.class_to_idx[o[0]])
+            ann["difficult"].append(o[2])
+        _add(src, SourceEntry(path, rel, -1, ann, size), path)
+    return src
+
+
+def _split_ids(root: str, split: str) -> list[str]:
+    path = os.path.join(root, "ImageSets", "Main", f"{split}.txt")
+    try:
+        with open(path, encoding="utf-8") as f:
+            ids = [line.split()[0] for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--split {split}: {path} unreadable ({e})") from None
+    return sorted(set(ids))
+
+
+def _read_voc(path: str):
+    """(objects, declared (width, height) or None, <filename> or None) of one VOC XML file; objects are
+    (name, box, difficult) tuples or, for a malformed one, why. An unreadable file gives (why, None, None)."""
+    try:
+        top = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as e:
+        return f"{type(e).__name__}: {e}", None, None
+    size = None
+    try:
+        size = (int(top.findtext("size/width")), int(top.findtext("size/height")))
+        size = size if min(size) > 0 else None  # VOC files with <width>0</width> exist: no size
+    except (TypeError, ValueError):
+        pass
+    objs = []
+    for o in top.findall("object"):
+        name = (o.findtext("name") or "").strip()
+        try:
+            x0, y0, x1, y1 = (_voc_number(o.findtext(f"bndbox/{t}")) for t in ("xmin", "ymin", "xmax", "ymax"))
+        except (TypeError, ValueError):
+            objs.append("malformed <bndbox> (needs numeric xmin, ymin, xmax, ymax)")
+            continue
+        if not name:
+            objs.append("no <name>")
+            continue
+        box = [x0 - 1, y0 - 1, x1, y1]  # 1-based inclusive pixel indices -> edges
+        if box[2] <= box[0] or box[3] <= box[1]:
+            objs.append(f"box of zero size (xmin {x0}, ymin {y0}, xmax {x1}, ymax {y1})")
+            continue
+        difficult = (o.findtext("difficult") or "0").strip()
+        objs.append((name, box, 1 if difficult in ("1", "true", "True") else 0))
+    return objs, size, (top.findtext("filename") or "").strip() or None
+
+
+def _voc_number(text):
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(text)
+    return int(v) if v == int(v) else v

@@ -1,0 +1,308 @@
+"""YOLO layout (`ROOT/images/` + `ROOT/labels/`, optionally split: `images/train` + `labels/train`, picked with
+`--split`; Roboflow's `ROOT/train/images` + `ROOT/train/labels` too). Class names from `data.yaml` (`names:` a list or
+a {id: name} map), else `--classes FILE`, else `classes.txt`, else "0", "1", ... Label lines `cls cx cy w h`
+(normalised) or `cls x1 y1 x2 y2 ...` (a normalised polygon: its bounds are the box, the polygon is kept), turned into
+pixels with the image's size read from its header (no decode). Pixels are rounded to 1e-6 px (float noise), and a
+value past the image edge by less than 1e-6 of its side is the edge (6-decimal label files overshoot it)."""
+from __future__ import annotations
+
+import math
+import os
+
+from fastfeed.pack.annotations.common import _add, _has_file, _probe_sizes, read_names
+from fastfeed.pack.sources import Source, SourceEntry, _count_link, _listdir, _walk_files
+
+_ROUND = 6  # YOLO -> pixels: decimals kept (1e-6 px), so 0.1 * 640 is stored as 64.0, not 64.00000000000001
+
+
+def _yolo_dirs(root: str, split: str | None, need_labels: bool = True) -> tuple[str, str] | None:
+    """(images folder, labels folder) of a YOLO layout, split ones included, or None. `need_labels`: only when the
+    labels folder holds .txt files (how 'auto' tells YOLO from an ImageFolder tree)."""
+    candidates = [(os.path.join(root, "images"), os.path.join(root, "labels"))]
+    if split is not None:  # images/SPLIT (Ultralytics) or SPLIT/images (Roboflow exports)
+        candidates = [(os.path.join(i, split), os.path.join(lab, split)) for i, lab in candidates]
+        candidates.append((os.path.join(root, split, "images"), os.path.join(root, split, "labels")))
+    for images, labels in candidates:
+        if os.path.isdir(images) and os.path.isdir(labels) and (not need_labels or _has_file(labels, ".txt")):
+            return images, labels
+    return None
+
+
+# ---- class names --------------------------------------------------------------------------------------------
+
+
+
+def parse_yaml_names(text: str, where: str = "data.yaml") -> list[str] | None:
+    """`names:` of a YOLO data.yaml as a list in class order (a {id: name} map becomes a list; missing ids get
+    their number as name), or None when it has none. PyYAML when installed, else a small subset of YAML (block
+    and flow lists and maps of scalars: what data.yaml files hold); pyyaml is not a fastfeed dependency."""
+    try:
+        import yaml
+    except ImportError:
+        raw = _tiny_yaml_names(text)
+    else:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{where}: not valid YAML ({e})") from None
+        raw = doc.get("names") if isinstance(doc, dict) else None
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        try:
+            ids = {int(k): str(v) for k, v in raw.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: names map keys must be class ids (integers)") from None
+        if not ids or min(ids) < 0:
+            raise ValueError(f"{where}: names map needs class ids 0, 1, ...")
+        return [ids.get(i, str(i)) for i in range(max(ids) + 1)]
+    if isinstance(raw, list) and raw:
+        return [str(v) for v in raw]
+    raise ValueError(f"{where}: 'names' must be a non-empty list or a map {{id: name}}")
+
+
+def _tiny_yaml_names(text: str):
+    lines = [_strip_comment(line) for line in text.splitlines()]
+    for n, line in enumerate(lines):
+        if not line.startswith("names:"):  # top level only: no indentation
+            continue
+        inline = line[len("names:"):].strip()
+        if inline:
+            return _flow(inline)
+        items: list = []
+        mapping: dict = {}
+        for sub in lines[n + 1:]:
+            if not sub.strip():
+                continue
+            if not sub[0].isspace() and not sub.startswith("-"):
+                break  # the next top-level key
+            s = sub.strip()
+            if s.startswith("- ") or s == "-":
+                items.append(_scalar(s[1:].strip()))
+            elif ":" in s:
+                k, v = s.split(":", 1)
+                mapping[_scalar(k.strip())] = _scalar(v.strip())
+        return mapping if mapping else items
+    return None
+
+
+def _strip_comment(line: str) -> str:
+    """`line` without a trailing '# comment' (outside quotes)."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def _flow(s: str):
+    """A flow list `[a, 'b c']` or map `{0: a, 1: b}` of scalars (no nesting), or one scalar."""
+    if s[:1] in "[{" and s[-1:] in "]}":
+        parts = [p.strip() for p in _split_commas(s[1:-1]) if p.strip()]
+        if s[0] == "[":
+            return [_scalar(p) for p in parts]
+        out = {}
+        for p in parts:
+            k, _, v = p.partition(":")
+            out[_scalar(k.strip())] = _scalar(v.strip())
+        return out
+    return _scalar(s)
+
+
+def _split_commas(s: str) -> list[str]:
+    out, cur, quote = [], [], None
+    for ch in s:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == ",":
+            out.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
+def _scalar(s: str):
+    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
+        return s[1:-1]
+    if s.lstrip("-").isdigit():
+        return int(s)
+    return s
+
+
+def _yolo_names(root: str, classes: str | None) -> list[str] | None:
+    if classes is not None:
+        return read_names(classes)
+    # data.yaml in ROOT, or in its parent when ROOT is a split folder of a Roboflow export
+    for folder in (root, os.path.dirname(root)):
+        for name in ("data.yaml", "dataset.yaml", "data.yml"):
+            path = os.path.join(folder, name)
+            if os.path.isfile(path):
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        text = f.read()
+                except (OSError, UnicodeDecodeError) as e:
+                    raise ValueError(f"{path}: unreadable ({e})") from None
+                names = parse_yaml_names(text, path)
+                if names is not None:
+                    return names
+    path = os.path.join(root, "classes.txt")  # darknet's names file
+    return read_names(path) if os.path.isfile(path) else None
+
+
+# ---- YOLO ---------------------------------------------------------------------------------------------------
+
+
+def scan_yolo(root: str, split: str | None = None, classes: str | None = None) -> Source:
+    root = os.path.abspath(root)
+    dirs = _yolo_dirs(root, split, need_labels=False)  # --source yolo: a set of negatives only is fine too
+    if dirs is None:
+        where = f"images/{split} + labels/{split} (or {split}/images + {split}/labels)" if split else \
+            "images/ + labels/"
+        raise ValueError(f"{root}: not a YOLO dataset: no {where} folders")
+    img_dir, lab_dir = dirs
+    src = Source(root, "yolo", [], [], {}, task="detect")
+    if split is None:
+        top = _listdir(img_dir, Source(img_dir, "", [], [], {}))  # (its hidden entries are counted below)
+        splits = [n for n, is_dir in top if is_dir]
+        if splits and all(is_dir for _, is_dir in top):
+            raise ValueError(f"{root}: the YOLO images are split into {', '.join(splits)}: pass --split NAME")
+    names = _yolo_names(root, classes)
+    images = _walk_files(img_dir, src)
+    label_files = {p[len(lab_dir) + 1:]: p for p, _ in _walk_files(lab_dir, src) if p.endswith(".txt")}
+    used: set[str] = set()
+    parsed: list[tuple[str, str, str | None]] = []  # (image path, rel, label file or None)
+    for path, via_link in images:
+        if via_link:
+            _count_link(src, path)
+        stem = os.path.splitext(path[len(img_dir) + 1:])[0]
+        label = label_files.get(stem + ".txt")
+        if label is not None:
+            used.add(stem + ".txt")
+        parsed.append((path, os.path.relpath(path, root), label))
+    for rel in sorted(set(label_files) - used):
+        src.rejected.append({"path": label_files[rel], "reason": "label file without an image"})
+
+    lines = {}  # label file -> [(line number, tokens)] or an error string
+    for _, _, label in parsed:
+        if label is not None and label not in lines:
+            lines[label] = _read_label_lines(label)
+    top = -1
+    for v in lines.values():
+        if not isinstance(v, str):
+            for _, toks in v:
+                c = _class_id(toks[0])
+                if c is not None:
+                    top = max(top, c)
+    if names is None:  # no names anywhere: the ids are the names
+        names = [str(i) for i in range(top + 1)]
+    src.classes = names
+    src.class_to_idx = {c: i for i, c in enumerate(names)}
+
+    need = [p for p, _, label in parsed if label is not None and not isinstance(lines[label], str) and lines[label]]
+    sizes = dict(zip(need, _probe_sizes(need)))
+    for path, rel, label in parsed:
+        if label is None:
+            src.entries.append(SourceEntry(path, rel, -1, {"boxes": [], "labels": []}))
+            continue
+        got = lines[label]
+        if isinstance(got, str):
+            src.rejected.append({"path": path, "reason": f"label file {label} unreadable ({got}): image not packed"})
+            continue
+        if not got:
+            src.entries.append(SourceEntry(path, rel, -1, {"boxes": [], "labels": []}))
+            continue
+        size = sizes[path]
+        if isinstance(size, str):
+            src.rejected.append({"path": path, "reason": f"image size unreadable ({size}): its labels cannot be "
+                                                         f"converted to pixels; image not packed"})
+            continue
+        w, h, orientation = size
+        ann = _yolo_annotation(got, w, h, len(names), label, rel, src)
+        if orientation != 1:
+            src.rejected.append({"path": label, "image": rel, "reason": (
+                f"image has EXIF orientation {orientation}: boxes are in the stored (unrotated) {w}x{h} pixels, as "
+                f"the Loader decodes it; YOLO tools usually label the rotated view: check them")})
+        _add(src, SourceEntry(path, rel, -1, ann, (w, h)), path)
+    return src
+
+
+def _read_label_lines(path: str) -> list[tuple[int, list[str]]] | str:
+    """[(line number, tokens)] of the non-blank lines, or why the file is unreadable."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8-sig")  # Windows tools write a BOM
+    except OSError as e:
+        return e.strerror or str(e)
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 text: {e}"
+    return [(n, line.split()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+
+def _class_id(tok: str) -> int | None:
+    try:
+        v = float(tok)
+    except ValueError:
+        return None
+    return int(v) if math.isfinite(v) and v >= 0 and v == int(v) else None  # some exporters write "3.0"
+
+
+def _yolo_annotation(lines, w: int, h: int, num_classes: int, label_path: str, rel: str, src: Source) -> dict:
+    boxes, labels, polys = [], [], []
+
+    def bad(n: int, why: str) -> None:
+        src.rejected.append({"path": f"{label_path}:{n}", "image": rel, "reason": f"line {n}: {why}"})
+
+    for n, toks in lines:
+        c = _class_id(toks[0])
+        try:
+            vals = [float(t) for t in toks[1:]]
+        except ValueError:
+            vals = None
+        if c is None or vals is None or not all(math.isfinite(v) for v in vals) or \
+                not (len(vals) == 4 or (len(vals) >= 6 and len(vals) % 2 == 0)):
+            bad(n, f"malformed (expected 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...', normalised): "
+                   f"{' '.join(toks)[:80]!r}")
+            continue
+        if c >= num_classes:
+            bad(n, f"unknown class id {c} ({num_classes} classes)")
+            continue
+        if len(vals) == 4:
+            cx, cy, bw, bh = vals
+            if bw <= 0 or bh <= 0:
+                bad(n, f"box of zero size (w {bw}, h {bh})")
+                continue
+            box = [_px((cx - bw / 2), w), _px(cy - bh / 2, h), _px(cx + bw / 2, w), _px(cy + bh / 2, h)]
+            poly = None
+        else:
+            poly = [_px(v, w if k % 2 == 0 else h) for k, v in enumerate(vals)]
+            box = [min(poly[0::2]), min(poly[1::2]), max(poly[0::2]), max(poly[1::2])]
+            if box[2] <= box[0] or box[3] <= box[1]:
+                bad(n, "box of zero size (the polygon has no area)")
+                continue
+        boxes.append(box)
+        labels.append(c)
+        polys.append([poly] if poly is not None else [])
+    ann = {"boxes": boxes, "labels": labels}
+    if any(polys):
+        ann["polygons"] = polys
+    return ann
+
+
+def _px(v: float, side: int) -> float:
+    """Normalised `v` in pixels of a `side`-pixel axis. A value past the edge by less than 1e-6 of the side is the
+    edge: YOLO files hold 6 decimals, so a box drawn to the edge comes back up to 0.75e-6 of the side beyond it,
+    and would be reported as crossing it. Values inside the image are never moved."""
+    p = v * side
+    if side < p <= side * (1 + 1e-6):
+        p = float(side)
+    elif -side * 1e-6 <= p < 0:
+        p = 0.0
+    return round(p, _ROUND)

@@ -1,0 +1,289 @@
+"""`Loader(task="detect")` end to end on the CPU: a YOLO-layout folder packed by the CLI, read back as detection
+batches. The oracle does not trust the implementation: every object is a solid rectangle of its class's colour on a
+grey background, so after any augmentation each output box must be the bounding box of its colour's pixels in the
+output image, and every coloured area must lie in a box of its class.
+"""
+from __future__ import annotations
+
+import colorsys
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastfeed
+from fastfeed.detect import DetectAugment
+from fastfeed.detect.clients import to_torchvision, to_ultralytics
+
+# Hues far apart, so that HSV jitter (hue +-0.015 of the circle) never turns one class into another.
+CLASS_HUES = (0.0, 0.25, 0.5, 0.75)
+NAMES = ("red", "lime", "cyan", "violet")
+S = 160
+
+
+def make_yolo(root, n: int = 24, seed: int = 0, negatives: int = 2) -> list[dict]:
+    """A YOLO folder (images/, labels/, data.yaml) of n JPEG-free PNG images (lossless, so colours stay exact) with
+    1-4 non-overlapping solid rectangles each; the last `negatives` have none. Returns each image's truth."""
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    (root / "data.yaml").write_text("names:\n" + "".join(f"  {i}: {name}\n" for i, name in enumerate(NAMES)))
+    truth = []
+    for i in range(n):
+        w, h = int(rng.integers(90, 400)), int(rng.integers(90, 400))
+        grey = rng.integers(20, 200, size=(h, w, 1), dtype=np.uint8)
+        img = np.repeat(grey, 3, axis=2)  # R = G = B: saturation 0, never mistaken for an object
+        boxes, labels, lines = [], [], []
+        for _ in range(0 if i >= n - negatives else int(rng.integers(1, 5))):
+            for _attempt in range(20):
+                bw, bh = int(rng.integers(12, max(13, w // 2))), int(rng.integers(12, max(13, h // 2)))
+                x0, y0 = int(rng.integers(0, w - bw + 1)), int(rng.integers(0, h - bh + 1))
+                if all(x0 >= b[2] + 4 or b[0] >= x0 + bw + 4 or y0 >= b[3] + 4 or b[1] >= y0 + bh + 4
+                       for b in boxes):
+                    break
+            else:
+                continue
+            c = int(rng.integers(0, len(CLASS_HUES)))
+            img[y0:y0 + bh, x0:x0 + bw] = np.round(np.array(colorsys.hsv_to_rgb(CLASS_HUES[c], 1.0, 0.9)) * 255)
+            boxes.append((x0, y0, x0 + bw, y0 + bh))
+            labels.append(c)
+            lines.append(f"{c} {(x0 + bw / 2) / w:.6f} {(y0 + bh / 2) / h:.6f} {bw / w:.6f} {bh / h:.6f}\n")
+        Image.fromarray(img).save(root / "images" / f"im{i:03d}.png")
+        (root / "labels" / f"im{i:03d}.txt").write_text("".join(lines))
+        truth.append({"size": (w, h), "boxes": boxes, "labels": labels})
+    return truth
+
+
+@pytest.fixture(scope="module")
+def yolo_pack(tmp_path_factory):
+    from conftest import run_pack
+
+    root = tmp_path_factory.mktemp("yolo")
+    truth = make_yolo(root / "src")
+    run_pack(root / "src", root / "out", "--format", "wds")
+    return root / "out", truth
+
+
+def colour_classes(images: torch.Tensor) -> np.ndarray:
+    """Per pixel the class whose hue it has, -1 for grey (background, padding) and blended edge pixels."""
+    rgb = images.permute(0, 2, 3, 1).numpy().astype(np.float32) / 255
+    mx, mn = rgb.max(-1), rgb.min(-1)
+    sat = (mx - mn) / np.maximum(mx, 1e-6)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    d = np.maximum(mx - mn, 1e-6)
+    hue = np.where(mx == r, ((g - b) / d) % 6, np.where(mx == g, (b - r) / d + 2, (r - g) / d + 4)) / 6
+    dist = np.abs(((hue[..., None] - np.array(CLASS_HUES)) + 0.5) % 1.0 - 0.5)
+    cls = dist.argmin(-1)
+    return np.where((sat > 0.2) & (mx > 0.2) & (dist.min(-1) < 0.06), cls, -1)
+
+
+def strays(mask: np.ndarray) -> list:
+    """The bounding slices (ys, xs) of the connected areas of `mask`. (scipy: imported here, so that the GPU host,
+    which has none, can still run this file's GPU test.)"""
+    from scipy import ndimage
+
+    return ndimage.find_objects(ndimage.label(mask)[0])
+
+
+def check_boxes_against_pixels(batch: dict, tol: float = 1.5) -> int:
+    """The oracle: for each image, each box's colour pixels span the box (within tol px), and every coloured pixel
+    lies in a box of its class (or in an object the output's edge cut). Returns the number of boxes checked."""
+    classes = colour_classes(batch["images"])
+    checked = 0
+    for k in range(len(batch["images"])):
+        mine = batch["batch_idx"] == k
+        boxes, labels = batch["boxes"][mine].numpy(), batch["labels"][mine].numpy()
+        covered = np.zeros(classes.shape[1:], dtype=bool)
+        for (x0, y0, x1, y1), c in zip(boxes, labels):
+            xa, ya, xb, yb = int(np.floor(x0)), int(np.floor(y0)), int(np.ceil(x1)), int(np.ceil(y1))
+            inside = classes[k, ya:yb, xa:xb] == c
+            assert inside.any(), f"image {k}: box {[x0, y0, x1, y1]} of class {c} holds none of its colour"
+            ys, xs = np.nonzero(inside)
+            got = (xa + xs.min(), ya + ys.min(), xa + xs.max() + 1, ya + ys.max() + 1)
+            assert np.allclose(got, (x0, y0, x1, y1), atol=tol + 1), (k, c, got, (x0, y0, x1, y1))
+            covered[max(0, ya - 2):yb + 2, max(0, xa - 2):xb + 2] |= True
+            checked += 1
+        # ultralytics' rule drops a box cut to a sliver (box_candidates), so coloured pixels outside every box are
+        # right only where the output's edge cut an object: each such area must touch the edge.
+        for ys, xs in strays((classes[k] >= 0) & ~covered):
+            assert min(ys.start, xs.start) <= 1 or max(ys.stop, xs.stop) >= classes.shape[1] - 1, (
+                f"image {k}: coloured pixels at x {xs.start}-{xs.stop}, y {ys.start}-{ys.stop} lie in no box")
+    return checked
+
+
+@pytest.mark.parametrize("epoch", [0, 1, 2])
+def test_training_batches_boxes_follow_the_pixels(yolo_pack, epoch):
+    out, _ = yolo_pack
+    loader = fastfeed.Loader(out, batch_size=8, train=True, image_size=S, dtype=torch.uint8, device="cpu", seed=3)
+    assert loader.settings.task == "detect"  # from the manifest
+    loader.set_epoch(epoch)
+    checked = sum(check_boxes_against_pixels(b) for b in loader)
+    assert checked > 20
+    loader.close()
+
+
+def test_without_mosaic_and_with_rotation_boxes_contain_their_object(yolo_pack):
+    out, _ = yolo_pack
+    plain = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu",
+                            augment=DetectAugment(mosaic=0.0))
+    assert sum(check_boxes_against_pixels(b) for b in plain) > 10
+    rotated = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu",
+                              augment=DetectAugment(degrees=10.0))
+    for batch in rotated:
+        classes = colour_classes(batch["images"])
+        for k in range(len(batch["images"])):
+            mine = batch["batch_idx"] == k
+            covered = np.zeros(classes.shape[1:], dtype=bool)
+            for x0, y0, x1, y1 in batch["boxes"][mine].numpy():
+                covered[max(0, int(y0) - 2):int(np.ceil(y1)) + 2, max(0, int(x0) - 2):int(np.ceil(x1)) + 2] = True
+            for ys, xs in strays((classes[k] >= 0) & ~covered):
+                assert min(ys.start, xs.start) <= 1 or max(ys.stop, xs.stop) >= S - 1
+    plain.close()
+    rotated.close()
+
+
+def test_evaluation_letterboxes_every_image_once_with_exact_boxes(yolo_pack):
+    """train=False: ultralytics' evaluation letterbox (long side to S, centred, grey padding), every image exactly
+    once over any number of ranks, boxes = the source's boxes * scale + pad."""
+    out, truth = yolo_pack
+    seen = {}
+    for rank in range(2):
+        loader = fastfeed.Loader(out, batch_size=5, train=False, image_size=S, dtype=torch.uint8, device="cpu",
+                                 rank=rank, world_size=2)
+        ds = loader.dataset
+        for batch in loader:
+            assert batch["images"].shape[1:] == (3, S, S)
+            check_boxes_against_pixels(batch)
+            for k in range(len(batch["images"])):
+                if not batch["valid"][k]:
+                    continue
+                i = int(batch["ids"][k])
+                src = truth[_source_number(ds, i)]
+                h, w = batch["orig_size"][k].tolist()
+                assert (w, h) == src["size"]
+                # ultralytics' rule, restated: the long side to S, the short one rounded up, centred
+                r = S / max(w, h)
+                rw, rh = min(math.ceil(w * r), S), min(math.ceil(h * r), S)
+                px, py = round((S - rw) / 2 - 0.1), round((S - rh) / 2 - 0.1)
+                assert batch["scale"][k].tolist() == pytest.approx([rw / w, rh / h])
+                assert batch["pad"][k].tolist() == [px, py]
+                (gy, gx), pad = to_ultralytics(batch)["ratio_pad"][k]  # what its validator maps predictions back by
+                assert (gy, gx) == pytest.approx((rh / h, rw / w)) and pad == (px, py)
+                want = np.array(src["boxes"], dtype=np.float64).reshape(-1, 4) * ([rw / w, rh / h] * 2) + [px, py] * 2
+                got = batch["boxes"][batch["batch_idx"] == k].numpy()
+                assert got.shape == want.shape and np.allclose(got, want, atol=1e-3)
+                assert batch["labels"][batch["batch_idx"] == k].tolist() == src["labels"]
+                assert i not in seen
+                seen[i] = rank
+        loader.close()
+    assert len(seen) == len(truth)
+
+
+def _source_number(ds, i: int) -> int:
+    """The number in sample i's source file name (images/imNNN.png)."""
+    return int(re.search(r"im(\d+)\.png$", str(ds.sources[i])).group(1))
+
+
+def test_same_seed_same_batches_and_a_resumed_epoch_is_the_rest(yolo_pack):
+    out, _ = yolo_pack
+
+    def epoch(loader):
+        return [(b["images"].clone(), b["boxes"].clone(), b["labels"].clone(), b["batch_idx"].clone())
+                for b in loader]
+
+    a = fastfeed.Loader(out, batch_size=6, image_size=S, dtype=torch.uint8, device="cpu", seed=5)
+    full = epoch(a)
+    b = fastfeed.Loader(out, batch_size=6, image_size=S, dtype=torch.uint8, device="cpu", seed=5)
+    it = iter(b)
+    next(it)
+    state = b.state_dict()
+    b.close()
+    c = fastfeed.Loader(out, batch_size=6, image_size=S, dtype=torch.uint8, device="cpu", seed=5)
+    c.load_state_dict(state)
+    rest = epoch(c)
+    assert len(rest) == len(full) - 1
+    for got, want in zip(rest, full[1:]):
+        assert all(torch.equal(x, y) for x, y in zip(got, want))
+    d = fastfeed.Loader(out, batch_size=6, image_size=S, dtype=torch.uint8, device="cpu", seed=6)
+    assert not torch.equal(epoch(d)[0][0], full[0][0])
+    for loader in (a, c, d):
+        loader.close()
+
+
+def test_the_client_helpers_give_each_stack_its_shapes(yolo_pack):
+    out, _ = yolo_pack
+    loader = fastfeed.Loader(out, batch_size=4, image_size=S, dtype=torch.uint8, device="cpu")
+    batch = next(iter(loader))
+    images, targets = to_torchvision(batch, label_offset=1)
+    assert len(images) == 4 and sum(len(t["boxes"]) for t in targets) == len(batch["boxes"])
+    assert all(t["labels"].min() >= 1 for t in targets if len(t["labels"]))
+    yolo = to_ultralytics(batch)
+    n = len(batch["boxes"])
+    assert yolo["img"].dtype == torch.uint8 and yolo["cls"].shape == (n, 1) and yolo["bboxes"].shape == (n, 4)
+    assert float(yolo["bboxes"].min()) >= 0 and float(yolo["bboxes"].max()) <= 1
+    xywh = yolo["bboxes"] * S
+    assert torch.allclose(xywh[:, 0] - xywh[:, 2] / 2, batch["boxes"][:, 0], atol=1e-3)
+    loader.close()
+    floats = fastfeed.Loader(out, batch_size=4, image_size=S, device="cpu")
+    with pytest.raises(ValueError, match="dtype=torch.uint8"):
+        to_ultralytics(next(iter(floats)))
+    floats.close()
+
+
+def test_a_torchvision_detector_trains_on_the_batches(yolo_pack):
+    """A real torchvision detector (no weights) takes the batches through `to_torchvision` and trains."""
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_fpn
+
+    out, _ = yolo_pack
+    torch.manual_seed(0)
+    model = fasterrcnn_mobilenet_v3_large_fpn(weights=None, weights_backbone=None, num_classes=len(NAMES) + 1,
+                                              min_size=S, max_size=S)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loader = fastfeed.Loader(out, batch_size=4, image_size=S, device="cpu")
+    model.train()
+    losses = []
+    for step, batch in enumerate(loader):
+        images, targets = to_torchvision(batch, label_offset=1)
+        loss = sum(model(images, targets).values())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if step == 3:
+            break
+    assert len(losses) == 4 and all(np.isfinite(losses))
+    loader.close()
+
+
+def test_detection_arguments_are_checked(yolo_pack):
+    out, _ = yolo_pack
+    with pytest.raises(ValueError, match="decoder='dali' is not available"):
+        fastfeed.Loader(out, batch_size=4, device="cpu", decoder="dali")
+    with pytest.raises(ValueError, match="orientation"):
+        fastfeed.Loader(out, batch_size=4, device="cpu", orientation="exif")
+    with pytest.raises(ValueError, match="augment="):
+        fastfeed.Loader(out, batch_size=4, device="cpu", task="classify", augment=DetectAugment())
+    with pytest.raises(ValueError, match="mosaic"):
+        DetectAugment(mosaic=1.5)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_batches_are_the_cpu_ones_normalised_there(yolo_pack):
+    """device="cuda": the same geometry as on the CPU, the same pixels to a level (the HSV gains are applied on the
+    GPU in float32, on the CPU in float64), moved as uint8 and scaled to [0, 1] on the GPU."""
+    out, _ = yolo_pack
+    cpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu", seed=4)
+    gpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.float32, device="cuda", seed=4)
+    n = 0
+    for a, b in zip(cpu, gpu):
+        assert b["images"].is_cuda and b["images"].dtype == torch.float32
+        diff = (b["images"].cpu() * 255 - a["images"].float()).abs()
+        assert diff.max() <= 1 + 1e-3 and (diff > 0.5).float().mean() < 0.01
+        assert torch.equal(a["boxes"], b["boxes"].cpu()) and torch.equal(a["labels"], b["labels"].cpu())
+        n += 1
+    assert n == len(cpu)
+    cpu.close()
+    gpu.close()
