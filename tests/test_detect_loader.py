@@ -287,3 +287,40 @@ def test_on_the_gpu_the_batches_are_the_cpu_ones_normalised_there(yolo_pack):
     assert n == len(cpu)
     cpu.close()
     gpu.close()
+
+
+def test_a_bad_record_is_replaced_by_a_copy_of_another_with_its_boxes(yolo_pack, tmp_path):
+    """A sample whose bytes no longer match their checksum: under on_error="skip" its position holds an exact copy
+    of another sample of the batch (pixels and boxes), marked not valid and counted; under "raise" the error names
+    the sample."""
+    import shutil
+
+    src, _ = yolo_pack
+    out = tmp_path / "damaged"
+    shutil.copytree(src, out)
+    ds = fastfeed.open_dataset(out)
+    victim = 3
+    ext = ds.extents()
+    key = str(ds.keys[victim])
+    with open(ext.paths[ext.file_index[victim]], "r+b") as f:
+        f.seek(int(ext.offset[victim]) + int(ext.size[victim]) // 2)
+        f.write(b"\x00" * 16)
+    ds.close()
+    loader = fastfeed.Loader(out, batch_size=8, train=False, image_size=S, dtype=torch.uint8, device="cpu")
+    seen = 0
+    for batch in loader:
+        ids = batch["ids"].tolist()
+        for k in np.nonzero(~batch["valid"].numpy())[0]:
+            j = next(j for j in range(len(ids)) if j != k and ids[j] == ids[k] and batch["valid"][j])
+            assert ids[k] != victim and torch.equal(batch["images"][k], batch["images"][j])
+            assert torch.equal(batch["boxes"][batch["batch_idx"] == k], batch["boxes"][batch["batch_idx"] == j])
+            seen += 1
+        assert victim not in ids
+    assert seen == 1
+    assert loader.stats()["skipped"]["by_reason"] == {"checksum": 1}
+    loader.close()
+    strict = fastfeed.Loader(out, batch_size=8, train=False, image_size=S, device="cpu", on_error="raise")
+    with pytest.raises(fastfeed.LoaderError, match=re.escape(key)):
+        for _ in strict:
+            pass
+    strict.close()
