@@ -2,12 +2,18 @@
 
     to_torchvision(batch)  -> (images, targets): torchvision's detection models (`model(images, targets)`)
     to_ultralytics(batch)  -> the dict ultralytics' YOLO trainers get from their own collate function
+    UltralyticsLoader(loader) -> what ultralytics' DetectionTrainer.get_dataloader returns for training
+    augment_from_ultralytics(args) -> the DetectAugment of a trainer's hyperparameters
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-__all__ = ["to_torchvision", "to_ultralytics"]
+from fastfeed.detect.geometry import DetectAugment
+
+__all__ = ["to_torchvision", "to_ultralytics", "UltralyticsLoader", "augment_from_ultralytics"]
 
 
 def to_torchvision(batch: dict, label_offset: int = 0) -> tuple[list[torch.Tensor], list[dict]]:
@@ -47,3 +53,97 @@ def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
         "ratio_pad": [((sy, sx), tuple(p)) for (sx, sy), p in zip(scale, pad)],
         "im_file": list(files) if files is not None else [str(i) for i in ids],
     }
+
+
+class UltralyticsLoader:
+    """A detection `fastfeed.Loader` as the training DataLoader ultralytics' trainers read: iterating yields
+    `to_ultralytics` dicts, and the attributes the trainer reads from its own InfiniteDataLoader are there (len,
+    batch_size, drop_last, num_workers, sampler.set_epoch, dataset with its labels). Build the Loader with
+    `dtype=torch.uint8`, `image_size=args.imgsz`, `epochs=args.epochs` and `augment=augment_from_ultralytics(args)`:
+    it then turns mosaic off for the trainer's last `close_mosaic` epochs itself, so the trainer's call to
+    `dataset.close_mosaic` has nothing left to do.
+
+        class Trainer(DetectionTrainer):
+            def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
+                if mode != "train":
+                    return super().get_dataloader(dataset_path, batch_size, rank, mode)
+                return UltralyticsLoader(fastfeed.Loader(PACKED, batch_size=batch_size, image_size=self.args.imgsz,
+                                                         dtype=torch.uint8, epochs=self.args.epochs,
+                                                         augment=augment_from_ultralytics(self.args)))
+    """
+
+    num_workers = 0  # the Loader's threads are its own
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.batch_size = loader.settings.batch_size
+        self.drop_last = loader.settings.drop_last
+        self.sampler = _Sampler(loader)
+        self.dataset = _Labels(loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        # A generator: the trainer calls iter() twice an epoch and reads only the second; the first never starts.
+        for batch in self.loader:
+            yield to_ultralytics(batch)
+
+    def reset(self) -> None:
+        """ultralytics' InfiniteDataLoader restarts its workers here; the Loader needs nothing."""
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+class _Sampler:
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __len__(self) -> int:  # the samples of this rank's epoch
+        return len(self._loader) * self._loader.settings.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+
+class _Labels:
+    """The dataset side the trainer reads: its length and, per image, "cls" [n, 1] and "bboxes" [n, 4] (normalised
+    centre x, centre y, width, height of the stored image) for its label statistics."""
+
+    def __init__(self, loader):
+        self._loader = loader
+        self._labels = None
+
+    def __len__(self) -> int:
+        return len(self._loader.dataset)
+
+    @property
+    def labels(self) -> list[dict]:
+        if self._labels is None:
+            from fastfeed.formats import read_targets
+
+            ds = self._loader.dataset
+            targets = read_targets(ds)
+            out = []
+            for i in range(len(ds)):
+                b, c = targets.of(i)
+                wh = torch.tensor([ds.widths[i], ds.heights[i]] * 2, dtype=torch.float32)
+                box = torch.from_numpy(b.copy()) / wh
+                xywh = torch.stack(((box[:, 0] + box[:, 2]) / 2, (box[:, 1] + box[:, 3]) / 2, box[:, 2] - box[:, 0],
+                                    box[:, 3] - box[:, 1]), dim=1)
+                out.append({"cls": c.astype("float32").reshape(-1, 1), "bboxes": xywh.numpy()})
+            self._labels = out
+        return self._labels
+
+    def close_mosaic(self, hyp=None) -> None:
+        """The Loader, built with `epochs=`, has turned mosaic off at this epoch by itself."""
+
+
+def augment_from_ultralytics(args) -> DetectAugment:
+    """The DetectAugment of an ultralytics trainer's `args` (or any object or dict with its hyperparameter names):
+    the names both share are taken, the rest keep DetectAugment's defaults, which are ultralytics' own."""
+    get = args.get if isinstance(args, dict) else (lambda name, default: getattr(args, name, default))
+    names = [f.name for f in dataclasses.fields(DetectAugment) if f.name != "pad_value"]
+    given = {name: get(name, None) for name in names}
+    return DetectAugment(**{k: v for k, v in given.items() if v is not None})
