@@ -1,11 +1,16 @@
 """ultralytics' own DetectionTrainer (YOLOv8n from its yaml, no weights, offline, on the CPU) trained on batches from
-`fastfeed.Loader(task="detect")` through `fastfeed.detect.clients.UltralyticsLoader`: the trainer runs its epochs
-unmodified, every batch it trains on comes from the Loader, and what it reads of its DataLoader (length, sampler,
-dataset labels, close_mosaic) is there."""
+`fastfeed.Loader(task="detect")` through `fastfeed.detect.clients.UltralyticsLoader`
+(tests/clients/ultralytics_train.py, in a process of its own): the trainer runs its epochs unmodified, every batch it trains on comes from the Loader, and
+what it reads of its DataLoader (length, sampler, dataset labels, close_mosaic) is there."""
 from __future__ import annotations
 
 import csv
+import json
 import math
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +19,9 @@ import torch
 import fastfeed
 from fastfeed.detect.clients import UltralyticsLoader, augment_from_ultralytics
 
-pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = pytest.mark.integration
+
+CLIENT = Path(__file__).with_name("clients") / "ultralytics_train.py"
 
 EPOCHS, BATCH, SIZE = 2, 8, 160
 
@@ -33,64 +39,36 @@ def yolo_data(tmp_path_factory):
     return root, truth
 
 
-def test_detection_trainer_trains_on_the_loaders_batches(yolo_data, tmp_path, monkeypatch):
+def test_detection_trainer_trains_on_the_loaders_batches(yolo_data, tmp_path):
     root, truth = yolo_data
-    monkeypatch.setenv("YOLO_OFFLINE", "1")
-    monkeypatch.setenv("YOLO_CONFIG_DIR", str(tmp_path / "config"))
-    from ultralytics.models.yolo.detect import DetectionTrainer
+    out = tmp_path / "run"
+    out.mkdir()
+    cmd = [sys.executable, str(CLIENT), "--packed", str(root / "packed"), "--data", str(root / "data.yaml"),
+           "--out", str(out), "--epochs", str(EPOCHS), "--batch", str(BATCH), "--imgsz", str(SIZE)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    r = json.loads((out / "report.json").read_text())
 
-    built, seen = [], []
-
-    class Counting(UltralyticsLoader):
-        def __iter__(self):
-            seen.append([])
-            for batch in super().__iter__():
-                seen[-1].extend(int(f) for f in batch["im_file"])
-                yield batch
-
-    class Trainer(DetectionTrainer):
-        def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
-            if mode != "train":
-                return super().get_dataloader(dataset_path, batch_size, rank, mode)
-            loader = fastfeed.Loader(root / "packed", batch_size=batch_size, image_size=self.args.imgsz,
-                                     dtype=torch.uint8, device="cpu", epochs=self.args.epochs, seed=0,
-                                     augment=augment_from_ultralytics(self.args))
-            built.append(Counting(loader))
-            return built[-1]
-
-    torch.manual_seed(0)
-    trainer = Trainer(overrides=dict(model="yolov8n.yaml", data=str(root / "data.yaml"), epochs=EPOCHS, imgsz=SIZE,
-                                     batch=BATCH, device="cpu", workers=0, plots=False, val=False, amp=False,
-                                     pretrained=False, project=str(tmp_path / "runs"), name="fastfeed",
-                                     exist_ok=True, close_mosaic=1, verbose=False))
-    trainer.train()
-
-    assert len(built) == 1
-    loader = built[0].loader
-    assert loader.settings.task == "detect" and loader.settings.epochs == EPOCHS
-    aug = loader.settings.augment
-    assert (aug.close_mosaic, aug.mosaic, aug.scale, aug.fliplr) == (1, trainer.args.mosaic, trainer.args.scale,
-                                                                     trainer.args.fliplr)
+    assert r["loaders_built"] == 1 and r["task"] == "detect" and r["epochs"] == EPOCHS
+    assert r["augment"] == r["trainer"] and r["augment"]["close_mosaic"] == 1  # the trainer's hyperparameters
     # the trainer trained on the Loader's batches: each epoch a full epoch of distinct samples, a new order each
-    assert len(seen) == EPOCHS and all(len(ids) == len(loader) * BATCH == len(set(ids)) for ids in seen)
+    seen, per_epoch = r["seen"], r["batches_per_epoch"] * BATCH
+    assert len(seen) == EPOCHS and all(len(ids) == per_epoch == len(set(ids)) for ids in seen)
     assert seen[0] != seen[1]
-    rows = list(csv.DictReader((trainer.save_dir / "results.csv").open()))
-    assert [int(float(r["epoch"])) for r in rows] == list(range(1, EPOCHS + 1))
-    losses = [float(r["train/box_loss"]) for r in rows] + [float(r["train/cls_loss"]) for r in rows]
+    with open(r["results_csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(float(row["epoch"])) for row in rows] == list(range(1, EPOCHS + 1))
+    losses = [float(row["train/box_loss"]) for row in rows] + [float(row["train/cls_loss"]) for row in rows]
     assert all(math.isfinite(v) and v > 0 for v in losses)
     # the labels the trainer reads for its statistics are the pack's, in its own normalised centre format
-    labels = built[0].dataset.labels
-    assert len(labels) == len(truth) == len(built[0].dataset)
-    assert sum(len(lb["cls"]) for lb in labels) == sum(len(t["labels"]) for t in truth)
-    ds = loader.dataset
-    for i in range(len(ds)):
-        src = truth[int(str(ds.sources[i]).rsplit("im", 1)[1][:3])]
+    labels = r["labels"]
+    assert len(labels) == len(truth) == r["dataset_len"]
+    for lb, source in zip(labels, r["sources"]):
+        src = truth[int(re.search(r"im(\d+)\.png$", source).group(1))]
         w, h = src["size"]
-        want = np.array([((x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h)
-                         for x0, y0, x1, y1 in src["boxes"]], dtype=np.float32).reshape(-1, 4)
-        assert np.allclose(labels[i]["bboxes"], want, atol=1e-5)
-        assert labels[i]["cls"].ravel().tolist() == src["labels"]
-    built[0].close()
+        want = [((x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h) for x0, y0, x1, y1 in src["boxes"]]
+        assert np.allclose(np.array(lb["bboxes"]).reshape(-1, 4), np.array(want).reshape(-1, 4), atol=1e-5)
+        assert lb["cls"] == src["labels"]
 
 
 def test_mosaic_ends_for_the_last_close_mosaic_epochs_as_in_the_trainer(yolo_data):

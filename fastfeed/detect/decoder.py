@@ -87,7 +87,7 @@ class DetectDecoder:
         gpu_hsv = self.device.type == "cuda" and bool((geometry.hsv != 1).any())
 
         def one(k: int):
-            pixels[k] = render(images, geometry, k, hsv=not gpu_hsv)
+            render(images, geometry, k, hsv=not gpu_hsv, out=pixels[k])
             tiles = geometry.tiles(k)
             return transform_boxes(geometry, k, [self.targets.of(int(ids[t.source]))[0] for t in tiles],
                                    [self.targets.of(int(ids[t.source]))[1] for t in tiles])
@@ -112,8 +112,8 @@ class DetectDecoder:
         def decode(sample):
             if not is_image(sample):
                 return None, (NOT_IMAGE, "not a JPEG or PNG")
-            try:
-                return decode_image(sample), None
+            try:  # as an array once here, not once per tile that shows it
+                return np.asarray(decode_image(sample)), None
             except Exception as e:  # noqa: BLE001 - any decoder failure is this sample's, reported by its key
                 return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")
 

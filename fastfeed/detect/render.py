@@ -1,11 +1,11 @@
-"""The CPU renderer: executes a `BatchGeometry` (fastfeed/detect/geometry.py) on decoded images with PIL.
+"""The CPU renderer: executes a `BatchGeometry` (fastfeed/detect/geometry.py) on decoded images.
 
 Per output: a canvas of pad_value; each tile resampled ONCE from its source image through the tile's affine
 (source pixels -> output pixels, pixel edges at integers, as the boxes are transformed):
-  - axis-aligned (degrees = shear = 0, the default, and evaluation): `resize(dst size, BILINEAR, box=src_rect)`,
-    PIL's antialiased SIMD resize, pasted at the whole-pixel destination rectangle. A source rectangle that
-    overhangs the image (by under half an output pixel: the pixels whose centres lie inside are drawn) is read from
-    a crop whose edges are repeated, since PIL refuses a box outside the image;
+  - axis-aligned (degrees = shear = 0, the default, and evaluation): PIL's antialiased bilinear
+    `resize(dst size, box=src_rect)`, computed by fastfeed/detect/resample.py straight into the whole-pixel
+    destination rectangle, off the GIL. A source rectangle may overhang the image by under half an output pixel
+    (the pixels whose centres lie inside are drawn): the filter reads the pixels inside, renormalised;
   - otherwise `Image.transform(AFFINE, BILINEAR)` of the tile's source crop (edges repeated, so bilinear never
     blends in a fill colour), reduced first by a whole factor where the affine shrinks it over 2x (transform has no
     antialiasing), and masked to the pixels whose centres lie in the tile's destination quadrilateral.
@@ -23,13 +23,13 @@ from PIL import Image
 
 from fastfeed.detect.geometry import BatchGeometry
 from fastfeed.detect.hsv import apply_hsv_inplace
+from fastfeed.detect.resample import resize_into
 from fastfeed.image.contract import to_rgb
 
 __all__ = ["render", "decode_image", "apply_hsv", "DRAFT_MIN_SCALE"]
 
 # Draft only while every tile keeps at least this many source pixels per output pixel (decode/cpu.py's default).
 DRAFT_MIN_SCALE = 2.0
-_EPS = 1e-6  # a source box this close to the image edge is float noise of an exact inverse, not an overhang
 
 
 def decode_image(data, draft_size: tuple[int, int] | None = None) -> Image.Image:
@@ -55,20 +55,22 @@ def _decode(data, draft_size) -> tuple[Image.Image, float, tuple[int, int]]:
     return to_rgb(img), scale, full
 
 
-def render(images, geometry: BatchGeometry, k: int, hsv: bool = True) -> np.ndarray:
-    """Output k of `geometry` as uint8 [S, S, 3] RGB. images: the batch's sources by position, each a PIL image
-    (decoded by the contract, `decode_image`) or the encoded bytes, decoded (with draft) by this call for this
-    output alone: a batch whose outputs share sources (mosaic) decodes once and passes the images. hsv=False leaves
-    the HSV gains to the caller (a GPU does them for the whole batch: fastfeed/detect/hsv.py)."""
+def render(images, geometry: BatchGeometry, k: int, hsv: bool = True, out: np.ndarray | None = None) -> np.ndarray:
+    """Output k of `geometry` as uint8 [S, S, 3] RGB, into `out` when given. images: the batch's sources by
+    position, each a decoded uint8 [h, w, 3] array or PIL image (by the contract, `decode_image`) or the encoded
+    bytes, decoded (with draft) by this call for this output alone: a batch whose outputs share sources (mosaic)
+    decodes once and passes the arrays. hsv=False leaves the HSV gains to the caller (a GPU does them for the whole
+    batch: fastfeed/detect/hsv.py)."""
     S = geometry.image_size
-    canvas = np.full((S, S, 3), geometry.pad_value, dtype=np.uint8)
+    canvas = np.empty((S, S, 3), dtype=np.uint8) if out is None else out
+    canvas[...] = geometry.pad_value
     tiles = geometry.tiles(k)
     sources = {}
     for t in tiles:
         if t.source not in sources:
             sources[t.source] = _source(images[t.source], geometry.sizes[t.source],
                                         [u for u in tiles if u.source == t.source])
-    # The flip is done by the copy that pastes each tile (mirrored place and columns): no pass of its own.
+    # The flip is done by the resize that paints each tile (mirrored place and columns): no pass of its own.
     flip = bool(geometry.flip[k])
     for t in tiles:
         img, fx, fy = sources[t.source]
@@ -77,17 +79,22 @@ def render(images, geometry: BatchGeometry, k: int, hsv: bool = True) -> np.ndar
             continue
         if geometry.axis_aligned:
             x0, y0, x1, y1 = t.src_rect
-            pixels = _resize_box(img, (X1 - X0, Y1 - Y0), (x0 * fx, y0 * fy, x1 * fx, y1 * fy))
-            if flip:
-                canvas[Y0:Y1, S - X1:S - X0] = pixels[:, ::-1]
-            else:
-                canvas[Y0:Y1, X0:X1] = pixels
+            dst = canvas[Y0:Y1, S - X1:S - X0] if flip else canvas[Y0:Y1, X0:X1]
+            resize_into(_array(img), (x0 * fx, y0 * fy, x1 * fx, y1 * fy), dst, flip)
         else:
-            _warp_into(canvas, img, fx, fy, t, flip)
+            _warp_into(canvas, _pil(img), fx, fy, t, flip)
     gains = geometry.hsv[k]
     if hsv and (gains != 1).any():
         apply_hsv_inplace(canvas, gains)
     return canvas
+
+
+def _array(img) -> np.ndarray:
+    return img if isinstance(img, np.ndarray) else np.asarray(img)
+
+
+def _pil(img) -> Image.Image:
+    return Image.fromarray(img) if isinstance(img, np.ndarray) else img
 
 
 def _zoom(tile) -> float:
@@ -95,10 +102,12 @@ def _zoom(tile) -> float:
     return float(np.linalg.svd(tile.affine[:, :2], compute_uv=False)[0])
 
 
-def _source(image, size, tiles) -> tuple[Image.Image, float, float]:
-    """(PIL image, fx, fy): the source decoded (bytes: with the draft every tile allows) and the factors from the
+def _source(image, size, tiles) -> tuple[Image.Image | np.ndarray, float, float]:
+    """(image, fx, fy): the source decoded (bytes: with the draft every tile allows) and the factors from the
     stored size's pixels, which the geometry is in, to this image's (a draft, or a header that disagreed)."""
     W0, H0 = (int(v) for v in size)
+    if isinstance(image, np.ndarray):
+        return image, image.shape[1] / W0, image.shape[0] / H0
     if isinstance(image, Image.Image):
         img = to_rgb(image)
         return img, img.size[0] / W0, img.size[1] / H0
@@ -108,27 +117,6 @@ def _source(image, size, tiles) -> tuple[Image.Image, float, float]:
     if scale != 1:
         return img, scale * w / W0, scale * h / H0
     return img, img.size[0] / W0, img.size[1] / H0
-
-
-def _resize_box(img: Image.Image, size: tuple[int, int], box: tuple[float, float, float, float]) -> np.ndarray:
-    """`img.resize(size, BILINEAR, box=box)` as uint8 [h, w, 3], for a box that may overhang the image a little."""
-    W, H = img.size
-    x0, y0, x1, y1 = box
-    if x0 >= -_EPS and y0 >= -_EPS and x1 <= W + _EPS and y1 <= H + _EPS:
-        box = (max(x0, 0.0), max(y0, 0.0), min(x1, float(W)), min(y1, float(H)))
-        return np.asarray(img.resize(size, Image.BILINEAR, box=box))
-    # A crop wide enough for the filter's support (the downscale factor, at least a pixel, and 2 more), its edges
-    # repeated past the image: the same pixels inside, and no blend with a fill colour at the edge.
-    mx = math.ceil(max((x1 - x0) / size[0], 1.0)) + 2
-    my = math.ceil(max((y1 - y0) / size[1], 1.0)) + 2
-    cx0, cy0 = max(0, math.floor(x0) - mx), max(0, math.floor(y0) - my)
-    cx1, cy1 = min(W, math.ceil(x1) + mx), min(H, math.ceil(y1) + my)
-    pl, pt = max(0, math.ceil(cx0 - x0)), max(0, math.ceil(cy0 - y0))
-    pr, pb = max(0, math.ceil(x1 - cx1)), max(0, math.ceil(y1 - cy1))
-    crop = np.pad(np.asarray(img.crop((cx0, cy0, cx1, cy1))), ((pt, pb), (pl, pr), (0, 0)), mode="edge")
-    ox, oy = cx0 - pl, cy0 - pt
-    out = Image.fromarray(crop).resize(size, Image.BILINEAR, box=(x0 - ox, y0 - oy, x1 - ox, y1 - oy))
-    return np.asarray(out)
 
 
 def _warp_into(canvas: np.ndarray, img: Image.Image, fx: float, fy: float, tile, flip: bool) -> None:

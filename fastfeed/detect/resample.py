@@ -1,0 +1,126 @@
+"""PIL's antialiased bilinear resize of a box of an image (`Image.resize(size, BILINEAR, box=...)`), in numba, written
+straight into its place in the output canvas (mirrored when the output is flipped), with the GIL released.
+
+The same arithmetic as Pillow's Resample.c: per output pixel a triangle filter widened by the downscale factor,
+bounds rounded and clipped to the image, weights normalised, then fixed point with 22 fractional bits; a horizontal
+pass over the rows the vertical pass needs, rounded to uint8, then the vertical pass. A box that overhangs the image
+(the geometry allows under half an output pixel) reads only the pixels inside, renormalised, as Pillow's clipped
+bounds do at any image edge. The renderer's threads run it at once: PIL's own resize holds the GIL for the copies
+around it (fastfeed/detect/render.py).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fastfeed.decode.numba_import import import_numba
+
+numba = import_numba()
+
+__all__ = ["resize_into"]
+
+_PRECISION_BITS = 32 - 8 - 2
+
+
+@numba.njit(nogil=True, cache=True)
+def _coeffs(in_size, in0, in1, out_size):
+    """Pillow's precompute_coeffs + normalize_coeffs_8bpc for the bilinear filter: (bounds int64 [out, 2] = first
+    input pixel and count, weights int64 [out, ksize])."""
+    scale = (in1 - in0) / out_size
+    filterscale = max(scale, 1.0)
+    support = 1.0 * filterscale
+    ksize = int(math.ceil(support)) * 2 + 1
+    bounds = np.zeros((out_size, 2), np.int64)
+    kk = np.zeros((out_size, ksize), np.int64)
+    w = np.zeros(ksize, np.float64)
+    one = float(1 << _PRECISION_BITS)
+    for xx in range(out_size):
+        center = in0 + (xx + 0.5) * scale
+        ss = 1.0 / filterscale
+        xmin = int(center - support + 0.5)  # C's cast: toward zero
+        if xmin < 0:
+            xmin = 0
+        xmax = int(center + support + 0.5)
+        if xmax > in_size:
+            xmax = in_size
+        xmax -= xmin
+        if xmax < 0:
+            xmax = 0
+        ww = 0.0
+        for x in range(xmax):
+            t = abs((x + xmin - center + 0.5) * ss)
+            w[x] = 1.0 - t if t < 1.0 else 0.0
+            ww += w[x]
+        for x in range(xmax):
+            v = w[x] / ww if ww != 0.0 else w[x]
+            kk[xx, x] = int(-0.5 + v * one) if v < 0 else int(0.5 + v * one)
+        bounds[xx, 0] = xmin
+        bounds[xx, 1] = xmax
+    return bounds, kk
+
+
+@numba.njit(nogil=True, cache=True)
+def _clip8(ss):
+    v = ss >> _PRECISION_BITS
+    return 0 if v < 0 else (255 if v > 255 else v)
+
+
+@numba.njit(nogil=True, cache=True)
+def _resize_into(src, x0, y0, x1, y1, out, flip):
+    H, W = src.shape[0], src.shape[1]
+    oh, ow = out.shape[0], out.shape[1]
+    need_h = ow != W or x0 != 0.0 or x1 != ow
+    need_v = oh != H or y0 != 0.0 or y1 != oh
+    hb, hk = _coeffs(W, x0, x1, ow)
+    vb, vk = _coeffs(H, y0, y1, oh)
+    half = 1 << (_PRECISION_BITS - 1)
+    first = vb[0, 0] if need_v else 0
+    last = vb[oh - 1, 0] + vb[oh - 1, 1] if need_v else H
+    rows = last - first
+    tw = ow if need_h else W
+    tmp = np.empty((rows, tw * 3), np.int64)
+    for r in range(rows):
+        y = first + r
+        if need_h:
+            for xx in range(ow):
+                a = hb[xx, 0]
+                s0 = s1 = s2 = half
+                for x in range(hb[xx, 1]):
+                    k = hk[xx, x]
+                    s0 += src[y, a + x, 0] * k
+                    s1 += src[y, a + x, 1] * k
+                    s2 += src[y, a + x, 2] * k
+                tmp[r, 3 * xx] = _clip8(s0)
+                tmp[r, 3 * xx + 1] = _clip8(s1)
+                tmp[r, 3 * xx + 2] = _clip8(s2)
+        else:
+            for xx in range(W):
+                for c in range(3):
+                    tmp[r, 3 * xx + c] = src[y, xx, c]
+    acc = np.empty(tw * 3, np.int64)
+    for yy in range(oh):
+        if need_v:
+            acc[:] = half
+            a = vb[yy, 0] - first
+            for y in range(vb[yy, 1]):
+                k = vk[yy, y]
+                row = tmp[a + y]
+                for i in range(tw * 3):  # contiguous: vectorised
+                    acc[i] += row[i] * k
+            for i in range(tw * 3):
+                acc[i] = _clip8(acc[i])
+        else:
+            acc[:] = tmp[yy]
+        for xx in range(ow):
+            ox = ow - 1 - xx if flip else xx
+            out[yy, ox, 0] = acc[3 * xx]
+            out[yy, ox, 1] = acc[3 * xx + 1]
+            out[yy, ox, 2] = acc[3 * xx + 2]
+
+
+def resize_into(src: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray, flip: bool = False) -> None:
+    """`out[:] = Image.fromarray(src).resize(out's size, BILINEAR, box=box)` (columns mirrored when `flip`), for
+    uint8 [h, w, 3] `src` and a uint8 [oh, ow, 3] view `out` (a slice of the canvas). The box may overhang `src`."""
+    x0, y0, x1, y1 = (float(v) for v in box)
+    _resize_into(src, x0, y0, x1, y1, out, bool(flip))

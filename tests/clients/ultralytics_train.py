@@ -1,0 +1,83 @@
+"""ultralytics' DetectionTrainer (YOLOv8n from its yaml, no weights, offline, CPU) trained on a detection pack through
+`fastfeed.detect.clients.UltralyticsLoader`, as a user's script would. A process of its own: importing ultralytics
+replaces `PIL.Image.open` for the whole process (its HEIF patch), which the test session must not inherit.
+
+    python tests/clients/ultralytics_train.py --packed DIR --data data.yaml --out DIR [--epochs 2] [--batch 8]
+        [--imgsz 160]
+
+Writes OUT/report.json: the sample ids of every batch the trainer took, by epoch; the Loader's settings; the
+trainer's hyperparameters the Loader was given; the labels the trainer read from the adapter; results.csv's path.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+import fastfeed
+from fastfeed.detect.clients import UltralyticsLoader, augment_from_ultralytics
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--packed", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--imgsz", type=int, default=160)
+    a = p.parse_args()
+    out = Path(a.out)
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    os.environ.setdefault("YOLO_CONFIG_DIR", str(out / "config"))
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    built, seen = [], []
+
+    class Counting(UltralyticsLoader):
+        def __iter__(self):
+            seen.append([])
+            for batch in super().__iter__():
+                seen[-1].extend(int(f) for f in batch["im_file"])
+                yield batch
+
+    class Trainer(DetectionTrainer):
+        def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
+            if mode != "train":
+                return super().get_dataloader(dataset_path, batch_size, rank, mode)
+            loader = fastfeed.Loader(a.packed, batch_size=batch_size, image_size=self.args.imgsz, dtype=torch.uint8,
+                                     device="cpu", epochs=self.args.epochs, seed=0,
+                                     augment=augment_from_ultralytics(self.args))
+            built.append(Counting(loader))
+            return built[-1]
+
+    torch.manual_seed(0)
+    trainer = Trainer(overrides=dict(model="yolov8n.yaml", data=a.data, epochs=a.epochs, imgsz=a.imgsz,
+                                     batch=a.batch, device="cpu", workers=0, plots=False, val=False, amp=False,
+                                     pretrained=False, project=str(out / "runs"), name="fastfeed", exist_ok=True,
+                                     close_mosaic=1, verbose=False))
+    trainer.train()
+    adapter = built[0]
+    s = adapter.loader.settings
+    report = {
+        "loaders_built": len(built),
+        "batches_per_epoch": len(adapter),
+        "seen": seen,
+        "task": s.task, "epochs": s.epochs, "batch_size": s.batch_size,
+        "augment": {k: getattr(s.augment, k) for k in ("close_mosaic", "mosaic", "scale", "fliplr", "translate")},
+        "trainer": {k: getattr(trainer.args, k) for k in ("close_mosaic", "mosaic", "scale", "fliplr", "translate")},
+        "dataset_len": len(adapter.dataset),
+        "sources": [str(v) for v in adapter.loader.dataset.sources],
+        "labels": [{"cls": lb["cls"].ravel().tolist(), "bboxes": lb["bboxes"].tolist()}
+                   for lb in adapter.dataset.labels],
+        "results_csv": str(trainer.save_dir / "results.csv"),
+    }
+    adapter.close()
+    (out / "report.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
