@@ -242,7 +242,7 @@ def test_a_torchvision_detector_trains_on_the_batches(yolo_pack):
     model = fasterrcnn_mobilenet_v3_large_fpn(weights=None, weights_backbone=None, num_classes=len(NAMES) + 1,
                                               min_size=S, max_size=S)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loader = fastfeed.Loader(out, batch_size=4, image_size=S, device="cpu")
+    loader = fastfeed.Loader(out, batch_size=2, image_size=S, device="cpu")
     model.train()
     losses = []
     for step, batch in enumerate(loader):
@@ -252,9 +252,9 @@ def test_a_torchvision_detector_trains_on_the_batches(yolo_pack):
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
-        if step == 3:
+        if step == 1:
             break
-    assert len(losses) == 4 and all(np.isfinite(losses))
+    assert len(losses) == 2 and all(np.isfinite(losses))
     loader.close()
 
 

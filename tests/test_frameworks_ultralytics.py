@@ -32,7 +32,7 @@ def yolo_data(tmp_path_factory):
     from test_detect_loader import NAMES, make_yolo
 
     root = tmp_path_factory.mktemp("ultralytics")
-    truth = make_yolo(root / "src", n=40, seed=1)
+    truth = make_yolo(root / "src", n=24, seed=1)
     run_pack(root / "src", root / "packed", "--format", "wds")
     names = "".join(f"  {i}: {n}\n" for i, n in enumerate(NAMES))
     (root / "data.yaml").write_text(f"path: {root / 'src'}\ntrain: images\nval: images\nnames:\n{names}")
