@@ -52,7 +52,7 @@ compile_args = ["-O3", "-Wall", "-Wextra", "-fvisibility=hidden"]
 link_args = []
 sanitize = os.environ.get("FASTFEED_SANITIZE", "").strip()
 if sanitize:
-    compile_args = ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}"]
+    compile_args = ["-O1", "-g1", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}"]
     link_args = [f"-fsanitize={sanitize}"]
 
 setup(
