@@ -38,9 +38,7 @@ def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
         raise ValueError("ultralytics normalises the images itself (img / 255): build the Loader with "
                          f"dtype=torch.uint8 (this batch is {images.dtype})")
     size = images.shape[-1]
-    b = batch["boxes"]
-    xywh = torch.stack(((b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]),
-                       dim=1) / size
+    xywh = _centre_xywh(batch["boxes"]) / size
     ids = batch["ids"].tolist()
     scale, pad, orig = batch["scale"].tolist(), batch["pad"].tolist(), batch["orig_size"].tolist()
     return {
@@ -53,6 +51,11 @@ def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
         "ratio_pad": [((sy, sx), tuple(p)) for (sx, sy), p in zip(scale, pad)],
         "im_file": list(files) if files is not None else [str(i) for i in ids],
     }
+
+
+def _centre_xywh(b: torch.Tensor) -> torch.Tensor:
+    """XYXY boxes [n, 4] -> centre x, centre y, width, height (ultralytics' box format), in the same units."""
+    return torch.stack(((b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]), dim=1)
 
 
 class UltralyticsLoader:
@@ -101,7 +104,7 @@ class _Sampler:
         self._loader = loader
 
     def __len__(self) -> int:  # the samples of this rank's epoch
-        return len(self._loader) * self._loader.settings.batch_size
+        return self._loader.samples_per_epoch
 
     def set_epoch(self, epoch: int) -> None:
         self._loader.set_epoch(epoch)
@@ -121,17 +124,12 @@ class _Labels:
     @property
     def labels(self) -> list[dict]:
         if self._labels is None:
-            from fastfeed.formats import read_targets
-
-            ds = self._loader.dataset
-            targets = read_targets(ds)
+            ds, targets = self._loader.dataset, self._loader.targets
             out = []
             for i in range(len(ds)):
                 b, c = targets.of(i)
                 wh = torch.tensor([ds.widths[i], ds.heights[i]] * 2, dtype=torch.float32)
-                box = torch.from_numpy(b.copy()) / wh
-                xywh = torch.stack(((box[:, 0] + box[:, 2]) / 2, (box[:, 1] + box[:, 3]) / 2, box[:, 2] - box[:, 0],
-                                    box[:, 3] - box[:, 1]), dim=1)
+                xywh = _centre_xywh(torch.from_numpy(b.copy())) / wh
                 out.append({"cls": c.astype("float32").reshape(-1, 1), "bboxes": xywh.numpy()})
             self._labels = out
         return self._labels

@@ -88,9 +88,8 @@ class DetectDecoder:
 
         def one(k: int):
             render(images, geometry, k, hsv=not gpu_hsv, out=pixels[k])
-            tiles = geometry.tiles(k)
-            return transform_boxes(geometry, k, [self.targets.of(int(ids[t.source]))[0] for t in tiles],
-                                   [self.targets.of(int(ids[t.source]))[1] for t in tiles])
+            objects = [self.targets.of(int(ids[t.source])) for t in geometry.tiles(k)]
+            return transform_boxes(geometry, k, [b for b, _ in objects], [c for _, c in objects])
 
         per_image = list(self._pool.map(one, range(n)))
         counts = [len(lab) for _, lab in per_image]

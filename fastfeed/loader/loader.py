@@ -279,6 +279,12 @@ class Loader:
     def num_threads(self) -> int:
         return self.settings.decode_threads
 
+    @property
+    def targets(self):
+        """Task "detect": every sample's objects (fastfeed.targets.Targets, as the batches are built from them);
+        None for classification."""
+        return self._table.targets
+
     def __len__(self) -> int:
         """Batches in a full epoch for this rank (the same on every rank, and for every epoch)."""
         return self._full_epoch_sizes()[0]
