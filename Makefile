@@ -17,18 +17,22 @@ setup: $(VENV)/.installed build
 
 # Order matters for speed and for pillow-simd:
 # - only pillow-simd is built from source (`--no-binary pillow-simd`, not `:all:`, which also forced its build
-#   dependencies -- pybind11, CMake -- to compile: 77 minutes on a fresh 2-core machine);
+#   dependencies -- pybind11, CMake -- to compile: 77 minutes on a fresh 2-core machine); it compiles into a wheel in
+#   the background while torch downloads;
 # - pillow-simd replaces Pillow's `PIL`, so it goes in last, after everything that pulls Pillow, and nothing runs
 #   pip after it; the last line fails the install if `PIL` is not the package we meant to end with.
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip wheel setuptools pybind11
-	$(BIN)/pip install -q $(TORCH_PINS)
-	$(BIN)/pip install -q $(DALI_PIN)
-	$(BIN)/pip install -q --no-build-isolation -e '.[dev,bench]'
-	$(BIN)/pip uninstall -q -y pillow
-	CC="cc -mavx2" $(BIN)/pip install -q --no-deps --force-reinstall --no-binary pillow-simd pillow-simd \
-	  || { echo "pillow-simd did not build; falling back to Pillow"; $(BIN)/pip install -q --no-deps Pillow; }
+	rm -rf $(VENV)/wheels
+	CC="cc -mavx2" $(BIN)/pip wheel -q --no-deps --no-binary pillow-simd pillow-simd -w $(VENV)/wheels \
+	  > $(VENV)/pillow-simd.log 2>&1 & simd=$$!; \
+	$(BIN)/pip install -q $(TORCH_PINS) && $(BIN)/pip install -q $(DALI_PIN) \
+	  && $(BIN)/pip install -q --no-build-isolation -e '.[dev,bench]' || { kill $$simd; exit 1; }; \
+	$(BIN)/pip uninstall -q -y pillow; \
+	if wait $$simd; then $(BIN)/pip install -q --no-deps --force-reinstall $(VENV)/wheels/pillow_simd-*.whl; \
+	else cat $(VENV)/pillow-simd.log; echo "pillow-simd did not build; falling back to Pillow"; \
+	  $(BIN)/pip install -q --no-deps Pillow; fi
 	$(BIN)/python tools/check_pil.py
 	touch $@
 

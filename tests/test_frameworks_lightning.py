@@ -73,15 +73,25 @@ def assert_every_step_trained(rec: dict, devices: int) -> None:
     assert all(len(b["labels"]) == BATCH[devices] for b in rec["train"])
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc-ddp"])
-def reference(request, data) -> tuple[int, list[dict]]:
-    devices = request.param
-    ranks = run(data, devices, "reference", "--ckpt-every", str(CKPT_EVERY))
-    return devices, ranks
+@pytest.fixture(scope="module")
+def references(data):
+    """The uninterrupted run (checkpointing every CKPT_EVERY steps) on 1 or 2 processes, each run once per module."""
+    runs: dict[int, list[dict]] = {}
+
+    def reference(devices: int) -> list[dict]:
+        if devices not in runs:
+            runs[devices] = run(data, devices, "reference", "--ckpt-every", str(CKPT_EVERY))
+        return runs[devices]
+
+    return reference
 
 
-def test_uninterrupted_run_trains_every_batch_of_every_epoch(reference):
-    devices, ranks = reference
+DEVICES = pytest.mark.parametrize("devices", [1, 2], ids=["1proc", "2proc-ddp"])
+
+
+@DEVICES
+def test_uninterrupted_run_trains_every_batch_of_every_epoch(references, devices):
+    ranks = references(devices)
     for r, rec in enumerate(ranks):
         assert rec["world_size"] == devices
         assert_every_step_trained(rec, devices)
@@ -91,9 +101,11 @@ def test_uninterrupted_run_trains_every_batch_of_every_epoch(reference):
         assert [b["images"] for b in ranks[0]["train"]] != [b["images"] for b in ranks[1]["train"]]
 
 
-@pytest.mark.parametrize("step", [3, 6, 9], ids=["mid-epoch0", "end-epoch0", "mid-epoch1"])
-def test_resume_from_a_mid_epoch_checkpoint_trains_exactly_the_rest(data, reference, step):
-    devices, ref = reference
+# One process resumes from every kind of point; under DDP, the point that crosses an epoch end is the telling one.
+@pytest.mark.parametrize("devices, step", [(1, 3), (1, 6), (1, 9), (2, 9)],
+                         ids=["1proc-mid-epoch0", "1proc-end-epoch0", "1proc-mid-epoch1", "2proc-ddp-mid-epoch1"])
+def test_resume_from_a_mid_epoch_checkpoint_trains_exactly_the_rest(data, references, devices, step):
+    ref = references(devices)
     resumed = resume(data, devices, step)
     for r in range(devices):
         want = [(b["step"], b["labels"], b["images"]) for b in ref[r]["train"] if b["step"] >= step]
@@ -104,8 +116,9 @@ def test_resume_from_a_mid_epoch_checkpoint_trains_exactly_the_rest(data, refere
             assert images == want_images, f"rank {r}, step {s}: other pixels than the uninterrupted run"
 
 
-def test_validation_scores_every_sample_exactly_once(data, reference):
-    devices, ranks = reference
+@DEVICES
+def test_validation_scores_every_sample_exactly_once(data, references, devices):
+    ranks = references(devices)
     epochs = sorted({v["epoch"] for v in ranks[0]["val"]})
     assert epochs == list(range(EPOCHS)), f"validation ran after epochs {epochs}"
     pad = -(-N_VAL // devices) * devices - N_VAL  # positions that even out the ranks' shares
