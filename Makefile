@@ -16,9 +16,10 @@ NATIVE := fastfeed/_native$(shell $(PY) -c 'import sysconfig; print(sysconfig.ge
 setup: $(VENV)/.installed build
 
 # Order matters for speed and for pillow-simd:
+# - the native core and pillow-simd compile in the background while torch downloads (the package is then installed
+#   with FASTFEED_SKIP_NATIVE=1, so pip does not compile the core again);
 # - only pillow-simd is built from source (`--no-binary pillow-simd`, not `:all:`, which also forced its build
-#   dependencies -- pybind11, CMake -- to compile: 77 minutes on a fresh 2-core machine); it compiles into a wheel in
-#   the background while torch downloads;
+#   dependencies -- pybind11, CMake -- to compile: 77 minutes on a fresh 2-core machine);
 # - pillow-simd replaces Pillow's `PIL`, so it goes in last, after everything that pulls Pillow, and nothing runs
 #   pip after it; the last line fails the install if `PIL` is not the package we meant to end with.
 $(VENV)/.installed: pyproject.toml setup.py
@@ -27,8 +28,11 @@ $(VENV)/.installed: pyproject.toml setup.py
 	rm -rf $(VENV)/wheels
 	CC="cc -mavx2" $(BIN)/pip wheel -q --no-deps --no-binary pillow-simd pillow-simd -w $(VENV)/wheels \
 	  > $(VENV)/pillow-simd.log 2>&1 & simd=$$!; \
+	$(BIN)/python setup.py -q build_ext --inplace > $(VENV)/native.log 2>&1 & native=$$!; \
 	$(BIN)/pip install -q $(TORCH_PINS) && $(BIN)/pip install -q $(DALI_PIN) \
-	  && $(BIN)/pip install -q --no-build-isolation -e '.[dev,bench]' || { kill $$simd; exit 1; }; \
+	  && { wait $$native || { cat $(VENV)/native.log; false; }; } \
+	  && FASTFEED_SKIP_NATIVE=1 $(BIN)/pip install -q --no-build-isolation -e '.[dev,bench]' \
+	  || { kill $$simd $$native 2>/dev/null; exit 1; }; \
 	$(BIN)/pip uninstall -q -y pillow; \
 	if wait $$simd; then $(BIN)/pip install -q --no-deps --force-reinstall $(VENV)/wheels/pillow_simd-*.whl; \
 	else cat $(VENV)/pillow-simd.log; echo "pillow-simd did not build; falling back to Pillow"; \
@@ -38,8 +42,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 build: $(NATIVE)
 
-# The venv is an order-only prerequisite: the editable install above already built the core in place, so a fresh
-# setup compiles csrc/ once, not twice.
+# The venv is an order-only prerequisite: the install above already built the core in place, so a fresh setup
+# compiles csrc/ once, not twice.
 $(NATIVE): setup.py $(wildcard csrc/*) | $(VENV)/.installed
 	$(BIN)/python setup.py -q build_ext --inplace
 	touch $@

@@ -56,8 +56,12 @@ if sanitize:
     compile_args = ["-O0", "-g1", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}"]
     link_args = [f"-fsanitize={sanitize}"]
 
+# `make setup` compiles the core in place while the large wheels download, then installs the package with
+# FASTFEED_SKIP_NATIVE=1 so that pip does not compile it a second time.
+skip_native = os.environ.get("FASTFEED_SKIP_NATIVE") == "1"
+
 setup(
-    ext_modules=[
+    ext_modules=[] if skip_native else [
         Pybind11Extension(
             "fastfeed._native",
             sources,

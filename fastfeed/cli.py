@@ -11,6 +11,7 @@ import sys
 
 COMMANDS = {
     "pack": "pack an image folder or a CSV/JSONL list into WebDataset shards or LMDB",
+    "index": "adopt WebDataset shards written by anyone, in place: manifest, sample table, checksums",
     "merge": "join the parts of a --num-parts pack (folder or URL) into the dataset one pack would write",
     "inspect": "print a packed dataset's manifest summary",
     "verify": "check shard checksums and decode every image; non-zero exit on corruption",

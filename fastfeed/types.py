@@ -11,10 +11,15 @@ Version history:
     3  detection datasets (manifest `task` "detect", `objects`): each sample's KEY.json member is its annotation
        (fastfeed/targets.py). The layout is version 2's; the number changes so that an older fastfeed refuses
        them instead of reading them as classification. Classification packs are still written as version 2.
+    4  shards adopted in place by `fastfeed index` (fastfeed/pack/index.py): samples carry named fields (manifest
+       `fields`, table columns `field.NAME.offset/size/checksum`) and the shards may lie outside the folder
+       (manifest `data_root`, an absolute path). Packs are still written as version 2 or 3.
 """
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,6 +29,7 @@ __all__ = [
     "parse_size",
     "FORMAT_VERSION",
     "DETECT_FORMAT_VERSION",
+    "ADOPTED_FORMAT_VERSION",
     "READABLE_VERSIONS",
     "MANIFEST_NAME",
     "SAMPLES_NAME",
@@ -38,7 +44,8 @@ __all__ = [
 
 FORMAT_VERSION = 2
 DETECT_FORMAT_VERSION = 3  # what pack writes for task "detect"
-READABLE_VERSIONS = (1, 2, 3)
+ADOPTED_FORMAT_VERSION = 4  # what `fastfeed index` writes
+READABLE_VERSIONS = (1, 2, 3, 4)
 TASK_NAMES = ("classify", "detect")  # fastfeed.targets.TASKS (a layer above this module)
 MANIFEST_NAME = "fastfeed.json"
 SAMPLES_NAME = "samples.npz"
@@ -83,6 +90,9 @@ class Manifest:
     clips ("clipped_boxes") and drops ("dropped_boxes"), and `objects` holds images with/without objects, objects
     per image (min/mean/max) and per class, and for COCO sources `source_ids` (the category id of each class).
     Both are left out of a classification manifest's JSON, so its bytes are those of earlier versions.
+    `fields` (version 4) names the members each sample may carry besides its image (webdataset extensions: "txt",
+    "json", "npy", ...), and `data_root`, when not "", is the absolute folder the shard paths are relative to
+    (shards indexed where they lie, read-only); both are left out of the JSON when empty.
     """
 
     kind: str
@@ -105,11 +115,16 @@ class Manifest:
     changes: dict[str, int] = field(default_factory=dict)
     task: str = "classify"
     objects: dict[str, Any] = field(default_factory=dict)
+    fields: list[str] = field(default_factory=list)
+    data_root: str = ""
 
     def to_json(self) -> str:
         d = asdict(self)
         if self.task == "classify":
             del d["task"], d["objects"]
+        for name in ("fields", "data_root"):
+            if not d[name]:
+                del d[name]
         return json.dumps(d, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
     @classmethod
@@ -130,6 +145,10 @@ class Manifest:
             # Version 3 exists to mark detection datasets: any other pairing is a damaged or hand-made manifest.
             raise DatasetError(f"{where}: format version {version} with task {task!r}: version "
                                f"{DETECT_FORMAT_VERSION} is for detection datasets only", path=where)
+        if version != ADOPTED_FORMAT_VERSION and (raw.get("fields") or raw.get("data_root")):
+            raise DatasetError(f"{where}: format version {version} with fields {raw.get('fields')!r} and data root "
+                               f"{raw.get('data_root')!r}: only version {ADOPTED_FORMAT_VERSION} (shards adopted by "
+                               "`fastfeed index`) has either", path=where)
         if raw.get("kind") not in KINDS:
             raise DatasetError(f"{where}: unknown dataset kind {raw.get('kind')!r}", path=where)
         try:
@@ -153,10 +172,20 @@ class Manifest:
             raise bad("samples_xxh3/changes", (self.samples_xxh3, self.changes))
         if self.task not in TASK_NAMES or not isinstance(self.objects, dict):
             raise bad("task/objects", (self.task, self.objects))
+        names_ok = isinstance(self.fields, list) and all(isinstance(f, str) and _FIELD_NAME.fullmatch(f)
+                                                         for f in self.fields)
+        if not names_ok or len(set(self.fields)) != len(self.fields):
+            raise bad("fields", self.fields)
+        if not isinstance(self.data_root, str) or (self.data_root and not os.path.isabs(self.data_root)):
+            raise bad("data_root (an absolute folder or \"\")", self.data_root)
         for s in self.shards:
             if not (isinstance(s.path, str) and s.path and _is_count(s.bytes) and isinstance(s.sha256, str)
                     and _is_count(s.num_samples)):
                 raise bad("a shard entry", asdict(s))
+
+
+# A field is a webdataset member extension: lower case, dot-separated words ("txt", "seg.png").
+_FIELD_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
 
 
 def _is_count(v) -> bool:

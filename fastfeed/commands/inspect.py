@@ -28,9 +28,11 @@ def summarize(m) -> str:
         f"image size:  width {st['width']['min']}-{st['width']['max']} (mean {st['width']['mean']:.0f}), "
         f"height {st['height']['min']}-{st['height']['max']} (mean {st['height']['mean']:.0f})",
         "jpeg mix:    " + (", ".join(f"{k} {v}" for k, v in m.jpeg_mix.items() if v) or "none"),
-        f"jpeg mode:   {m.options.get('jpeg_mode', '?')}; transcoded {m.transcoded}"
-        + (f"; stored untouched after a failed transcode {failed}" if failed else "")
-        + (f" ({m.options['jpeg_note']})" if m.options.get("jpeg_note") else ""),
+        (f"jpeg mode:   {m.options.get('jpeg_mode', '?')}; transcoded {m.transcoded}"
+         + (f"; stored untouched after a failed transcode {failed}" if failed else "")
+         + (f" ({m.options['jpeg_note']})" if m.options.get("jpeg_note") else "")
+         if m.source_kind != "shards" else "shards:      indexed where they lie, never rewritten"
+         + (f" ({m.data_root})" if m.data_root else "")),
         "changes:     " + (", ".join(f"{k} {v}" for k, v in sorted(m.changes.items()) if k not in _BOX_KEYS)
                              or "none")
         + "  (files stored differently from their source, by reason)",
@@ -47,6 +49,8 @@ def summarize(m) -> str:
         advice = None
     if advice:
         lines.append(f"advice:      {advice}")
+    if m.fields:
+        lines.insert(2, f"fields:      {', '.join(m.fields)}  (Loader(fields=[...]))")
     if getattr(m, "task", "classify") == "detect":
         lines.insert(1, _detect_lines(m))
     return "\n".join(lines)

@@ -21,11 +21,12 @@ from typing import Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
+from fastfeed.formats.fields import FieldExtents, columns
 from fastfeed.formats.integrity import checksum, xxh3_hex
 from fastfeed.image.jpeg import KIND_BASELINE
 from fastfeed.types import MANIFEST_NAME, SAMPLES_NAME, DatasetError, Extents, ImageProfile, Manifest, Sample
 
-__all__ = ["Dataset", "TableDataset", "load_manifest", "load_table", "data_path", "read_regular"]
+__all__ = ["Dataset", "TableDataset", "load_manifest", "load_table", "data_path", "shard_root", "read_regular"]
 
 
 @runtime_checkable
@@ -72,7 +73,7 @@ def load_manifest(root: str) -> Manifest:
         raise DatasetError(f"{path}: unreadable ({e})", path=path) from None
     manifest = Manifest.from_json(text, where=path)
     for shard in manifest.shards:
-        p = data_path(root, shard.path, where=path)
+        p = data_path(shard_root(root, manifest), shard.path, where=path)
         try:
             st = os.stat(p)
             size = st.st_size if stat.S_ISREG(st.st_mode) else -1
@@ -95,6 +96,12 @@ def read_regular(path: str) -> bytes:
             return f.read()
     finally:
         os.close(fd)
+
+
+def shard_root(root: str, manifest: Manifest) -> str:
+    """The folder the manifest's data file paths are relative to: the dataset folder, or the folder `fastfeed
+    index` found the shards in when it wrote the dataset elsewhere (`data_root`)."""
+    return manifest.data_root or root
 
 
 def data_path(root: str, rel: str, where: str = MANIFEST_NAME) -> str:
@@ -261,6 +268,23 @@ class TableDataset:
         return o
 
     @property
+    def fields(self) -> list[str]:
+        """What `Loader(fields=...)` can ask for besides the image: "cls" when the samples have labels, and the
+        members the samples carry (fastfeed/formats/fields.py)."""
+        names = list(self.manifest.fields)
+        return names if "cls" in names or not self.manifest.classes else ["cls", *names]
+
+    def field_extents(self, name: str) -> FieldExtents:
+        """Where field `name` (one of `fields`, except "cls") lies, sample by sample, in each sample's data file."""
+        if name not in self.manifest.fields:
+            raise KeyError(f"{self.root}: no field {name!r}; the samples carry {self.fields}")
+        off, size, check = (self._table.get(c) for c in columns(name))
+        if off is None or size is None:
+            raise DatasetError(f"{self.table_path}: field {name!r} has no offset/size columns", path=self.table_path)
+        return FieldExtents(name, off.astype(np.int64), size.astype(np.int64),
+                            None if check is None else check.astype(np.uint64))
+
+    @property
     def changes(self) -> np.ndarray | None:
         """Per-sample change code of the pack's validator ("" = stored as the source file); None in version 1."""
         return self._table.get("change")
@@ -301,8 +325,15 @@ class TableDataset:
             raise DatasetError(f"{self.file_of(i)}: sample {key}: checksum mismatch (bytes damaged after packing; "
                                f"run `fastfeed verify`)", path=self.file_of(i), key=key)
 
-    def _pread(self, i: int) -> bytes:
-        f, off, size = int(self._file_index[i]), int(self._offset[i]), int(self.sizes[i])
+    def read_range(self, i: int, offset: int, size: int) -> bytes:
+        """`size` bytes at `offset` of sample i's data file (its image and members together: Loader(fields=...)),
+        unchecked."""
+        return self._pread(self._index(i), offset, size)
+
+    def _pread(self, i: int, off: int | None = None, size: int | None = None) -> bytes:
+        f = int(self._file_index[i])
+        off = int(self._offset[i]) if off is None else off
+        size = int(self.sizes[i]) if size is None else size
         path, key = self._paths[f], str(self.keys[i])
         try:
             fd = self._fds.get(f)
@@ -343,6 +374,15 @@ class TableDataset:
             raise DatasetError(f"{self.table_path}: sample {self.keys[i]}: offset {self._offset[i]} + size "
                                f"{self.sizes[i]} lies outside {os.path.basename(self._paths[fi[i]])}",
                                path=self.table_path, key=str(self.keys[i]))
+        for name in self.manifest.fields:
+            f = self.field_extents(name)
+            has = f.size >= 0
+            bad = has & ((f.offset < 0) | (f.offset + f.size > file_bytes[fi]))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise DatasetError(f"{self.table_path}: sample {self.keys[i]}: field {name!r} lies outside "
+                                   f"{os.path.basename(self._paths[fi[i]])}", path=self.table_path,
+                                   key=str(self.keys[i]))
 
     def _index(self, i: int) -> int:
         n = len(self)

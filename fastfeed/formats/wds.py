@@ -14,7 +14,8 @@ from typing import Iterator
 
 import numpy as np
 
-from fastfeed.formats.base import TableDataset, data_path, read_regular
+from fastfeed.formats.fields import FieldExtents, columns
+from fastfeed.formats.base import TableDataset, data_path, read_regular, shard_root
 from fastfeed.types import DatasetError, Sample
 
 __all__ = ["WdsDataset"]
@@ -36,8 +37,22 @@ class WdsDataset(TableDataset):
                 raise DatasetError(f"{self.table_path}: sample {key}: metadata extent lies outside its shard",
                                    path=self.table_path, key=key)
 
+    @property
+    def fields(self) -> list[str]:
+        names = super().fields
+        if "json" not in names and (self._table["meta_offset"] >= 0).any():
+            names.append("json")  # a packed dataset's metadata member
+        return names
+
+    def field_extents(self, name: str) -> FieldExtents:
+        if name == "json" and "json" not in self.manifest.fields:
+            t = self._table
+            size = np.where(t["meta_offset"] >= 0, t["meta_size"], -1)
+            return FieldExtents("json", t["meta_offset"].astype(np.int64), size.astype(np.int64), None)
+        return super().field_extents(name)
+
     def _locate(self):
-        paths = [data_path(self.root, s.path) for s in self.manifest.shards]
+        paths = [data_path(shard_root(self.root, self.manifest), s.path) for s in self.manifest.shards]
         return paths, self._table["shard"].astype(np.int32), self._table["offset"].astype(np.int64)
 
     def metadata(self, i: int) -> dict | None:
@@ -107,7 +122,7 @@ class WdsDataset(TableDataset):
             rows = np.flatnonzero(t["shard"] == s_idx)
             rows = rows[np.argsort(t["offset"][rows], kind="stable")]
             try:
-                lines = read_regular(data_path(self.root, idx_rel)).decode("utf-8").splitlines()
+                lines = read_regular(data_path(self.root, idx_rel)).decode("utf-8").splitlines()  # in the folder
             except (OSError, UnicodeDecodeError) as e:
                 errors.append(f"{idx_rel}: unreadable DALI index ({e})")
                 lines = None
@@ -127,7 +142,26 @@ class WdsDataset(TableDataset):
                         errors.append(f"{shard.path}: {self.describe(i)}: {problem}")
         return errors, [], ["DALI indexes, tar headers and .cls labels"]
 
+    def _adopted_members(self, i: int) -> list[tuple[str, int, int]]:
+        """(member name, data offset, size) of sample i's image and members, for a dataset of adopted shards."""
+        key = str(self.keys[i])
+        src = str(self.sources[i]) if self.sources is not None else ""
+        img = src.split(":", 1)[-1]
+        out = [(img if img.startswith(key + ".") else key + ".?", int(self._offset[i]), int(self.sizes[i]))]
+        for name in self.manifest.fields:
+            fe_off, fe_size, _ = (self._table[c][i] for c in columns(name))
+            if fe_size >= 0:
+                out.append((f"{key}.{name}", int(fe_off), int(fe_size)))
+        return out
+
     def _idx_problem(self, line: str, i: int) -> str | None:
+        if self.manifest.fields:  # adopted shards: every member the table names must be in the index
+            f = line.split()
+            entries = {(f[j + 1], f[j + 2]) for j in range(0, len(f) - 3, 4)}
+            for name, off, size in self._adopted_members(i)[1:]:
+                if (str(off), str(size)) not in entries:
+                    return f"entry {line[:200]!r} has no {name} at offset {off}, {size} bytes"
+            return None
         t = self._table
         key = str(t["key"][i])
         f = line.split()
@@ -145,6 +179,8 @@ class WdsDataset(TableDataset):
         return None
 
     def _tar_problem(self, fd: int, i: int) -> str | None:
+        if self.manifest.fields:
+            return self._adopted_tar_problem(fd, i)
         t = self._table
         key, off, size, label = str(t["key"][i]), int(t["offset"][i]), int(t["size"][i]), int(t["label"][i])
         hdr = _tar_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
@@ -158,6 +194,22 @@ class WdsDataset(TableDataset):
         raw = os.pread(fd, min(chdr[1], 32), cls_at + 512)
         if raw.strip() != b"%d" % label:
             return f"{key}.cls holds {raw[:20]!r}, samples.npz says label {label}"
+        return None
+
+
+    def _adopted_tar_problem(self, fd: int, i: int) -> str | None:
+        """Each member's tar header where the table says its data starts (the image's may be longer: trailing
+        bytes after its end marker are outside its extent), and the `.cls` member against the label."""
+        for n, (name, off, size) in enumerate(self._adopted_members(i)):
+            hdr = _tar_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
+            named = hdr is not None and (hdr[0].lower() == name.lower() or len(name) >= 100)  # longer: a pax name
+            if not named or (hdr[1] < size if n == 0 else hdr[1] != size):
+                return (f"tar header before offset {off} is {'damaged' if hdr is None else repr(hdr)}, samples.npz "
+                        f"says {name} of {size} bytes")
+            if name.endswith(".cls"):
+                raw = os.pread(fd, min(size, 32), off)
+                if raw.strip() != b"%d" % int(self.labels[i]):
+                    return f"{name} holds {raw[:20]!r}, samples.npz says label {self.labels[i]}"
         return None
 
 

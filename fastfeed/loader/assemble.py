@@ -28,6 +28,7 @@ from fastfeed.decode import crop_windows
 from fastfeed.decode.base import DECODE_ERROR, CorruptSampleError, replacement_map
 from fastfeed.detect.decoder import DetectRequest
 from fastfeed.image import jpeg
+from fastfeed.loader.fields import BAD_FIELD, MISSING_FIELD, SampleFields, collate
 from fastfeed.loader.ring import RingReadError
 from fastfeed.targets import Targets
 
@@ -39,7 +40,7 @@ _FILL_CANDIDATES = 64  # other samples of the epoch tried for a batch whose ever
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 # Why a batch position holds a copy of another sample (stats()["skipped"] keys; the same on every decoder).
-SKIP_CODES = ("read_error", "checksum", "not_image", "decode_error")
+SKIP_CODES = ("read_error", "checksum", "not_image", "decode_error", MISSING_FIELD, BAD_FIELD)
 
 
 class LoaderError(RuntimeError):
@@ -66,6 +67,7 @@ class SampleTable:
     read: Callable[[int], bytes]
     bad_checksums: Callable[..., list] | None = None
     targets: Targets | None = None  # task "detect": every sample's objects (fastfeed.targets)
+    fields: SampleFields | None = None  # Loader(fields=...): each read spans the image and these members
 
 
 class BatchAssembler:
@@ -102,7 +104,12 @@ class BatchAssembler:
             indices = np.asarray(rb.indices, dtype=np.int64)
             samples = rb.samples()
             digests = rb.digests
+        values = None
         try:
+            if self.table.fields is not None:  # each read spans the image and its members: cut them apart
+                samples, values, field_bad = self.table.fields.split(indices, samples)
+                for p, why in field_bad.items():
+                    bad.setdefault(p, why)
             for p, why in self._untrusted(indices, samples, digests).items():
                 bad.setdefault(p, why)
             if bad and s.on_error == "raise":
@@ -113,11 +120,11 @@ class BatchAssembler:
             with self.stats.timed("decode", n=len(indices)):
                 if stream is not None:
                     with torch.cuda.stream(stream):
-                        batch, replaced = self._decode(plan, j, decoder, indices, samples, bad)
+                        batch, replaced = self._decode(plan, j, decoder, indices, samples, bad, values)
                         event = torch.cuda.Event()
                         event.record(stream)
                 else:
-                    batch, replaced = self._decode(plan, j, decoder, indices, samples, bad)
+                    batch, replaced = self._decode(plan, j, decoder, indices, samples, bad, values)
                     event = None
         finally:
             del samples
@@ -127,9 +134,10 @@ class BatchAssembler:
         self.stats.add("batches", 1)
         return batch, event, [(code, self.table.keys[indices[p]], detail) for p, code, detail in replaced]
 
-    def _decode(self, plan, k, decoder, indices, samples, bad):
-        """Batch k of `plan` on the device — (images, labels) for classification, the detection dict for "detect" —
-        and [(position, code, detail)] of positions holding another sample."""
+    def _decode(self, plan, k, decoder, indices, samples, bad, values=None):
+        """Batch k of `plan` on the device — (images, labels) for classification, the detection dict for "detect",
+        a dict with `fields` — and [(position, code, detail)] of positions holding another sample. `values`: the
+        requested members' values by field, by position (SampleFields.split)."""
         s = self.settings
         try:
             result = decoder(samples, self._windows(plan, indices))
@@ -143,11 +151,30 @@ class BatchAssembler:
         replaced = [(r.position, *bad[r.position]) if r.position in bad else tuple(r) for r in result.replaced]
         sources = replacement_map([p for p, _, _ in replaced], len(indices))
         if self.table.targets is not None:
-            return self._finish_detection(plan, k, result, sources), replaced
+            return self._with_fields(self._finish_detection(plan, k, result, sources), values, sources), replaced
         labels = self.table.labels[torch.from_numpy(indices)]
         for dst, src in sources.items():
             labels[dst] = labels[src]
-        return (result.images, self._finish_labels(plan, k, labels, sources)), replaced
+        labels = self._finish_labels(plan, k, labels, sources)
+        if self.table.fields is None:
+            return (result.images, labels), replaced
+        return self._with_fields({"images": result.images, "labels": labels}, values, sources), replaced
+
+    def _with_fields(self, batch: dict, values: dict | None, sources: dict) -> dict:
+        """The batch dict with each requested field collated (a replaced position takes its source's values, as it
+        takes its pixels and label); "cls" is the labels."""
+        fields = self.table.fields
+        if fields is None:
+            return batch
+        for name in fields.names:
+            if fields.kinds[name] == "label":
+                batch[name] = batch["labels"]
+                continue
+            vals = list(values[name])
+            for dst, src in sources.items():
+                vals[dst] = vals[src]
+            batch[name] = collate(vals)
+        return batch
 
     def _windows(self, plan, indices: np.ndarray):
         """What the decoder is asked for samples `indices` in `plan`'s epoch: their crop windows, or for detection
@@ -197,20 +224,28 @@ class BatchAssembler:
         candidates = np.concatenate((order[start:], order[:start]))[:_FILL_CANDIDATES]
         for c in candidates.tolist():
             data, err = self._read_one(c)
+            values = None
+            if not err and self.table.fields is not None:
+                (data,), one_values, field_bad = self.table.fields.split(np.asarray([c]), [data])
+                err = field_bad.get(0)
+                values = {name: v * n for name, v in one_values.items()}  # n copies, as of its pixels
             if err or self._untrusted(np.asarray([c]), [data]):
                 continue
             everywhere = {p: -1 for p in range(n)}
             try:
                 if self.table.targets is not None:  # n copies of it: the detection geometry gives each its own
                     many = decoder([data] * n, self._windows(plan, np.full(n, c, dtype=np.int64)))
-                    return self._finish_detection(plan, k, many, everywhere), replaced
+                    return self._with_fields(self._finish_detection(plan, k, many, everywhere), values, {}), replaced
                 one = decoder([data], self._windows(plan, np.asarray([c])))
             except CorruptSampleError:
                 continue
             images = one.images.expand(n, *one.images.shape[1:]).contiguous(
                 memory_format=torch.channels_last if s.channels_last else torch.contiguous_format)
-            labels = self.table.labels[torch.full((n,), c, dtype=torch.int64)]
-            return (images, self._finish_labels(plan, k, labels, everywhere)), replaced
+            labels = self._finish_labels(plan, k, self.table.labels[torch.full((n,), c, dtype=torch.int64)],
+                                         everywhere)
+            if self.table.fields is None:
+                return (images, labels), replaced
+            return self._with_fields({"images": images, "labels": labels}, values, {}), replaced
         raise LoaderError(f"batch {k} of epoch {plan.epoch}: every sample is bad "
                           f"({self._names(indices, range(n))}) and none of {len(candidates)} other samples of the "
                           "epoch decodes either; check the dataset with `fastfeed verify`")

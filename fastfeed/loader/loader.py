@@ -93,6 +93,7 @@ from fastfeed.loader import lifecycle
 from fastfeed.loader.assemble import LoaderError, SampleTable
 from fastfeed.loader.compat import AccelerateState, EpochSampler, seeded_call
 from fastfeed.loader.epoch import EpochRun
+from fastfeed.loader.fields import plan_fields
 from fastfeed.loader.ring import PrefetchRing, auto_slot_bytes
 from fastfeed.loader.settings import LoaderSettings, ring_budget_bytes, resolve_settings
 from fastfeed.loader.stats import StageStats
@@ -154,6 +155,10 @@ class Loader:
         storage_options: for a dataset at a URL: passed to fsspec (endpoint, credentials); the environment
             (AWS_ENDPOINT_URL, ...) is read as s3fs does. cache_dir, cache_size: the local shard cache
             (default $FASTFEED_CACHE or ~/.cache/fastfeed, $FASTFEED_CACHE_SIZE; see fastfeed/remote/cache.py).
+        fields: members to return with each image, e.g. ["txt", "json"] (`Loader(path).dataset.fields` lists
+            what the samples carry; docs/fields.md). Batches are then dicts: "images", "labels", and each field
+            collated as DataLoader's default_collate would (numbers and same-shaped arrays as tensors, text and JSON
+            as lists); a sample without one of them is a bad record. batch_transform then gets the dict.
         **dataloader_kwargs: DataLoader arguments given out of habit: num_workers (-> decode threads),
             prefetch_factor (-> prefetch), pin_memory and persistent_workers (always on here); the others are
             ignored with one warning.
@@ -174,7 +179,7 @@ class Loader:
                  on_error: str = "skip", orientation: str = DEFAULT_ORIENTATION, verify_checksums: bool = True,
                  batch_transform=None, log_every: int | None = None, storage_options: dict | None = None,
                  cache_dir: str | None = None, cache_size: int | None = None, task: str | None = None,
-                 augment=None, epochs: int | None = None, **dataloader_kwargs):
+                 augment=None, epochs: int | None = None, fields=None, **dataloader_kwargs):
         self._closed = True  # until fully built: close() and __del__ then have nothing to undo
         self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
         args = dict(world=self.world, batch_size=batch_size, train=train, image_size=image_size, device=device,
@@ -184,7 +189,8 @@ class Loader:
                     pipelines=pipelines, on_error=on_error, orientation=orientation,
                     verify_checksums=verify_checksums, log_every=log_every, dataloader_kwargs=dataloader_kwargs)
         # Before the dataset is open its task is unknown: augment= alone says detection.
-        args.update(task=task or ("detect" if augment is not None else "classify"), augment=augment, epochs=epochs)
+        args.update(task=task or ("detect" if augment is not None else "classify"), augment=augment, epochs=epochs,
+                    fields=fields)
         self.settings: LoaderSettings = resolve_settings(**args)  # every argument checked before any I/O
         if batch_transform is not None and not callable(batch_transform):
             raise ValueError(f"batch_transform must be callable(images, labels), got {batch_transform!r}")
@@ -205,8 +211,13 @@ class Loader:
                              f"{self.world.world_size} and batch size {s.batch_size}: not one full batch per rank; "
                              "use drop_last=False or a smaller batch_size")
         self._stats = StageStats(stages=("read", "read_wait", "decode", "wait"))
-        self._table = self._sample_table()
-        extents = self.dataset.extents()
+        extents, fields = self.dataset.extents(), None
+        if s.fields:  # the ring reads each sample's image and requested members in one extent
+            if s.task == "detect" and "cls" in s.fields:
+                raise ValueError("fields=['cls'] is a classification label; a detection batch has each object's "
+                                 "label in 'labels'")
+            extents, fields = plan_fields(self.dataset, s.fields)
+        self._table = self._sample_table(extents, fields)
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
         self._pace = ConsumerPace()  # the loop's pace, which both tuners measure (fastfeed/tuning/)
         # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
@@ -222,7 +233,7 @@ class Loader:
         # epoch only compares: the training thread is not kept waiting for the GIL while batches are hashed.
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=s.reader_threads, num_slots=slots,
                                   slot_bytes=slot_bytes, pin_memory=s.device.type == "cuda",
-                                  digests=self._table.bad_checksums is not None)
+                                  digests=self._table.bad_checksums is not None and fields is None)
         # A training Loader's ring reads epoch 0 while the decoders are built (NOTE [Reading before the first
         # iteration]); a failed build must not leave it reading.
         self._primed = self._prime()
@@ -532,7 +543,7 @@ class Loader:
             pass
 
     # ------------------------------------------------------------------ internals
-    def _sample_table(self) -> SampleTable:
+    def _sample_table(self, extents, fields) -> SampleTable:
         ds = self.dataset
         check = None
         if self.settings.verify_checksums and getattr(ds, "checksums", None) is not None:
@@ -541,10 +552,12 @@ class Loader:
         widths, heights = oriented_size(ds.widths, ds.heights, getattr(ds, "orientations", None),
                                         self.settings.orientation)
         targets = read_targets(ds) if self.settings.task == "detect" else None
+        read = lambda i: ds.read(i, check=False)  # noqa: E731 - the epoch checks checksums, to count a mismatch
+        if fields is not None:  # what the ring would have read: the span of the image and its members
+            read = lambda i: ds.read_range(i, int(extents.offset[i]), int(extents.size[i]))  # noqa: E731
         return SampleTable(labels=torch.from_numpy(np.ascontiguousarray(ds.labels, dtype=np.int64)),
-                           widths=np.asarray(widths), heights=np.asarray(heights), keys=ds.keys,
-                           # the epoch checks checksums itself, so that a mismatch is counted as one
-                           read=lambda i: ds.read(i, check=False), bad_checksums=check, targets=targets)
+                           widths=np.asarray(widths), heights=np.asarray(heights), keys=ds.keys, read=read,
+                           bad_checksums=check, targets=targets, fields=fields)
 
     def _build_decoders(self) -> list:
         """One decoder per starting pipeline (a run's workers build more with `_new_decoder` when the tuner asks)."""

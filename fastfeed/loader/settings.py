@@ -25,6 +25,7 @@ from fastfeed.decode import resolve_kind
 from fastfeed.decode.base import ON_ERROR
 from fastfeed.decode.crop import ORIENTATIONS
 from fastfeed.detect.geometry import DetectAugment
+from fastfeed.formats.fields import value_kind
 from fastfeed.targets import TASKS
 from fastfeed.tuning.climber import DDP_START_MIN_CORES, DDP_START_SHARE, START_SHARE
 from fastfeed.types import ImageProfile
@@ -121,6 +122,7 @@ class LoaderSettings:
     task: str = "classify"  # what a batch holds: fastfeed.targets.TASKS
     augment: object = None  # task "detect": the fastfeed.detect.geometry.DetectAugment of training batches
     epochs: int | None = None  # the training run's length, for augmentations that end early (close_mosaic)
+    fields: tuple[str, ...] = ()  # members returned with each image (fastfeed/formats/fields.py); () = none
 
     @property
     def dtype_name(self) -> str:
@@ -162,7 +164,7 @@ class LoaderSettings:
 def resolve_settings(*, world: World, batch_size, train, image_size, device, decoder, dtype, channels_last, mean,
                      std, shuffle, seed, drop_last, order, num_threads, reader_threads, prefetch, hw_decoder_load,
                      pipelines, on_error, orientation, verify_checksums, log_every, task="classify", augment=None,
-                     epochs=None, dataloader_kwargs: dict | None = None,
+                     epochs=None, fields=None, dataloader_kwargs: dict | None = None,
                      images: ImageProfile | None = None) -> LoaderSettings:
     """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults.
     `images`: what the dataset's table says about its images, once it is open; decoder="auto" and the DALI thread
@@ -250,7 +252,22 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         task=task,
         augment=augment,
         epochs=epochs,
+        fields=_fields(fields),
     )
+
+
+def _fields(fields) -> tuple[str, ...]:
+    """fields= as a tuple of distinct names, each of a kind that may be read (no pickles: value_kind raises)."""
+    if fields is None:
+        return ()
+    if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+        raise ValueError(f"fields must be a list of member names such as ['txt', 'json'], got {fields!r}")
+    fields = tuple(fields)
+    if len(set(fields)) != len(fields) or {"images", "labels"} & set(fields):
+        raise ValueError(f"fields must be distinct names other than 'images' and 'labels', got {list(fields)}")
+    for f in fields:
+        value_kind(f)
+    return fields
 
 
 def _resolve_task(task, augment, epochs, decoder, orientation):

@@ -130,11 +130,13 @@ def jpeg_extra(transcoded: int, notes: list[dict], failed: int) -> dict:
 def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: list, rejected: list[dict], *,
                   classes: list[str], class_to_idx: dict[str, int], source: str, source_kind: str, options: dict,
                   part: dict | None, created_by: str, extra: dict, task: str = "classify",
-                  objects: dict | None = None) -> Manifest:
+                  objects: dict | None = None, fields: list[str] | None = None, data_root: str = "",
+                  version: int | None = None) -> Manifest:
     """The one manifest builder (pack and merge): write samples.npz and rejected.jsonl, derive every count and
     statistic from the table, and write the manifest last (its presence makes the folder a dataset).
     task "detect": format version 3; `objects` is pack.annotations.annotation_stats(...); the box counts of
-    `changes` come from the rejected records (pack.annotations.sample_issues), so pack and merge agree."""
+    `changes` come from the rejected records (pack.annotations.sample_issues), so pack and merge agree.
+    `fields`, `data_root`, `version`: shards adopted by `fastfeed index` (format version 4, fastfeed/types.py)."""
     samples_xxh3 = write_table(folder, table)
     write_rejected(folder, rejected)
     changes = change_counts(table.get("change"))
@@ -158,9 +160,11 @@ def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: 
         extra=extra,
         samples_xxh3=samples_xxh3,
         changes=changes,
-        version=DETECT_FORMAT_VERSION if task == "detect" else FORMAT_VERSION,
+        version=version or (DETECT_FORMAT_VERSION if task == "detect" else FORMAT_VERSION),
         task=task,
         objects=dict(objects or {}),
+        fields=list(fields or []),
+        data_root=data_root,
     )
     write_manifest(folder, manifest)
     return manifest

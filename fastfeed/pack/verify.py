@@ -24,7 +24,10 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fastfeed.datasets import open_dataset
+from fastfeed.formats.base import data_path, shard_root
 from fastfeed.formats.integrity import checksum, sha256_file
 from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
 from fastfeed.types import DatasetError
@@ -77,7 +80,7 @@ def _name(ds, i: int) -> str:
 def _check_files(ds, report: VerifyReport) -> set[str]:
     damaged = set()
     for shard in ds.manifest.shards:
-        digest = sha256_file(os.path.join(ds.root, shard.path))
+        digest = sha256_file(data_path(shard_root(ds.root, ds.manifest), shard.path))
         if digest != shard.sha256:
             damaged.add(shard.path)
             report.errors.append(f"{shard.path}: sha256 {digest[:16]}... differs from the manifest's "
@@ -109,7 +112,26 @@ def _check_samples(ds, report: VerifyReport) -> list[int]:
         good.append(i)
     if sums is not None:
         report.checked.append("per-sample checksums")
+    _check_fields(ds, report)
     return good
+
+
+def _check_fields(ds, report: VerifyReport) -> None:
+    """Every member of an adopted dataset's samples against its xxh3 in the table."""
+    names = [n for n in getattr(ds.manifest, "fields", []) if ds.field_extents(n).checksum is not None]
+    for name in names:
+        fe = ds.field_extents(name)
+        for i in np.flatnonzero(fe.size >= 0).tolist():
+            try:
+                data = ds.read_range(i, int(fe.offset[i]), int(fe.size[i]))
+            except DatasetError as e:
+                report.errors.append(f"{ds.file_of(i)}: {_name(ds, i)}: .{name} unreadable ({e})")
+                continue
+            if checksum(data) != int(fe.checksum[i]):
+                report.errors.append(f"{os.path.relpath(ds.file_of(i), ds.root)}: {_name(ds, i)}: .{name} member "
+                                     "checksum mismatch (bytes changed after indexing)")
+    if names:
+        report.checked.append("member checksums")
 
 
 def _decode_all(ds, report: VerifyReport, indices: list[int], workers: int | None) -> None:

@@ -1,0 +1,80 @@
+"""Named fields: the members a sample carries besides its image (webdataset's convention: `KEY.txt`, `KEY.json`,
+`KEY.npy`, ... beside `KEY.jpg`), where they lie and what their bytes mean.
+
+Where: a dataset's table holds, per field, each sample's member extent in the image's data file and its xxh3
+(`field.NAME.offset`, `field.NAME.size`, `field.NAME.checksum`; size -1 where a sample has no such member). A
+packed dataset's `.json` member is field "json" and its label is field "cls".
+
+What: the value of a member follows from its extension's last part, as webdataset's default decoders read them,
+except that nothing is unpickled: `.pyd`, `.pickle`, `.pth` and `.pt` members are refused, and `.npy` is read with
+`allow_pickle=False`. Any other extension (a second image, `.mp3`, ...) is handed over as its bytes.
+"""
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["FieldExtents", "FieldError", "columns", "value_kind", "decode_value", "PICKLED", "INT_EXTS",
+           "TEXT_EXTS", "JSON_EXTS"]
+
+INT_EXTS = ("cls", "cls2", "index", "inx", "id")
+TEXT_EXTS = ("txt", "text", "transcript")
+JSON_EXTS = ("json", "jsn")
+PICKLED = ("pyd", "pickle", "pth", "pt")  # never read from a dataset
+
+
+class FieldError(ValueError):
+    """A member's bytes are not what its extension says (not UTF-8, not JSON, not a numpy array, ...)."""
+
+
+@dataclass(frozen=True)
+class FieldExtents:
+    """Field `name` of every sample: `size[i]` bytes at `offset[i]` of sample i's data file (size -1: absent);
+    `checksum`: uint64 xxh3_64 of each member's bytes, None where the dataset has none."""
+
+    name: str
+    offset: np.ndarray  # int64[N]
+    size: np.ndarray  # int64[N]
+    checksum: np.ndarray | None  # uint64[N]
+
+
+def columns(name: str) -> tuple[str, str, str]:
+    """The table columns of field `name`: (offset, size, checksum)."""
+    return f"field.{name}.offset", f"field.{name}.size", f"field.{name}.checksum"
+
+
+def value_kind(name: str) -> str:
+    """"int", "text", "json", "npy" or "bytes": what decode_value makes of the field's members."""
+    last = name.rsplit(".", 1)[-1]
+    if last in PICKLED:
+        raise ValueError(f"field {name!r}: pickled members are never read from a dataset (they can run code); "
+                         "store arrays as .npy, objects as .json")
+    if last in INT_EXTS:
+        return "int"
+    if last in TEXT_EXTS:
+        return "text"
+    if last in JSON_EXTS:
+        return "json"
+    if last == "npy":
+        return "npy"
+    return "bytes"
+
+
+def decode_value(kind: str, raw):
+    """The value of one member's bytes (`raw`: bytes-like) for a field of `kind` (value_kind); FieldError when the
+    bytes do not hold one."""
+    try:
+        if kind == "int":
+            return int(bytes(raw).strip())
+        if kind == "text":
+            return bytes(raw).decode("utf-8")
+        if kind == "json":
+            return json.loads(bytes(raw))
+        if kind == "npy":
+            return np.load(io.BytesIO(bytes(raw)), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise FieldError(f"not a valid {kind} member ({type(e).__name__}: {str(e)[:200]})") from None
+    return bytes(raw)

@@ -1,0 +1,110 @@
+"""`Loader(fields=[...])`: the members a sample carries besides its image, read with it and handed out with it.
+
+A sample's image and its requested members lie together in one shard (a webdataset sample is consecutive tar
+members), so the ring reads one extent per sample that spans them all: no read of its own per field, no GIL held
+per sample for I/O. `SampleFields.split` cuts each read into the image (what the decoder gets) and the members'
+bytes, and checks each member (present, checksum, value): a sample that fails is a bad record like a broken image,
+replaced in its batch or raised on, per `on_error`. `collate` makes a batch's values what a DataLoader's
+default_collate would: numbers and same-shaped arrays stacked into tensors, text and JSON as lists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fastfeed.formats.fields import FieldError, decode_value, value_kind
+from fastfeed.formats.integrity import checksum
+from fastfeed.types import Extents
+
+__all__ = ["SampleFields", "plan_fields", "collate", "MISSING_FIELD", "BAD_FIELD"]
+
+MISSING_FIELD = "missing_field"  # the sample has no such member
+BAD_FIELD = "bad_field"  # the member's bytes are not a value of its kind (not UTF-8, JSON, .npy, ...)
+
+
+@dataclass(frozen=True)
+class SampleFields:
+    """Where each requested member lies relative to the start of its sample's read (`at`, -1 sizes: absent), its
+    checksum (None: not recorded), and the image's place in the read. "cls" is the label column: never read."""
+
+    names: tuple[str, ...]
+    kinds: dict  # name -> value_kind, or "label"
+    image_at: np.ndarray  # int64[N]
+    image_size: np.ndarray  # int64[N]
+    at: dict  # name -> int64[N]
+    size: dict  # name -> int64[N]
+    checksum: dict  # name -> uint64[N] | None
+
+    def split(self, indices: np.ndarray, reads: list) -> tuple[list, dict, dict]:
+        """(images, {name: [value per position]}, {position: (code, detail)}) for one batch of the ring's reads
+        (uint8 views; an empty one is a failed read, already reported)."""
+        images, bad = [], {}
+        values = {n: [None] * len(indices) for n in self.names if self.kinds[n] != "label"}
+        for p, (i, raw) in enumerate(zip(indices.tolist(), reads)):
+            if not len(raw):
+                images.append(raw)
+                continue
+            a = int(self.image_at[i])
+            images.append(raw[a:a + int(self.image_size[i])])
+            for name, out in values.items():
+                at, size = int(self.at[name][i]), int(self.size[name][i])
+                if size < 0:
+                    bad.setdefault(p, (MISSING_FIELD, f"no .{name} member"))
+                    continue
+                member = raw[at:at + size]
+                sums = self.checksum[name]
+                if sums is not None and checksum(member) != int(sums[i]):
+                    bad.setdefault(p, ("checksum", f"its .{name} member does not match the checksum in the table"))
+                    continue
+                try:
+                    out[p] = decode_value(self.kinds[name], member)
+                except FieldError as e:
+                    bad.setdefault(p, (BAD_FIELD, f".{name}: {e}"))
+        return images, values, bad
+
+
+def plan_fields(dataset, names: tuple[str, ...]) -> tuple[Extents, SampleFields]:
+    """The ring's extents (one per sample, spanning its image and every requested member) and the SampleFields
+    that split them. ValueError naming what the dataset has when a field is not there."""
+    have = dataset.fields
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise ValueError(f"{dataset.root}: the samples carry no {missing} member; they carry {have}"
+                         + ("" if len(dataset.manifest.shards) and dataset.manifest.kind == "wds"
+                            else " (fields are read from WebDataset shards)"))
+    if dataset.manifest.kind != "wds" and any(n != "cls" for n in names):
+        raise ValueError(f"{dataset.root}: fields other than 'cls' are read from WebDataset shards; this dataset "
+                         f"is {dataset.manifest.kind!r} (pack it with --format wds)")
+    base = dataset.extents()
+    start, end = base.offset.copy(), base.offset + base.size
+    at, size, sums, kinds = {}, {}, {}, {}
+    for n in names:
+        if n == "cls":
+            kinds[n] = "label"
+            continue
+        kinds[n] = value_kind(n)
+        fe = dataset.field_extents(n)
+        has = fe.size >= 0
+        start = np.where(has, np.minimum(start, fe.offset), start)
+        end = np.where(has, np.maximum(end, fe.offset + fe.size), end)
+        at[n], size[n], sums[n] = fe.offset, fe.size, fe.checksum
+    for n in at:
+        at[n] = at[n] - start
+    spans = Extents(base.paths, base.file_index, start, end - start)
+    return spans, SampleFields(tuple(names), kinds, base.offset - start, base.size.astype(np.int64), at, size, sums)
+
+
+def collate(values: list):
+    """One field's values for a batch, as torch's default_collate gives them: ints -> int64 tensor, arrays of one
+    shape and dtype -> one stacked tensor, anything else (text, JSON objects, bytes, ragged arrays) -> a list."""
+    first = values[0]
+    if all(isinstance(v, int) for v in values):
+        return torch.tensor(values, dtype=torch.int64)
+    if isinstance(first, np.ndarray) and all(isinstance(v, np.ndarray) and v.shape == first.shape
+                                             and v.dtype == first.dtype for v in values):
+        return torch.from_numpy(np.stack(values))
+    if isinstance(first, np.ndarray):
+        return [torch.from_numpy(np.array(v)) for v in values]
+    return list(values)

@@ -1,0 +1,263 @@
+"""`fastfeed index`: adopt WebDataset shards written by anyone (webdataset's ShardWriter, img2dataset, tarp) where
+they lie, without rewriting a byte of them.
+
+It reads every shard once and writes what `fastfeed pack` would have written beside its own shards: the sample
+table (each sample's image and every other member as a named field: offsets, sizes, xxh3), DALI's `.idx` per shard,
+the rejected-sample report and the manifest (format version 4), last. Into the shards' folder by default, or into
+another folder (`out`) when the shards' folder is read-only; the manifest then names the shards' folder
+(`data_root`).
+
+Samples follow webdataset's rule: consecutive members whose names share the part before the first dot of the base
+name form one sample, and the rest of the name is the member's extension (lower-cased). The image is the sample's
+`jpg`, `jpeg` or `png` member (or `image_ext`); `cls` is its label. The image gets pack's checks
+(fastfeed/pack/validate.py). A sample whose image pack would store differently (a CMYK JPEG, a WebP, a JPEG whose scans
+leave pixels uncoded) is rejected with the reason rather than rewritten: `fastfeed pack` is the way to store those.
+Trailing bytes after an image's end marker are left in the shard and outside the image's extent.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import mmap
+import os
+import re
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from fastfeed.formats.fields import columns, value_kind
+from fastfeed.pack.table import write_dataset
+from fastfeed.pack.validate import TRIMMED, Loaded, LoadOptions, check_image
+from fastfeed.pack.writers import atomic_write
+from fastfeed.types import ADOPTED_FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, ShardInfo
+
+__all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards"]
+
+IMAGE_EXTS = ("jpg", "jpeg", "png")  # what the decoders read as stored, in order of preference
+_OTHER_IMAGES = ("webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2")
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext
+_IDX_VERSION = "v1.2"
+_TABLE_COLUMNS = ("key", "label", "width", "height", "jpeg", "transcoded", "hw_decodable", "size", "source",
+                  "checksum", "orientation", "change", "shard", "offset", "meta_offset", "meta_size")
+
+
+@dataclass
+class _Sample:
+    key: str
+    members: list  # [(ext, offset, size, name)] in tar order
+
+
+@dataclass
+class _ShardResult:
+    rows: dict = field(default_factory=lambda: {c: [] for c in _TABLE_COLUMNS})
+    fields: list = field(default_factory=list)  # per accepted sample: {ext: (offset, size, xxh3)}
+    idx_lines: list = field(default_factory=list)
+    rejected: list = field(default_factory=list)
+    sha256: str = ""
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    manifest: Manifest
+    out: str
+    rejected: list
+
+
+def find_shards(src: str) -> tuple[str, list[str]]:
+    """(the shards' folder, their paths relative to it) for a folder (every `.tar` in it and below, sorted), a
+    glob (`data/*.tar`) or a brace pattern (`data/shard-{000000..000099}.tar`)."""
+    src = os.fspath(src)
+    if os.path.isdir(src):
+        root = os.path.abspath(src)
+        rels = sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "**", "*.tar"), recursive=True))
+    else:
+        paths = [p for pattern in _braces(src) for p in (sorted(glob.glob(pattern)) if glob.has_magic(pattern)
+                                                       else [pattern])]
+        missing = [p for p in paths if not os.path.isfile(p)]
+        if missing:
+            raise DatasetError(f"{src}: no such shard {missing[0]}" + (f" (and {len(missing) - 1} more)"
+                                                                       if len(missing) > 1 else ""), path=missing[0])
+        paths = [os.path.abspath(p) for p in paths]
+        root = os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else os.path.abspath(".")
+        rels = [os.path.relpath(p, root) for p in paths]
+    if not rels:
+        raise DatasetError(f"{src}: no .tar shards found", path=src)
+    return root, rels
+
+
+def _braces(pattern: str) -> list[str]:
+    """webdataset's brace notation: `{000..012}` (zero padding kept) and `{a,b}`, nested left to right."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    body, head, tail = m.group(1), pattern[:m.start()], pattern[m.end():]
+    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    items = ([str(i).zfill(len(r.group(1))) for i in range(int(r.group(1)), int(r.group(2)) + 1)] if r
+             else body.split(","))
+    return [p for item in items for p in _braces(head + item + tail)]
+
+
+def index_shards(src: str, out: str | None = None, *, image_ext: str | None = None, threads: int | None = None,
+                 scan_check: bool = True, overwrite: bool = False) -> IndexReport:
+    """Adopt the shards `src` names (find_shards) as a fastfeed dataset written to `out` (default: the shards'
+    folder). Raises DatasetError when no sample is usable or `out` already holds a dataset (unless `overwrite`)."""
+    root, rels = find_shards(src)
+    out = os.path.abspath(out) if out else root
+    os.makedirs(out, exist_ok=True)
+    if os.path.exists(os.path.join(out, MANIFEST_NAME)) and not overwrite:
+        raise DatasetError(f"{out}: already holds a dataset ({MANIFEST_NAME}); pass overwrite=True (--overwrite) to "
+                           "index again", path=out)
+    if image_ext is not None and image_ext not in IMAGE_EXTS:
+        raise ValueError(f"image_ext must be one of {IMAGE_EXTS}, got {image_ext!r}")
+    opts = LoadOptions(scan_check=scan_check)
+    workers = threads or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastfeed-index") as pool:
+        results = list(pool.map(lambda a: _index_shard(os.path.join(root, a[1]), a[1], a[0], image_ext, opts),
+                                enumerate(rels)))
+    rejected = [r for res in results for r in res.rejected]
+    rows = {c: [v for res in results for v in res.rows[c]] for c in _TABLE_COLUMNS}
+    per_sample = [f for res in results for f in res.fields]
+    if not per_sample:
+        raise DatasetError(f"{src}: no usable sample in {len(rels)} shard(s) ({len(rejected)} rejected; first: "
+                           f"{rejected[0]['reason'] if rejected else 'no members'})", path=root)
+    names = sorted({ext for f in per_sample for ext in f})
+    for name in names:
+        value_kind(name)  # a pickled member fails here, by name, rather than when someone asks for it
+    table = _table(rows, per_sample, names)
+    labels = table["label"]
+    classes = [str(i) for i in range(int(labels.max()) + 1)] if (labels >= 0).any() else []
+    for rel, res in zip(rels, results):
+        idx = f"{_IDX_VERSION} {len(res.idx_lines)}\n" + "".join(line + "\n" for line in res.idx_lines)
+        idx_path = os.path.join(out, rel[: -len(".tar")] + ".idx")
+        os.makedirs(os.path.dirname(idx_path), exist_ok=True)
+        atomic_write(idx_path, idx.encode("utf-8"))
+    shards = [ShardInfo(rel, res.bytes, res.sha256, len(res.idx_lines)) for rel, res in zip(rels, results)]
+    manifest = write_dataset(
+        out, "wds", table, shards, rejected, classes=classes, class_to_idx={c: i for i, c in enumerate(classes)},
+        source=root, source_kind="shards", options={"image_ext": image_ext, "scan_check": scan_check},
+        part=None, created_by="fastfeed index", extra={}, fields=names,
+        data_root="" if out == root else root, version=ADOPTED_FORMAT_VERSION)
+    return IndexReport(manifest, out, rejected)
+
+
+def _table(rows: dict, per_sample: list[dict], names: list[str]) -> dict[str, np.ndarray]:
+    dtypes = {"label": np.int64, "width": np.int32, "height": np.int32, "jpeg": np.uint8, "transcoded": np.bool_,
+              "hw_decodable": np.bool_, "size": np.int64, "checksum": np.uint64, "orientation": np.uint8,
+              "shard": np.int32, "offset": np.int64, "meta_offset": np.int64, "meta_size": np.int64}
+    table = {c: np.asarray(rows[c], dtype=dtypes.get(c, str)) for c in _TABLE_COLUMNS}
+    for name in names:
+        cells = [f.get(name, (-1, -1, 0)) for f in per_sample]
+        off_col, size_col, sum_col = columns(name)
+        table[off_col] = np.array([c[0] for c in cells], dtype=np.int64)
+        table[size_col] = np.array([c[1] for c in cells], dtype=np.int64)
+        table[sum_col] = np.array([c[2] for c in cells], dtype=np.uint64)
+    return table
+
+
+def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: LoadOptions) -> _ShardResult:
+    res = _ShardResult()
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DatasetError(f"{path}: unreadable ({e.strerror or e})", path=path) from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        res.bytes = size
+        if size == 0:
+            res.rejected.append({"source": rel, "reason": "empty file, not a tar archive"})
+            res.sha256 = hashlib.sha256().hexdigest()
+            return res
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            res.sha256 = hashlib.sha256(mm).hexdigest()  # releases the GIL: the shards hash side by side
+            samples, problem = _samples(f, size, rel, res.rejected)
+            view = memoryview(mm)
+            try:
+                for s in samples:
+                    _add_sample(res, view, s, rel, shard, image_ext, opts)
+            finally:
+                view.release()
+    if problem:
+        res.rejected.append({"source": rel, "reason": problem})
+    return res
+
+
+def _samples(f, size: int, rel: str, rejected: list) -> tuple[list[_Sample], str | None]:
+    """The shard's samples, grouped as webdataset groups them, and what stopped the walk early (a damaged header,
+    a member cut short) or None."""
+    samples: list[_Sample] = []
+    problem = None
+    try:
+        with tarfile.open(fileobj=f, mode="r:") as tar:
+            for ti in tar:
+                if not ti.isfile():
+                    continue
+                if ti.offset_data + ti.size > size:
+                    problem = f"member {ti.name} runs past the end of the file (truncated shard); the rest is lost"
+                    break
+                m = _KEY_EXT.match(ti.name)
+                if m is None:
+                    rejected.append({"source": f"{rel}:{ti.name}", "reason": "member name has no extension"})
+                    continue
+                key, ext = m.group(1), m.group(2).lower()
+                if samples and samples[-1].key == key:
+                    samples[-1].members.append((ext, ti.offset_data, ti.size, ti.name))
+                else:
+                    samples.append(_Sample(key, [(ext, ti.offset_data, ti.size, ti.name)]))
+    except (tarfile.TarError, EOFError) as e:
+        problem = f"damaged tar archive ({e}); the members after the last good one are lost"
+    return samples, problem
+
+
+def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, rel: str, shard: int, image_ext: str | None,
+                opts: LoadOptions) -> None:
+    def reject(reason: str) -> None:
+        res.rejected.append({"source": f"{rel}:{s.key}", "key": s.key, "reason": reason})
+
+    exts = [m[0] for m in s.members]
+    dup = sorted({e for e in exts if exts.count(e) > 1})
+    if dup:
+        return reject(f"duplicate member(s) {', '.join(s.key + '.' + e for e in dup)}")
+    members = {m[0]: m for m in s.members}
+    wanted = (image_ext,) if image_ext else IMAGE_EXTS
+    img_ext = next((e for e in wanted if e in members), None)
+    if img_ext is None:
+        other = [e for e in exts if e in _OTHER_IMAGES]
+        if other:
+            return reject(f"image stored as .{other[0]}: the decoders read JPEG and PNG as stored, and `fastfeed "
+                          "index` never rewrites a shard; store it with `fastfeed pack`")
+        return reject(f"no image member (members: {', '.join(exts)})")
+    _, off, size, _ = members[img_ext]
+    got = check_image(view[off:off + size], opts)
+    if not isinstance(got, Loaded):
+        return reject(got.reason)
+    if got.change not in (None, TRIMMED):
+        return reject(f"the decoders would not read this image as stored ({got.change}), and `fastfeed index` "
+                      "never rewrites a shard; store it with `fastfeed pack`")
+    size = len(got.data)  # TRIMMED: the image's extent ends at its end marker; the trailing bytes stay unread
+    label = -1
+    if "cls" in members:
+        _, coff, csize, cname = members["cls"]
+        try:
+            label = int(bytes(view[coff:coff + csize]).strip())
+        except ValueError:
+            return reject(f"{cname} is not an integer label")
+        if label < 0:
+            return reject(f"{cname} holds a negative label ({label})")
+    fields = {}
+    for ext, moff, msize, _ in s.members:
+        if ext != img_ext:
+            fields[ext] = (moff, msize, xxhash.xxh3_64_intdigest(view[moff:moff + msize]))
+    rows = res.rows
+    for c, v in (("key", s.key), ("label", label), ("width", got.width), ("height", got.height),
+                 ("jpeg", got.jpeg_kind), ("transcoded", False), ("hw_decodable", got.hw_decodable),
+                 ("size", size), ("source", f"{rel}:{s.key}.{img_ext}"),
+                 ("checksum", xxhash.xxh3_64_intdigest(view[off:off + size])), ("orientation", got.orientation),
+                 ("change", got.change or ""), ("shard", shard), ("offset", off), ("meta_offset", -1),
+                 ("meta_size", 0)):
+        rows[c].append(v)
+    res.fields.append(fields)
+    res.idx_lines.append(" ".join(f"{ext} {moff} {msize} {name}" for ext, moff, msize, name in s.members))

@@ -1,0 +1,248 @@
+"""`fastfeed index` on shards written by the webdataset library itself, and `Loader(fields=...)` on them.
+
+The oracle is what was written: every sample's image is a flat colour that names it, so a decoded image says which
+sample it is, and its caption, JSON, array and label must be that sample's, through shuffling, DDP shares, resume and
+replaced bad records.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import webdataset as wds
+from PIL import Image
+
+import fastfeed
+from fastfeed.pack.index import find_shards, index_shards
+from fastfeed.pack.verify import verify
+from fastfeed.types import DatasetError
+
+N, PER_SHARD, SIZE = 40, 16, 32
+
+
+def colour(i: int) -> tuple[int, int, int]:
+    return (40 + 5 * i, 200 - 4 * i, (90 + 37 * i) % 256)
+
+
+def jpeg(i: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (SIZE + i % 5, SIZE), colour(i)).save(buf, format="JPEG", quality=95)
+    return buf.getvalue()
+
+
+def sample(i: int) -> dict:
+    return {"__key__": f"img/{i:05d}", "jpg": jpeg(i), "txt": f"a photo of sample {i}",
+            "json": {"id": i, "tags": ["x"] * (i % 3)}, "npy": np.arange(4, dtype=np.float32) + i, "cls": i % 3}
+
+
+def write_shards(folder: Path, samples) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(folder / "part-%04d.tar"), maxcount=PER_SHARD, verbose=0) as sink:
+        for s in samples:
+            sink.write(s)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return write_shards(tmp_path_factory.mktemp("wds") / "shards", (sample(i) for i in range(N)))
+
+
+@pytest.fixture(scope="module")
+def adopted(shards, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("adopted") / "ds"
+    index_shards(str(shards), str(out))
+    return out
+
+
+def which(images: torch.Tensor) -> list[int]:
+    """The sample each decoded image shows (its flat colour, the nearest of colour(i))."""
+    means = images.float().mean(dim=(2, 3)).numpy()
+    table = np.array([colour(i) for i in range(N)], dtype=np.float64)
+    return [int(np.argmin(((table - m) ** 2).sum(1))) for m in means]
+
+
+def check_batch(batch: dict) -> list[int]:
+    ids = which(batch["images"])
+    for p, i in enumerate(ids):
+        assert batch["txt"][p] == f"a photo of sample {i}"
+        assert batch["json"][p] == {"id": i, "tags": ["x"] * (i % 3)}
+        assert torch.equal(batch["npy"][p], torch.arange(4, dtype=torch.float32) + i)
+        assert int(batch["cls"][p]) == int(batch["labels"][p])
+        assert int(batch["labels"][p]) in (i % 3, fastfeed.IGNORE_INDEX)  # evaluation: replaced positions ignored
+    return ids
+
+
+def loader(path, **kw) -> fastfeed.Loader:
+    kw = {"batch_size": 8, "image_size": 16, "device": "cpu", "decoder": "cpu", "dtype": torch.uint8,
+          "fields": ["txt", "json", "npy", "cls"], **kw}
+    return fastfeed.Loader(path, **kw)
+
+
+def test_index_adopts_the_shards_without_changing_a_byte(shards, tmp_path):
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in shards.glob("*.tar")}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.tar")}
+    report = index_shards(str(shards), str(tmp_path / "ds"))
+    m = report.manifest
+    assert (m.num_samples, len(m.shards), m.rejected) == (N, 3, 0)
+    assert m.fields == ["cls", "json", "npy", "txt"] and m.classes == ["0", "1", "2"]
+    assert m.data_root == str(shards) and m.version == 4
+    assert [s.sha256 for s in m.shards] == [before[n] for n in sorted(before)]
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in shards.glob("*.tar")} == before
+    assert {p.name: p.stat().st_mtime_ns for p in shards.glob("*.tar")} == mtimes
+    ds = fastfeed.open_dataset(tmp_path / "ds")
+    assert list(ds.keys[:2]) == ["img/00000", "img/00001"]
+    for i in range(N):  # every image's bytes are the JPEG the writer was given
+        assert ds.read(i) == jpeg(i)
+    assert verify(str(tmp_path / "ds")).ok
+
+
+def test_index_beside_the_shards(tmp_path):
+    src = write_shards(tmp_path / "s", (sample(i) for i in range(5)))
+    index_shards(str(src))  # default: next to the shards
+    assert sorted(p.name for p in src.iterdir()) == ["fastfeed.json", "part-0000.idx", "part-0000.tar",
+                                                     "rejected.jsonl", "samples.npz"]
+    assert fastfeed.open_dataset(src).manifest.data_root == ""
+    with loader(src, train=False) as ld:
+        assert sorted(i for b in ld for i in check_batch(b)) == list(range(5))
+
+
+def test_every_sample_comes_with_its_own_fields_shuffled_and_in_evaluation(adopted):
+    for train in (True, False):
+        with loader(adopted, train=train, drop_last=False) as ld:
+            seen = [i for b in ld for i in check_batch(b)]
+        assert sorted(seen) == list(range(N))
+
+
+def test_ddp_shares_and_resume_keep_each_field_with_its_image(adopted):
+    shares = []
+    for rank in (0, 1):
+        with loader(adopted, rank=rank, world_size=2, drop_last=False) as ld:
+            shares.append([i for b in ld for i in check_batch(b)])
+    assert sorted(shares[0] + shares[1]) == list(range(N)) and not set(shares[0]) & set(shares[1])
+
+    with loader(adopted, seed=3) as ld:
+        full = [check_batch(b) for b in ld]
+    with loader(adopted, seed=3) as ld:
+        it = iter(ld)
+        first = [check_batch(next(it)) for _ in range(2)]
+        state = ld.state_dict()
+    with loader(adopted, seed=3) as ld:
+        ld.load_state_dict(state)
+        rest = [check_batch(b) for b in ld]
+    assert first + rest == full
+
+
+def test_ragged_arrays_and_other_members_come_as_lists(tmp_path):
+    def s(i):
+        return {"__key__": f"k{i}", "png": _png(i), "npy": np.zeros(i + 1, np.int16), "seg.png": _png(i + 1),
+                "cls": i}
+    src = write_shards(tmp_path / "s", (s(i) for i in range(3)))
+    index_shards(str(src))
+    with fastfeed.Loader(src, batch_size=3, train=False, image_size=8, device="cpu", decoder="cpu",
+                         fields=["npy", "seg.png"]) as ld:
+        (b,) = list(ld)
+    assert [a.tolist() for a in b["npy"]] == [[0], [0, 0], [0, 0, 0]]
+    assert b["seg.png"] == [_png(1), _png(2), _png(3)]  # a second image: its bytes, as stored
+
+
+def _png(i: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), colour(i)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_broken_samples_are_rejected_by_name_and_the_rest_adopted(tmp_path):
+    good = [sample(i) for i in range(4)]
+    bad = [
+        {"__key__": "no-image", "txt": "only a caption"},
+        {"__key__": "cut", "jpg": jpeg(5)[:300], "cls": 1},
+        {"__key__": "webp", "webp": b"RIFF\x00\x00\x00\x00WEBPVP8 ", "cls": 1},
+        {"__key__": "bad-label", "jpg": jpeg(6), "cls": "seven"},
+    ]
+    src = write_shards(tmp_path / "s", good[:2] + bad + good[2:])
+    report = index_shards(str(src))
+    reasons = {r["key"]: r["reason"] for r in report.rejected}
+    assert set(reasons) == {"no-image", "cut", "webp", "bad-label"}
+    assert "no image member" in reasons["no-image"] and "webp" in reasons["webp"]
+    assert "integer" in reasons["bad-label"]
+    assert report.manifest.num_samples == 4 and report.manifest.rejected == 4
+    rejected = [json.loads(line) for line in (src / "rejected.jsonl").read_text().splitlines()]
+    assert {r["key"] for r in rejected} == set(reasons)
+
+
+def test_a_truncated_shard_keeps_the_samples_before_the_cut(tmp_path):
+    src = write_shards(tmp_path / "s", (sample(i) for i in range(PER_SHARD)))
+    tar = src / "part-0000.tar"
+    data = tar.read_bytes()
+    tar.write_bytes(data[: len(data) // 2])
+    report = index_shards(str(src))
+    assert 0 < report.manifest.num_samples < PER_SHARD
+    assert any("truncated" in r["reason"] or "damaged" in r["reason"] for r in report.rejected)
+    with loader(src, train=False) as ld:
+        assert sorted(i for b in ld for i in check_batch(b)) == list(range(report.manifest.num_samples))
+
+
+def test_a_missing_or_damaged_member_is_a_bad_record(tmp_path):
+    samples = [sample(i) for i in range(8)]
+    del samples[3]["txt"]
+    src = write_shards(tmp_path / "s", samples)
+    index_shards(str(src))
+    ds = fastfeed.open_dataset(src)
+    fe = ds.field_extents("json")
+    k = 5
+    with open(ds.file_of(k), "r+b") as f:  # flip a byte of sample 5's JSON after indexing
+        f.seek(int(fe.offset[k]))
+        f.write(b"X")
+    with loader(src, train=False, batch_size=8) as ld:
+        (b,) = list(ld)
+        stats = ld.stats()
+    ids = which(b["images"])
+    assert 3 not in ids and 5 not in ids  # their positions hold other samples, with those samples' fields
+    check_batch(b)
+    assert stats["skipped"]["by_reason"] == {"missing_field": 1, "checksum": 1}
+    assert (b["labels"] == fastfeed.IGNORE_INDEX).sum() == 2
+    with loader(src, train=False, batch_size=8, on_error="raise") as ld:
+        with pytest.raises(fastfeed.LoaderError, match="img/00003"):
+            list(ld)
+    report = verify(str(src), quick=True)
+    assert not report.ok and any("img/00005" in e and ".json" in e for e in report.errors)
+
+
+def test_fields_are_checked_before_anything_is_read(adopted, wds_path, lmdb_path):
+    with pytest.raises(ValueError, match=r"no \['caption'\] member; they carry \['cls', 'json', 'npy', 'txt'\]"):
+        loader(adopted, fields=["caption"])
+    with pytest.raises(ValueError, match="pickled"):
+        loader(adopted, fields=["pyd"])
+    with pytest.raises(ValueError, match="distinct"):
+        loader(adopted, fields=["txt", "txt"])
+    with pytest.raises(ValueError, match="WebDataset"):
+        fastfeed.Loader(lmdb_path, batch_size=4, fields=["json"], device="cpu")
+    with loader(wds_path, fields=["cls"], batch_size=4, train=False) as ld:  # a packed dataset's label as a field
+        b = next(iter(ld))
+    assert torch.equal(b["cls"], b["labels"])
+
+
+def test_index_takes_globs_and_brace_patterns(shards):
+    root, rels = find_shards(str(shards / "part-{0000..0002}.tar"))
+    assert (root, rels) == (str(shards), ["part-0000.tar", "part-0001.tar", "part-0002.tar"])
+    assert find_shards(str(shards / "part-000[01].tar"))[1] == ["part-0000.tar", "part-0001.tar"]
+    with pytest.raises(DatasetError, match=r"no such shard .*part-0008.tar \(and 1 more\)"):
+        find_shards(str(shards / "part-{0008..0009}.tar"))
+
+
+@pytest.mark.integration
+def test_cli_index(shards, tmp_path):
+    cmd = [sys.executable, "-m", "fastfeed.cli", "index", str(shards), str(tmp_path / "ds")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"indexed {N} samples in 3 shard(s), 3 classes, fields cls, json, npy, txt; 0 rejected" in proc.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already holds a dataset" in again.stderr
