@@ -17,6 +17,7 @@ COMMANDS = {
     "verify": "check shard checksums and decode every image; non-zero exit on corruption",
     "demo-data": "write a synthetic ImageNet-like JPEG folder tree",
     "bench": "measure loader throughput and data-wait, optionally against torch's DataLoader",
+    "profile": "run a training script unmodified and say what limits its step (data, compute, communication)",
     "doctor": "check this machine and a dataset for common input-pipeline problems",
 }
 

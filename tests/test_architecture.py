@@ -23,6 +23,7 @@ LAYERS = [
     ["fastfeed.loader"],
     ["fastfeed.pack", "fastfeed.demo_data", "fastfeed.doctor"],
     ["fastfeed.bench"],
+    ["fastfeed.profile"],
     ["fastfeed.commands", "fastfeed.cli"],
     ["fastfeed"],  # the package's own __init__: the public names, loaded lazily
 ]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = {"lightning": "lightning_train.py", "accelerate": "accelerate_train.py", "torchrun": "torchvision_train.py"}
+RECIPES = {"lightning": "lightning_train.py", "accelerate": "accelerate_train.py", "torchrun": "torchvision_train.py",
+           "openclip": "openclip_train.py"}
 
 
 def recipe(name: str) -> str:

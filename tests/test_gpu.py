@@ -314,3 +314,31 @@ def test_a_gpu_pipeline_beside_cpu_ones_gives_the_same_batches(gpu_wds, monkeypa
             assert diff < 2.0, f"batch {n}: mixed pool and CPU eval outputs differ by {diff:.2f}/255 on average"
             n += 1
         assert n == len(c) > 2
+
+
+@pytest.mark.parametrize("decoder", ["dali", "hybrid"])
+def test_fields_on_adopted_shards_come_with_each_image_on_the_gpu_decoders(tmp_path, decoder):
+    """Adopted webdataset shards with captions and arrays, on the GPU decoders (which read the image out of the ring
+    read that also holds its members): each caption and array with its own image, the pixels the CPU path's."""
+    wds = pytest.importorskip("webdataset")
+    from test_index import N, check_batch, sample
+
+    from fastfeed.pack.index import index_shards
+
+    src = tmp_path / "shards"
+    src.mkdir()
+    with wds.ShardWriter(str(src / "part-%04d.tar"), maxcount=16, verbose=0) as sink:
+        for i in range(N):
+            sink.write(sample(i))
+    index_shards(str(src))
+    kw = dict(batch_size=8, train=False, image_size=16, dtype=torch.uint8, fields=["txt", "json", "npy", "cls"])
+    with fastfeed.Loader(src, device="cuda", decoder=decoder, **kw) as g, \
+            fastfeed.Loader(src, device="cpu", decoder="cpu", **kw) as c:
+        seen = []
+        for bg, bc in zip(g, c):
+            assert bg["images"].is_cuda
+            assert (bg["txt"], bg["json"]) == (bc["txt"], bc["json"]) and torch.equal(bg["npy"], bc["npy"])
+            assert (bg["images"].float().cpu() - bc["images"].float()).abs().mean() < 2.0
+            seen += check_batch({**bg, "images": bg["images"].cpu(), "labels": bg["labels"].cpu(),
+                                 "cls": bg["cls"].cpu()})
+    assert sorted(seen) == list(range(N))

@@ -46,6 +46,9 @@
 #   detect             pytest -m gpu tests/test_detect_loader.py; detection batches at 640 px, batch 64, to the GPU:
 #                      fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
 #                      ultralytics wheels), on 4 cores (taskset) and 16 [makes its own set]
+#   profile            fastfeed profile on a plain ResNet-50 script (rn50_train.py): fed by a DataLoader with 2
+#                      workers (verdict: data supply), by fastfeed's defaults (not data supply), and the latter again
+#                      without the profiler (its cost) [base]
 #   abba [CONSUMERS]   this tree against the one carried in .carry/old (OLD=<commit> prepare_carry.sh), A B B A,
 #                      ImageNet-like, default consumers resnet50 [base]
 # TAG=b names a second run's JSON on the same host. Each table step's command lines are the newest that measured its
@@ -55,7 +58,7 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/lib.sh
 
 STEPS=" stage-dali build data gpu-tests train-resnet50 train-resnet18 alone first-batch first-step photos photos-alone
-        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus progressive detect abba "
+        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus progressive detect profile abba "
 STEPS=$(echo $STEPS)  # one line, single spaces
 STEPS=" $STEPS "
 
@@ -84,6 +87,14 @@ run_step() {  # $1 = step, rest: its arguments
   train-resnet50) need native base || return 1
                   train resnet50
                   summary ff-default dali-file ${GUARD:-0.97} $OUT/table-train-resnet50-*-$tag.json ;;
+  profile) need native base || return 1
+           for feed in "images --images $W/base-images" "packed --packed $W/base-wds"; do
+             set -- $feed
+             CUDA_VISIBLE_DEVICES=0 timeout 280 python3 -m fastfeed.cli profile --warmup 25 --steps 40 \
+                 --json $OUT/profile-$1-$tag.json -- python3 benchmarks/gpu/rn50_train.py "${@:2}" --steps 80 2>&1 \
+                 | grep -v "^Warning" | tail -32
+           done
+           CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu/rn50_train.py --packed $W/base-wds --steps 80 ;;
   train-resnet18) need native base || return 1
                   train resnet18
                   summary ff-default dali-file "" $OUT/table-train-resnet18-*-$tag.json ;;

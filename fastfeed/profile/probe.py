@@ -1,0 +1,376 @@
+"""What `fastfeed profile` installs inside the profiled training process: hooks that time each step's parts, and the
+window (warm-up, measured steps, then continue or stop).
+
+A step ends at each optimizer step (torch's global optimizer hooks: every optimizer of every framework), or, in a
+loop without an optimizer, at each batch the data iterator hands out. Inside a step, measured on the training thread:
+- data: time in the data iterator's `next` (torch's DataLoader iterators and fastfeed's Loader, patched at the
+  class), and host-to-device copies (`Tensor.to`/`.cuda` from a CPU tensor: bytes, pinned or pageable, time);
+- backward: `Tensor.backward` / `torch.autograd.backward`; optimizer: the optimizer's `step`;
+- collectives: `torch.distributed` calls from Python (DDP's own gradient all-reduce runs inside backward, in C++:
+  it counts there);
+- the rest (forward, loss, logging) is the step minus those.
+On a GPU each boundary also records a CUDA event, and the window ends with one synchronise: the GPU's own time
+between the events says how long the GPU sat idle while the CPU waited for data (a wall-clock wait can be hidden by
+kernels still running from the step before) and how busy it was in each part. Framework facts are noted as they
+are constructed: `DataParallel`, `DistributedDataParallel(find_unused_parameters=...)`, each DataLoader's workers,
+`pin_memory` and sampler.
+
+Each process writes `$FASTFEED_PROFILE_DIR/proc-<pid>.json` when the window ends (or at exit, if the script ends
+first); `fastfeed profile` reads them (fastfeed/profile/report.py).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+import weakref
+
+__all__ = ["install", "Probe"]
+
+ENV_DIR = "FASTFEED_PROFILE_DIR"
+ENV_OPTIONS = "FASTFEED_PROFILE_OPTIONS"  # JSON: warmup, steps, then
+
+
+class Probe:
+    """The hooks' state: one per process, installed once."""
+
+    def __init__(self, out_dir: str, warmup: int = 5, steps: int = 20, then: str = "continue"):
+        self.out_dir, self.warmup, self.steps, self.then = out_dir, warmup, steps, then
+        self.main_thread = threading.get_ident()
+        self.records: list[dict] = []  # one per measured step
+        self.facts: dict = {"dataloaders": [], "data_parallel": False, "ddp": [], "world_size": 1, "rank": 0}
+        self.step_index = 0  # steps ended so far (warm-up included)
+        self.by_optimizer = False  # an optimizer step was seen: steps end there, not at each batch
+        self.done = False
+        self._cur = self._new_step()
+        self._t_step = time.perf_counter()
+        self._gpu = None  # torch.cuda when the script uses a GPU
+        self._events: list = []  # (step index, kind, start event, end event) in the window
+        self._monitor = None
+        self._t_window = None
+        self._depth = 0  # nested timed regions (a DataLoader next inside a wrapper's next): the outermost counts
+        self.ddp_modules: list = []  # weak references, in the order the facts list them
+
+    @staticmethod
+    def _new_step() -> dict:
+        return {"data_s": 0.0, "h2d_s": 0.0, "h2d_bytes": 0, "h2d_pageable_bytes": 0, "backward_s": 0.0,
+                "optimizer_s": 0.0, "comm_s": 0.0, "batches": 0, "samples": 0}
+
+    # ---- the window -------------------------------------------------------------------------------------------
+
+    @property
+    def measuring(self) -> bool:
+        return not self.done and self.step_index >= self.warmup
+
+    def end_step(self) -> None:
+        now = time.perf_counter()
+        if self.measuring:
+            if self._t_window is None:  # the first measured step began at the previous boundary
+                self._start_window(self._t_step)
+            rec = dict(self._cur, step_s=now - self._t_step, index=self.step_index)
+            self.records.append(rec)
+        self.step_index += 1
+        self._cur = self._new_step()
+        self._t_step = now
+        if self.step_index == self.warmup and self._gpu is not None:
+            self._gpu.synchronize()  # warm-up's queued work is not the window's
+            self._t_step = time.perf_counter()
+        if self.measuring and len(self.records) >= self.steps:
+            self.finish()
+            if self.then == "stop":
+                raise SystemExit(0)
+
+    def _start_window(self, t0: float) -> None:
+        from fastfeed.bench.sysmon import SysMonitor
+
+        self._t_window = t0
+        gpu_index = self._gpu.current_device() if self._gpu is not None else None
+        try:
+            self._monitor = SysMonitor(interval=0.05, gpu_index=gpu_index).start()
+        except Exception:  # noqa: BLE001 - the machine numbers are a bonus; the step table does not need them
+            self._monitor = None
+
+    def finish(self) -> None:
+        """Write this process's report (once)."""
+        if self.done:
+            return
+        self.done = True
+        machine = None
+        if self._monitor is not None:
+            self._monitor.stop()
+            machine = self._monitor.result()
+        gpu = self._gpu_summary()
+        # Called from the optimizer's post-step hook: the step's gradients are still there (zero_grad comes later).
+        for fact, ref in zip(self.facts["ddp"], self.ddp_modules):
+            module = ref()
+            if module is not None:
+                fact["all_used"] = all(p.grad is not None for p in module.parameters() if p.requires_grad)
+        report = {"pid": os.getpid(), "argv": sys.argv, "warmup": self.warmup, "steps_wanted": self.steps,
+                  "step_boundary": "optimizer" if self.by_optimizer else "batch", "records": self.records,
+                  "facts": self.facts, "machine": machine, "gpu": gpu, "overhead": _overhead_estimate(self)}
+        os.makedirs(self.out_dir, exist_ok=True)
+        path = os.path.join(self.out_dir, f"proc-{os.getpid()}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(report, f)
+        os.replace(path + ".tmp", path)
+
+    # ---- timed regions ----------------------------------------------------------------------------------------
+
+    def timed(self, kind: str, fn, *args, **kwargs):
+        """fn(*args, **kwargs), its wall time added to the current step's `kind` (outermost region only)."""
+        if self._depth or threading.get_ident() != self.main_thread:
+            return fn(*args, **kwargs)
+        self._depth += 1
+        ev = self._event_pair() if self.measuring else None
+        t0 = time.perf_counter()
+        try:
+            if ev:
+                ev[0].record()
+            return fn(*args, **kwargs)
+        finally:
+            self._cur[f"{kind}_s"] += time.perf_counter() - t0
+            if ev:
+                ev[1].record()
+                self._events.append((len(self.records), kind, ev[0], ev[1]))
+            self._depth -= 1
+
+    def _event_pair(self):
+        if self._gpu is None:
+            return None
+        return self._gpu.Event(enable_timing=True), self._gpu.Event(enable_timing=True)
+
+    def _gpu_summary(self) -> dict | None:
+        """Per measured step, the GPU time between each region's events: for "data", how long the GPU was idle
+        while the CPU waited (the events bracket no kernel of the script's)."""
+        if self._gpu is None:
+            return None
+        self._gpu.synchronize()
+        per_step: dict[int, dict[str, float]] = {}
+        for i, kind, a, b in self._events:
+            try:
+                ms = a.elapsed_time(b)
+            except RuntimeError:
+                continue
+            d = per_step.setdefault(i, {})
+            d[kind] = d.get(kind, 0.0) + ms / 1e3
+        mem = self._gpu.max_memory_allocated()
+        return {"per_step": {str(k): v for k, v in per_step.items()}, "memory_peak_bytes": int(mem),
+                "device": self._gpu.get_device_name()}
+
+    def note_batch(self, batch) -> None:
+        self._cur["batches"] += 1
+        n = _batch_len(batch)
+        if n:
+            self._cur["samples"] += n
+
+    def use_gpu(self, cuda) -> None:
+        if self._gpu is None:
+            self._gpu = cuda
+
+
+_PROBE: Probe | None = None
+
+
+def install(out_dir: str | None = None, **options) -> Probe | None:
+    """Install the hooks in this process (once); options default from $FASTFEED_PROFILE_OPTIONS."""
+    global _PROBE
+    if _PROBE is not None:
+        return _PROBE
+    out_dir = out_dir or os.environ.get(ENV_DIR)
+    if not out_dir:
+        return None
+    opts = json.loads(os.environ.get(ENV_OPTIONS, "{}"))
+    opts.update(options)
+    probe = Probe(out_dir, warmup=int(opts.get("warmup", 5)), steps=int(opts.get("steps", 20)),
+                  then=opts.get("then", "continue"))
+    _PROBE = probe
+    _patch_torch(probe)
+    atexit.register(probe.finish)
+    return probe
+
+
+def _patch_torch(probe: Probe) -> None:
+    import torch
+    import torch.utils.data.dataloader as dl
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    t_opt = {}
+
+    def pre(optimizer, args, kwargs):
+        probe.by_optimizer = True
+        t_opt["t"] = time.perf_counter()
+
+    def post(optimizer, args, kwargs):
+        if "t" in t_opt:
+            probe._cur["optimizer_s"] += time.perf_counter() - t_opt.pop("t")
+        probe.end_step()
+
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
+
+    base_next = dl._BaseDataLoaderIter.__next__
+
+    def next_(self):
+        _before_batch(probe)
+        batch = probe.timed("data", base_next, self)
+        probe.note_batch(batch)
+        return batch
+
+    dl._BaseDataLoaderIter.__next__ = next_
+
+    base_dl_init = dl.DataLoader.__init__
+
+    def dl_init(self, *args, **kwargs):
+        base_dl_init(self, *args, **kwargs)
+        sampler = type(getattr(self, "sampler", None)).__name__
+        if len(probe.facts["dataloaders"]) < 8:
+            probe.facts["dataloaders"].append({
+                "num_workers": self.num_workers, "pin_memory": bool(self.pin_memory),
+                "batch_size": self.batch_size, "sampler": sampler, "dataset": type(self.dataset).__name__,
+                "dataset_len": _safe_len(self.dataset), "persistent_workers": bool(self.persistent_workers)})
+
+    dl.DataLoader.__init__ = dl_init
+
+    base_backward = torch.Tensor.backward
+
+    def backward(self, *args, **kwargs):
+        return probe.timed("backward", base_backward, self, *args, **kwargs)
+
+    torch.Tensor.backward = backward
+
+    base_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if self.device.type != "cpu" or not _to_cuda(args, kwargs):
+            return base_to(self, *args, **kwargs)
+        probe.use_gpu(torch.cuda)
+        nbytes = self.element_size() * self.nelement()
+        probe._cur["h2d_bytes"] += nbytes
+        if not self.is_pinned():
+            probe._cur["h2d_pageable_bytes"] += nbytes
+        return probe.timed("h2d", base_to, self, *args, **kwargs)
+
+    torch.Tensor.to = to
+    base_cuda = torch.Tensor.cuda
+
+    def cuda(self, *args, **kwargs):
+        if self.device.type == "cpu":
+            probe.use_gpu(torch.cuda)
+            nbytes = self.element_size() * self.nelement()
+            probe._cur["h2d_bytes"] += nbytes
+            if not self.is_pinned():
+                probe._cur["h2d_pageable_bytes"] += nbytes
+            return probe.timed("h2d", base_cuda, self, *args, **kwargs)
+        return base_cuda(self, *args, **kwargs)
+
+    torch.Tensor.cuda = cuda
+
+    base_dp_init = torch.nn.DataParallel.__init__
+
+    def dp_init(self, *args, **kwargs):
+        probe.facts["data_parallel"] = True
+        base_dp_init(self, *args, **kwargs)
+
+    torch.nn.DataParallel.__init__ = dp_init
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    base_ddp_init = DDP.__init__
+
+    def ddp_init(self, module, *args, **kwargs):
+        base_ddp_init(self, module, *args, **kwargs)
+        probe.facts["ddp"].append({"find_unused_parameters": bool(self.find_unused_parameters),
+                                   "bucket_cap_mb": kwargs.get("bucket_cap_mb")})
+        probe.ddp_modules.append(weakref.ref(self))
+        if dist.is_initialized():
+            probe.facts["world_size"], probe.facts["rank"] = dist.get_world_size(), dist.get_rank()
+
+    DDP.__init__ = ddp_init
+    for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "all_gather_into_tensor",
+                 "reduce_scatter_tensor"):
+        fn = getattr(dist, name, None)
+        if fn is not None:
+            setattr(dist, name, _timed_fn(probe, "comm", fn))
+    _patch_fastfeed_loader(probe)
+
+
+def _timed_fn(probe: Probe, kind: str, fn):
+    def wrapper(*args, **kwargs):
+        return probe.timed(kind, fn, *args, **kwargs)
+    wrapper.__wrapped__ = fn
+    wrapper.__name__ = getattr(fn, "__name__", kind)
+    return wrapper
+
+
+def _patch_fastfeed_loader(probe: Probe) -> None:
+    """fastfeed.Loader's iteration, timed like a DataLoader's (its module is imported only if the script uses it)."""
+    from fastfeed.loader.loader import Loader
+
+    base_iter = Loader.__iter__
+
+    def iter_(self):
+        it = base_iter(self)
+
+        def gen():
+            while True:
+                _before_batch(probe)
+                try:
+                    batch = probe.timed("data", next, it)
+                except StopIteration:
+                    return
+                probe.note_batch(batch)
+                yield batch
+        return gen()
+
+    Loader.__iter__ = iter_
+
+
+def _before_batch(probe: Probe) -> None:
+    """In a loop without an optimizer (none seen yet), asking for the next batch ends the step before it."""
+    if not probe.by_optimizer and probe._cur["batches"] >= 1:
+        probe.end_step()
+
+
+def _batch_len(batch) -> int:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 0
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_len(batch[0])
+    if isinstance(batch, dict) and batch:
+        v = batch.get("images", next(iter(batch.values())))
+        return _batch_len(v)
+    return 0
+
+
+def _safe_len(x) -> int | None:
+    try:
+        return len(x)
+    except TypeError:
+        return None
+
+
+def _to_cuda(args, kwargs) -> bool:
+    dev = kwargs.get("device", args[0] if args else None)
+    if dev is None:
+        return False
+    return "cuda" in str(dev)
+
+
+def _overhead_estimate(probe: Probe) -> dict:
+    """What the hooks cost per step: a timed region's bookkeeping, measured here, times the regions per step."""
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        probe._depth += 1
+        probe._depth -= 1
+        time.perf_counter()
+    per_region = (time.perf_counter() - t0) / n
+    regions = sum(r["batches"] for r in probe.records) * 2 + 4 * len(probe.records)
+    step_total = sum(r["step_s"] for r in probe.records) or 1.0
+    return {"per_region_s": per_region, "share_of_step": per_region * regions / step_total}

@@ -1,0 +1,130 @@
+"""The profiled processes' records (probe.py) as one report: per-step attribution, throughput, the machine, the
+verdict (rules.py), and the comparison with a baseline report (`--baseline before.json`)."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+
+from fastfeed.profile.rules import verdict
+
+__all__ = ["load_records", "summarize", "format_report", "PARTS"]
+
+# The parts of a step, in the table's order; "other" (forward, loss, logging, ...) is the step minus the rest.
+PARTS = ("data", "h2d", "forward+other", "backward", "optimizer", "comm")
+
+
+def load_records(folder: str) -> list[dict]:
+    """Every process report in `folder` that measured at least one step (DataLoader workers and launchers write
+    empty ones)."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(folder, "proc-*.json"))):
+        with open(path) as f:
+            rep = json.load(f)
+        if rep.get("records"):
+            out.append(rep)
+    return out
+
+
+def _process_summary(rep: dict) -> dict:
+    recs = rep["records"]
+    n = len(recs)
+    step = [r["step_s"] for r in recs]
+    total = sum(step) or 1e-12
+    parts = {"data": sum(r["data_s"] for r in recs), "h2d": sum(r["h2d_s"] for r in recs),
+             "backward": sum(r["backward_s"] for r in recs), "optimizer": sum(r["optimizer_s"] for r in recs),
+             "comm": sum(r["comm_s"] for r in recs)}
+    parts["forward+other"] = max(0.0, total - sum(parts.values()))
+    samples = sum(r["samples"] for r in recs)
+    gpu = rep.get("gpu")
+    data_gpu_idle = None
+    if gpu is not None:
+        data_gpu_idle = sum(v.get("data", 0.0) for v in gpu["per_step"].values())
+    facts = rep["facts"]
+    return {
+        "pid": rep["pid"], "rank": facts.get("rank", 0), "steps": n, "step_boundary": rep["step_boundary"],
+        "s_per_step": total / n, "s_per_step_median": statistics.median(step),
+        "samples_per_s": samples / total if samples else None,
+        "share": {k: parts[k] / total for k in PARTS},
+        "data_gpu_idle_share": None if data_gpu_idle is None else data_gpu_idle / total,
+        "h2d_bytes_per_step": sum(r["h2d_bytes"] for r in recs) / n,
+        "h2d_pageable_share": (sum(r["h2d_pageable_bytes"] for r in recs) / max(1, sum(r["h2d_bytes"] for r in recs))),
+        "facts": facts, "machine": rep.get("machine"), "gpu": gpu, "overhead": rep.get("overhead"),
+    }
+
+
+def summarize(reports: list[dict]) -> dict:
+    """One summary for the run: each process's, and the run's (the slowest rank's step: the others wait for it)."""
+    procs = sorted((_process_summary(r) for r in reports), key=lambda p: p["rank"])
+    if not procs:
+        return {"processes": [], "run": None, "verdict": []}
+    slowest = max(procs, key=lambda p: p["s_per_step"])
+    rates = [p["samples_per_s"] for p in procs if p["samples_per_s"]]
+    run = {"ranks": len(procs), "s_per_step": slowest["s_per_step"],
+           "samples_per_s": sum(rates) if rates else None, "share": slowest["share"],
+           "data_gpu_idle_share": slowest["data_gpu_idle_share"], "machine": slowest["machine"],
+           "overhead_share": max((p["overhead"] or {}).get("share_of_step", 0.0) for p in procs)}
+    return {"processes": procs, "run": run, "verdict": verdict(slowest, procs)}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:5.1f}%"
+
+
+def format_report(summary: dict, baseline: dict | None = None) -> str:
+    run = summary["run"]
+    if run is None:
+        return ("fastfeed profile: no step was measured (the script ended before the warm-up did, or never took a "
+                "batch from a DataLoader or fastfeed Loader)")
+    lines = [f"fastfeed profile: {summary['processes'][0]['steps']} steps measured on {run['ranks']} process(es), "
+             f"steps end at each {summary['processes'][0]['step_boundary']} step"]
+    base = baseline["run"] if baseline else None
+
+    def row(name, value, fmt, base_value=None):
+        text = f"  {name:28s} {fmt(value):>12s}"
+        if base is not None and base_value is not None and value is not None:
+            text += f"   baseline {fmt(base_value):>12s}   {_delta(value, base_value)}"
+        return text
+
+    def b(key, sub=None):
+        if base is None:
+            return None
+        v = base.get(key)
+        return v.get(sub) if (sub and isinstance(v, dict)) else v
+
+    lines.append(row("samples/s", run["samples_per_s"], lambda v: "-" if v is None else f"{v:,.1f}",
+                     b("samples_per_s")))
+    lines.append(row("s/step", run["s_per_step"], lambda v: f"{v:.4f}", b("s_per_step")))
+    for part in PARTS:
+        lines.append(row(f"  {part}", run["share"][part], _pct, b("share", part)))
+    if run["data_gpu_idle_share"] is not None:
+        lines.append(row("GPU idle waiting for data", run["data_gpu_idle_share"], _pct, b("data_gpu_idle_share")))
+    m = run.get("machine") or {}
+    host = m.get("host") or {}
+    if host:
+        lines.append(row("CPU cores busy (with workers)", host.get("cpu_cores_busy"),
+                         lambda v: f"{v:.1f} of {host.get('cpu_count')}"))
+        lines.append(row("I/O wait", host.get("iowait_frac"), _pct))
+        lines.append(row("host memory peak", host.get("rss_peak_bytes"), lambda v: f"{v / 2**30:.2f} GiB"))
+    gpu = m.get("gpu") or {}
+    if gpu:
+        lines.append(row("GPU utilisation", gpu.get("util_mean_pct"), lambda v: f"{v:.0f}%"))
+        lines.append(row("GPU power", gpu.get("power_mean_w"), lambda v: f"{v:.0f} W"))
+    peak = [p["gpu"]["memory_peak_bytes"] for p in summary["processes"] if p.get("gpu")]
+    if peak:
+        lines.append(row("CUDA memory peak", max(peak), lambda v: f"{v / 2**30:.2f} GiB"))
+    lines.append(f"  (the profiler's own cost: about {_pct(run['overhead_share']).strip()} of the step)")
+    lines.append("")
+    for finding in summary["verdict"]:
+        lines.append(f"{finding['family']}: {finding['title']}")
+        for e in finding["evidence"]:
+            lines.append(f"    evidence: {e}")
+        lines.append(f"    next: {finding['advice']}")
+    return "\n".join(lines)
+
+
+def _delta(value, base_value) -> str:
+    if not base_value:
+        return ""
+    return f"{100 * (value - base_value) / abs(base_value):+.1f}%"

@@ -1,0 +1,86 @@
+"""`fastfeed profile -- python script.py` on scripts whose bottleneck is known by construction
+(tests/profile_cases/): each must get its verdict, and the attribution must agree with what the script does."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+CASES = Path(__file__).parent / "profile_cases"
+
+
+def profile(tmp_path, *cmd: str, steps: int = 12, warmup: int = 3) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "fastfeed.cli", "profile", "--steps", str(steps), "--warmup",
+                           str(warmup), "--then", "stop", "--json", str(out), "--", *cmd],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())
+
+
+def families(report: dict) -> list[str]:
+    return [f["family"] for f in report["verdict"]]
+
+
+@pytest.fixture(scope="module")
+def slow_data(tmp_path_factory):
+    return profile(tmp_path_factory.mktemp("slow"), sys.executable, str(CASES / "slow_data.py"))
+
+
+def test_a_slow_dataset_is_data_supply(slow_data):
+    proc, rep = slow_data
+    run = rep["run"]
+    assert families(rep)[0] == "data supply", proc.stdout
+    # 16 samples of 10 ms each on 2 workers: a batch every >= 80 ms, of which the model's step is a sliver.
+    assert run["s_per_step"] >= 0.075 and run["share"]["data"] > 0.7
+    assert abs(sum(run["share"].values()) - 1.0) < 0.05  # the parts add up to the measured step
+    assert 150 < run["samples_per_s"] < 16 / 0.075
+    assert "num_workers=2" in proc.stdout and "fastfeed pack" in proc.stdout
+
+
+def test_matrix_products_on_in_memory_data_are_compute(tmp_path):
+    proc, rep = profile(tmp_path, sys.executable, str(CASES / "matmul_bound.py"))
+    run = rep["run"]
+    assert families(rep) == ["compute"], proc.stdout
+    assert run["share"]["data"] < 0.1
+    assert run["share"]["forward+other"] + run["share"]["backward"] + run["share"]["optimizer"] > 0.85
+
+
+def test_data_parallel_is_a_framework_finding(tmp_path):
+    proc, rep = profile(tmp_path, sys.executable, str(CASES / "data_parallel.py"))
+    assert "framework configuration" in families(rep), proc.stdout
+    assert any("DistributedDataParallel" in f["advice"] for f in rep["verdict"])
+
+
+def test_ddp_findings_on_two_gloo_processes(tmp_path):
+    proc, rep = profile(tmp_path, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                        str(CASES / "ddp_gloo.py"), steps=8)
+    assert rep["run"]["ranks"] == 2
+    titles = [f["title"] for f in rep["verdict"]]
+    assert "find_unused_parameters=True, and no parameter went unused" in titles, proc.stdout
+    assert "every rank reads the whole dataset" in titles
+    assert "communication" in families(rep) and rep["run"]["share"]["comm"] > 0.2
+
+
+def test_python_m_fastfeed_profile_then_the_report_against_a_baseline(slow_data, tmp_path):
+    """The torchrun form (`-m fastfeed.profile script.py`) writes each process's records; `--report DIR` reads
+    them, and `--baseline` prints each row's change against an earlier report."""
+    base = tmp_path / "before.json"
+    base.write_text(json.dumps(slow_data[1]))
+    env = dict(os.environ, FASTFEED_PROFILE_DIR=str(tmp_path / "records"),
+               FASTFEED_PROFILE_OPTIONS=json.dumps({"warmup": 2, "steps": 6, "then": "stop"}))
+    run = subprocess.run([sys.executable, "-m", "fastfeed.profile", str(CASES / "matmul_bound.py")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "fastfeed.cli", "profile", "--report", str(tmp_path / "records"),
+                           "--baseline", str(base)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(s for s in proc.stdout.splitlines() if s.strip().startswith("s/step"))
+    assert "baseline" in line and "%" in line.split("baseline")[1]
+    assert "6 steps measured" in proc.stdout and "compute:" in proc.stdout
