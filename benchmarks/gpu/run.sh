@@ -88,10 +88,11 @@ run_step() {  # $1 = step, rest: its arguments
                   train resnet50
                   summary ff-default dali-file ${GUARD:-0.97} $OUT/table-train-resnet50-*-$tag.json ;;
   profile) need native base || return 1
-           for feed in "images --images $W/base-images" "packed --packed $W/base-wds"; do
+           # name, profiler warm-up and window, script steps, feed (the DataLoader's 2 workers give ~10x fewer steps/s)
+           for feed in "images 5 15 30 --images $W/base-images" "packed 25 40 80 --packed $W/base-wds"; do
              set -- $feed
-             CUDA_VISIBLE_DEVICES=0 timeout 280 python3 -m fastfeed.cli profile --warmup 25 --steps 40 \
-                 --json $OUT/profile-$1-$tag.json -- python3 benchmarks/gpu/rn50_train.py "${@:2}" --steps 80 2>&1 \
+             CUDA_VISIBLE_DEVICES=0 timeout 280 python3 -m fastfeed.cli profile --warmup $2 --steps $3 \
+                 --json $OUT/profile-$1-$tag.json -- python3 benchmarks/gpu/rn50_train.py "${@:5}" --steps $4 2>&1 \
                  | grep -v "^Warning" | tail -32
            done
            CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu/rn50_train.py --packed $W/base-wds --steps 80 ;;
