@@ -337,8 +337,9 @@ def test_fields_on_adopted_shards_come_with_each_image_on_the_gpu_decoders(tmp_p
         seen = []
         for bg, bc in zip(g, c):
             assert bg["images"].is_cuda
-            assert (bg["txt"], bg["json"]) == (bc["txt"], bc["json"]) and torch.equal(bg["npy"], bc["npy"])
+            assert bg["npy"].is_cuda and bg["cls"].is_cuda  # tensor fields on the device, with the labels
+            assert (bg["txt"], bg["json"]) == (bc["txt"], bc["json"]) and torch.equal(bg["npy"].cpu(), bc["npy"])
             assert (bg["images"].float().cpu() - bc["images"].float()).abs().mean() < 2.0
             seen += check_batch({**bg, "images": bg["images"].cpu(), "labels": bg["labels"].cpu(),
-                                 "cls": bg["cls"].cpu()})
+                                 "cls": bg["cls"].cpu(), "npy": bg["npy"].cpu()})
     assert sorted(seen) == list(range(N))

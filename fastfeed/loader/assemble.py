@@ -173,7 +173,10 @@ class BatchAssembler:
             vals = list(values[name])
             for dst, src in sources.items():
                 vals[dst] = vals[src]
-            batch[name] = collate(vals)
+            value = collate(vals)
+            if isinstance(value, torch.Tensor) and self.settings.device.type == "cuda":  # with the labels
+                value = value.pin_memory().to(self.settings.device, non_blocking=True)
+            batch[name] = value
         return batch
 
     def _windows(self, plan, indices: np.ndarray):

@@ -316,8 +316,9 @@ class EpochRun:
         if event is not None:
             current = torch.cuda.current_stream(self.settings.device)
             current.wait_event(event)
-            for tensor in (batch if isinstance(batch, tuple) else batch.values()):
-                tensor.record_stream(current)
+            for value in (batch if isinstance(batch, tuple) else batch.values()):
+                if isinstance(value, torch.Tensor) and value.is_cuda:  # fields may be lists, or CPU tensors
+                    value.record_stream(current)
         return batch
 
     def stop(self) -> bool:

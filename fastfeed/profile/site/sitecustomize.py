@@ -16,8 +16,8 @@ except Exception as e:  # noqa: BLE001 - a profiler that cannot hook in must not
 # The sitecustomize this one shadows (a site's own, or a virtualenv's), run under another module name.
 _spec = importlib.machinery.PathFinder.find_spec(
     "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _HERE])
-if _spec is not None and _spec.loader is not None:
-    _spec.name = "_fastfeed_shadowed_sitecustomize"
+if _spec is not None and _spec.origin:
+    _spec = importlib.util.spec_from_file_location("_fastfeed_shadowed_sitecustomize", _spec.origin)
     _mod = importlib.util.module_from_spec(_spec)
     sys.modules[_spec.name] = _mod
     _spec.loader.exec_module(_mod)
