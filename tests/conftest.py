@@ -10,10 +10,14 @@ import io
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
+SANITIZE_PREBUILD = pytest.StashKey[tuple]()
 DEMO_IMAGES = 160
 DEMO_CLASSES = 4
 # Small shards so the WebDataset tree has several files (a missing-shard test needs more than one).
@@ -99,3 +103,39 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    """A selected `sanitize` test needs an ASan build of the native core (~30 s on 2 cores): start it now, at low
+    priority, so that it overlaps the tests before it (tests/test_ring_sanitize.py waits for it)."""
+    if not any("sanitize" in item.keywords for item in session.items) or shutil.which("gcc") is None:
+        return
+    folder = tempfile.mkdtemp(prefix="fastfeed-sanitize-build-")
+    env = dict(os.environ, SANITIZE_BUILD_DIR=folder, SANITIZE_BUILD_ONLY="1", PYTHON=sys.executable)
+    env.pop("FASTFEED_RING_SANITIZE", None)
+    log = open(os.path.join(folder, "prebuild.log"), "w")
+    proc = subprocess.Popen(["nice", "-n", "19", "bash", str(ROOT / "tools" / "sanitize.sh"), "address"], cwd=ROOT,
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    session.config.stash[SANITIZE_PREBUILD] = (proc, folder, log)
+
+
+def pytest_sessionfinish(session):
+    prebuild = session.config.stash.get(SANITIZE_PREBUILD, None)
+    if prebuild is not None:
+        proc, folder, log = prebuild
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def sanitize_build(request) -> str | None:
+    """The folder of the ASan build started at collection (None when it was not started or failed: the test then
+    builds its own)."""
+    prebuild = request.config.stash.get(SANITIZE_PREBUILD, None)
+    if prebuild is None:
+        return None
+    proc, folder, _ = prebuild
+    return folder if proc.wait() == 0 else None

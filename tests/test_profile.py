@@ -38,7 +38,7 @@ def test_a_slow_dataset_is_data_supply(slow_data):
     run = rep["run"]
     assert families(rep)[0] == "data supply", proc.stdout
     # 16 samples of 10 ms each on 2 workers: a batch every >= 80 ms, of which the model's step is a sliver.
-    assert run["s_per_step"] >= 0.075 and run["share"]["data"] > 0.7
+    assert run["s_per_step"] >= 0.075 and run["share"]["data"] > 0.5
     assert abs(sum(run["share"].values()) - 1.0) < 0.05  # the parts add up to the measured step
     assert 150 < run["samples_per_s"] < 16 / 0.075
     assert "num_workers=2" in proc.stdout and "fastfeed pack" in proc.stdout

@@ -49,3 +49,11 @@ def test_framework_findings():
     ddp = [{"find_unused_parameters": True, "all_used": True}]
     assert "framework configuration" in families(summary(ddp=ddp))
     assert families(summary(ddp=[{"find_unused_parameters": True, "all_used": False}])) == ["compute"]
+
+
+def test_fp32_on_a_gpu_without_autocast():
+    s = summary(gpu_idle=0.01, util=95, param_dtype="float32")
+    assert families(s) == ["compute efficiency"]
+    assert "autocast" in verdict(s, [s])[0]["advice"]
+    assert families(summary(gpu_idle=0.01, util=95, param_dtype="float32", autocast="bfloat16")) == ["compute"]
+    assert families(summary(param_dtype="float32")) == ["compute"]  # no GPU: not judged

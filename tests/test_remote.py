@@ -313,7 +313,7 @@ def test_server_stopped_mid_epoch_raises_dataset_error_within_a_bounded_time(dem
             monkeypatch.setenv(k, v)
         url = f"s3://{BUCKET}/stopped"
         assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "4MB").returncode == 0
-        retry_timeout = 3.0
+        retry_timeout = 1.0
         ds = open_dataset(url, FAST_FAIL, cache_dir=str(tmp_path / "c"), retry_timeout=retry_timeout, parallel=1)
         shard_col = ds.shard_index
         ds.ensure_local([0], timeout=60)  # the epoch has begun: its first shard is local, the others are not

@@ -59,7 +59,7 @@ def test_server_stopped_mid_epoch_is_a_loader_error_naming_the_shard_within_a_bo
         for k, v in server.env.items():
             monkeypatch.setenv(k, v)
         monkeypatch.setenv("FASTFEED_CACHE", str(tmp_path / "cache"))
-        monkeypatch.setenv("FASTFEED_RETRY_TIMEOUT", "3")
+        monkeypatch.setenv("FASTFEED_RETRY_TIMEOUT", "1")
         url = f"s3://{BUCKET}/stream-stopped"
         # ~40 small shards: streaming fetches only the window plus a few ahead, so most are remote when it stops
         assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "512KB").returncode == 0

@@ -19,11 +19,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.sanitize
-def test_ring_under_address_and_undefined_sanitizers():
+def test_ring_under_address_and_undefined_sanitizers(sanitize_build):
     if shutil.which("gcc") is None:
         pytest.fail("gcc is needed to build the sanitizer variant of the native core")
     env = dict(os.environ, PYTHON=sys.executable)
     env.pop("FASTFEED_RING_SANITIZE", None)
+    if sanitize_build is not None:  # built while the earlier tests ran (tests/conftest.py)
+        env["SANITIZE_BUILD_DIR"] = sanitize_build
     proc = subprocess.run(["bash", str(ROOT / "tools" / "sanitize.sh"), "address"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1200)
     out = proc.stdout + proc.stderr

@@ -3,6 +3,9 @@
 #
 #   tools/sanitize.sh [address|thread|all]     (default: all)
 #
+# SANITIZE_BUILD_DIR=DIR keeps each variant's build in DIR/<variant> and reuses it; SANITIZE_BUILD_ONLY=1 stops after
+# the build (tests/conftest.py starts the ASan build that way when the suite begins, so it overlaps the unit tests).
+#
 # Each variant copies the package into a temporary folder, builds `fastfeed._native` there with
 # FASTFEED_SANITIZE=address,undefined or =thread (see setup.py), and runs tests/test_ring*.py (except the test that
 # calls this script) with that copy first on PYTHONPATH and the sanitizer runtime LD_PRELOADed (CPython itself is not
@@ -28,17 +31,28 @@ run_variant() {
         echo "sanitize: lib${name}.so not found (gcc -print-file-name); install gcc's sanitizer runtime" >&2
         return 1
     fi
-    tmp=$(mktemp -d "${TMPDIR:-/tmp}/fastfeed-sanitize-${name}.XXXXXX")
+    if [ -n "${SANITIZE_BUILD_DIR:-}" ]; then  # a build kept for a later call (the test suite builds it early)
+        tmp=$SANITIZE_BUILD_DIR/$name
+        mkdir -p "$tmp"
+    else
+        tmp=$(mktemp -d "${TMPDIR:-/tmp}/fastfeed-sanitize-${name}.XXXXXX")
+        [ -n "${SANITIZE_KEEP:-}" ] || trap 'rm -rf "$tmp"' RETURN
+    fi
     log="$tmp/pytest.log"
-    [ -n "${SANITIZE_KEEP:-}" ] || trap 'rm -rf "$tmp"' RETURN
-    cp "$root/setup.py" "$root/pyproject.toml" "$tmp/"
-    cp -r "$root/csrc" "$tmp/"
-    (cd "$root" && tar cf - --exclude='*.so' --exclude=__pycache__ fastfeed) | (cd "$tmp" && tar xf -)
-    echo "== sanitize [$flags]: building in $tmp"
-    (cd "$tmp" && FASTFEED_SANITIZE="$flags" "$py" setup.py -q build_ext --inplace >"$tmp/build.log" 2>&1) || {
-        cat "$tmp/build.log" >&2
-        return 1
-    }
+    if [ -e "$tmp/.built" ]; then
+        echo "== sanitize [$flags]: built earlier in $tmp"
+    else
+        cp "$root/setup.py" "$root/pyproject.toml" "$tmp/"
+        cp -r "$root/csrc" "$tmp/"
+        (cd "$root" && tar cf - --exclude='*.so' --exclude=__pycache__ fastfeed) | (cd "$tmp" && tar xf -)
+        echo "== sanitize [$flags]: building in $tmp"
+        (cd "$tmp" && FASTFEED_SANITIZE="$flags" "$py" setup.py -q build_ext --inplace >"$tmp/build.log" 2>&1) || {
+            cat "$tmp/build.log" >&2
+            return 1
+        }
+        touch "$tmp/.built"
+    fi
+    [ "${SANITIZE_BUILD_ONLY:-}" != 1 ] || return 0
     local -a env=(
         # libstdc++ is preloaded too: python does not link it, and without it the runtime's __cxa_throw
         # interceptor finds no real __cxa_throw and aborts on the first C++ exception.

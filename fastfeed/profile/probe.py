@@ -41,7 +41,8 @@ class Probe:
         self.out_dir, self.warmup, self.steps, self.then = out_dir, warmup, steps, then
         self.main_thread = threading.get_ident()
         self.records: list[dict] = []  # one per measured step
-        self.facts: dict = {"dataloaders": [], "data_parallel": False, "ddp": [], "world_size": 1, "rank": 0}
+        self.facts: dict = {"dataloaders": [], "data_parallel": False, "ddp": [], "world_size": 1, "rank": 0,
+                            "autocast": None}
         self.step_index = 0  # steps ended so far (warm-up included)
         self.by_optimizer = False  # an optimizer step was seen: steps end there, not at each batch
         self.done = False
@@ -202,6 +203,10 @@ def _patch_torch(probe: Probe) -> None:
     def pre(optimizer, args, kwargs):
         probe.by_optimizer = True
         t_opt["t"] = time.perf_counter()
+        if "param_dtype" not in probe.facts:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            if params:
+                probe.facts["param_dtype"] = str(params[0].dtype).replace("torch.", "")
 
     def post(optimizer, args, kwargs):
         if "t" in t_opt:
@@ -267,6 +272,16 @@ def _patch_torch(probe: Probe) -> None:
         return base_cuda(self, *args, **kwargs)
 
     torch.Tensor.cuda = cuda
+
+    autocast = torch.amp.autocast_mode.autocast
+    base_enter = autocast.__enter__
+
+    def enter(self):
+        if self._enabled and probe.measuring:  # a region of reduced precision inside the window
+            probe.facts["autocast"] = str(self.fast_dtype).replace("torch.", "")
+        return base_enter(self)
+
+    autocast.__enter__ = enter
 
     base_dp_init = torch.nn.DataParallel.__init__
 

@@ -119,6 +119,21 @@ def launch_bound(p: dict, procs: list[dict]) -> dict | None:
                     "raise the batch size, move per-step Python work off the loop", 0.3)
 
 
+def full_precision(p: dict, procs: list[dict]) -> dict | None:
+    """fp32 parameters and no autocast region on a GPU: every matrix product runs in fp32 (TF32 at best) where bf16
+    tensor cores do it several times faster. Judged only when the model's own work is most of the step."""
+    if p["gpu"] is None or p["facts"].get("autocast") or p["facts"].get("param_dtype") != "float32":
+        return None
+    model = p["share"]["forward+other"] + p["share"]["backward"]
+    if model < 0.5:
+        return None
+    return _finding("compute efficiency", "the model computes in fp32",
+                    [f"parameters in float32 and no torch.autocast region in the measured steps; forward and backward "
+                     f"are {100 * model:.0f}% of the step"],
+                    "run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16) (no GradScaler needed "
+                    "for bf16), then measure again with --baseline", 0.35)
+
+
 def compute_bound(p: dict, procs: list[dict]) -> dict:
     parts = p["share"]
     top = max(("forward+other", "backward", "optimizer"), key=lambda k: parts[k])
@@ -129,7 +144,8 @@ def compute_bound(p: dict, procs: list[dict]) -> dict:
                      f"the largest part is {top} ({100 * parts[top]:.0f}%)"], advice, 0.0)
 
 
-RULES = (data_supply, communication, data_parallel, unused_parameters, no_distributed_sampler, launch_bound)
+RULES = (data_supply, communication, data_parallel, unused_parameters, no_distributed_sampler, launch_bound,
+         full_precision)
 
 
 def verdict(slowest: dict, procs: list[dict]) -> list[dict]:
