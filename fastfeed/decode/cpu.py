@@ -41,6 +41,7 @@ from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
 from fastfeed.decode.kernels import emit_chw, emit_hwc
 from fastfeed.decode.lut import make_lut, numpy_view
 from fastfeed.image.contract import TRANSPOSE, orientation_tag, to_rgb
+from fastfeed.image.headers import png_text_over_limit, without_png_text
 
 __all__ = ["PilDecoder", "decode_rgb"]
 
@@ -227,7 +228,12 @@ class PilDecoder:
         if not is_image(sample):
             return i, (NOT_IMAGE, "unknown file signature")
         try:
-            rgb = decode_rgb(sample, box, self.image_size, self._draft, self.orientation)
+            try:
+                rgb = decode_rgb(sample, box, self.image_size, self._draft, self.orientation)
+            except ValueError as e:  # PIL's text-chunk limit: the pixels decode without the text
+                if not png_text_over_limit(e):
+                    raise
+                rgb = decode_rgb(without_png_text(sample), box, self.image_size, self._draft, self.orientation)
         except Exception as e:  # noqa: BLE001 - any decode failure is a corrupt record, reported per position
             return i, (DECODE_ERROR, f"{type(e).__name__}: {e}")
         (emit_hwc if self.channels_last else emit_chw)(rgb, self._lut, bool(flip), out_np[i])

@@ -25,6 +25,7 @@ from fastfeed.detect.geometry import BatchGeometry
 from fastfeed.detect.hsv import apply_hsv_inplace
 from fastfeed.detect.resample import resize_into
 from fastfeed.image.contract import to_rgb
+from fastfeed.image.headers import png_text_over_limit, without_png_text
 
 __all__ = ["render", "decode_image", "apply_hsv", "DRAFT_MIN_SCALE"]
 
@@ -42,6 +43,15 @@ def decode_image(data, draft_size: tuple[int, int] | None = None) -> Image.Image
 
 def _decode(data, draft_size) -> tuple[Image.Image, float, tuple[int, int]]:
     """(decode_image's image, the draft's scale: 1, 1/2, 1/4 or 1/8, the full-size image's size)."""
+    try:
+        return _decode_as_is(data, draft_size)
+    except ValueError as e:  # PIL's text-chunk limit: the pixels decode without the text (image/headers.py)
+        if not png_text_over_limit(e):
+            raise
+        return _decode_as_is(without_png_text(data), draft_size)
+
+
+def _decode_as_is(data, draft_size) -> tuple[Image.Image, float, tuple[int, int]]:
     img = Image.open(io.BytesIO(memoryview(data)))
     scale, full = 1.0, img.size
     if draft_size is not None and img.format == "JPEG":

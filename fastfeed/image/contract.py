@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from fastfeed.constants import DEFAULT_ORIENTATION, ORIENTATIONS
-from fastfeed.image.headers import exif_orientation
+from fastfeed.image.headers import exif_orientation, png_text_over_limit, without_png_text
 
 __all__ = ["TRANSPOSE", "GREY_MODES", "to_rgb", "to_8bit", "orientation_tag", "contract_image"]
 
@@ -66,9 +66,15 @@ def contract_image(data, orientation: str = DEFAULT_ORIENTATION) -> Image.Image:
     """The whole image as every decoder shows it (RGB, first frame, oriented by the policy). Raises on bad data."""
     if orientation not in ORIENTATIONS:
         raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
-    img = Image.open(io.BytesIO(bytes(data)))
+    try:
+        img = Image.open(io.BytesIO(bytes(data)))
+        img.load()
+    except ValueError as e:  # PIL's text-chunk limit: the pixels decode without the text (headers.py)
+        if not png_text_over_limit(e):
+            raise
+        img = Image.open(io.BytesIO(without_png_text(data)))
+        img.load()
     tag = orientation_tag(data, img.format, orientation)
-    img.load()
     if tag != 1:
         img = img.transpose(TRANSPOSE[tag])
     return to_rgb(img)

@@ -12,7 +12,7 @@ import zlib
 from dataclasses import dataclass
 
 __all__ = ["STANDALONE_MARKERS", "tiff_orientation", "exif_orientation", "jpeg_end", "PngFacts", "png_facts",
-           "png_raw_size", "png_data_ok"]
+           "png_raw_size", "png_data_ok", "png_text_over_limit", "without_png_text"]
 
 # JPEG markers without a length field.
 STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})
@@ -186,6 +186,32 @@ def png_facts(data) -> PngFacts | str:
             return facts if facts.idat else "bad image header: PNG without pixel data (no IDAT)"
         pos = nxt
     return "truncated PNG (no IEND chunk at the end)"
+
+
+_PNG_TEXT = (b"tEXt", b"zTXt", b"iTXt")
+
+
+def png_text_over_limit(exc: BaseException) -> bool:
+    """PIL refused a PNG because its text chunks exceed PngImagePlugin's safety limits (MAX_TEXT_CHUNK,
+    MAX_TEXT_MEMORY): metadata only, which torchvision and DALI skip; `without_png_text` makes it decodable."""
+    return isinstance(exc, ValueError) and ("MAX_TEXT" in str(exc) or "text chunks" in str(exc))
+
+
+def without_png_text(data) -> bytes:
+    """The PNG with its text chunks (tEXt, zTXt, iTXt) left out, every other chunk byte for byte: the same pixels.
+    Bytes that are not a well-formed PNG come back unchanged (the decoder then says what is wrong)."""
+    data = bytes(data)
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return data
+    out, pos, n = [data[:8]], 8, len(data)
+    while pos + 8 <= n:
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        nxt = min(n, pos + 12 + length)
+        if kind not in _PNG_TEXT:
+            out.append(data[pos:nxt])
+        pos = nxt
+    out.append(data[pos:])
+    return b"".join(out)
 
 
 def png_raw_size(f: PngFacts) -> int:

@@ -29,6 +29,7 @@ import numpy as np
 from fastfeed.datasets import open_dataset
 from fastfeed.formats.base import data_path, shard_root
 from fastfeed.formats.integrity import checksum, sha256_file
+from fastfeed.image.headers import png_text_over_limit, without_png_text
 from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
 from fastfeed.types import DatasetError
 
@@ -146,10 +147,19 @@ def _decode_all(ds, report: VerifyReport, indices: list[int], workers: int | Non
         where = f"{os.path.relpath(ds.file_of(i), ds.root)}: {_name(ds, i)}"
         if w * h > max_pixels:
             return f"{where}: {w}x{h} pixels exceeds the pack's limit of {max_pixels}"
-        try:
-            with Image.open(io.BytesIO(data)) as im:
+        def decodes(d) -> tuple[int, int]:
+            with Image.open(io.BytesIO(d)) as im:
                 size = im.size
-            decode_rgb(data, (0.0, 0.0, float(w), float(h)), _DECODE_SIZE)
+            decode_rgb(d, (0.0, 0.0, float(w), float(h)), _DECODE_SIZE)
+            return size
+
+        try:
+            try:
+                size = decodes(data)
+            except ValueError as e:  # PIL's text-chunk limit: the Loader decodes the pixels without the text
+                if not png_text_over_limit(e):
+                    raise
+                size = decodes(without_png_text(data))
         except Exception as e:  # noqa: BLE001 - PIL raises a zoo of types for corrupt data; all mean "bad"
             return f"{where}: does not decode: {type(e).__name__}: {e}"
         if size != (w, h):
