@@ -66,6 +66,9 @@ def _draft_size(W: int, H: int, w: float, h: float, S: float) -> tuple[int, int]
     return max(1, int(np.ceil(W * f))), max(1, int(np.ceil(H * f)))
 
 
+_MIN_BOX = 1e-3  # the narrowest box side, in source pixels: only keeps a degenerate window valid
+
+
 def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, draft_min_scale=None,
                orientation: str = DEFAULT_ORIENTATION):
     """Decode one record and return the float source box (x0, y0, x1, y1), in displayed-image coordinates,
@@ -84,10 +87,11 @@ def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, 
         W0, H0 = H0, W0
     # Clamp to the decoded image: the packer's header size may disagree with what the file really holds.
     # (draft's scale factor is the same on both axes, so the box may be in displayed or stored coordinates.)
-    x0 = min(max(bx0, 0.0), W0 - 1.0)
-    y0 = min(max(by0, 0.0), H0 - 1.0)
-    x1 = min(max(bx1, x0 + 1.0), float(W0))
-    y1 = min(max(by1, y0 + 1.0), float(H0))
+    # A box may be under a pixel wide (eval's centre crop of a 1 x 4000 image): it is kept as it is, not widened.
+    x0 = min(max(bx0, 0.0), W0 - _MIN_BOX)
+    y0 = min(max(by0, 0.0), H0 - _MIN_BOX)
+    x1 = min(max(bx1, x0 + _MIN_BOX), float(W0))
+    y1 = min(max(by1, y0 + _MIN_BOX), float(H0))
     if img.format == "JPEG" and draft_min_scale is not None:
         img.draft("RGB", _draft_size(W0, H0, x1 - x0, y1 - y0, image_size * draft_min_scale))
     if tag == 1 and img.format == "JPEG" and img.mode == "RGB" and img.size == (W0, H0) and _REGION_DECODE \
