@@ -38,7 +38,7 @@ import struct
 from dataclasses import dataclass
 
 from fastfeed.image import jpeg, transcode
-from fastfeed.image.headers import exif_orientation, jpeg_end, png_data_ok, png_facts
+from fastfeed.image.headers import STANDALONE_MARKERS, exif_orientation, jpeg_end, png_data_ok, png_facts
 
 __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS",
            "CHANGES", "TRIMMED", "DROPPED_JUNK", "CONVERTED", "REPAIRED", "TRANSCODED", "REENCODED", "DOWNSCALED"]
@@ -49,7 +49,8 @@ EXTENSIONS = {"jpeg": "jpg", "png": "png"}
 
 # Change codes on Loaded.change (the manifest counts them under "changes"); never rename one.
 TRIMMED = "trimmed_trailing_data"  # bytes after the JPEG EOI / PNG IEND dropped (pixels identical)
-DROPPED_JUNK = "dropped_leading_junk"  # bytes before the JPEG SOI or between SOI and the first marker dropped
+# bytes before the JPEG SOI, or where a marker should start (after SOI, between header segments) dropped
+DROPPED_JUNK = "dropped_leading_junk"
 CONVERTED = "converted_to_png"  # decoded by the decode contract and stored as 8-bit PNG (contract pixels identical)
 # A JPEG failing the scan check, decoded by PIL (the reference) and stored as PNG: PIL's pixels identical.
 REPAIRED = "repaired_corrupt_scan"
@@ -168,16 +169,57 @@ def _check_jpeg(data, opts: LoadOptions, change: str | None, facts: tuple | None
 
 
 def _check_jpeg_unreadable(data, opts: LoadOptions, e: jpeg.ImageProbeError) -> Loaded | Rejected:
-    """The header walk failed: junk between SOI and the first marker is dropped, else the file is rejected."""
-    fixed = _drop_junk_after_soi(data)
-    if fixed is None:
-        return Rejected(f"bad image header: {e}")
-    data, change = fixed, DROPPED_JUNK
-    try:
-        info = _probe(data)
-    except jpeg.ImageProbeError as e2:
-        return Rejected(f"bad image header: {e2}")
-    return _check_jpeg_info(data, opts, change, info, None, None)
+    """The header walk failed: junk between SOI and the first marker, or before a later marker, is dropped (the
+    scans are left as they are), else the file is rejected."""
+    for fix in (_drop_junk_after_soi, _drop_junk_before_markers):
+        fixed = fix(data)
+        if fixed is None:
+            continue
+        try:
+            info = _probe(fixed)
+        except jpeg.ImageProbeError as e2:
+            e = e2
+            continue
+        return _check_jpeg_info(fixed, opts, DROPPED_JUNK, info, None, None)
+    return Rejected(f"bad image header: {e}")
+
+
+def _drop_junk_before_markers(data):
+    """The header with what libjpeg's and PIL's marker walks skip left out: bytes other than 0xFF, and stuffed
+    FF 00 pairs, where a marker should start (an APP segment whose length is short of its data leaves such bytes).
+    Up to the first scan; the scans byte for byte. None when nothing was skipped or the walk still fails."""
+    d = bytes(data)
+    n, pos, skipped = len(d), 2, 0
+    out = [d[:2]]
+    while True:
+        while True:  # libjpeg's next_marker
+            start = pos
+            while pos < n and d[pos] != 0xFF:
+                pos += 1
+            skipped += pos - start
+            while pos < n and d[pos] == 0xFF:
+                pos += 1
+            if pos >= n:
+                return None
+            if d[pos] != 0x00:
+                break
+            pos += 1
+            skipped += 2
+        marker = d[pos]
+        pos += 1
+        if marker in STANDALONE_MARKERS:
+            out.append(bytes((0xFF, marker)))
+            continue
+        if marker in (0xD8, 0xD9) or pos + 2 > n:
+            return None
+        length = int.from_bytes(d[pos:pos + 2], "big")
+        if length < 2 or pos + length > n:
+            return None
+        out.append(bytes((0xFF, marker)) + d[pos:pos + length])
+        pos += length
+        if marker == 0xDA:
+            out.append(d[pos:])
+            return b"".join(out) if skipped else None
 
 
 def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.ImageInfo, ends_with_eoi: bool | None,
