@@ -56,6 +56,10 @@ class Windows:
     h: np.ndarray  # int32[B]
     flip: np.ndarray  # bool[B]
     box: np.ndarray | None = None  # float64[B, 4] exact (x0, y0, x1, y1) inside the ROI; None: the ROI itself
+    # The (displayed) image sizes the windows were drawn on, when known: a decoder may read around a window (its
+    # resize filter's neighbours) up to the image's edge.
+    width: np.ndarray | None = None  # int64[B]
+    height: np.ndarray | None = None  # int64[B]
 
     def __post_init__(self):
         if self.box is None:
@@ -68,7 +72,8 @@ class Windows:
 
     def take(self, positions) -> "Windows":
         p = np.asarray(positions, dtype=np.int64)
-        return Windows(self.x[p], self.y[p], self.w[p], self.h[p], self.flip[p], self.box[p])
+        return Windows(self.x[p], self.y[p], self.w[p], self.h[p], self.flip[p], self.box[p],
+                       None if self.width is None else self.width[p], None if self.height is None else self.height[p])
 
     def clamped(self, widths, heights) -> "Windows":
         """The same windows clipped to images of the given (actual, decoded) sizes; never empty."""
@@ -82,7 +87,7 @@ class Windows:
         lo = np.stack([x, y, x, y], axis=1).astype(np.float64)
         hi = np.stack([x + w, y + h, x + w, y + h], axis=1).astype(np.float64)
         box = np.minimum(np.maximum(self.box, lo), hi)
-        return Windows(x.astype(i32), y.astype(i32), w.astype(i32), h.astype(i32), self.flip.copy(), box)
+        return Windows(x.astype(i32), y.astype(i32), w.astype(i32), h.astype(i32), self.flip.copy(), box, W, H)
 
 
 def oriented_size(widths, heights, orientation_tags, policy: str) -> tuple[np.ndarray, np.ndarray]:
@@ -211,4 +216,5 @@ def crop_windows(widths, heights, sample_ids, *, seed: int, epoch: int, train: b
     else:
         x, y, w, h, flip, box = _eval(W, H, int(image_size))
     i32 = np.int32
-    return Windows(x.astype(i32), y.astype(i32), w.astype(i32), h.astype(i32), np.asarray(flip, dtype=bool), box)
+    return Windows(x.astype(i32), y.astype(i32), w.astype(i32), h.astype(i32), np.asarray(flip, dtype=bool), box,
+                   np.asarray(W, dtype=np.int64), np.asarray(H, dtype=np.int64))

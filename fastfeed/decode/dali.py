@@ -107,6 +107,22 @@ def _graph(batch_size, num_threads, device_id, image_size, dtype_name, channels_
     return pipe().serialize()
 
 
+def _slice_around(windows: Windows, image_size: int):
+    """The region a cropped decode reads, (x0, y0, x1, y1) int64 arrays: each window plus what the resize's filter
+    reads around it (the downscale factor, at least a pixel) and two pixels more (a cropped decode's outer columns
+    are upsampled without their neighbours), within the image. The resize then samples what PIL's would, also in a
+    window under a pixel wide. Windows without their image sizes are decoded as they are."""
+    x, y = windows.x.astype(np.int64), windows.y.astype(np.int64)
+    x1, y1 = x + windows.w, y + windows.h
+    if windows.width is None or windows.height is None:
+        return x, y, x1, y1
+    box = windows.box
+    mx = np.ceil(np.maximum((box[:, 2] - box[:, 0]) / image_size, 1.0)).astype(np.int64) + 2
+    my = np.ceil(np.maximum((box[:, 3] - box[:, 1]) / image_size, 1.0)).astype(np.int64) + 2
+    return (np.maximum(x - mx, 0), np.maximum(y - my, 0), np.minimum(x1 + mx, windows.width),
+            np.minimum(y1 + my, windows.height))
+
+
 class _Closed(RuntimeError):
     """The decoder was closed, before the call or during it: no record is to blame, so nothing is bisected."""
 
@@ -187,10 +203,10 @@ class DaliDecoder:
         if self.chroma == "full":
             x = y = np.zeros(len(box))  # resize's ROI on the whole decoded image
         else:
-            x = windows.x.astype(np.float64)
-            y = windows.y.astype(np.float64)
-            pipe.feed_array("anchor", np.stack([windows.x, windows.y], axis=1).astype(np.int32))
-            pipe.feed_array("shape", np.stack([windows.w, windows.h], axis=1).astype(np.int32))
+            x0, y0, x1, y1 = _slice_around(windows, self.image_size)
+            x, y = x0.astype(np.float64), y0.astype(np.float64)
+            pipe.feed_array("anchor", np.stack([x0, y0], axis=1).astype(np.int32))
+            pipe.feed_array("shape", np.stack([x1 - x0, y1 - y0], axis=1).astype(np.int32))
         # resize's ROI is relative to what was decoded, in tensor order (H, W).
         pipe.feed_array("roi_start", np.stack([box[:, 1] - y, box[:, 0] - x], axis=1).astype(np.float32))
         pipe.feed_array("roi_end", np.stack([box[:, 3] - y, box[:, 2] - x], axis=1).astype(np.float32))

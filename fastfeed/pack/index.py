@@ -231,7 +231,9 @@ def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, rel: str, shard
                           "index` never rewrites a shard; store it with `fastfeed pack`")
         return reject(f"no image member (members: {', '.join(exts)})")
     _, off, size, _ = members[img_ext]
-    got = check_image(view[off:off + size], opts)
+    # A copy: a view of the shard's map kept alive by a checker's exception (traceback cycles wait for the
+    # garbage collector) would keep the map from closing.
+    got = check_image(bytes(view[off:off + size]), opts)
     if not isinstance(got, Loaded):
         return reject(got.reason)
     if got.change not in (None, TRIMMED):
