@@ -12,7 +12,8 @@ import zlib
 from dataclasses import dataclass
 
 __all__ = ["STANDALONE_MARKERS", "tiff_orientation", "exif_orientation", "jpeg_end", "PngFacts", "png_facts",
-           "png_raw_size", "png_data_ok", "png_text_over_limit", "without_png_text"]
+           "png_raw_size", "png_data_ok", "png_text_over_limit", "without_png_text", "jpeg_without_junk_after_soi",
+           "jpeg_without_junk_before_markers"]
 
 # JPEG markers without a length field.
 STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})
@@ -136,6 +137,61 @@ def jpeg_end(data, start: int = 0) -> int | None:
                 continue
             break
     return None
+
+
+_JUNK_SCAN = 1 << 16  # junk between a JPEG's SOI and its first marker is looked for only this far in
+
+
+def jpeg_without_junk_after_soi(data):
+    """SOI + the data from the first marker on, when bytes sit between SOI and that marker (libjpeg skips them
+    with a warning, PIL refuses the file); None when there is no such marker."""
+    head = bytes(data[:_JUNK_SCAN])
+    pos = 2
+    while True:
+        pos = head.find(b"\xff", pos)
+        if pos < 0 or pos + 1 >= len(head):
+            return None
+        if 0xC0 <= head[pos + 1] <= 0xFE and head[pos + 1] != 0xD8:
+            return b"\xff\xd8" + bytes(data[pos:])
+        pos += 1
+
+
+def jpeg_without_junk_before_markers(data):
+    """The header with what libjpeg's and PIL's marker walks skip left out: bytes other than 0xFF, and stuffed
+    FF 00 pairs, where a marker should start (an APP segment whose length is short of its data leaves such bytes).
+    Up to the first scan; the scans byte for byte. None when nothing was skipped or the walk still fails."""
+    d = bytes(data)
+    n, pos, skipped = len(d), 2, 0
+    out = [d[:2]]
+    while True:
+        while True:  # libjpeg's next_marker
+            start = pos
+            while pos < n and d[pos] != 0xFF:
+                pos += 1
+            skipped += pos - start
+            while pos < n and d[pos] == 0xFF:
+                pos += 1
+            if pos >= n:
+                return None
+            if d[pos] != 0x00:
+                break
+            pos += 1
+            skipped += 2
+        marker = d[pos]
+        pos += 1
+        if marker in STANDALONE_MARKERS:
+            out.append(bytes((0xFF, marker)))
+            continue
+        if marker in (0xD8, 0xD9) or pos + 2 > n:
+            return None
+        length = int.from_bytes(d[pos:pos + 2], "big")
+        if length < 2 or pos + length > n:
+            return None
+        out.append(bytes((0xFF, marker)) + d[pos:pos + length])
+        pos += length
+        if marker == 0xDA:
+            out.append(d[pos:])
+            return b"".join(out) if skipped else None
 
 
 # ---- PNG ---------------------------------------------------------------------------------------------------

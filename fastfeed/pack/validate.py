@@ -38,7 +38,8 @@ import struct
 from dataclasses import dataclass
 
 from fastfeed.image import jpeg, transcode
-from fastfeed.image.headers import STANDALONE_MARKERS, exif_orientation, jpeg_end, png_data_ok, png_facts
+from fastfeed.image.headers import (exif_orientation, jpeg_end, jpeg_without_junk_after_soi,
+                                    jpeg_without_junk_before_markers, png_data_ok, png_facts)
 
 __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS",
            "CHANGES", "TRIMMED", "DROPPED_JUNK", "CONVERTED", "REPAIRED", "TRANSCODED", "REENCODED", "DOWNSCALED"]
@@ -60,7 +61,6 @@ DOWNSCALED = "downscaled_max_side"  # --max-side: lossy
 CHANGES = (TRIMMED, DROPPED_JUNK, CONVERTED, REPAIRED, TRANSCODED, REENCODED, DOWNSCALED)
 # When several apply to one file, the code reported is the one that changed the most (later in this order).
 _WEIGHT = {c: i for i, c in enumerate(CHANGES)}
-_JUNK_SCAN = 1 << 16  # junk between a JPEG's SOI and its first marker is looked for only this far in
 _JUNK_MAX = 1024  # junk before the SOI: at most this many bytes
 _CONTAINERS = (b"%PDF", b"PK\x03\x04", b"Rar!", b"7z\xbc\xaf", b"\x1f\x8b", b"RIFF", b"\x1aE\xdf\xa3")
 # Twice PIL's own bomb limit: ImageNet's largest image is ~30 Mpx; anything above this is almost surely hostile.
@@ -171,7 +171,7 @@ def _check_jpeg(data, opts: LoadOptions, change: str | None, facts: tuple | None
 def _check_jpeg_unreadable(data, opts: LoadOptions, e: jpeg.ImageProbeError) -> Loaded | Rejected:
     """The header walk failed: junk between SOI and the first marker, or before a later marker, is dropped (the
     scans are left as they are), else the file is rejected."""
-    for fix in (_drop_junk_after_soi, _drop_junk_before_markers):
+    for fix in (jpeg_without_junk_after_soi, jpeg_without_junk_before_markers):
         fixed = fix(data)
         if fixed is None:
             continue
@@ -182,44 +182,6 @@ def _check_jpeg_unreadable(data, opts: LoadOptions, e: jpeg.ImageProbeError) -> 
             continue
         return _check_jpeg_info(fixed, opts, DROPPED_JUNK, info, None, None)
     return Rejected(f"bad image header: {e}")
-
-
-def _drop_junk_before_markers(data):
-    """The header with what libjpeg's and PIL's marker walks skip left out: bytes other than 0xFF, and stuffed
-    FF 00 pairs, where a marker should start (an APP segment whose length is short of its data leaves such bytes).
-    Up to the first scan; the scans byte for byte. None when nothing was skipped or the walk still fails."""
-    d = bytes(data)
-    n, pos, skipped = len(d), 2, 0
-    out = [d[:2]]
-    while True:
-        while True:  # libjpeg's next_marker
-            start = pos
-            while pos < n and d[pos] != 0xFF:
-                pos += 1
-            skipped += pos - start
-            while pos < n and d[pos] == 0xFF:
-                pos += 1
-            if pos >= n:
-                return None
-            if d[pos] != 0x00:
-                break
-            pos += 1
-            skipped += 2
-        marker = d[pos]
-        pos += 1
-        if marker in STANDALONE_MARKERS:
-            out.append(bytes((0xFF, marker)))
-            continue
-        if marker in (0xD8, 0xD9) or pos + 2 > n:
-            return None
-        length = int.from_bytes(d[pos:pos + 2], "big")
-        if length < 2 or pos + length > n:
-            return None
-        out.append(bytes((0xFF, marker)) + d[pos:pos + length])
-        pos += length
-        if marker == 0xDA:
-            out.append(d[pos:])
-            return b"".join(out) if skipped else None
 
 
 def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.ImageInfo, ends_with_eoi: bool | None,
@@ -256,20 +218,6 @@ def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.Ima
                 pass
         return _convert(data, "jpeg", opts, change, what="arithmetic-coded JPEG")
     return _maybe_convert(data, "jpeg", info, opts, change)
-
-
-def _drop_junk_after_soi(data):
-    """SOI + the data from the first marker on, when bytes sit between SOI and that marker (libjpeg skips them
-    with a warning, PIL refuses the file); None when there is no such marker."""
-    head = bytes(data[: _JUNK_SCAN])
-    pos = 2
-    while True:
-        pos = head.find(b"\xff", pos)
-        if pos < 0 or pos + 1 >= len(head):
-            return None
-        if 0xC0 <= head[pos + 1] <= 0xFE and head[pos + 1] != 0xD8:
-            return b"\xff\xd8" + bytes(data[pos:])
-        pos += 1
 
 
 def _bomb(info, opts: LoadOptions) -> Rejected:

@@ -246,31 +246,28 @@ def _patch_torch(probe: Probe) -> None:
 
     torch.Tensor.backward = backward
 
-    base_to = torch.Tensor.to
+    def copy_to_gpu(base, tensor, *args, **kwargs):
+        """A host-to-device copy: counted (bytes, pageable or pinned) and timed as the step's "h2d"."""
+        probe.use_gpu(torch.cuda)
+        nbytes = tensor.element_size() * tensor.nelement()
+        probe._cur["h2d_bytes"] += nbytes
+        if not tensor.is_pinned():
+            probe._cur["h2d_pageable_bytes"] += nbytes
+        return probe.timed("h2d", base, tensor, *args, **kwargs)
+
+    base_to, base_cuda = torch.Tensor.to, torch.Tensor.cuda
 
     def to(self, *args, **kwargs):
-        if self.device.type != "cpu" or not _to_cuda(args, kwargs):
-            return base_to(self, *args, **kwargs)
-        probe.use_gpu(torch.cuda)
-        nbytes = self.element_size() * self.nelement()
-        probe._cur["h2d_bytes"] += nbytes
-        if not self.is_pinned():
-            probe._cur["h2d_pageable_bytes"] += nbytes
-        return probe.timed("h2d", base_to, self, *args, **kwargs)
-
-    torch.Tensor.to = to
-    base_cuda = torch.Tensor.cuda
+        if self.device.type == "cpu" and _to_cuda(args, kwargs):
+            return copy_to_gpu(base_to, self, *args, **kwargs)
+        return base_to(self, *args, **kwargs)
 
     def cuda(self, *args, **kwargs):
         if self.device.type == "cpu":
-            probe.use_gpu(torch.cuda)
-            nbytes = self.element_size() * self.nelement()
-            probe._cur["h2d_bytes"] += nbytes
-            if not self.is_pinned():
-                probe._cur["h2d_pageable_bytes"] += nbytes
-            return probe.timed("h2d", base_cuda, self, *args, **kwargs)
+            return copy_to_gpu(base_cuda, self, *args, **kwargs)
         return base_cuda(self, *args, **kwargs)
 
+    torch.Tensor.to = to
     torch.Tensor.cuda = cuda
 
     autocast = torch.amp.autocast_mode.autocast
