@@ -155,10 +155,14 @@ class BatchAssembler:
         labels = self.table.labels[torch.from_numpy(indices)]
         for dst, src in sources.items():
             labels[dst] = labels[src]
-        labels = self._finish_labels(plan, k, labels, sources)
+        return self._classification(result.images, self._finish_labels(plan, k, labels, sources), values,
+                                    sources), replaced
+
+    def _classification(self, images, labels, values, sources: dict):
+        """(images, labels), or with fields the dict of them and each field (`_with_fields`)."""
         if self.table.fields is None:
-            return (result.images, labels), replaced
-        return self._with_fields({"images": result.images, "labels": labels}, values, sources), replaced
+            return images, labels
+        return self._with_fields({"images": images, "labels": labels}, values, sources)
 
     def _with_fields(self, batch: dict, values: dict | None, sources: dict) -> dict:
         """The batch dict with each requested field collated (a replaced position takes its source's values, as it
@@ -246,9 +250,7 @@ class BatchAssembler:
                 memory_format=torch.channels_last if s.channels_last else torch.contiguous_format)
             labels = self._finish_labels(plan, k, self.table.labels[torch.full((n,), c, dtype=torch.int64)],
                                          everywhere)
-            if self.table.fields is None:
-                return (images, labels), replaced
-            return self._with_fields({"images": images, "labels": labels}, values, {}), replaced
+            return self._classification(images, labels, values, {}), replaced
         raise LoaderError(f"batch {k} of epoch {plan.epoch}: every sample is bad "
                           f"({self._names(indices, range(n))}) and none of {len(candidates)} other samples of the "
                           "epoch decodes either; check the dataset with `fastfeed verify`")

@@ -68,15 +68,12 @@ class SampleFields:
 def plan_fields(dataset, names: tuple[str, ...]) -> tuple[Extents, SampleFields]:
     """The ring's extents (one per sample, spanning its image and every requested member) and the SampleFields
     that split them. ValueError naming what the dataset has when a field is not there."""
-    have = dataset.fields
-    missing = [n for n in names if n not in have]
-    if missing:
-        raise ValueError(f"{dataset.root}: the samples carry no {missing} member; they carry {have}"
-                         + ("" if len(dataset.manifest.shards) and dataset.manifest.kind == "wds"
-                            else " (fields are read from WebDataset shards)"))
     if dataset.manifest.kind != "wds" and any(n != "cls" for n in names):
         raise ValueError(f"{dataset.root}: fields other than 'cls' are read from WebDataset shards; this dataset "
                          f"is {dataset.manifest.kind!r} (pack it with --format wds)")
+    missing = [n for n in names if n not in dataset.fields]
+    if missing:
+        raise ValueError(f"{dataset.root}: the samples carry no {missing} member; they carry {dataset.fields}")
     base = dataset.extents()
     start, end = base.offset.copy(), base.offset + base.size
     at, size, sums, kinds = {}, {}, {}, {}

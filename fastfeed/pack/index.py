@@ -29,8 +29,9 @@ import numpy as np
 import xxhash
 
 from fastfeed.formats.fields import columns, value_kind
-from fastfeed.pack.table import write_dataset
+from fastfeed.pack.table import new_rows, rows_to_table, write_dataset
 from fastfeed.pack.validate import TRIMMED, Loaded, LoadOptions, check_image
+from fastfeed.pack.wds import WdsWriter
 from fastfeed.pack.writers import atomic_write
 from fastfeed.types import ADOPTED_FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, ShardInfo
 
@@ -40,8 +41,6 @@ IMAGE_EXTS = ("jpg", "jpeg", "png")  # what the decoders read as stored, in orde
 _OTHER_IMAGES = ("webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext
 _IDX_VERSION = "v1.2"
-_TABLE_COLUMNS = ("key", "label", "width", "height", "jpeg", "transcoded", "hw_decodable", "size", "source",
-                  "checksum", "orientation", "change", "shard", "offset", "meta_offset", "meta_size")
 
 
 @dataclass
@@ -52,7 +51,7 @@ class _Sample:
 
 @dataclass
 class _ShardResult:
-    rows: dict = field(default_factory=lambda: {c: [] for c in _TABLE_COLUMNS})
+    rows: dict = field(default_factory=lambda: new_rows(WdsWriter.columns))
     fields: list = field(default_factory=list)  # per accepted sample: {ext: (offset, size, xxh3)}
     idx_lines: list = field(default_factory=list)
     rejected: list = field(default_factory=list)
@@ -119,7 +118,7 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
         results = list(pool.map(lambda a: _index_shard(os.path.join(root, a[1]), a[1], a[0], image_ext, opts),
                                 enumerate(rels)))
     rejected = [r for res in results for r in res.rejected]
-    rows = {c: [v for res in results for v in res.rows[c]] for c in _TABLE_COLUMNS}
+    rows = {c: [v for res in results for v in res.rows[c]] for c in results[0].rows}
     per_sample = [f for res in results for f in res.fields]
     if not per_sample:
         raise DatasetError(f"{src}: no usable sample in {len(rels)} shard(s) ({len(rejected)} rejected; first: "
@@ -145,10 +144,7 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
 
 
 def _table(rows: dict, per_sample: list[dict], names: list[str]) -> dict[str, np.ndarray]:
-    dtypes = {"label": np.int64, "width": np.int32, "height": np.int32, "jpeg": np.uint8, "transcoded": np.bool_,
-              "hw_decodable": np.bool_, "size": np.int64, "checksum": np.uint64, "orientation": np.uint8,
-              "shard": np.int32, "offset": np.int64, "meta_offset": np.int64, "meta_size": np.int64}
-    table = {c: np.asarray(rows[c], dtype=dtypes.get(c, str)) for c in _TABLE_COLUMNS}
+    table = rows_to_table(rows, WdsWriter.columns)  # pack's columns: an adopted table reads like a packed one
     for name in names:
         cells = [f.get(name, (-1, -1, 0)) for f in per_sample]
         off_col, size_col, sum_col = columns(name)
