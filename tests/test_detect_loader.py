@@ -260,8 +260,13 @@ def test_a_torchvision_detector_trains_on_the_batches(yolo_pack):
 
 def test_detection_arguments_are_checked(yolo_pack):
     out, _ = yolo_pack
-    with pytest.raises(ValueError, match="decoder='dali' is not available"):
+    with pytest.raises(ValueError, match="decodes on a CUDA device"):
         fastfeed.Loader(out, batch_size=4, device="cpu", decoder="dali")
+    with pytest.raises(ValueError, match="decodes with one of"):
+        fastfeed.Loader(out, batch_size=4, device="cpu", decoder="hybrid")
+    cpu = fastfeed.Loader(out, batch_size=4, device="cpu")
+    assert cpu.settings.decoder == "cpu"
+    cpu.close()
     with pytest.raises(ValueError, match="orientation"):
         fastfeed.Loader(out, batch_size=4, device="cpu", orientation="exif")
     with pytest.raises(ValueError, match="augment="):
@@ -271,12 +276,16 @@ def test_detection_arguments_are_checked(yolo_pack):
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_the_batches_are_the_cpu_ones_normalised_there(yolo_pack):
+@pytest.mark.parametrize("decoder", ["cpu", "dali"])
+def test_on_the_gpu_the_batches_are_the_cpu_ones_normalised_there(yolo_pack, decoder):
     """device="cuda": the same geometry as on the CPU, the same pixels to a level (the HSV gains are applied on the
-    GPU in float32, on the CPU in float64), moved as uint8 and scaled to [0, 1] on the GPU."""
+    GPU in float32, on the CPU in float64), scaled to [0, 1] on the GPU. With decoder="dali" (what "auto" picks)
+    DALI decodes these PNGs to the same pixels and the GPU renderer draws them to the bit."""
     out, _ = yolo_pack
     cpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu", seed=4)
-    gpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.float32, device="cuda", seed=4)
+    gpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.float32, device="cuda", seed=4,
+                          decoder=decoder)
+    assert gpu.settings.decoder == decoder
     n = 0
     for a, b in zip(cpu, gpu):
         assert b["images"].is_cuda and b["images"].dtype == torch.float32
@@ -285,6 +294,21 @@ def test_on_the_gpu_the_batches_are_the_cpu_ones_normalised_there(yolo_pack):
         assert torch.equal(a["boxes"], b["boxes"].cpu()) and torch.equal(a["labels"], b["labels"].cpu())
         n += 1
     assert n == len(cpu)
+    cpu.close()
+    gpu.close()
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_evaluation_batches_equal_the_cpu_ones_to_the_bit(yolo_pack):
+    """The letterbox (no HSV) through DALI and the GPU renderer: the CPU path's uint8 pixels exactly, and its
+    boxes, scale and pad."""
+    out, _ = yolo_pack
+    cpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu", train=False)
+    gpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cuda", train=False)
+    assert gpu.settings.decoder == "dali"
+    for a, b in zip(cpu, gpu):
+        for key in ("images", "boxes", "labels", "batch_idx", "scale", "pad", "orig_size"):
+            assert torch.equal(a[key], b[key].cpu()), key
     cpu.close()
     gpu.close()
 

@@ -43,9 +43,13 @@
 #   odd-corpus         the decode contract on the GPU: tools/odd_corpus_gpu.py (hardware and CUDA JPEG decoders)
 #   progressive        20% progressive JPEGs packed --jpeg keep / --jpeg baseline against all baseline, the loader
 #                      alone (bench_gpu.py --sections progressive; makes its own sets)
-#   detect             pytest -m gpu tests/test_detect_loader.py; detection batches at 640 px, batch 64, to the GPU:
+#   detect             pytest -m gpu tests/test_detect_loader.py; detection batches at 640 px, batch 64, to the GPU
+#                      (DALI staged: the GPU path; else the CPU one):
 #                      fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
 #                      ultralytics wheels), on 4 cores (taskset) and 16 [makes its own set]
+#   yolo-train [N...]  YOLOv8n training (yolo_train.py), batch 64, 640 px, bf16, under taskset -c 0-(N-1) for each N
+#                      (default 4): the resident-batch ceiling, ultralytics' loader, fastfeed (carry .carry/ul)
+#                      [makes detect's set]
 #   profile            fastfeed profile on a plain ResNet-50 script (rn50_train.py): fed by a DataLoader with 2
 #                      workers (verdict: data supply), by fastfeed's defaults (not data supply), and the latter again
 #                      without the profiler (its cost) [base]
@@ -58,7 +62,8 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/lib.sh
 
 STEPS=" stage-dali build data gpu-tests train-resnet50 train-resnet18 alone first-batch first-step photos photos-alone
-        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus progressive detect profile abba "
+        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus progressive detect yolo-train
+        profile abba "
 STEPS=$(echo $STEPS)  # one line, single spaces
 STEPS=" $STEPS "
 
@@ -157,6 +162,16 @@ run_step() {  # $1 = step, rest: its arguments
                 --seconds 25 --json $OUT/detect-$cores-$tag.json 2>&1 | grep -E "^round|^fastfeed /|images,"
           done
           (cd $OUT && tar -czf detect-$tag.tar.gz detect-*-$tag.json && rm detect-*-$tag.json) ;;
+  yolo-train) need native dali || return 1
+          [ -d .carry/ul ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/ul/*.whl
+          for cores in ${@:-4}; do
+            for feed in resident ultralytics fastfeed; do
+              CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 200 taskset -c 0-$((cores - 1)) python3 \
+                  benchmarks/gpu/yolo_train.py --feed $feed --workdir $W/detect \
+                  --json $OUT/yolo-$cores-$feed-$tag.json 2>&1 | grep -E '^\{|decoder=|Error' | tail -2
+            done
+          done
+          (cd $OUT && tar -czf yolo-train-$tag.tar.gz yolo-*-$tag.json && rm yolo-*-$tag.json) ;;
   abba) need native base || return 1
         local old
         old=$(ls .carry/old/tree-*.tar.gz 2>/dev/null | head -1)

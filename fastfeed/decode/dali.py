@@ -42,6 +42,7 @@ parser pack used for the `orientation` column) and the windows are clamped to it
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,7 +52,7 @@ from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_r
                                   is_image, replaced_list, resolve_errors)
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
 
-__all__ = ["DaliDecoder", "dali_available"]
+__all__ = ["DaliDecoder", "WholeImages", "dali_available"]
 
 
 def dali_available() -> bool:
@@ -63,8 +64,9 @@ def dali_available() -> bool:
 
 
 def _graph(batch_size, num_threads, device_id, image_size, dtype_name, channels_last, mean, std, hw_decoder_load,
-           adjust_orientation, chroma, preallocate=None) -> bytes:
-    """The pipeline, serialized (DALI's protobuf): defined here with DALI's Python API, built by dali_capi."""
+           adjust_orientation, chroma, preallocate=None, whole=False) -> bytes:
+    """The pipeline, serialized (DALI's protobuf): defined here with DALI's Python API, built by dali_capi. `whole`:
+    the decoded images as they are (uint8 HWC RGB, each its own size), for the detection renderer."""
     from nvidia.dali import fn, pipeline_def, types
 
     dali_dtype = {"float16": types.FLOAT16, "bfloat16": types.FLOAT16, "float32": types.FLOAT,
@@ -79,9 +81,6 @@ def _graph(batch_size, num_threads, device_id, image_size, dtype_name, channels_
                   prefetch_queue_depth=1, exec_dynamic=True)
     def pipe():
         raw = fn.external_source(name="raw", no_copy=True, dtype=types.UINT8, ndim=1)
-        roi_start = fn.external_source(name="roi_start", dtype=types.FLOAT, ndim=1)
-        roi_end = fn.external_source(name="roi_end", dtype=types.FLOAT, ndim=1)
-        mirror = fn.external_source(name="mirror", dtype=types.INT32, ndim=0)
         common = dict(device="mixed" if gpu else "cpu", output_type=types.RGB,
                       adjust_orientation=bool(adjust_orientation),
                       # Interpolated ("fancy") chroma upsampling is what libjpeg-turbo, and so PIL and torchvision,
@@ -91,6 +90,11 @@ def _graph(batch_size, num_threads, device_id, image_size, dtype_name, channels_
             common["hw_decoder_load"] = float(hw_decoder_load)
             if preallocate is not None:  # the hardware decoder's buffers for a batch this large, at the build
                 common["preallocate_width_hint"], common["preallocate_height_hint"] = (int(v) for v in preallocate)
+        if whole:
+            return fn.decoders.image(raw, **common)
+        roi_start = fn.external_source(name="roi_start", dtype=types.FLOAT, ndim=1)
+        roi_end = fn.external_source(name="roi_end", dtype=types.FLOAT, ndim=1)
+        mirror = fn.external_source(name="mirror", dtype=types.INT32, ndim=0)
         if chroma == "full":
             # The whole image decoded, the crop taken by resize's ROI (then in absolute coordinates): exact chroma
             # on the GPU, where nvJPEG may refuse ROI decodes with interpolated upsampling (see chroma_mode).
@@ -123,6 +127,16 @@ def _slice_around(windows: Windows, image_size: int):
             np.minimum(y1 + my, windows.height))
 
 
+class WholeImages(NamedTuple):
+    """decode_whole's result: flat uint8 [sum h*w*3] on the device; offset int64 [B] (-1 where a position failed);
+    size int64 [B, 2] (width, height); bad {position: (code, detail)}."""
+
+    flat: object
+    offset: np.ndarray
+    size: np.ndarray
+    bad: dict
+
+
 class _Closed(RuntimeError):
     """The decoder was closed, before the call or during it: no record is to blame, so nothing is bisected."""
 
@@ -137,13 +151,15 @@ class DaliDecoder:
     in page-locked memory, for the asynchronous copy of decode/split.py), pinned_input (GPU: samples that are views
     of one page-locked buffer, a ring slot, are handed to DALI as page-locked; see the module docstring), preallocate
     (GPU: (width, height) of the images the hardware decoder's buffers are allocated for at the build, for a whole
-    batch; None: they grow in the first runs; fastfeed/loader/settings.py says when the Loader asks for it).
+    batch; None: they grow in the first runs; fastfeed/loader/settings.py says when the Loader asks for it),
+    whole_images (decode only, for `decode_whole`: no crop, resize or normalisation; the detection path's).
     """
 
     def __init__(self, *, device_id=0, image_size=224, dtype=None, channels_last=False, mean=None, std=None,
                  batch_size=256, num_threads=DEFAULT_DALI_THREADS, hw_decoder_load=DEFAULT_HW_DECODER_LOAD,
                  on_error="skip", zero_copy=False,
-                 orientation=DEFAULT_ORIENTATION, pinned_output=False, pinned_input=False, preallocate=None):
+                 orientation=DEFAULT_ORIENTATION, pinned_output=False, pinned_input=False, preallocate=None,
+                 whole_images=False):
         import torch
 
         dtype = torch.float32 if dtype is None else dtype  # what the Loader gives by default
@@ -178,9 +194,10 @@ class DaliDecoder:
         self.chroma = chroma_mode(device_id is not None)
         self._device_id = device_id
         self._num_threads = int(num_threads)
+        self.whole_images = bool(whole_images)
         self._serialized = _graph(self.batch_size, self._num_threads, device_id, self.image_size, pipe_dtype,
                                   pipe_hwc, mean, std, hw_decoder_load, orientation == "exif", self.chroma,
-                                  preallocate)
+                                  preallocate, self.whole_images)
         # Guards the pipeline's replacement after a failed run against close() from another thread.
         self._swap, self._closed = threading.Lock(), False
         self._pipe = self._build()
@@ -197,8 +214,10 @@ class DaliDecoder:
     def _feed(self, pipe, samples, windows: Windows, pinned: bool = False) -> None:
         """Hand the batch to `pipe`: the encoded bytes in place (`pinned`: they are page-locked, see the module
         docstring), the per-sample parameters copied."""
-        box = windows.box
         pipe.feed_samples("raw", samples, pinned)
+        if self.whole_images:
+            return
+        box = windows.box
         pipe.feed_array("mirror", windows.flip.astype(np.int32))
         if self.chroma == "full":
             x = y = np.zeros(len(box))  # resize's ROI on the whole decoded image
@@ -247,7 +266,7 @@ class DaliDecoder:
         half = len(positions) // 2
         for part in (positions[:half], positions[half:]):
             try:
-                self._run([samples[i] for i in part], windows.take(part)).close()
+                self._run(*_subset(samples, windows, part)).close()
             except _Closed:
                 raise
             except RuntimeError as e:
@@ -295,16 +314,66 @@ class DaliDecoder:
         return images
 
     def __call__(self, samples, windows: Windows) -> DecodeResult:
-        if self._pipe is None:
-            raise _Closed("decoder is closed")
         n = len(samples)
         if n != len(windows):
             raise ValueError(f"{n} samples but {len(windows)} windows")
+        if self.whole_images:
+            raise ValueError("this decoder decodes whole images: call decode_whole")
+        out, bad, good, pinned = self._decode_good(samples, windows)
+        with out:
+            images = self._to_torch(out)
+        if pinned:
+            # DALI may still be copying the samples to the GPU when its outputs are handed back; the caller reuses
+            # their memory when this returns. The outputs, ready on this stream, come after every read of them.
+            _inputs_read(self.device)
+        if bad:
+            full = images.new_empty((n,) + tuple(images.shape[1:]))
+            full[good] = images
+            images = full
+            apply_replacements(images, resolve_errors(bad, n, self.on_error))
+        if self.channels_last:
+            images = images.permute(0, 3, 1, 2)
+        return DecodeResult(images, replaced_list(bad))
+
+    def decode_whole(self, samples) -> WholeImages:
+        """Each sample decoded as it is (a decoder built with whole_images=True): uint8 HWC RGB images back to back
+        in one tensor on the decoder's device, with where each position's starts and its (width, height); the
+        positions that failed are in `bad` (offset -1), for the caller's replacement policy."""
+        import torch
+
+        if not self.whole_images:
+            raise ValueError("this decoder crops and resizes: call it with windows")
+        n = len(samples)
+        out, bad, good, pinned = self._decode_good(samples, None)
+        with out:
+            shapes = out.shapes
+            flat = torch.empty(int(shapes.prod(axis=1).sum()), dtype=torch.uint8, device=self.device)
+            if self.device.type == "cuda":
+                out.copy_to(flat.data_ptr(), gpu=True, device_id=self.device.index,
+                            stream=torch.cuda.current_stream(self.device).cuda_stream)
+            else:
+                out.copy_to(flat.data_ptr(), gpu=False)
+        if pinned:
+            _inputs_read(self.device)
+        size = np.zeros((n, 2), np.int64)
+        off = np.full(n, -1, np.int64)
+        per = shapes.prod(axis=1)
+        off[good] = np.cumsum(per) - per
+        size[good] = shapes[:, [1, 0]]
+        return WholeImages(flat, off, size, bad)
+
+    def _decode_good(self, samples, windows: Windows | None):
+        """(DALI's outputs for the positions that decode, {position: (code, detail)} of those that do not, the
+        positions decoded, whether the samples were handed over page-locked). Raises CorruptSampleError under
+        on_error="raise" or when nothing decodes."""
+        if self._pipe is None:
+            raise _Closed("decoder is closed")
+        n = len(samples)
         if not 0 < n <= self.batch_size:
             raise ValueError(f"batch of {n} samples; this decoder accepts 1..{self.batch_size}")
         bad = {i: (NOT_IMAGE, "unknown file signature") for i in range(n) if not is_image(samples[i])}
         good = [i for i in range(n) if i not in bad]
-        if self.orientation == "exif":
+        if self.orientation == "exif" and windows is not None:
             windows = _clamp_displayed(samples, windows, good)
         # Page-locked samples (the ring's slots) are handed to DALI as such: its decoders then read them in place
         # instead of copying every batch into a page-locked buffer of their own first (NVIDIA/DALI#5003).
@@ -320,23 +389,10 @@ class DaliDecoder:
                 self._find_bad(samples, windows, good, bad, (DECODE_ERROR, _short(e)))
                 good = [i for i in range(n) if i not in bad]
                 out = None
-        repl = resolve_errors(bad, n, self.on_error)
+        resolve_errors(bad, n, self.on_error)  # raises before another run when the batch cannot be used
         if out is None:  # a failure was bisected: decode the good records once more
             out = self._run(*_subset(samples, windows, good), pinned)
-        with out:
-            images = self._to_torch(out)
-        if pinned:
-            # DALI may still be copying the samples to the GPU when its outputs are handed back; the caller reuses
-            # their memory when this returns. The outputs, ready on this stream, come after every read of them.
-            _inputs_read(self.device)
-        if bad:
-            full = images.new_empty((n,) + tuple(images.shape[1:]))
-            full[good] = images
-            images = full
-            apply_replacements(images, repl)
-        if self.channels_last:
-            images = images.permute(0, 3, 1, 2)
-        return DecodeResult(images, replaced_list(bad))
+        return out, bad, good, pinned
 
     def close(self) -> None:
         with self._swap:
@@ -394,12 +450,12 @@ def _inputs_read(device) -> None:
     torch.cuda.current_stream(device).synchronize()
 
 
-def _subset(samples, windows: Windows, positions: list[int]):
-    """The samples and windows at `positions`; the batch itself when that is all of it (the usual case: no
-    per-sample copy of the list)."""
+def _subset(samples, windows: Windows | None, positions: list[int]):
+    """The samples and windows (None: whole images) at `positions`; the batch itself when that is all of it (the
+    usual case: no per-sample copy of the list)."""
     if len(positions) == len(samples):
         return samples, windows
-    return [samples[i] for i in positions], windows.take(positions)
+    return [samples[i] for i in positions], None if windows is None else windows.take(positions)
 
 
 def _clamp_displayed(samples, windows: Windows, positions) -> Windows:

@@ -274,6 +274,7 @@ class Outputs:
         self.num_samples, ndim = ns.value, nd.value
         shapes = np.ctypeslib.as_array(sh, (self.num_samples * ndim,)).reshape(self.num_samples, ndim) \
             if self.num_samples and ndim else np.zeros((self.num_samples, ndim), np.int64)
+        self.shapes = shapes.copy()  # DALI's array lives only as long as the outputs
         self.uniform = bool(self.num_samples == 0 or (shapes == shapes[0]).all())
         self.sample_shape = tuple(int(x) for x in shapes[0]) if self.num_samples else ()
         self.dtype = np.dtype(DTYPES[dt.value])
@@ -286,7 +287,7 @@ class Outputs:
 
     def copy_to(self, ptr: int, *, gpu: bool, device_id: int = 0, pinned: bool = False,
                 stream: int | None = None) -> None:
-        """Copy the whole batch, densely, to `ptr` (GPU memory of `device_id`, or host memory), on `stream`."""
+        """Copy the whole batch, densely (samples back to back, in order, whatever their shapes), to `ptr` (GPU memory of `device_id`, or host memory), on `stream`."""
         place = _Placement(_STORAGE_GPU if gpu else _STORAGE_CPU, device_id, pinned)
         _call("daliTensorListCopyOut", self._tl, C.c_void_p(ptr), place, _stream_arg(stream), 0)
 

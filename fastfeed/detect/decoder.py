@@ -5,6 +5,8 @@ another of its batch (decode/base.py's rule, as on every path) before anything e
 exact copy of its replacement; the batch's geometry is drawn (`geometry.plan_batch`, a function of the seed, the
 epoch and the sample ids), each output is rendered (`render.render`) and its boxes transformed by the same geometry.
 The pixels go to the device as uint8 (a quarter of float32's bytes) and are normalised there.
+
+`GpuDetectDecoder` (detect/gpu.py) differs in two steps only: DALI decodes on the GPU and gpu_render.py draws there.
 """
 from __future__ import annotations
 
@@ -76,22 +78,18 @@ class DetectDecoder:
         repl = resolve_errors(bad, n, self.on_error)  # raises under "raise", or when nothing in the batch decodes
         src = np.array([repl.get(k, k) for k in range(n)], dtype=np.int64)
         ids = np.asarray(request.ids, dtype=np.int64)[src]
-        images = [decoded[j] for j in src]
         sizes = np.stack([self.widths[ids], self.heights[ids]], axis=1)
         geometry = plan_batch(ids, sizes, self.image_size, epoch=request.epoch, seed=self.seed, aug=self.augment,
                               train=self.train, epochs=self.epochs)
-        S = self.image_size
-        pixels = np.empty((n, S, S, 3), dtype=np.uint8)
-
         # On a GPU the HSV gains are one batched pass there (fastfeed/detect/hsv.py): a third of the CPU's work.
         gpu_hsv = self.device.type == "cuda" and bool((geometry.hsv != 1).any())
+        pixels = self._render(decoded, src, geometry, hsv=not gpu_hsv)
 
-        def one(k: int):
-            render(images, geometry, k, hsv=not gpu_hsv, out=pixels[k])
+        def boxes(k: int):
             objects = [self.targets.of(int(ids[t.source])) for t in geometry.tiles(k)]
             return transform_boxes(geometry, k, [b for b, _ in objects], [c for _, c in objects])
 
-        per_image = list(self._pool.map(one, range(n)))
+        per_image = list(self._pool.map(boxes, range(n)))
         counts = [len(lab) for _, lab in per_image]
         targets = {
             "boxes": torch.from_numpy(np.concatenate([b for b, _ in per_image]).astype(np.float32, copy=False)
@@ -106,6 +104,14 @@ class DetectDecoder:
         }
         return DetectResult(self._to_device(pixels, geometry.hsv if gpu_hsv else None), targets, replaced_list(bad))
 
+    def _render(self, decoded, src, geometry, hsv: bool) -> torch.Tensor:
+        """The outputs as uint8 [B, S, S, 3] (here on the CPU): position k's sources are decoded[src[...]]."""
+        images = [decoded[j] for j in src]
+        S = self.image_size
+        pixels = np.empty((len(src), S, S, 3), dtype=np.uint8)
+        list(self._pool.map(lambda k: render(images, geometry, k, hsv=hsv, out=pixels[k]), range(len(src))))
+        return torch.from_numpy(pixels)
+
     def _decode_all(self, samples):
         """Each sample decoded once (None where it fails), and {position: (code, detail)} of the failures."""
         def decode(sample):
@@ -119,11 +125,11 @@ class DetectDecoder:
         results = list(self._pool.map(decode, samples))
         return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
 
-    def _to_device(self, pixels: np.ndarray, hsv_gains: np.ndarray | None = None) -> torch.Tensor:
+    def _to_device(self, pixels: torch.Tensor, hsv_gains: np.ndarray | None = None) -> torch.Tensor:
         """NHWC uint8 -> [B, 3, S, S] in the Loader's dtype and layout, HSV gains [B, 3] applied (when given) and
         normalised on the device."""
-        t = torch.from_numpy(pixels)
-        if self.device.type == "cuda":
+        t = pixels
+        if t.device.type != self.device.type:
             t = t.pin_memory().to(self.device, non_blocking=True)
         t = t.permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels_last already
         if hsv_gains is not None:
@@ -141,3 +147,4 @@ class DetectDecoder:
 
     def __exit__(self, *exc):
         self.close()
+

@@ -43,6 +43,10 @@ _EMPTY = np.empty(0, dtype=np.uint8)
 SKIP_CODES = ("read_error", "checksum", "not_image", "decode_error", MISSING_FIELD, BAD_FIELD)
 
 
+# The detection batch's tensors a model reads (the rest stays on the host: _finish_detection).
+_ON_DEVICE = ("images", "boxes", "labels", "batch_idx")
+
+
 class LoaderError(RuntimeError):
     """An error raised in a decode worker, re-raised in the training loop with where it happened."""
 
@@ -204,8 +208,10 @@ class BatchAssembler:
                 valid[list(replaced)] = False
         batch["valid"] = valid
         if self.settings.device.type == "cuda":
-            batch = {name: v.pin_memory().to(self.settings.device, non_blocking=True) if v.device.type == "cpu" else v
-                     for name, v in batch.items()}
+            # What the model reads goes to the device; the bookkeeping (ids, sizes, scale, pad, valid) stays on the
+            # host, where it is read without waiting for the GPU.
+            batch = {name: v.pin_memory().to(self.settings.device, non_blocking=True)
+                     if name in _ON_DEVICE and v.device.type == "cpu" else v for name, v in batch.items()}
         return batch
 
     def _untrusted(self, indices, samples, digests=None) -> dict[int, tuple[str, str]]:

@@ -88,6 +88,7 @@ from fastfeed.datasets import open_dataset
 from fastfeed.decode import GPU_DECODERS, build_decoder, oriented_size
 from fastfeed.decode.crop import DEFAULT_ORIENTATION
 from fastfeed.detect.decoder import DetectDecoder
+from fastfeed.detect.gpu import GpuDetectDecoder
 from fastfeed.formats import integrity, read_targets
 from fastfeed.loader import lifecycle
 from fastfeed.loader.assemble import LoaderError, SampleTable
@@ -575,7 +576,8 @@ class Loader:
 
         def new(index: int):
             if settings.task == "detect":
-                decoder = DetectDecoder.from_settings(settings, table.targets, table.widths, table.heights)
+                kind = GpuDetectDecoder if settings.decoder == "dali" else DetectDecoder
+                decoder = kind.from_settings(settings, table.targets, table.widths, table.heights)
             else:
                 decoder = build_decoder(settings, index=index, climber=climber)
             stats.add("pipelines_built")

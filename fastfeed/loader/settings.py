@@ -198,7 +198,10 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
 
     num_threads, prefetch = _map_dataloader_kwargs(dataloader_kwargs or {}, num_threads, prefetch)
     dev = _resolve_device(device, world)
-    kind = resolve_kind(decoder, str(dev), images, world.cpus_per_rank, image_size)
+    if task == "detect":
+        kind = _detect_kind(decoder, dev, augment, train)
+    else:
+        kind = resolve_kind(decoder, str(dev), images, world.cpus_per_rank, image_size)
     auto = num_threads is None or num_threads == "auto"
     if not auto:
         num_threads = _int("num_threads", num_threads, 1, MAX_THREADS)
@@ -271,9 +274,8 @@ def _fields(fields) -> tuple[str, ...]:
 
 
 def _resolve_task(task, augment, epochs, decoder, orientation):
-    """(task, augment, epochs, decoder) checked. Detection batches are decoded and augmented on the CPU
-    (fastfeed/detect/): the GPU decoders do not take a detection geometry yet, so "auto" means "cpu" there and a
-    GPU decoder asked for by name is an error, not a silent fallback."""
+    """(task, augment, epochs, decoder) checked; detection's decoder is chosen by `_detect_kind` once the device is
+    known."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if epochs is not None:
@@ -286,12 +288,36 @@ def _resolve_task(task, augment, epochs, decoder, orientation):
         augment = DetectAugment()
     elif not isinstance(augment, DetectAugment):
         raise ValueError(f"augment must be a fastfeed.detect.DetectAugment, got {type(augment).__name__}")
-    if decoder not in ("auto", "cpu", "cpu-pil"):
-        raise ValueError(f"task='detect' decodes on the CPU (decoder='cpu'); decoder={decoder!r} is not available "
-                         "for detection yet")
+    if decoder not in DETECT_DECODERS:
+        raise ValueError(f"task='detect' decodes with one of {DETECT_DECODERS}, got decoder={decoder!r}")
     if orientation != "ignore":
         raise ValueError("task='detect' reads boxes in the stored image's pixels: orientation must be 'ignore'")
-    return task, augment, epochs, "cpu"
+    return task, augment, epochs, decoder
+
+
+DETECT_DECODERS = ("auto", "dali", "cpu", "cpu-pil")
+
+
+def _detect_kind(decoder: str, dev, augment, train: bool) -> str:
+    """Detection's decoder: "dali" (DALI decodes on the GPU, fastfeed/detect/gpu_render.py draws there) or "cpu"
+    (fastfeed/detect/render.py). "auto" takes the GPU where it can: a CUDA device, DALI installed, and tiles that
+    stay axis-aligned (the GPU renderer has no rotation or shear). "dali" by name where it cannot is an error."""
+    from fastfeed.decode.dali import dali_available
+
+    aligned = augment.axis_aligned or not train
+    gpu = dev.type == "cuda"
+    if decoder == "dali":
+        if not gpu:
+            raise ValueError(f"decoder='dali' for detection decodes on a CUDA device, got device={str(dev)!r}")
+        if not aligned:
+            raise ValueError("decoder='dali' for detection draws axis-aligned tiles only: degrees and shear are "
+                             "the CPU renderer's (decoder='cpu')")
+        if not dali_available():
+            raise ValueError("decoder='dali' needs nvidia-dali (pip install nvidia-dali-cuda130)")
+        return "dali"
+    if decoder == "auto" and gpu and aligned and dali_available():
+        return "dali"
+    return "cpu"
 
 
 def ring_budget_bytes(world: World, total_bytes: int | None = None) -> int:

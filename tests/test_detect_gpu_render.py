@@ -1,0 +1,73 @@
+"""The GPU renderer (fastfeed/detect/gpu_render.py) against the CPU renderer (render.py), to the bit, on the CPU:
+Triton runs the same kernels in its interpreter (TRITON_INTERPRET=1, set before the kernels are defined, hence a
+process of its own). Sources of random pixels, larger and smaller than the output (down- and upscaling, up to 3x),
+mosaic and letterbox geometries, flipped and not; the oracle is the CPU renderer, itself Pillow's arithmetic
+(tests/test_detect_geometry.py checks it against Pillow)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, torch
+    from fastfeed.detect.geometry import plan_batch, DetectAugment
+    from fastfeed.detect.render import render
+    from fastfeed.detect.gpu_render import render_batch
+
+    rng = np.random.default_rng(0)
+    B, S = 4, 24
+    sizes = np.array([(11, 17), (70, 36), (20, 72), (9, 40)])
+    imgs = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w, h in sizes]
+    flat = torch.from_numpy(np.concatenate([i.ravel() for i in imgs]))
+    per = np.array([i.size for i in imgs])
+    off = np.cumsum(per) - per
+    report = []
+    for train, epoch, aug in [(True, 0, DetectAugment(scale=0.9)), (True, 1, DetectAugment(mosaic=0.0, fliplr=1.0)),
+                              (False, 0, DetectAugment())]:
+        g = plan_batch(np.arange(B) + 7 * epoch, sizes, S, epoch=epoch, seed=2, aug=aug, train=train)
+        ref = np.stack([render(imgs, g, k, hsv=False) for k in range(B)])
+        got = render_batch(flat, off, sizes, g).numpy()
+        report.append({"train": train, "tiles": int(g.n_tiles.sum()), "flipped": int(g.flip.sum()),
+                       "differ": int((ref != got).sum()), "shape": list(got.shape)})
+    # a source decoded at another size than the stored one (a header that disagreed): the geometry is scaled to it
+    g = plan_batch(np.arange(2), np.array([(60, 30), (60, 30)]), S, epoch=0, seed=0, train=False)
+    small = [rng.integers(0, 256, (15, 30, 3), dtype=np.uint8) for _ in range(2)]
+    ref = np.stack([render(small, g, k, hsv=False) for k in range(2)])
+    got = render_batch(torch.from_numpy(np.concatenate([s.ravel() for s in small])), np.array([0, 1350]),
+                       np.array([(30, 15), (30, 15)]), g).numpy()
+    report.append({"train": False, "tiles": 2, "flipped": 0, "differ": int((ref != got).sum()),
+                   "shape": list(got.shape)})
+    print(json.dumps(report))
+""")
+
+
+def test_gpu_renderer_draws_the_cpu_renderers_pixels_to_the_bit():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(report) == 4
+    assert report[0]["tiles"] == 16 and report[0]["flipped"] > 0  # mosaic, some flipped
+    assert report[1]["tiles"] == 4 and report[1]["flipped"] == 4
+    for case in report:
+        assert case["differ"] == 0, case
+        assert case["shape"][1:] == [24, 24, 3]
+
+
+def test_the_gpu_renderer_refuses_rotated_tiles():
+    import numpy as np
+
+    from fastfeed.detect.geometry import DetectAugment, plan_batch
+    from fastfeed.detect.gpu_render import plan_tiles
+
+    g = plan_batch(np.arange(2), np.array([(50, 40), (30, 60)]), 32, epoch=0, seed=0, aug=DetectAugment(degrees=5))
+    with pytest.raises(ValueError, match="axis-aligned"):
+        plan_tiles(g, np.array([0, 6000]), np.array([(50, 40), (30, 60)]))
