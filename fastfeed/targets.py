@@ -61,6 +61,12 @@ class Targets:
             return self.boxes[a:b], self.labels[a:b]
         return self.boxes[a:b][keep], self.labels[a:b][keep]
 
+    def trainable(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every sample's `of(i)` at once: (boxes [M', 4], labels [M'], start [N + 1]) without the crowd regions."""
+        keep = ~self.iscrowd
+        kept = np.concatenate([[0], np.cumsum(keep)])
+        return self.boxes[keep], self.labels[keep], kept[self.start].astype(np.int64)
+
     def polygons_of(self, i: int) -> list[list[np.ndarray]]:
         """Sample i's polygons: per object a list of float32 [K, 2] arrays (empty lists without polygons)."""
         a, b = int(self.start[i]), int(self.start[i + 1])

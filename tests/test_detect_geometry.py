@@ -20,6 +20,7 @@ from PIL import Image
 from scipy import ndimage
 
 from fastfeed.detect import DetectAugment, plan_batch, transform_boxes
+from fastfeed.detect.geometry import transform_batch_boxes
 from fastfeed.detect.render import apply_hsv, decode_image, render
 
 # class c is the colour whose channel bits are c + 1 (R = 1, G = 2, B = 4): red, green, yellow, blue, magenta, cyan,
@@ -487,3 +488,33 @@ def test_the_numba_resize_is_pils_to_a_level():
         mirrored = np.zeros_like(got)
         resize_into(src, box, mirrored, flip=True)
         assert np.array_equal(mirrored, got[:, ::-1])
+
+
+@pytest.mark.parametrize("train,aug", [(True, DetectAugment()), (True, DetectAugment(mosaic=0.0)),
+                                       (False, DetectAugment())])
+def test_the_batch_box_transform_is_the_per_output_one_to_the_bit(train, aug):
+    """transform_batch_boxes (the decoders' one pass) against transform_boxes output by output, crowd regions left
+    out as Targets.of leaves them out, negatives included."""
+    from fastfeed.targets import Targets
+
+    rng = np.random.default_rng(5)
+    n_samples, B, S = 40, 16, 96
+    counts = rng.integers(0, 6, n_samples)
+    start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    xy = rng.uniform(-10, 150, (start[-1], 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(0.5, 60, (start[-1], 2))], axis=1).astype(np.float32)
+    targets = Targets(boxes=boxes, labels=rng.integers(0, 5, start[-1]).astype(np.int64),
+                      iscrowd=rng.random(start[-1]) < 0.2, start=start)
+    for epoch in range(3):
+        ids = rng.choice(n_samples, B, replace=False)
+        g = plan_batch(ids, rng.integers(100, 400, (B, 2)), S, epoch=epoch, seed=1, aug=aug, train=train)
+        got_boxes, got_labels, got_idx = transform_batch_boxes(g, ids, targets.trainable())
+        want = []
+        for k in range(B):
+            objects = [targets.of(int(ids[t.source])) for t in g.tiles(k)]
+            b, lab = transform_boxes(g, k, [o[0] for o in objects], [o[1] for o in objects])
+            want.append((b, lab, np.full(len(lab), k)))
+        assert len(got_boxes) > 10
+        assert np.array_equal(got_boxes, np.concatenate([w[0] for w in want]))
+        assert np.array_equal(got_labels, np.concatenate([w[1] for w in want]))
+        assert np.array_equal(got_idx, np.concatenate([w[2] for w in want]))

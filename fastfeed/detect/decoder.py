@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fastfeed.decode.base import DECODE_ERROR, NOT_IMAGE, Replaced, is_image, replaced_list, resolve_errors
-from fastfeed.detect.geometry import plan_batch, transform_boxes
+from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
 from fastfeed.detect.hsv import apply_hsv_torch
 from fastfeed.detect.render import decode_image, render
 from fastfeed.targets import Targets
@@ -54,6 +54,7 @@ class DetectDecoder:
                  epochs: int | None, device, dtype, channels_last: bool, mean, std, num_threads: int,
                  on_error: str):
         self.targets = targets
+        self._objects = targets.trainable()
         self.widths, self.heights = np.asarray(widths, np.int64), np.asarray(heights, np.int64)
         self.image_size, self.augment, self.train, self.seed, self.epochs = image_size, augment, train, seed, epochs
         self.device, self.dtype, self.channels_last = torch.device(device), dtype, channels_last
@@ -85,17 +86,11 @@ class DetectDecoder:
         gpu_hsv = self.device.type == "cuda" and bool((geometry.hsv != 1).any())
         pixels = self._render(decoded, src, geometry, hsv=not gpu_hsv)
 
-        def boxes(k: int):
-            objects = [self.targets.of(int(ids[t.source])) for t in geometry.tiles(k)]
-            return transform_boxes(geometry, k, [b for b, _ in objects], [c for _, c in objects])
-
-        per_image = list(self._pool.map(boxes, range(n)))
-        counts = [len(lab) for _, lab in per_image]
+        boxes, labels, batch_idx = self._boxes(geometry, ids)
         targets = {
-            "boxes": torch.from_numpy(np.concatenate([b for b, _ in per_image]).astype(np.float32, copy=False)
-                                      .reshape(-1, 4)),
-            "labels": torch.from_numpy(np.concatenate([lab for _, lab in per_image]).astype(np.int64, copy=False)),
-            "batch_idx": torch.repeat_interleave(torch.arange(n, dtype=torch.int64), torch.tensor(counts)),
+            "boxes": torch.from_numpy(boxes.reshape(-1, 4)),
+            "labels": torch.from_numpy(labels),
+            "batch_idx": torch.from_numpy(batch_idx),
             "ids": torch.from_numpy(ids.copy()),
             "orig_size": torch.from_numpy(np.stack([self.heights[ids], self.widths[ids]], axis=1)),
             # The own tile's map: diag(scale) and pad, exact for evaluation and axis-aligned training batches.
@@ -103,6 +98,22 @@ class DetectDecoder:
             "pad": torch.from_numpy(geometry.affine[:, 0, :, 2].astype(np.float32)),
         }
         return DetectResult(self._to_device(pixels, geometry.hsv if gpu_hsv else None), targets, replaced_list(bad))
+
+    def _boxes(self, geometry, ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(boxes float32 [N, 4], labels int64 [N], batch_idx int64 [N]) of the batch: in one pass for an
+        axis-aligned geometry, else output by output."""
+        if geometry.axis_aligned:
+            return transform_batch_boxes(geometry, ids, self._objects)
+
+        def one(k: int):
+            objects = [self.targets.of(int(ids[t.source])) for t in geometry.tiles(k)]
+            return transform_boxes(geometry, k, [b for b, _ in objects], [c for _, c in objects])
+
+        per_image = list(self._pool.map(one, range(len(ids))))
+        counts = [len(lab) for _, lab in per_image]
+        return (np.concatenate([b for b, _ in per_image]).astype(np.float32, copy=False).reshape(-1, 4),
+                np.concatenate([lab for _, lab in per_image]).astype(np.int64, copy=False),
+                np.repeat(np.arange(len(ids), dtype=np.int64), counts))
 
     def _render(self, decoded, src, geometry, hsv: bool) -> torch.Tensor:
         """The outputs as uint8 [B, S, S, 3] (here on the CPU): position k's sources are decoded[src[...]]."""

@@ -22,7 +22,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
-__all__ = ["DetectAugment", "BatchGeometry", "Tile", "plan_batch", "transform_boxes", "box_candidates",
+__all__ = ["DetectAugment", "BatchGeometry", "Tile", "plan_batch", "transform_boxes", "transform_batch_boxes",
+           "box_candidates",
            "sample_rng", "long_side_size", "letterbox_padding", "SALT"]
 
 # Mixed into every sample's seed sequence, so detection draws never coincide with another user of (seed, epoch, id).
@@ -364,3 +365,47 @@ def _clip(boxes: np.ndarray, rect: np.ndarray) -> np.ndarray:
     np.clip(out[:, 0::2], rect[0], rect[2], out=out[:, 0::2])
     np.clip(out[:, 1::2], rect[1], rect[3], out=out[:, 1::2])
     return out
+
+
+def transform_batch_boxes(geometry: BatchGeometry, sample_of_position, objects) -> tuple[np.ndarray, np.ndarray,
+                                                                                           np.ndarray]:
+    """`transform_boxes` for every output of an axis-aligned geometry at once, to the same bits: (boxes float32
+    [N, 4], labels int64 [N], the output of each box int64 [N]), in output, tile and object order.
+    sample_of_position: int [B], the sample id at each batch position; objects: (boxes [M, 4], labels [M],
+    start [S + 1]) of every sample's objects to train on (`Targets.trainable`)."""
+    if not geometry.axis_aligned:
+        raise ValueError("transform_batch_boxes takes axis-aligned geometries; see transform_boxes")
+    S = geometry.image_size
+    all_boxes, all_labels, start = objects
+    used = np.arange(geometry.source.shape[1])[None, :] < geometry.n_tiles[:, None]
+    k, t = np.nonzero(used)  # row-major: output, then tile order
+    ids = np.asarray(sample_of_position, np.int64)[geometry.source[k, t]]
+    counts = start[ids + 1] - start[ids]
+    first = np.repeat(start[ids], counts)
+    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    rows = first + within
+    tile_of = np.repeat(np.arange(len(k)), counts)
+    b = all_boxes[rows].astype(np.float64)
+    A = geometry.affine[k, t][tile_of]
+    lin = np.stack([A[:, 0, 0], A[:, 1, 1], A[:, 0, 0], A[:, 1, 1]], axis=1)
+    off = np.stack([A[:, 0, 2], A[:, 1, 2], A[:, 0, 2], A[:, 1, 2]], axis=1)
+    region = geometry.region[k, t][tile_of] * lin + off
+    before = _clip_rows(b * lin + off, region)
+    after = _clip_rows(before, geometry.dst_rect[k, t][tile_of].astype(np.float64))
+    keep = (before[:, 2] > before[:, 0]) & (before[:, 3] > before[:, 1])
+    if geometry.train:
+        keep &= box_candidates(before, after)
+    else:
+        keep &= (after[:, 2] > after[:, 0]) & (after[:, 3] > after[:, 1])
+    out = k[tile_of][keep]
+    boxes = after[keep]
+    flip = geometry.flip[out]
+    boxes[flip] = np.stack([S - boxes[flip, 2], boxes[flip, 1], S - boxes[flip, 0], boxes[flip, 3]], axis=1)
+    return boxes.astype(np.float32), all_labels[rows][keep].astype(np.int64), out.astype(np.int64)
+
+
+def _clip_rows(boxes: np.ndarray, rect: np.ndarray) -> np.ndarray:
+    """Boxes [n, 4] each clipped to its own rect [n, 4] (x0, y0, x1, y1), as `_clip` does with one rect."""
+    lo = rect[:, [0, 1, 0, 1]]
+    hi = rect[:, [2, 3, 2, 3]]
+    return np.minimum(np.maximum(boxes, lo), hi)
