@@ -48,7 +48,8 @@
 #                      fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
 #                      ultralytics wheels), on 4 cores (taskset) and 16 [makes its own set]
 #   yolo-train [N...]  YOLOv8n training (yolo_train.py), batch 64, 640 px, bf16, under taskset -c 0-(N-1) for each N
-#                      (default 4): the resident-batch ceiling, ultralytics' loader, fastfeed (carry .carry/ul)
+#                      (default 4): the resident-batch ceiling, ultralytics' loader, fastfeed (carry .carry/ul);
+#                      MODELS="yolov8n yolov8s" for other models
 #                      [makes detect's set]
 #   profile            fastfeed profile on a plain ResNet-50 script (rn50_train.py): fed by a DataLoader with 2
 #                      workers (verdict: data supply), by fastfeed's defaults (not data supply), and the latter again
@@ -164,11 +165,13 @@ run_step() {  # $1 = step, rest: its arguments
           (cd $OUT && tar -czf detect-$tag.tar.gz detect-*-$tag.json && rm detect-*-$tag.json) ;;
   yolo-train) need native dali || return 1
           [ -d .carry/ul ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/ul/*.whl
-          for cores in ${@:-4}; do
-            for feed in resident ultralytics fastfeed; do
-              CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 200 taskset -c 0-$((cores - 1)) python3 \
-                  benchmarks/gpu/yolo_train.py --feed $feed --workdir $W/detect \
-                  --json $OUT/yolo-$cores-$feed-$tag.json 2>&1 | grep -E '^\{|decoder=|Error' | tail -2
+          for model in ${MODELS:-yolov8n}; do
+            for cores in ${@:-4}; do
+              for feed in resident ultralytics fastfeed; do
+                CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 200 taskset -c 0-$((cores - 1)) python3 \
+                    benchmarks/gpu/yolo_train.py --feed $feed --model $model.yaml --workdir $W/detect \
+                    --json $OUT/yolo-$model-$cores-$feed-$tag.json 2>&1 | grep -E '^\{|decoder=|Error' | tail -2
+              done
             done
           done
           (cd $OUT && tar -czf yolo-train-$tag.tar.gz yolo-*-$tag.json && rm yolo-*-$tag.json) ;;

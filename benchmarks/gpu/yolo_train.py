@@ -28,16 +28,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_detect import DEFAULT_WORKDIR, prepare_data, ultralytics_loader  # noqa: E402
 
 
-def batches(feed: str, yolo: Path, packed: Path, batch: int, size: int, device):
-    """An endless iterator of ultralytics-style batch dicts (img uint8, cls, bboxes, batch_idx) for `feed`."""
+def fastfeed_loader(packed: Path, batch: int, size: int, device):
+    import torch
+
+    import fastfeed
+
+    loader = fastfeed.Loader(packed, batch_size=batch, image_size=size, device=device, dtype=torch.uint8)
+    print(f"fastfeed decoder={loader.settings.decoder} pipelines={loader.settings.pipelines}", flush=True)
+    return loader
+
+
+def batches(feed: str, yolo: Path, packed: Path, batch: int, size: int, device, loader=None):
+    """An endless iterator of ultralytics-style batch dicts (img uint8, cls, bboxes, batch_idx) for `feed`
+    (fastfeed: from `loader`)."""
     import torch
 
     if feed == "fastfeed":
-        import fastfeed
         from fastfeed.detect.clients import to_ultralytics
 
-        loader = fastfeed.Loader(packed, batch_size=batch, image_size=size, device=device, dtype=torch.uint8)
-        print(f"fastfeed decoder={loader.settings.decoder} pipelines={loader.settings.pipelines}", flush=True)
         while True:
             for b in loader:
                 yield to_ultralytics(b)
@@ -85,7 +93,8 @@ def main(argv=None) -> int:
     model.args = get_cfg()  # the loss gains (box, cls, dfl), as the trainer sets them
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.937, nesterov=True)
-    it = batches(a.feed, yolo, packed, a.batch, a.size, device)
+    loader = fastfeed_loader(packed, a.batch, a.size, device) if a.feed == "fastfeed" else None
+    it = batches(a.feed, yolo, packed, a.batch, a.size, device, loader)
 
     def step():
         b = preprocess(next(it), device)
@@ -99,12 +108,16 @@ def main(argv=None) -> int:
     for _ in range(a.warmup):
         step()
     sync()
+    waited = loader.stats()["stages"]["wait"]["seconds"] if loader else None
     t0 = time.perf_counter()
     n = sum(step() for _ in range(a.steps))
     sync()
     wall = time.perf_counter() - t0
+    if loader:  # the loop's wait for fastfeed's batches in the timed steps
+        waited = round(loader.stats()["stages"]["wait"]["seconds"] - waited, 3)
     row = {"feed": a.feed, "model": a.model, "cores": len(os.sched_getaffinity(0)), "batch": a.batch,
            "size": a.size, "steps": a.steps, "images_per_s": n / wall, "wall_s": wall,
+           "data_wait_s": waited,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     print(json.dumps(row), flush=True)
     if a.json:

@@ -22,6 +22,10 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from fastfeed.decode.numba_import import import_numba
+
+numba = import_numba()
+
 __all__ = ["DetectAugment", "BatchGeometry", "Tile", "plan_batch", "transform_boxes", "transform_batch_boxes",
            "box_candidates",
            "sample_rng", "long_side_size", "letterbox_padding", "SALT"]
@@ -141,25 +145,31 @@ def sample_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(entropy + [SALT]))
 
 
+@numba.njit(cache=True)
 def long_side_size(w0: int, h0: int, S: int) -> tuple[int, int]:
     """ultralytics' `load_image` (rect_mode): the long side resized to S, the short one rounded up."""
     r = S / max(w0, h0)
     if r == 1:
-        return int(w0), int(h0)
+        return w0, h0
     return min(math.ceil(w0 * r), S), min(math.ceil(h0 * r), S)
 
 
+@numba.njit(cache=True)
 def letterbox_padding(w: int, h: int, S: int) -> tuple[int, int, int, int]:
     """ultralytics' centred `LetterBox` padding (left, top, right, bottom) of a w x h image already fitting S x S."""
+    # round(d -+ 0.1) of a multiple of 0.5 never meets a tie, so floor(x + 0.5) is Python's round here
     dw, dh = (S - w) / 2, (S - h) / 2
-    return round(dw - 0.1), round(dh - 0.1), round(dw + 0.1), round(dh + 0.1)
+    return (math.floor(dw - 0.1 + 0.5), math.floor(dh - 0.1 + 0.5), math.floor(dw + 0.1 + 0.5),
+            math.floor(dh + 0.1 + 0.5))
 
 
-def _mosaic4(S: int, xc: int, yc: int, wh: list[tuple[int, int]]) -> list[tuple[int, int, int, int, int, int]]:
-    """ultralytics' `Mosaic._mosaic4` placement: per tile the canvas rectangle (x1a, y1a, x2a, y2a) it fills and
-    the offset (padw, padh) of its resized image's origin on the 2S x 2S canvas."""
-    out = []
-    for i, (w, h) in enumerate(wh):
+@numba.njit(cache=True)
+def _mosaic4(S, xc, yc, wh):
+    """ultralytics' `Mosaic._mosaic4` placement: per tile (rows of int64 [4, 6]) the canvas rectangle (x1a, y1a,
+    x2a, y2a) it fills and the offset (padw, padh) of its resized image's origin on the 2S x 2S canvas."""
+    out = np.zeros((4, 6), np.int64)
+    for i in range(4):
+        w, h = wh[i, 0], wh[i, 1]
         if i == 0:  # top left
             x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
             x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
@@ -172,29 +182,41 @@ def _mosaic4(S: int, xc: int, yc: int, wh: list[tuple[int, int]]) -> list[tuple[
         else:  # bottom right
             x1a, y1a, x2a, y2a = xc, yc, min(xc + w, S * 2), min(S * 2, yc + h)
             x1b, y1b = 0, 0
-        out.append((x1a, y1a, x2a, y2a, x1a - x1b, y1a - y1b))
+        out[i, 0], out[i, 1], out[i, 2], out[i, 3] = x1a, y1a, x2a, y2a
+        out[i, 4], out[i, 5] = x1a - x1b, y1a - y1b
     return out
 
 
-def _perspective(u: np.ndarray, aug: DetectAugment, canvas: int, S: int) -> tuple[np.ndarray, float]:
+@numba.njit(cache=True)
+def _matmul3(a, b):
+    out = np.zeros((3, 3))
+    for i in range(3):
+        for j in range(3):
+            out[i, j] = a[i, 0] * b[0, j] + a[i, 1] * b[1, j] + a[i, 2] * b[2, j]
+    return out
+
+
+@numba.njit(cache=True)
+def _perspective(u, degrees, translate, scale, shear, canvas, S):
     """ultralytics' `RandomPerspective.affine_transform` matrix (perspective 0) for a canvas x canvas input and an
     S x S output, and its scale draw s (box_candidates' factor)."""
     C = np.eye(3)
     C[0, 2] = C[1, 2] = -canvas / 2
-    a = math.radians(-aug.degrees + 2 * aug.degrees * u[_ANGLE])
-    s = 1 - aug.scale + 2 * aug.scale * u[_SCALE]
+    a = math.radians(-degrees + 2 * degrees * u[_ANGLE])
+    s = 1 - scale + 2 * scale * u[_SCALE]
     R = np.eye(3)  # cv2.getRotationMatrix2D(angle=a, center=(0, 0), scale=s)
-    R[:2, :2] = [[s * math.cos(a), s * math.sin(a)], [-s * math.sin(a), s * math.cos(a)]]
+    R[0, 0], R[0, 1], R[1, 0], R[1, 1] = s * math.cos(a), s * math.sin(a), -s * math.sin(a), s * math.cos(a)
     Sh = np.eye(3)
-    Sh[0, 1] = math.tan(math.radians(-aug.shear + 2 * aug.shear * u[_SHEAR_X]))
-    Sh[1, 0] = math.tan(math.radians(-aug.shear + 2 * aug.shear * u[_SHEAR_Y]))
+    Sh[0, 1] = math.tan(math.radians(-shear + 2 * shear * u[_SHEAR_X]))
+    Sh[1, 0] = math.tan(math.radians(-shear + 2 * shear * u[_SHEAR_Y]))
     T = np.eye(3)
-    T[0, 2] = (0.5 - aug.translate + 2 * aug.translate * u[_TX]) * S
-    T[1, 2] = (0.5 - aug.translate + 2 * aug.translate * u[_TY]) * S
-    return T @ Sh @ R @ C, s
+    T[0, 2] = (0.5 - translate + 2 * translate * u[_TX]) * S
+    T[1, 2] = (0.5 - translate + 2 * translate * u[_TY]) * S
+    return _matmul3(_matmul3(_matmul3(T, Sh), R), C), s
 
 
-def _centre_rule(lo: float, hi: float) -> tuple[int, int]:
+@numba.njit(cache=True)
+def _centre_rule(lo, hi):
     """The whole pixels [X0, X1) whose centres lie in [lo, hi): shared edges give neither a gap nor an overlap."""
     a, b = math.ceil(lo - 0.5), math.ceil(hi - 0.5)
     return a, max(a, b)
@@ -207,7 +229,7 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
     (False: the evaluation letterbox) and the run's `epochs` (for close_mosaic). Output k's draws depend on
     (seed, epoch, sample_ids[k]) and, for its partners, the batch size only."""
     ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1)
-    wh0 = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    wh0 = np.ascontiguousarray(np.asarray(sizes, dtype=np.int64).reshape(-1, 2))
     aug = DetectAugment() if aug is None else aug
     if not isinstance(aug, DetectAugment):
         raise ValueError(f"aug must be a DetectAugment, got {type(aug).__name__}")
@@ -225,79 +247,112 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
              dst_rect=np.zeros((B, _MAX_TILES, 4), np.int64), src_rect=np.zeros((B, _MAX_TILES, 4)),
              quad=np.zeros((B, _MAX_TILES, 4, 2)), box_scale=np.ones((B, _MAX_TILES, 2)), flip=np.zeros(B, bool),
              hsv=np.ones((B, 3)), scale=np.zeros(B), pad=np.zeros((B, 2)))
-    for k in range(B):
-        if train:
-            u = sample_rng(seed, epoch, int(ids[k])).random(_DRAWS)
-            _plan_train(g, k, u, wh0, S, aug, mosaic_allowed and u[_MOSAIC] < aug.mosaic, axis_aligned)
-            g["flip"][k] = u[_FLIP] < aug.fliplr
-            g["hsv"][k] = (2 * u[_HSV:_HSV + 3] - 1) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1
-        else:
-            _plan_eval(g, k, wh0, S)
+    if train:
+        u = np.stack([sample_rng(seed, epoch, int(i)).random(_DRAWS) for i in ids])
+        mosaic = (u[:, _MOSAIC] < aug.mosaic) & mosaic_allowed
+        _plan_train(u, mosaic, wh0, S, (-S) // 2, aug.degrees, aug.translate, aug.scale, aug.shear, axis_aligned,
+                    g["n_tiles"], g["source"], g["affine"], g["region"], g["dst_rect"], g["src_rect"], g["quad"],
+                    g["box_scale"], g["scale"], g["pad"])
+        g["flip"] = u[:, _FLIP] < aug.fliplr
+        g["hsv"] = (2 * u[:, _HSV:_HSV + 3] - 1) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1
+    else:
+        _plan_eval(wh0, S, g["source"], g["affine"], g["region"], g["dst_rect"], g["src_rect"], g["quad"],
+                   g["scale"], g["pad"])
     return BatchGeometry(image_size=S, train=bool(train), axis_aligned=axis_aligned, pad_value=int(aug.pad_value),
                          sizes=wh0, **g)
 
 
-def _plan_eval(g: dict, k: int, wh0: np.ndarray, S: int) -> None:
+# The planners fill the batch's arrays in numba with the GIL released: in the Loader they run beside the training
+# loop's own Python.
+@numba.njit(nogil=True, cache=True)
+def _plan_eval(wh0, S, source, affine, region, dst_rect, src_rect, quad, scale, pad):
     """Long-side resize + centred LetterBox(S, scaleup=False): exact whole-pixel rectangles, no resampling error."""
-    w0, h0 = (int(v) for v in wh0[k])
-    w, h = long_side_size(w0, h0, S)
-    left, top, _, _ = letterbox_padding(w, h, S)
-    g["source"][k, 0] = k
-    g["affine"][k, 0] = [[w / w0, 0, left], [0, h / h0, top]]
-    g["region"][k, 0] = g["src_rect"][k, 0] = (0, 0, w0, h0)
-    g["dst_rect"][k, 0] = (left, top, left + w, top + h)
-    g["quad"][k, 0] = [(left, top), (left + w, top), (left + w, top + h), (left, top + h)]
-    g["scale"][k] = S / max(w0, h0)
-    g["pad"][k] = (left, top)
-
-
-def _plan_train(g: dict, k: int, u: np.ndarray, wh0: np.ndarray, S: int, aug: DetectAugment, mosaic: bool,
-                axis_aligned: bool) -> None:
-    B = len(wh0)
-    if mosaic:
-        others = [k] * 3 if B == 1 else [j + (j >= k) for j in
-                                         (min(int(v * (B - 1)), B - 2) for v in u[_PARTNERS:_PARTNERS + 3])]
-        sources = [k] + others
-        border = -S // 2  # ultralytics' Mosaic.border
-        xc = int(-border + (2 * S + 2 * border) * u[_XC])
-        yc = int(-border + (2 * S + 2 * border) * u[_YC])
-        resized = [long_side_size(int(wh0[j, 0]), int(wh0[j, 1]), S) for j in sources]
-        places = _mosaic4(S, xc, yc, resized)
-        canvas = 2 * S
-    else:
-        sources = [k]
-        w, h = long_side_size(int(wh0[k, 0]), int(wh0[k, 1]), S)
+    for k in range(len(wh0)):
+        w0, h0 = wh0[k, 0], wh0[k, 1]
+        w, h = long_side_size(w0, h0, S)
         left, top, _, _ = letterbox_padding(w, h, S)
-        resized = [(w, h)]
-        places = [(left, top, left + w, top + h, left, top)]
-        canvas = S
-    M, s = _perspective(u, aug, canvas, S)
-    g["n_tiles"][k] = len(sources)
-    for t, (j, (w, h), (x1a, y1a, x2a, y2a, padw, padh)) in enumerate(zip(sources, resized, places)):
-        w0, h0 = int(wh0[j, 0]), int(wh0[j, 1])
-        sx, sy = w / w0, h / h0
-        place = np.array([[sx, 0, padw], [0, sy, padh], [0, 0, 1]])
-        A = (M @ place)[:2]
-        region = ((x1a - padw) / sx, (y1a - padh) / sy, (x2a - padw) / sx, (y2a - padh) / sy)
-        corners = np.array([(x1a, y1a, 1), (x2a, y1a, 1), (x2a, y2a, 1), (x1a, y2a, 1)], dtype=np.float64)
-        quad = corners @ M[:2].T  # from canvas coordinates: tiles sharing an edge get bit-identical edges
-        lo, hi = np.clip(quad.min(0), 0, S), np.clip(quad.max(0), 0, S)
-        (X0, X1), (Y0, Y1) = _centre_rule(lo[0], hi[0]), _centre_rule(lo[1], hi[1])
-        if axis_aligned:
-            src = ((X0 - A[0, 2]) / A[0, 0], (Y0 - A[1, 2]) / A[1, 1], (X1 - A[0, 2]) / A[0, 0],
-                   (Y1 - A[1, 2]) / A[1, 1])
+        source[k, 0] = k
+        affine[k, 0, 0, 0], affine[k, 0, 0, 2] = w / w0, left
+        affine[k, 0, 1, 1], affine[k, 0, 1, 2] = h / h0, top
+        region[k, 0, 2], region[k, 0, 3] = w0, h0
+        src_rect[k, 0, 2], src_rect[k, 0, 3] = w0, h0
+        dst_rect[k, 0, 0], dst_rect[k, 0, 1], dst_rect[k, 0, 2], dst_rect[k, 0, 3] = left, top, left + w, top + h
+        for c, (x, y) in enumerate(((left, top), (left + w, top), (left + w, top + h), (left, top + h))):
+            quad[k, 0, c, 0], quad[k, 0, c, 1] = x, y
+        scale[k] = S / max(w0, h0)
+        pad[k, 0], pad[k, 1] = left, top
+
+
+@numba.njit(nogil=True, cache=True)
+def _plan_train(u, mosaic, wh0, S, border, degrees, translate, scale_gain, shear, axis_aligned, n_tiles, source,
+                affine, region, dst_rect, src_rect, quad, box_scale, scale, pad):
+    B = len(wh0)
+    sources = np.zeros(4, np.int64)
+    resized = np.zeros((4, 2), np.int64)
+    for k in range(B):
+        if mosaic[k]:
+            sources[0] = k
+            for i in range(3):  # 3 partners other than k, with replacement
+                j = min(int(u[k, _PARTNERS + i] * (B - 1)), B - 2)
+                sources[i + 1] = k if B == 1 else j + (j >= k)
+            n = 4
+            xc = int(-border + (2 * S + 2 * border) * u[k, _XC])
+            yc = int(-border + (2 * S + 2 * border) * u[k, _YC])
+            for i in range(4):
+                resized[i, 0], resized[i, 1] = long_side_size(wh0[sources[i], 0], wh0[sources[i], 1], S)
+            places = _mosaic4(S, xc, yc, resized)
+            canvas = 2 * S
         else:
-            src = region
-        g["source"][k, t] = j
-        g["affine"][k, t] = A
-        g["region"][k, t] = region
-        g["dst_rect"][k, t] = (X0, Y0, X1, Y1)
-        g["src_rect"][k, t] = src
-        g["quad"][k, t] = quad
-        g["box_scale"][k, t] = (s * sx, s * sy)
-        if t == 0:
-            g["scale"][k] = s * S / max(w0, h0)
-            g["pad"][k] = A[:, 2]
+            sources[0] = k
+            n = 1
+            w, h = long_side_size(wh0[k, 0], wh0[k, 1], S)
+            left, top, _, _ = letterbox_padding(w, h, S)
+            resized[0, 0], resized[0, 1] = w, h
+            places = np.zeros((4, 6), np.int64)
+            places[0, 0], places[0, 1], places[0, 2], places[0, 3] = left, top, left + w, top + h
+            places[0, 4], places[0, 5] = left, top
+            canvas = S
+        M, s = _perspective(u[k], degrees, translate, scale_gain, shear, canvas, S)
+        n_tiles[k] = n
+        for t in range(n):
+            j = sources[t]
+            w, h = resized[t, 0], resized[t, 1]
+            x1a, y1a, x2a, y2a, padw, padh = places[t]
+            w0, h0 = wh0[j, 0], wh0[j, 1]
+            sx, sy = w / w0, h / h0
+            place = np.eye(3)
+            place[0, 0], place[0, 2], place[1, 1], place[1, 2] = sx, padw, sy, padh
+            A = _matmul3(M, place)
+            r = ((x1a - padw) / sx, (y1a - padh) / sy, (x2a - padw) / sx, (y2a - padh) / sy)
+            # quad from canvas coordinates: tiles sharing an edge get bit-identical edges
+            lo_x = lo_y = np.inf
+            hi_x = hi_y = -np.inf
+            for c, (x, y) in enumerate(((x1a, y1a), (x2a, y1a), (x2a, y2a), (x1a, y2a))):
+                qx = x * M[0, 0] + y * M[0, 1] + M[0, 2]
+                qy = x * M[1, 0] + y * M[1, 1] + M[1, 2]
+                quad[k, t, c, 0], quad[k, t, c, 1] = qx, qy
+                lo_x, hi_x, lo_y, hi_y = min(lo_x, qx), max(hi_x, qx), min(lo_y, qy), max(hi_y, qy)
+            X0, X1 = _centre_rule(min(max(lo_x, 0.0), S), min(max(hi_x, 0.0), S))
+            Y0, Y1 = _centre_rule(min(max(lo_y, 0.0), S), min(max(hi_y, 0.0), S))
+            source[k, t] = j
+            for a in range(2):
+                for b in range(3):
+                    affine[k, t, a, b] = A[a, b]
+            for i in range(4):
+                region[k, t, i] = r[i]
+            dst_rect[k, t, 0], dst_rect[k, t, 1], dst_rect[k, t, 2], dst_rect[k, t, 3] = X0, Y0, X1, Y1
+            if axis_aligned:
+                src_rect[k, t, 0] = (X0 - A[0, 2]) / A[0, 0]
+                src_rect[k, t, 1] = (Y0 - A[1, 2]) / A[1, 1]
+                src_rect[k, t, 2] = (X1 - A[0, 2]) / A[0, 0]
+                src_rect[k, t, 3] = (Y1 - A[1, 2]) / A[1, 1]
+            else:
+                for i in range(4):
+                    src_rect[k, t, i] = r[i]
+            box_scale[k, t, 0], box_scale[k, t, 1] = s * sx, s * sy
+            if t == 0:
+                scale[k] = s * S / max(w0, h0)
+                pad[k, 0], pad[k, 1] = A[0, 2], A[1, 2]
 
 
 def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr: float = 100,

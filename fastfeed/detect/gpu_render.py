@@ -32,40 +32,62 @@ _BLOCK = 256
 
 
 @numba.njit(nogil=True, cache=True)
-def _plan(src_w, src_h, boxes, out_w, out_h):
-    """Per tile (source size, source box in its pixels, output size): Pillow's coefficients of both passes, flat,
-    and the rows the horizontal pass makes. Returns (h_start, h_weights [sum ow, kh], v_start, v_weights
-    [sum oh, kv], first source row, row count, kh, kv)."""
-    T = len(src_w)
+def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
+    """Everything the kernels read, for tiles of source size (W, H), source box (source pixels), output size
+    (ow, oh) at (X0, Y0) of output `out_at` (element offset), mirrored where `flip`: the tile table int64 [T, 11],
+    and one int32 buffer holding, in order, Pillow's coefficients of both passes (h_start [sum ow], h_weights
+    [sum ow, kh], v_start [sum oh], v_weights [sum oh, kv]) and the (tile, row) jobs of both passes (pass 1 makes
+    the source rows the vertical filter reads, pass 2 the output rows). Returns (table, ints, section lengths,
+    kh, kv, tmp bytes)."""
+    T = len(W)
     kh = kv = 1
     for t in range(T):
-        kh = max(kh, int(np.ceil(max((boxes[t, 2] - boxes[t, 0]) / out_w[t], 1.0))) * 2 + 1)
-        kv = max(kv, int(np.ceil(max((boxes[t, 3] - boxes[t, 1]) / out_h[t], 1.0))) * 2 + 1)
-    h_start = np.zeros(out_w.sum(), np.int32)
-    h_w = np.zeros((out_w.sum(), kh), np.int32)
-    v_start = np.zeros(out_h.sum(), np.int32)
-    v_w = np.zeros((out_h.sum(), kv), np.int32)
-    first = np.zeros(T, np.int64)
-    rows = np.zeros(T, np.int64)
-    ho = vo = 0
+        kh = max(kh, int(np.ceil(max((boxes[t, 2] - boxes[t, 0]) / ow[t], 1.0))) * 2 + 1)
+        kv = max(kv, int(np.ceil(max((boxes[t, 3] - boxes[t, 1]) / oh[t], 1.0))) * 2 + 1)
+    sw, sh = ow.sum(), oh.sum()
+    table = np.empty((T, _NCOL), np.int64)
+    vcoef = []
+    rows_of = np.empty(T, np.int64)
     for t in range(T):
-        ow, oh = out_w[t], out_h[t]
-        hb, hk = _coeffs(src_w[t], boxes[t, 0], boxes[t, 2], ow)
-        vb, vk = _coeffs(src_h[t], boxes[t, 1], boxes[t, 3], oh)
-        h_start[ho:ho + ow] = hb[:, 0]
-        h_w[ho:ho + ow, :hk.shape[1]] = hk
-        v_start[vo:vo + oh] = vb[:, 0]
-        v_w[vo:vo + oh, :vk.shape[1]] = vk
-        first[t] = vb[0, 0]
-        rows[t] = vb[oh - 1, 0] + vb[oh - 1, 1] - vb[0, 0]
-        ho += ow
-        vo += oh
-    return h_start, h_w, v_start, v_w, first, rows, kh, kv
+        vb, vk = _coeffs(H[t], boxes[t, 1], boxes[t, 3], oh[t])
+        vcoef.append((vb, vk))
+        table[t, _FIRST] = vb[0, 0]
+        rows_of[t] = vb[oh[t] - 1, 0] + vb[oh[t] - 1, 1] - vb[0, 0]
+    rows_total = rows_of.sum()
+    lens = np.array([sw, sw * kh, sh, sh * kv, 2 * rows_total, 2 * sh], np.int64)
+    ints = np.zeros(lens.sum(), np.int32)
+    at = np.zeros(7, np.int64)
+    at[1:] = np.cumsum(lens)
+    h_start, h_w = ints[at[0]:at[1]], ints[at[1]:at[2]].reshape(sw, kh)
+    v_start, v_w = ints[at[2]:at[3]], ints[at[3]:at[4]].reshape(sh, kv)
+    jobs1, jobs2 = ints[at[4]:at[5]].reshape(rows_total, 2), ints[at[5]:at[6]].reshape(sh, 2)
+    ho = vo = j1 = 0
+    tmp = 0
+    for t in range(T):
+        hb, hk = _coeffs(W[t], boxes[t, 0], boxes[t, 2], ow[t])
+        vb, vk = vcoef[t]
+        h_start[ho:ho + ow[t]] = hb[:, 0]
+        h_w[ho:ho + ow[t], :hk.shape[1]] = hk
+        v_start[vo:vo + oh[t]] = vb[:, 0]
+        v_w[vo:vo + oh[t], :vk.shape[1]] = vk
+        rows = rows_of[t]
+        for r in range(rows):
+            jobs1[j1 + r, 0], jobs1[j1 + r, 1] = t, r
+        for r in range(oh[t]):
+            jobs2[vo + r, 0], jobs2[vo + r, 1] = t, r
+        table[t, _IMG_OFF], table[t, _SRC_W], table[t, _OW] = image_off[t], W[t], ow[t]
+        table[t, _TMP_OFF], table[t, _H_OFF], table[t, _V_OFF] = tmp, ho, vo
+        table[t, _OUT], table[t, _X0], table[t, _Y0], table[t, _FLIP] = out_at[t], X0[t], Y0[t], flip[t]
+        tmp += rows * ow[t] * 3
+        j1 += rows
+        ho += ow[t]
+        vo += oh[t]
+    return table, ints, lens, kh, kv, tmp
 
 
 class TilePlan:
-    """What the kernels of one batch read, on the host: `table` int64 [T, 11] (see the column names above), the
-    coefficients, and the job lists (tile, row) of both passes."""
+    """What the kernels of one batch read, on the host: `table` int64 [T, 11] (see the column names above), and
+    `ints` int32, the coefficients and the (tile, row) job lists of both passes (`sections` their lengths)."""
 
     def __init__(self, geometry: BatchGeometry, image_off, image_size):
         S = geometry.image_size
@@ -78,38 +100,13 @@ class TilePlan:
         W, H = image_size[src, 0], image_size[src, 1]
         # the geometry is in stored pixels; a decoded size that differs (a header that disagreed) scales it
         fx, fy = W / g.sizes[src, 0], H / g.sizes[src, 1]
-        box = g.src_rect[k, t] * np.stack([fx, fy, fx, fy], axis=1)
-        X0, Y0, X1, Y1 = (rect[k, t, i] for i in range(4))
-        ow, oh = (X1 - X0).astype(np.int64), (Y1 - Y0).astype(np.int64)
-        h_start, h_w, v_start, v_w, first, rows, self.kh, self.kv = _plan(
-            W.astype(np.int64), H.astype(np.int64), np.ascontiguousarray(box), ow, oh)
-        tmp_size = rows * ow * 3
-        table = np.empty((len(k), _NCOL), np.int64)
-        table[:, _IMG_OFF] = image_off[src]
-        table[:, _SRC_W] = W
-        table[:, _OW] = ow
-        table[:, _FIRST] = first
-        table[:, _TMP_OFF] = np.cumsum(tmp_size) - tmp_size
-        table[:, _H_OFF] = np.cumsum(ow) - ow
-        table[:, _V_OFF] = np.cumsum(oh) - oh
-        table[:, _OUT] = k * S * S * 3
-        table[:, _X0], table[:, _Y0] = X0, Y0
-        table[:, _FLIP] = g.flip[k]
-        self.table = table
-        self.tmp_bytes = int(tmp_size.sum())
+        box = np.ascontiguousarray(g.src_rect[k, t] * np.stack([fx, fy, fx, fy], axis=1))
+        X0, Y0, X1, Y1 = (np.ascontiguousarray(rect[k, t, i]) for i in range(4))
+        ow = self.ow = X1 - X0
+        self.table, self.ints, sections, self.kh, self.kv, self.tmp_bytes = _plan(
+            W, H, box, ow, Y1 - Y0, image_off[src], k * S * S * 3, X0, Y0, g.flip[k].astype(np.int64))
+        self.sections = tuple(int(v) for v in sections)
         self.max_row = int(ow.max() * 3) if len(k) else 0
-        tiles = np.arange(len(k), dtype=np.int32)
-        # (tile, row) jobs: pass 1 makes `rows` tmp rows per tile, pass 2 `oh` output rows
-        self.jobs1 = np.stack([np.repeat(tiles, rows), _ranges(rows)], axis=1).astype(np.int32)
-        self.jobs2 = np.stack([np.repeat(tiles, oh), _ranges(oh)], axis=1).astype(np.int32)
-        self.coeffs = (h_start, h_w, v_start, v_w)
-
-
-def _ranges(counts: np.ndarray) -> np.ndarray:
-    """0..c-1 for each count c, concatenated."""
-    total = int(counts.sum())
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    return np.arange(total, dtype=np.int64) - starts
 
 
 def plan_tiles(geometry: BatchGeometry, image_off, image_size) -> TilePlan:
@@ -128,22 +125,15 @@ def render_batch(flat: torch.Tensor, image_off, image_size, geometry: BatchGeome
     out = torch.full((B, S, S, 3), geometry.pad_value, dtype=torch.uint8, device=dev)
     if not len(plan.table):
         return out
-    h_start, h_w, v_start, v_w = plan.coeffs
-    ints = np.concatenate([h_start, h_w.ravel(), v_start, v_w.ravel(), plan.jobs1.ravel(), plan.jobs2.ravel()])
-    host = torch.from_numpy(ints)
-    table = torch.from_numpy(plan.table)
+    host, table = torch.from_numpy(plan.ints), torch.from_numpy(plan.table)
     if dev.type == "cuda":
         host, table = host.pin_memory().to(dev, non_blocking=True), table.pin_memory().to(dev, non_blocking=True)
-    parts, at = [], 0
-    for n in (len(h_start), h_w.size, len(v_start), v_w.size, plan.jobs1.size, plan.jobs2.size):
-        parts.append(host[at:at + n])
-        at += n
-    hs, hw, vs, vw, jobs1, jobs2 = parts
+    hs, hw, vs, vw, jobs1, jobs2 = torch.split(host, plan.sections)
     tmp = torch.empty(max(plan.tmp_bytes, 1), dtype=torch.uint8, device=dev)
     kernels = _kernels()
     blocks = triton_cdiv(plan.max_row, _BLOCK)
-    kernels[0][(len(plan.jobs1), blocks)](flat, tmp, table, hs, hw, jobs1, plan.kh, BLOCK=_BLOCK)
-    kernels[1][(len(plan.jobs2), blocks)](tmp, out, table, vs, vw, jobs2, plan.kv, S, BLOCK=_BLOCK)
+    kernels[0][(len(jobs1) // 2, blocks)](flat, tmp, table, hs, hw, jobs1, plan.kh, BLOCK=_BLOCK)
+    kernels[1][(len(jobs2) // 2, blocks)](tmp, out, table, vs, vw, jobs2, plan.kv, S, BLOCK=_BLOCK)
     return out
 
 
