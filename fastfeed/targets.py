@@ -24,9 +24,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Targets", "build_targets", "annotation_issues", "check_annotation", "TASKS", "ANNOTATION_KEYS"]
+__all__ = ["Targets", "build_targets", "annotation_issues", "check_annotation", "TASKS", "GEOMETRY_TASKS",
+           "ANNOTATION_KEYS"]
 
-TASKS = ("classify", "detect")
+TASKS = ("classify", "detect", "semantic")
+# The tasks whose batches go through the detection geometry (fastfeed/detect/): boxes, or masks, follow the pixels.
+GEOMETRY_TASKS = ("detect", "semantic")
 ANNOTATION_KEYS = ("boxes", "labels", "iscrowd", "polygons", "rle", "difficult")
 _EMPTY_BOXES = np.zeros((0, 4), dtype=np.float32)
 

@@ -14,13 +14,15 @@ import numpy as np
 from fastfeed.constants import DTYPE_NAMES
 
 __all__ = ["DecodeResult", "Replaced", "CorruptSampleError", "ON_ERROR", "DTYPES", "NOT_IMAGE", "DECODE_ERROR",
-           "replacement_map", "check_common", "is_image"]
+           "MISSING_FIELD", "BAD_FIELD", "replacement_map", "check_common", "is_image"]
 
 ON_ERROR = ("skip", "raise")
 # Skip codes every decoder uses (the epoch adds "read_error" and "checksum"): the same input gives the same code
 # on every path; `detail` carries the decoder's own message.
 NOT_IMAGE = "not_image"  # no known image signature (empty, text, ...): caught before decoding
 DECODE_ERROR = "decode_error"  # the signature is an image's but the decoder failed on it
+MISSING_FIELD = "missing_field"  # Loader(fields=...) or a mask: the sample has no such member
+BAD_FIELD = "bad_field"  # the member's bytes are not a value of its kind (not UTF-8, JSON, .npy, a mask, ...)
 
 
 class Replaced(NamedTuple):

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fastfeed.decode.base import DECODE_ERROR, NOT_IMAGE, Replaced, is_image, replaced_list, resolve_errors
+from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IMAGE, Replaced, is_image,
+                                  replaced_list, resolve_errors)
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
 from fastfeed.detect.hsv import apply_hsv_torch
+from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
 from fastfeed.detect.render import decode_image, render
 from fastfeed.targets import Targets
 
@@ -27,10 +29,12 @@ __all__ = ["DetectDecoder", "DetectRequest", "DetectResult"]
 
 @dataclass(frozen=True)
 class DetectRequest:
-    """What the detection geometry of a batch is drawn from: its sample ids and the epoch."""
+    """What the detection geometry of a batch is drawn from: its sample ids and the epoch; for segmentation also
+    each position's encoded mask (None where the sample has none: it is replaced)."""
 
     ids: np.ndarray
     epoch: int
+    masks: list | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -41,7 +45,8 @@ class DetectResult:
     """images [B, 3, S, S]; targets: boxes float32 [N, 4] XYXY output pixels, labels int64 [N], batch_idx int64 [N]
     (the image each box belongs to), ids int64 [B] (sample ids), orig_size int64 [B, 2] (stored height, width),
     scale and pad float32 [B, 2] (x, y): output = stored * scale + pad, for each image's own sample (exact unless
-    the training geometry rotates or shears);
+    the training geometry rotates or shears); for a request with masks, masks uint8 or uint16 [B, S, S] (class ids,
+    `ignore_index` where no source pixel is) and no boxes, labels or batch_idx;
     replaced: positions holding another sample of the batch."""
 
     images: torch.Tensor
@@ -52,13 +57,13 @@ class DetectResult:
 class DetectDecoder:
     def __init__(self, *, targets: Targets, widths, heights, image_size: int, augment, train: bool, seed: int,
                  epochs: int | None, device, dtype, channels_last: bool, mean, std, num_threads: int,
-                 on_error: str):
+                 on_error: str, ignore_index: int = DEFAULT_IGNORE_INDEX):
         self.targets = targets
         self._objects = targets.trainable()
         self.widths, self.heights = np.asarray(widths, np.int64), np.asarray(heights, np.int64)
         self.image_size, self.augment, self.train, self.seed, self.epochs = image_size, augment, train, seed, epochs
         self.device, self.dtype, self.channels_last = torch.device(device), dtype, channels_last
-        self.on_error = on_error
+        self.on_error, self.ignore_index = on_error, ignore_index
         self._mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self._std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="fastfeed-detect")
@@ -69,13 +74,18 @@ class DetectDecoder:
         return cls(targets=targets, widths=widths, heights=heights, image_size=s.image_size, augment=s.augment,
                    train=s.train, seed=s.seed, epochs=s.epochs, device=s.device, dtype=s.dtype,
                    channels_last=s.channels_last, mean=s.mean, std=s.std, num_threads=s.decode_threads,
-                   on_error=s.on_error)
+                   on_error=s.on_error, ignore_index=s.ignore_index)
 
     def __call__(self, samples, request: DetectRequest) -> DetectResult:
         n = len(samples)
         if n != len(request):
             raise ValueError(f"{n} samples but {len(request)} sample ids")
         decoded, bad = self._decode_all(samples)
+        masks = None
+        if request.masks is not None:
+            masks, mask_bad = self._decode_masks(request)
+            for p, why in mask_bad.items():
+                bad.setdefault(p, why)
         repl = resolve_errors(bad, n, self.on_error)  # raises under "raise", or when nothing in the batch decodes
         src = np.array([repl.get(k, k) for k in range(n)], dtype=np.int64)
         ids = np.asarray(request.ids, dtype=np.int64)[src]
@@ -86,17 +96,19 @@ class DetectDecoder:
         gpu_hsv = self.device.type == "cuda" and bool((geometry.hsv != 1).any())
         pixels = self._render(decoded, src, geometry, hsv=not gpu_hsv)
 
-        boxes, labels, batch_idx = self._boxes(geometry, ids)
         targets = {
-            "boxes": torch.from_numpy(boxes.reshape(-1, 4)),
-            "labels": torch.from_numpy(labels),
-            "batch_idx": torch.from_numpy(batch_idx),
             "ids": torch.from_numpy(ids.copy()),
             "orig_size": torch.from_numpy(np.stack([self.heights[ids], self.widths[ids]], axis=1)),
             # The own tile's map: diag(scale) and pad, exact for evaluation and axis-aligned training batches.
             "scale": torch.from_numpy(geometry.affine[:, 0, [0, 1], [0, 1]].astype(np.float32)),
             "pad": torch.from_numpy(geometry.affine[:, 0, :, 2].astype(np.float32)),
         }
+        if masks is not None:
+            targets["masks"] = self._render_masks(masks, src, geometry)
+        else:
+            boxes, labels, batch_idx = self._boxes(geometry, ids)
+            targets.update(boxes=torch.from_numpy(boxes.reshape(-1, 4)), labels=torch.from_numpy(labels),
+                           batch_idx=torch.from_numpy(batch_idx))
         return DetectResult(self._to_device(pixels, geometry.hsv if gpu_hsv else None), targets, replaced_list(bad))
 
     def _boxes(self, geometry, ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -114,6 +126,34 @@ class DetectDecoder:
         return (np.concatenate([b for b, _ in per_image]).astype(np.float32, copy=False).reshape(-1, 4),
                 np.concatenate([lab for _, lab in per_image]).astype(np.int64, copy=False),
                 np.repeat(np.arange(len(ids), dtype=np.int64), counts))
+
+    def _decode_masks(self, request: DetectRequest):
+        """Each position's mask decoded and checked against its image's stored size (None where it fails), and
+        {position: (code, detail)} of the failures."""
+        def decode(p: int):
+            data, i = request.masks[p], int(request.ids[p])
+            if data is None:
+                return None, (MISSING_FIELD, "no mask member")
+            try:
+                return decode_mask(data, (int(self.widths[i]), int(self.heights[i]))), None
+            except MaskError as e:
+                return None, (BAD_FIELD, f"mask: {e}")
+
+        results = list(self._pool.map(decode, range(len(request.ids))))
+        return [m for m, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
+
+    def _render_masks(self, masks, src, geometry) -> torch.Tensor:
+        """The outputs' masks [B, S, S] on the CPU (both paths: a gather, fastfeed/detect/masks.py), uint16 when
+        any source mask of the batch or the ignore index needs it."""
+        sources = [masks[j] for j in src]
+        wide = self.ignore_index > 255 or any(m.dtype == np.uint16 for m in sources)
+        dtype = np.uint16 if wide else np.uint8
+        sources = [m.astype(dtype, copy=False) for m in sources]
+        S = self.image_size
+        out = np.empty((len(src), S, S), dtype=dtype)
+        list(self._pool.map(lambda k: render_mask(sources, geometry, k, self.ignore_index, out=out[k]),
+                            range(len(src))))
+        return torch.from_numpy(out)
 
     def _render(self, decoded, src, geometry, hsv: bool) -> torch.Tensor:
         """The outputs as uint8 [B, S, S, 3] (here on the CPU): position k's sources are decoded[src[...]]."""

@@ -27,7 +27,7 @@ from fastfeed.detect.resample import resize_into
 from fastfeed.image.contract import to_rgb
 from fastfeed.image.headers import png_text_over_limit, without_png_text
 
-__all__ = ["render", "decode_image", "apply_hsv", "DRAFT_MIN_SCALE"]
+__all__ = ["render", "decode_image", "apply_hsv", "quad_inside", "DRAFT_MIN_SCALE"]
 
 # Draft only while every tile keeps at least this many source pixels per output pixel (decode/cpu.py's default).
 DRAFT_MIN_SCALE = 2.0
@@ -152,8 +152,20 @@ def _warp_into(canvas: np.ndarray, img: Image.Image, fx: float, fy: float, tile,
     inv = to_crop @ np.linalg.inv(A) @ np.array([[1, 0, X0], [0, 1, Y0], [0, 0, 1]])
     w, h = X1 - X0, Y1 - Y0
     out = np.asarray(Image.fromarray(arr).transform((w, h), Image.AFFINE, tuple(inv[:2].ravel()), Image.BILINEAR))
+    inside = quad_inside(tile)
+    if flip:
+        S = canvas.shape[1]
+        np.copyto(canvas[Y0:Y1, S - X1:S - X0], out[:, ::-1], where=inside[:, ::-1, None])
+    else:
+        np.copyto(canvas[Y0:Y1, X0:X1], out, where=inside[:, :, None])
+
+
+def quad_inside(tile) -> np.ndarray:
+    """bool [h, w] over the tile's destination rectangle: the pixels whose centres lie in its quadrilateral."""
+    X0, Y0, X1, Y1 = tile.dst_rect
+    h = Y1 - Y0
     # The quad is convex: on each row, the centres inside form one run [lo, hi] where every edge's half-plane
-    # (inner side by the affine's orientation) holds; bounds per row, then one masked copy.
+    # (inner side by the affine's orientation) holds.
     yc = np.arange(Y0, Y1, dtype=np.float64) + 0.5
     lo, hi = np.full(h, -np.inf), np.full(h, np.inf)
     sign = 1.0 if np.linalg.det(tile.affine[:, :2]) > 0 else -1.0
@@ -169,12 +181,7 @@ def _warp_into(canvas: np.ndarray, img: Image.Image, fx: float, fy: float, tile,
         else:
             hi = np.where(c0 >= 0, hi, -np.inf)
     cols = np.arange(X0, X1, dtype=np.float64) + 0.5
-    inside = (cols >= lo[:, None]) & (cols <= hi[:, None])
-    if flip:
-        S = canvas.shape[1]
-        np.copyto(canvas[Y0:Y1, S - X1:S - X0], out[:, ::-1], where=inside[:, ::-1, None])
-    else:
-        np.copyto(canvas[Y0:Y1, X0:X1], out, where=inside[:, :, None])
+    return (cols >= lo[:, None]) & (cols <= hi[:, None])
 
 
 def apply_hsv(rgb: np.ndarray, gains) -> np.ndarray:

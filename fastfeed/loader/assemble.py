@@ -44,7 +44,7 @@ SKIP_CODES = ("read_error", "checksum", "not_image", "decode_error", MISSING_FIE
 
 
 # The detection batch's tensors a model reads (the rest stays on the host: _finish_detection).
-_ON_DEVICE = ("images", "boxes", "labels", "batch_idx")
+_ON_DEVICE = ("images", "boxes", "labels", "batch_idx", "masks")
 
 
 class LoaderError(RuntimeError):
@@ -144,7 +144,7 @@ class BatchAssembler:
         requested members' values by field, by position (SampleFields.split)."""
         s = self.settings
         try:
-            result = decoder(samples, self._windows(plan, indices))
+            result = decoder(samples, self._windows(plan, indices, values))
         except CorruptSampleError as exc:
             if s.on_error == "raise":
                 raise LoaderError(f"corrupt sample(s) {self._names(indices, exc.positions)} in batch {k} of epoch "
@@ -175,6 +175,8 @@ class BatchAssembler:
         if fields is None:
             return batch
         for name in fields.names:
+            if name == self.settings.mask:  # read for the decoder, handed out as the batch's "masks"
+                continue
             if fields.kinds[name] == "label":
                 batch[name] = batch["labels"]
                 continue
@@ -187,12 +189,14 @@ class BatchAssembler:
             batch[name] = value
         return batch
 
-    def _windows(self, plan, indices: np.ndarray):
+    def _windows(self, plan, indices: np.ndarray, values: dict | None = None):
         """What the decoder is asked for samples `indices` in `plan`'s epoch: their crop windows, or for detection
-        the request its geometry is drawn from (both functions of the seed, the epoch and each sample's id)."""
+        the request its geometry is drawn from (both functions of the seed, the epoch and each sample's id), with
+        each sample's encoded mask (`values`, SampleFields.split's) for segmentation."""
         s = self.settings
         if self.table.targets is not None:
-            return DetectRequest(ids=np.asarray(indices, dtype=np.int64), epoch=plan.epoch)
+            masks = values[s.mask] if s.mask is not None else None
+            return DetectRequest(ids=np.asarray(indices, dtype=np.int64), epoch=plan.epoch, masks=masks)
         return crop_windows(self.table.widths[indices], self.table.heights[indices], indices, seed=s.seed,
                             epoch=plan.epoch, train=s.train, image_size=s.image_size)
 
@@ -207,11 +211,15 @@ class BatchAssembler:
             if replaced:
                 valid[list(replaced)] = False
         batch["valid"] = valid
+        if "masks" in batch and not bool(valid.all()):  # in evaluation only what is scored has labelled pixels
+            batch["masks"][~valid] = self.settings.ignore_index
         if self.settings.device.type == "cuda":
             # What the model reads goes to the device; the bookkeeping (ids, sizes, scale, pad, valid) stays on the
             # host, where it is read without waiting for the GPU.
             batch = {name: v.pin_memory().to(self.settings.device, non_blocking=True)
                      if name in _ON_DEVICE and v.device.type == "cpu" else v for name, v in batch.items()}
+        if "masks" in batch:  # class ids travel as 8 or 16 bits; losses take int64
+            batch["masks"] = batch["masks"].long()
         return batch
 
     def _untrusted(self, indices, samples, digests=None) -> dict[int, tuple[str, str]]:
@@ -247,7 +255,7 @@ class BatchAssembler:
             everywhere = {p: -1 for p in range(n)}
             try:
                 if self.table.targets is not None:  # n copies of it: the detection geometry gives each its own
-                    many = decoder([data] * n, self._windows(plan, np.full(n, c, dtype=np.int64)))
+                    many = decoder([data] * n, self._windows(plan, np.full(n, c, dtype=np.int64), values))
                     return self._with_fields(self._finish_detection(plan, k, many, everywhere), values, {}), replaced
                 one = decoder([data], self._windows(plan, np.asarray([c])))
             except CorruptSampleError:

@@ -14,14 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fastfeed.decode.base import BAD_FIELD, MISSING_FIELD
 from fastfeed.formats.fields import FieldError, decode_value, value_kind
 from fastfeed.formats.integrity import checksum
 from fastfeed.types import Extents
 
-__all__ = ["SampleFields", "plan_fields", "collate", "MISSING_FIELD", "BAD_FIELD"]
+__all__ = ["SampleFields", "plan_fields", "pick_mask", "collate", "MISSING_FIELD", "BAD_FIELD"]
 
-MISSING_FIELD = "missing_field"  # the sample has no such member
-BAD_FIELD = "bad_field"  # the member's bytes are not a value of its kind (not UTF-8, JSON, .npy, ...)
 
 
 @dataclass(frozen=True)
@@ -91,6 +90,15 @@ def plan_fields(dataset, names: tuple[str, ...]) -> tuple[Extents, SampleFields]
         at[n] = at[n] - start
     spans = Extents(base.paths, base.file_index, start, end - start)
     return spans, SampleFields(tuple(names), kinds, base.offset - start, base.size.astype(np.int64), at, size, sums)
+
+
+def pick_mask(dataset) -> str:
+    """Task "semantic" without mask=: the samples' one PNG member besides the image."""
+    pngs = [n for n in dataset.fields if n.rsplit(".", 1)[-1] == "png"]
+    if len(pngs) != 1:
+        raise ValueError(f"{dataset.root}: task='semantic' needs mask= naming the member that holds each image's "
+                         f"mask; the samples carry {dataset.fields}")
+    return pngs[0]
 
 
 def collate(values: list):

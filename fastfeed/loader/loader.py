@@ -89,18 +89,20 @@ from fastfeed.decode import GPU_DECODERS, build_decoder, oriented_size
 from fastfeed.decode.crop import DEFAULT_ORIENTATION
 from fastfeed.detect.decoder import DetectDecoder
 from fastfeed.detect.gpu import GpuDetectDecoder
+from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX
 from fastfeed.formats import integrity, read_targets
 from fastfeed.loader import lifecycle
 from fastfeed.loader.assemble import LoaderError, SampleTable
 from fastfeed.loader.compat import AccelerateState, EpochSampler, seeded_call
 from fastfeed.loader.epoch import EpochRun
-from fastfeed.loader.fields import plan_fields
+from fastfeed.loader.fields import pick_mask, plan_fields
 from fastfeed.loader.ring import PrefetchRing, auto_slot_bytes
 from fastfeed.loader.settings import LoaderSettings, ring_budget_bytes, resolve_settings
 from fastfeed.loader.stats import StageStats
 from fastfeed.tuning.climber import ShareClimber
 from fastfeed.tuning.pace import ConsumerPace
 from fastfeed.tuning.pipelines import PipelineTuner
+from fastfeed.targets import GEOMETRY_TASKS, build_targets
 from fastfeed.world import World
 
 __all__ = ["Loader", "LoaderError"]
@@ -160,6 +162,11 @@ class Loader:
             what the samples carry; docs/fields.md). Batches are then dicts: "images", "labels", and each field
             collated as DataLoader's default_collate would (numbers and same-shaped arrays as tensors, text and JSON
             as lists); a sample without one of them is a bad record. batch_transform then gets the dict.
+        task: "classify", "detect" (boxes: docs/detection.md) or "semantic" (a class-id mask per image:
+            docs/segmentation.md); default: what the dataset holds. augment, epochs: the detection geometry's
+            training augmentation (fastfeed.detect.DetectAugment) and the run's length (for close_mosaic).
+        mask, ignore_index: task "semantic": the member holding each image's mask (default: the samples' one PNG
+            member besides the image) and the id of mask pixels no image pixel is under (default 255).
         **dataloader_kwargs: DataLoader arguments given out of habit: num_workers (-> decode threads),
             prefetch_factor (-> prefetch), pin_memory and persistent_workers (always on here); the others are
             ignored with one warning.
@@ -180,7 +187,8 @@ class Loader:
                  on_error: str = "skip", orientation: str = DEFAULT_ORIENTATION, verify_checksums: bool = True,
                  batch_transform=None, log_every: int | None = None, storage_options: dict | None = None,
                  cache_dir: str | None = None, cache_size: int | None = None, task: str | None = None,
-                 augment=None, epochs: int | None = None, fields=None, **dataloader_kwargs):
+                 augment=None, epochs: int | None = None, fields=None, mask: str | None = None,
+                 ignore_index: int = DEFAULT_IGNORE_INDEX, **dataloader_kwargs):
         self._closed = True  # until fully built: close() and __del__ then have nothing to undo
         self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
         args = dict(world=self.world, batch_size=batch_size, train=train, image_size=image_size, device=device,
@@ -191,7 +199,7 @@ class Loader:
                     verify_checksums=verify_checksums, log_every=log_every, dataloader_kwargs=dataloader_kwargs)
         # Before the dataset is open its task is unknown: augment= alone says detection.
         args.update(task=task or ("detect" if augment is not None else "classify"), augment=augment, epochs=epochs,
-                    fields=fields)
+                    fields=fields, mask=mask, ignore_index=ignore_index)
         self.settings: LoaderSettings = resolve_settings(**args)  # every argument checked before any I/O
         if batch_transform is not None and not callable(batch_transform):
             raise ValueError(f"batch_transform must be callable(images, labels), got {batch_transform!r}")
@@ -206,6 +214,8 @@ class Loader:
         self._images = self.dataset.image_profile()  # a median over every sample: once
         args["task"] = task or getattr(self.dataset.manifest, "task", "classify")  # default: what the pack holds
         self.settings = resolve_settings(**args, images=self._images)
+        if self.settings.task == "semantic" and self.settings.mask is None:
+            self.settings = self.settings.replace(mask=pick_mask(self.dataset))
         s = self.settings
         if s.drop_last and len(self.dataset) < self.world.world_size * s.batch_size:
             raise ValueError(f"{path}: drop_last=True with {len(self.dataset)} samples, world size "
@@ -213,11 +223,11 @@ class Loader:
                              "use drop_last=False or a smaller batch_size")
         self._stats = StageStats(stages=("read", "read_wait", "decode", "wait"))
         extents, fields = self.dataset.extents(), None
-        if s.fields:  # the ring reads each sample's image and requested members in one extent
-            if s.task == "detect" and "cls" in s.fields:
-                raise ValueError("fields=['cls'] is a classification label; a detection batch has each object's "
-                                 "label in 'labels'")
-            extents, fields = plan_fields(self.dataset, s.fields)
+        members = s.fields + ((s.mask,) if s.mask is not None else ())
+        if members:  # the ring reads each sample's image and requested members in one extent
+            if s.task in GEOMETRY_TASKS and "cls" in s.fields:
+                raise ValueError(f"fields=['cls'] is a classification label; a {s.task} batch has none")
+            extents, fields = plan_fields(self.dataset, members)
         self._table = self._sample_table(extents, fields)
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
         self._pace = ConsumerPace()  # the loop's pace, which both tuners measure (fastfeed/tuning/)
@@ -294,7 +304,7 @@ class Loader:
     @property
     def targets(self):
         """Task "detect": every sample's objects (fastfeed.targets.Targets, as the batches are built from them);
-        None for classification."""
+        "semantic": a table without objects; None for classification."""
         return self._table.targets
 
     def __len__(self) -> int:
@@ -552,7 +562,10 @@ class Loader:
                 return integrity.bad_checksums(ds, indices, samples, digests=digests)
         widths, heights = oriented_size(ds.widths, ds.heights, getattr(ds, "orientations", None),
                                         self.settings.orientation)
-        targets = read_targets(ds) if self.settings.task == "detect" else None
+        task = self.settings.task
+        targets = read_targets(ds) if task == "detect" else None
+        if task == "semantic":  # the detection geometry, no objects: the masks are read with the images
+            targets = build_targets([None] * len(ds), ds.widths, ds.heights)
         read = lambda i: ds.read(i, check=False)  # noqa: E731 - the epoch checks checksums, to count a mismatch
         if fields is not None:  # what the ring would have read: the span of the image and its members
             read = lambda i: ds.read_range(i, int(extents.offset[i]), int(extents.size[i]))  # noqa: E731
@@ -575,7 +588,7 @@ class Loader:
         settings, climber, stats, table = self.settings, self._climber, self._stats, self._table
 
         def new(index: int):
-            if settings.task == "detect":
+            if settings.task in GEOMETRY_TASKS:
                 kind = GpuDetectDecoder if settings.decoder == "dali" else DetectDecoder
                 decoder = kind.from_settings(settings, table.targets, table.widths, table.heights)
             else:

@@ -26,7 +26,8 @@ from fastfeed.decode.base import ON_ERROR
 from fastfeed.decode.crop import ORIENTATIONS
 from fastfeed.detect.geometry import DetectAugment
 from fastfeed.formats.fields import value_kind
-from fastfeed.targets import TASKS
+from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX
+from fastfeed.targets import GEOMETRY_TASKS, TASKS
 from fastfeed.tuning.climber import DDP_START_MIN_CORES, DDP_START_SHARE, START_SHARE
 from fastfeed.types import ImageProfile
 from fastfeed.world import World
@@ -123,6 +124,8 @@ class LoaderSettings:
     augment: object = None  # task "detect": the fastfeed.detect.geometry.DetectAugment of training batches
     epochs: int | None = None  # the training run's length, for augmentations that end early (close_mosaic)
     fields: tuple[str, ...] = ()  # members returned with each image (fastfeed/formats/fields.py); () = none
+    mask: str | None = None  # task "semantic": the member holding each image's mask (None: chosen at open)
+    ignore_index: int = DEFAULT_IGNORE_INDEX  # task "semantic": the class id of mask pixels no image pixel is under
 
     @property
     def dtype_name(self) -> str:
@@ -164,7 +167,7 @@ class LoaderSettings:
 def resolve_settings(*, world: World, batch_size, train, image_size, device, decoder, dtype, channels_last, mean,
                      std, shuffle, seed, drop_last, order, num_threads, reader_threads, prefetch, hw_decoder_load,
                      pipelines, on_error, orientation, verify_checksums, log_every, task="classify", augment=None,
-                     epochs=None, fields=None, dataloader_kwargs: dict | None = None,
+                     epochs=None, fields=None, mask=None, ignore_index=DEFAULT_IGNORE_INDEX, dataloader_kwargs: dict | None = None,
                      images: ImageProfile | None = None) -> LoaderSettings:
     """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults.
     `images`: what the dataset's table says about its images, once it is open; decoder="auto" and the DALI thread
@@ -180,8 +183,9 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of torch.float32/float16/bfloat16/uint8, got {dtype!r}")
     task, augment, epochs, decoder = _resolve_task(task, augment, epochs, decoder, orientation)
-    # Defaults per task: ImageNet's normalisation for classification (ToTensor + Normalize); pixels in [0, 1] for
-    # detection, what YOLO-style and torchvision's detection models take.
+    # Defaults per task: ImageNet's normalisation for classification and segmentation (ToTensor + Normalize, what
+    # torchvision's backbones take); pixels in [0, 1] for detection, what YOLO-style and torchvision's detection
+    # models take.
     plain = task == "detect"
     mean = _triple("mean", (0.0, 0.0, 0.0) if plain else IMAGENET_MEAN) if mean is None else _triple("mean", mean)
     std = _triple("std", (1.0, 1.0, 1.0) if plain else IMAGENET_STD) if std is None else _triple("std", std)
@@ -198,7 +202,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
 
     num_threads, prefetch = _map_dataloader_kwargs(dataloader_kwargs or {}, num_threads, prefetch)
     dev = _resolve_device(device, world)
-    if task == "detect":
+    if task in GEOMETRY_TASKS:
         kind = _detect_kind(decoder, dev, augment, train)
     else:
         kind = resolve_kind(decoder, str(dev), images, world.cpus_per_rank, image_size)
@@ -256,7 +260,22 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         augment=augment,
         epochs=epochs,
         fields=_fields(fields),
+        mask=_mask(task, mask, fields),
+        ignore_index=_int("ignore_index", ignore_index, 0, 0xFFFF),
     )
+
+
+def _mask(task: str, mask, fields) -> str | None:
+    """mask= checked: a member name, for task "semantic" only."""
+    if mask is None:
+        return None
+    if task != "semantic":
+        raise ValueError(f"mask= names the mask member of task='semantic', not of task={task!r}")
+    if not isinstance(mask, str) or value_kind(mask) != "bytes":
+        raise ValueError(f"mask must name an image member such as 'seg.png', got {mask!r}")
+    if fields and mask in fields:
+        raise ValueError(f"the mask member {mask!r} is the batch's 'masks'; leave it out of fields=")
+    return mask
 
 
 def _fields(fields) -> tuple[str, ...]:
@@ -282,16 +301,19 @@ def _resolve_task(task, augment, epochs, decoder, orientation):
         epochs = _int("epochs", epochs, 1, None)
     if task == "classify":
         if augment is not None:
-            raise ValueError("augment= applies to task='detect'; classification's augmentation is train=True/False")
+            raise ValueError("augment= applies to task='detect' and 'semantic'; classification's augmentation is "
+                             "train=True/False")
         return task, None, epochs, decoder
     if augment is None:
-        augment = DetectAugment()
+        # Segmentation trains on random scale, translate and flip; mosaic is YOLO's (give mosaic= to have it).
+        augment = DetectAugment(mosaic=0.0) if task == "semantic" else DetectAugment()
     elif not isinstance(augment, DetectAugment):
         raise ValueError(f"augment must be a fastfeed.detect.DetectAugment, got {type(augment).__name__}")
     if decoder not in DETECT_DECODERS:
-        raise ValueError(f"task='detect' decodes with one of {DETECT_DECODERS}, got decoder={decoder!r}")
+        raise ValueError(f"task={task!r} decodes with one of {DETECT_DECODERS}, got decoder={decoder!r}")
     if orientation != "ignore":
-        raise ValueError("task='detect' reads boxes in the stored image's pixels: orientation must be 'ignore'")
+        raise ValueError(f"task={task!r} reads boxes and masks in the stored image's pixels: orientation must be "
+                         "'ignore'")
     return task, augment, epochs, decoder
 
 
