@@ -14,6 +14,10 @@ Version history:
     4  shards adopted in place by `fastfeed index` (fastfeed/pack/index.py): samples carry named fields (manifest
        `fields`, table columns `field.NAME.offset/size/checksum`) and the shards may lie outside the folder
        (manifest `data_root`, an absolute path). Packs are still written as version 2 or 3.
+    5  semantic segmentation packs (manifest `task` "semantic"): each sample carries its class-id mask as the member
+       `KEY.seg.png`, a named field as in version 4 (`fields`, table columns `field.seg.png.offset/size/checksum`);
+       the shards are pack's own, in the folder. A new number so that an older fastfeed refuses them rather than
+       reading them as classification.
 """
 from __future__ import annotations
 
@@ -30,7 +34,9 @@ __all__ = [
     "FORMAT_VERSION",
     "DETECT_FORMAT_VERSION",
     "ADOPTED_FORMAT_VERSION",
+    "SEMANTIC_FORMAT_VERSION",
     "READABLE_VERSIONS",
+    "TASK_VERSIONS",
     "MANIFEST_NAME",
     "SAMPLES_NAME",
     "REJECTED_NAME",
@@ -45,8 +51,11 @@ __all__ = [
 FORMAT_VERSION = 2
 DETECT_FORMAT_VERSION = 3  # what pack writes for task "detect"
 ADOPTED_FORMAT_VERSION = 4  # what `fastfeed index` writes
-READABLE_VERSIONS = (1, 2, 3, 4)
-TASK_NAMES = ("classify", "detect")  # fastfeed.targets.TASKS (a layer above this module)
+SEMANTIC_FORMAT_VERSION = 5  # what pack writes for task "semantic"
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
+TASK_NAMES = ("classify", "detect", "semantic")  # fastfeed.targets.TASKS (a layer above this module)
+# The format version a pack of each task writes (what marks the task for readers: only "classify" is unmarked).
+TASK_VERSIONS = {"classify": FORMAT_VERSION, "detect": DETECT_FORMAT_VERSION, "semantic": SEMANTIC_FORMAT_VERSION}
 MANIFEST_NAME = "fastfeed.json"
 SAMPLES_NAME = "samples.npz"
 REJECTED_NAME = "rejected.jsonl"
@@ -85,12 +94,13 @@ class Manifest:
     (e.g. "trimmed_trailing_data", "converted_to_png").
     `image_stats` holds min/mean/max of width, height and stored bytes. `part` is `{"index": i, "count": K}`
     for one part of a `--num-parts` pack, None otherwise.
-    `task` is what the samples hold: "classify" (a label each) or "detect" (an annotation each, version 3). For
+    `task` is what the samples hold: "classify" (a label each), "detect" (an annotation each, version 3) or
+    "semantic" (a class-id mask each in its `seg.png` member, version 5, `fields` naming it). For
     "detect", `classes` is the class order of the annotations' labels, `changes` also counts the boxes the Loader
     clips ("clipped_boxes") and drops ("dropped_boxes"), and `objects` holds images with/without objects, objects
     per image (min/mean/max) and per class, and for COCO sources `source_ids` (the category id of each class).
     Both are left out of a classification manifest's JSON, so its bytes are those of earlier versions.
-    `fields` (version 4) names the members each sample may carry besides its image (webdataset extensions: "txt",
+    `fields` (versions 4 and 5) names the members each sample may carry besides its image (webdataset extensions: "txt",
     "json", "npy", ...), and `data_root`, when not "", is the absolute folder the shard paths are relative to
     (shards indexed where they lie, read-only); both are left out of the JSON when empty.
     """
@@ -141,14 +151,20 @@ class Manifest:
                 f"{where}: format version {version!r}, this fastfeed reads versions "
                 f"{', '.join(map(str, READABLE_VERSIONS))}; re-pack the dataset", path=where)
         task = raw.get("task", "classify")
-        if (version == DETECT_FORMAT_VERSION) != (task == "detect"):
-            # Version 3 exists to mark detection datasets: any other pairing is a damaged or hand-made manifest.
-            raise DatasetError(f"{where}: format version {version} with task {task!r}: version "
-                               f"{DETECT_FORMAT_VERSION} is for detection datasets only", path=where)
-        if version != ADOPTED_FORMAT_VERSION and (raw.get("fields") or raw.get("data_root")):
-            raise DatasetError(f"{where}: format version {version} with fields {raw.get('fields')!r} and data root "
-                               f"{raw.get('data_root')!r}: only version {ADOPTED_FORMAT_VERSION} (shards adopted by "
-                               "`fastfeed index`) has either", path=where)
+        for marked in ("detect", "semantic"):
+            if (version == TASK_VERSIONS[marked]) != (task == marked):
+                # Versions 3 and 5 exist to mark their task's datasets: any other pairing is a damaged or hand-made
+                # manifest.
+                raise DatasetError(f"{where}: format version {version} with task {task!r}: version "
+                                   f"{TASK_VERSIONS[marked]} is for {marked} datasets only", path=where)
+        if version not in (ADOPTED_FORMAT_VERSION, SEMANTIC_FORMAT_VERSION) and raw.get("fields"):
+            raise DatasetError(f"{where}: format version {version} with fields {raw.get('fields')!r}: only versions "
+                               f"{ADOPTED_FORMAT_VERSION} (shards adopted by `fastfeed index`) and "
+                               f"{SEMANTIC_FORMAT_VERSION} (semantic packs) have fields", path=where)
+        if version != ADOPTED_FORMAT_VERSION and raw.get("data_root"):
+            raise DatasetError(f"{where}: format version {version} with data root {raw.get('data_root')!r}: only "
+                               f"version {ADOPTED_FORMAT_VERSION} (shards adopted by `fastfeed index`) has one",
+                               path=where)
         if raw.get("kind") not in KINDS:
             raise DatasetError(f"{where}: unknown dataset kind {raw.get('kind')!r}", path=where)
         try:

@@ -53,6 +53,8 @@ def summarize(m) -> str:
         lines.insert(2, f"fields:      {', '.join(m.fields)}  (Loader(fields=[...]))")
     if getattr(m, "task", "classify") == "detect":
         lines.insert(1, _detect_lines(m))
+    elif getattr(m, "task", "classify") == "semantic":
+        lines.insert(1, f"task:        semantic (each image's class-id mask in its .{', .'.join(m.fields)} member)")
     return "\n".join(lines)
 
 

@@ -15,7 +15,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("src", help="ImageFolder tree, flat folder of images, a .csv/.jsonl list (path,label[,metadata]), "
                                "or a detection dataset: YOLO folder (images/ + labels/), Pascal VOC folder "
-                               "(Annotations/ + JPEGImages/), COCO image folder with --annotations")
+                               "(Annotations/ + JPEGImages/), COCO image folder with --annotations; or a segmentation "
+                               "dataset: ADE20K-style folder (images/ + annotations/), VOC folder with --source "
+                               "voc-seg (JPEGImages/ + SegmentationClass/), image folder with --masks")
     p.add_argument("out", help="output folder or fsspec URL (s3://bucket/prefix, gs://...)")
     p.add_argument("--format", choices=("wds", "lmdb"), default="wds", help="WebDataset tar shards or LMDB")
     p.add_argument("--source", choices=ALL_KINDS, default="auto", help="how to read SRC (auto: guess from SRC)")
@@ -25,7 +27,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="class names, one per line, in label order (VOC: else the sorted names seen; YOLO: else "
                         "data.yaml's names)")
     p.add_argument("--split", default=None, metavar="NAME",
-                   help="YOLO: pack images/NAME + labels/NAME; VOC: the ids of ImageSets/Main/NAME.txt")
+                   help="YOLO: pack images/NAME + labels/NAME; VOC: the ids of ImageSets/Main/NAME.txt (voc-seg: "
+                        "ImageSets/Segmentation/NAME.txt); ADE20K: images/NAME + annotations/NAME")
+    p.add_argument("--masks", default=None, metavar="FOLDER",
+                   help="class-id masks of the images in SRC, laid out as they are (SRC/a/b.jpg -> FOLDER/a/b.png): "
+                        "packs a semantic segmentation dataset, each mask stored as its image's .seg.png member")
     p.add_argument("--shard-size", default="1GiB", help="target shard size for wds, e.g. 64MB, 1GiB")
     p.add_argument("--shuffle-seed", type=int, default=0, help="pack-time shuffle seed")
     p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
@@ -84,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             annotations=args.annotations,
             classes_file=args.classes,
             split=args.split,
+            masks=args.masks,
         )
         result = _remote_pack(args.src, args.out, opts, engine=args.engine, ray_address=args.ray_address,
                               staging=args.staging)  # hook: URLs and --engine ray (fastfeed/pack/remote.py)

@@ -206,8 +206,9 @@ class TableDataset:
 
     @property
     def task(self) -> str:
-        """What the samples hold: "classify" (a label each) or "detect" (an annotation each in its JSON member,
-        fastfeed/targets.py; format version 3)."""
+        """What the samples hold: "classify" (a label each), "detect" (an annotation each in its JSON member,
+        fastfeed/targets.py; format version 3) or "semantic" (a class-id mask each in its `seg.png` member; format
+        version 5)."""
         return self.manifest.task
 
     @property

@@ -1,9 +1,10 @@
-"""Reader for WebDataset shards written by `fastfeed pack --format wds`.
+"""Reader for WebDataset shards written by `fastfeed pack --format wds` (or adopted by `fastfeed index`).
 
-Each sample is the tar members `KEY.jpg` (or `.png`), `KEY.cls` (decimal label) and optionally `KEY.json`, so
-the `webdataset` library reads the shards unchanged, and `shard-NNNNNN.idx` is DALI's `wds2idx` index. Random
-access never parses tar headers: `samples.npz` already holds each image's (shard, offset, size); `fastfeed
-verify` cross-checks those against the tar headers, the `.idx` files and the `.cls` members.
+Each sample is the tar members `KEY.jpg` (or `.png`), `KEY.cls` (decimal label), optionally `KEY.json` and, in a
+semantic pack, its fields (`KEY.seg.png`, the mask), so the `webdataset` library reads the shards unchanged, and
+`shard-NNNNNN.idx` is DALI's `wds2idx` index. Random access never parses tar headers: `samples.npz` already holds
+each image's (shard, offset, size); `fastfeed verify` cross-checks those against the tar headers, the `.idx` files
+and the `.cls` members.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from fastfeed.formats.fields import FieldExtents, columns
 from fastfeed.formats.base import TableDataset, data_path, read_regular, shard_root
-from fastfeed.types import DatasetError, Sample
+from fastfeed.types import ADOPTED_FORMAT_VERSION, DatasetError, Sample
 
 __all__ = ["WdsDataset"]
 
@@ -142,20 +143,30 @@ class WdsDataset(TableDataset):
                         errors.append(f"{shard.path}: {self.describe(i)}: {problem}")
         return errors, [], ["DALI indexes, tar headers and .cls labels"]
 
-    def _adopted_members(self, i: int) -> list[tuple[str, int, int]]:
-        """(member name, data offset, size) of sample i's image and members, for a dataset of adopted shards."""
-        key = str(self.keys[i])
-        src = str(self.sources[i]) if self.sources is not None else ""
-        img = src.split(":", 1)[-1]
-        out = [(img if img.startswith(key + ".") else key + ".?", int(self._offset[i]), int(self.sizes[i]))]
+    @property
+    def _adopted(self) -> bool:
+        """Shards adopted by `fastfeed index` (any member layout), not written by pack (image, cls, json, fields)."""
+        return self.manifest.version == ADOPTED_FORMAT_VERSION
+
+    def _field_members(self, i: int) -> list[tuple[str, int, int]]:
+        """(member name `KEY.field`, data offset, size) of each field sample i carries."""
+        key, out = str(self.keys[i]), []
         for name in self.manifest.fields:
             fe_off, fe_size, _ = (self._table[c][i] for c in columns(name))
             if fe_size >= 0:
                 out.append((f"{key}.{name}", int(fe_off), int(fe_size)))
         return out
 
+    def _adopted_members(self, i: int) -> list[tuple[str, int, int]]:
+        """(member name, data offset, size) of sample i's image and members, for a dataset of adopted shards."""
+        key = str(self.keys[i])
+        src = str(self.sources[i]) if self.sources is not None else ""
+        img = src.split(":", 1)[-1]
+        image = (img if img.startswith(key + ".") else key + ".?", int(self._offset[i]), int(self.sizes[i]))
+        return [image, *self._field_members(i)]
+
     def _idx_problem(self, line: str, i: int) -> str | None:
-        if self.manifest.fields:  # adopted shards: every member the table names must be in the index
+        if self._adopted:  # every member the table names must be in the index
             f = line.split()
             entries = {(f[j + 1], f[j + 2]) for j in range(0, len(f) - 3, 4)}
             for name, off, size in self._adopted_members(i)[1:]:
@@ -166,8 +177,10 @@ class WdsDataset(TableDataset):
         key = str(t["key"][i])
         f = line.split()
         members = {f[j]: (f[j + 1], f[j + 2], f[j + 3]) for j in range(0, len(f) - 3, 4)}
+        fields = self._field_members(i)
         want = {"cls"} | ({"json"} if int(t["meta_offset"][i]) >= 0 else set())
-        img = [e for e in members if e not in ("cls", "json")]
+        want |= {name[len(key) + 1:] for name, _, _ in fields}
+        img = [e for e in members if e not in ("cls", "json", *self.manifest.fields)]
         if len(f) % 4 or not want <= set(members) or len(img) != 1:
             return f"entry {line!r} lacks members"
         off, size, name = members[img[0]]
@@ -176,10 +189,14 @@ class WdsDataset(TableDataset):
                     f"{t['size'][i]} bytes")
         if "json" in want and members["json"][:2] != (str(t["meta_offset"][i]), str(t["meta_size"][i])):
             return "metadata member offset/size differ from samples.npz"
+        for name, foff, fsize in fields:
+            got = members[name[len(key) + 1:]]
+            if got != (str(foff), str(fsize), name):
+                return f"says {got[2]} at offset {got[0]}, {got[1]} bytes; samples.npz says {name} at {foff}, {fsize}"
         return None
 
     def _tar_problem(self, fd: int, i: int) -> str | None:
-        if self.manifest.fields:
+        if self._adopted:
             return self._adopted_tar_problem(fd, i)
         t = self._table
         key, off, size, label = str(t["key"][i]), int(t["offset"][i]), int(t["size"][i]), int(t["label"][i])
@@ -194,6 +211,11 @@ class WdsDataset(TableDataset):
         raw = os.pread(fd, min(chdr[1], 32), cls_at + 512)
         if raw.strip() != b"%d" % label:
             return f"{key}.cls holds {raw[:20]!r}, samples.npz says label {label}"
+        for name, foff, fsize in self._field_members(i):  # a semantic pack's mask
+            hdr = _tar_header(os.pread(fd, 512, foff - 512)) if foff >= 512 else None
+            if hdr != (name, fsize):
+                return (f"tar header before offset {foff} is {'damaged' if hdr is None else repr(hdr)}, samples.npz "
+                        f"says {name} of {fsize} bytes")
         return None
 
 

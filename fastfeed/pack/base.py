@@ -31,6 +31,7 @@ Cut = Callable[..., None]
 class FormatWriter(Protocol):
     kind: ClassVar[str]
     columns: ClassVar[dict[str, type]]  # this format's own samples.npz columns (name -> dtype)
+    stores_fields: ClassVar[bool]  # whether `add` takes members (SourceEntry.members) as fields
 
     def __init__(self, folder: str, shard_size: int, next_shard: int, cut: Cut) -> None: ...
 
@@ -40,8 +41,9 @@ class FormatWriter(Protocol):
     def start_sample(self, nbytes: int, pos: int) -> None:
         """Before a sample of `nbytes` is added; `pos` is the plan position just before it (a shard may end)."""
 
-    def add(self, key: str, ext: str, data, label: int, meta: bytes | None, rec) -> dict:
-        """Store one accepted sample; returns its values for `columns`."""
+    def add(self, key: str, ext: str, data, label: int, meta: bytes | None, rec, members=()) -> dict:
+        """Store one accepted sample; returns its values for `columns` (and for its fields' columns: the
+        `members`, (ext, bytes) pairs stored after the image, or those `rec` holds)."""
 
     def end_sample(self, pos: int) -> None:
         """After the sample's row is recorded; `pos` is the plan position just after it."""
@@ -71,12 +73,13 @@ class FormatWriter(Protocol):
 
 
 class Stored(NamedTuple):
-    """One stored sample read back from a finished dataset: the image member's extension, the image bytes and
-    the `.json` metadata bytes (None when the sample has none)."""
+    """One stored sample read back from a finished dataset: the image member's extension, the image bytes, the
+    `.json` metadata bytes (None when the sample has none) and its other members as (ext, bytes) pairs."""
 
     ext: str
     data: bytes | memoryview
     meta: bytes | None
+    members: tuple = ()
 
 
 WRITERS: dict[str, type] = {}

@@ -27,6 +27,7 @@ _COMMIT_BYTES = 64 << 20
 class LmdbWriter:
     kind = "lmdb"
     columns = {"offset": np.int64}
+    stores_fields = False  # no members besides the image's (a mask's seg.png): those go into WebDataset shards
 
     def __init__(self, folder: str, shard_size: int, next_shard: int, cut: Cut, initial_map_size: int = 1 << 30):
         import lmdb
@@ -45,7 +46,7 @@ class LmdbWriter:
     def start_sample(self, nbytes: int, pos: int) -> None:
         pass
 
-    def add(self, key: str, ext: str, data, label: int, meta: bytes | None, rec) -> dict:
+    def add(self, key: str, ext: str, data, label: int, meta: bytes | None, rec, members=()) -> dict:
         self._pending.append((img_key(key), data if isinstance(data, bytes) else bytes(data)))
         self._pending.append((cls_key(key), b"%d" % label))
         if meta is not None:

@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from fastfeed.formats.base import load_manifest, load_table
+from fastfeed.formats.fields import columns as field_columns
 from fastfeed.formats.integrity import checksum
 from fastfeed.pack import table as tbl
 from fastfeed.pack.annotations import annotation_stats
@@ -91,7 +92,7 @@ def merge(out: str) -> Manifest:
     _drop_stale(out)
     try:
         metas: list | None = [] if first.task == "detect" else None
-        table, shards = _rewrite(out, fmt, int(first.options["shard_size"]), parts, tables, metas)
+        table, shards = _rewrite(out, fmt, int(first.options["shard_size"]), parts, tables, metas, first.fields)
         shards = fmt.data_files(out, table, shards)
         objects = None
         if metas is not None:  # recounted from the stored annotations: the single pack counts the same ones
@@ -103,7 +104,7 @@ def merge(out: str) -> Manifest:
             classes=first.classes, class_to_idx=first.class_to_idx, source=first.source,
             source_kind=first.source_kind, options=dict(first.options, part=0, num_parts=1), part=None,
             created_by=first.created_by, extra=tbl.jpeg_extra(int(table["transcoded"].sum()), notes, failed),
-            task=first.task, objects=objects,
+            task=first.task, objects=objects, fields=first.fields,
         )
     except BaseException:
         if not os.path.exists(os.path.join(out, MANIFEST_NAME)):
@@ -123,14 +124,16 @@ def _drop_stale(out: str) -> None:
 
 
 def _rewrite(out: str, fmt: type, shard_size: int, parts: list[tuple[str, Manifest]],
-             tables: list[dict[str, np.ndarray]], metas: list | None = None
+             tables: list[dict[str, np.ndarray]], metas: list | None = None, fields=()
              ) -> tuple[dict[str, np.ndarray], list[ShardInfo]]:
     """Feed every part's stored samples, in order, to a fresh format writer at OUT, as run.py's pack loop does
     (start_sample / add / end_sample, then close). Returns the merged table and the writer's shards; `metas`, when
-    given, gets each sample's stored JSON member, parsed (None without one)."""
+    given, gets each sample's stored JSON member, parsed (None without one). `fields`: the members stored beside
+    each image (a semantic pack's mask), copied with it; their columns come from the new writer."""
     sink = _Commits()
     w: FormatWriter = fmt(out, shard_size, 0, sink.cut)
-    columns: dict[str, list] = {c: [] for c in fmt.columns}
+    dtypes = tbl.table_columns(fmt, fields)
+    columns: dict[str, list] = {c: [] for c in dtypes}
     pos = 0
     try:
         for (name, m), t in zip(parts, tables):
@@ -139,10 +142,13 @@ def _rewrite(out: str, fmt: type, shard_size: int, parts: list[tuple[str, Manife
                 for i, s in enumerate(fmt.stored(os.path.join(out, name), t, m.shards)):
                     if checksum(s.data) != int(sums[i]):
                         raise ValueError(f"sample {keys[i]}: stored bytes do not match their checksum")
+                    for ext, data in s.members:  # the new writer hashes them again: check what it is given
+                        if checksum(data) != int(t[field_columns(ext)[2]][i]):
+                            raise ValueError(f"sample {keys[i]}: its .{ext} member does not match its checksum")
                     if metas is not None:
                         metas.append(json.loads(s.meta) if s.meta else None)
                     w.start_sample(len(s.data), pos)
-                    for c, v in w.add(str(keys[i]), s.ext, s.data, int(labels[i]), s.meta, None).items():
+                    for c, v in w.add(str(keys[i]), s.ext, s.data, int(labels[i]), s.meta, None, s.members).items():
                         columns[c].append(v)
                     pos += 1
                     w.end_sample(pos)
@@ -163,7 +169,7 @@ def _rewrite(out: str, fmt: type, shard_size: int, parts: list[tuple[str, Manife
     # The common columns come from the parts (np.concatenate widens strings to the widest, as np.array(all
     # values) in a single pack does); the format's own columns (offsets, shard numbers) from the new writer.
     table = {c: np.concatenate([t[c] for t in tables]) for c in tbl.COLUMNS}
-    table.update({c: np.asarray(columns[c], dtype=d) for c, d in fmt.columns.items()})
+    table.update({c: np.asarray(columns[c], dtype=d) for c, d in dtypes.items()})
     return table, shards
 
 

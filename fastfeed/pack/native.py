@@ -88,13 +88,15 @@ class SampleResult(NamedTuple):
         return next((m for m in self.members if m.ext == "json"), None)
 
 
-def wds_sample(key: str, image, ext: str, label: int, meta: bytes | None = None) -> WdsSample:
-    """The members pack writes for one image: `KEY.ext` (path or bytes), `KEY.cls` (the label in decimal) and,
-    when `meta` is given, `KEY.json` (fastfeed.pack.writers.meta_bytes of the metadata dict)."""
-    members = [(ext, image), ("cls", b"%d" % label)]
+def wds_sample(key: str, image, ext: str, label: int, meta: bytes | None = None, members=()) -> WdsSample:
+    """The members pack writes for one image: `KEY.ext` (path or bytes), `KEY.cls` (the label in decimal),
+    when `meta` is given `KEY.json` (fastfeed.pack.writers.meta_bytes of the metadata dict), then `members`
+    ((ext, path or bytes) pairs: a mask's `seg.png`), as pack/writers.py build_record orders them."""
+    out = [(ext, image), ("cls", b"%d" % label)]
     if meta is not None:
-        members.append(("json", meta))
-    return WdsSample(key, members)
+        out.append(("json", meta))
+    out.extend(members)
+    return WdsSample(key, out)
 
 
 class NativeTarShardWriter:

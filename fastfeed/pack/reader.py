@@ -15,6 +15,7 @@ import os
 import threading
 from dataclasses import dataclass
 
+from fastfeed.pack.members import member_pairs, member_sizes, members_problem, read_members
 from fastfeed.pack.validate import LoadOptions, Loaded, Rejected, _os_reason, check_image, stat_size
 from fastfeed.pack.writers import TarRecord, build_record, make_record, record_size
 
@@ -29,6 +30,7 @@ class BatchItem:
     key: str
     label: int
     meta: bytes | None
+    members: tuple[tuple[str, str], ...] = ()  # SourceEntry.members: stored after the image (pack/members.py)
 
 
 @dataclass
@@ -64,16 +66,17 @@ class BufferPool:
 def read_batch(items: list[BatchItem], opts: LoadOptions, pool: BufferPool) -> BatchResult:
     """Read, check and frame `items` (see the module docstring). Never raises for a bad file."""
     sizes: list[int | Rejected] = []
+    extras = [read_members(it.members) if it.members else [] for it in items]  # a mask: read and decoded
     need = 0
-    for it in items:
+    for it, extra in zip(items, extras):
         s = stat_size(it.path)
         sizes.append(s)
         if not isinstance(s, Rejected):
-            need += record_size(s, it.label, it.meta)
+            need += record_size(s, it.label, it.meta, member_sizes(extra))
     buf = pool.get(need) if need else None
     out: list[tuple[Loaded | Rejected, TarRecord | None]] = []
     at = 0
-    for it, size in zip(items, sizes):
+    for it, size, extra in zip(items, sizes, extras):
         if isinstance(size, Rejected):
             out.append((size, None))
             continue
@@ -83,10 +86,15 @@ def read_batch(items: list[BatchItem], opts: LoadOptions, pool: BufferPool) -> B
             out.append((err, None))
             continue
         res = check_image(view, opts)
+        why = None if isinstance(res, Rejected) else members_problem(extra, res.width, res.height)
+        if why is not None:
+            res = Rejected(why)
         if isinstance(res, Rejected):
             out.append((res, None))
-        elif res.data is view:
-            rec = build_record(buf, at, it.key, res.ext, size, it.label, it.meta)
+            continue
+        pairs = member_pairs(extra)
+        if res.data is view:
+            rec = build_record(buf, at, it.key, res.ext, size, it.label, it.meta, pairs)
             at += len(rec.data)
             out.append((res, rec))
         else:
@@ -94,7 +102,7 @@ def read_batch(items: list[BatchItem], opts: LoadOptions, pool: BufferPool) -> B
                 # A trimmed view into `buf`, where the next file is read: keep its own bytes (the row's checksum
                 # is computed from them after the whole batch was read).
                 res = dataclasses.replace(res, data=bytes(res.data))
-            out.append((res, make_record(it.key, res.ext, res.data, it.label, it.meta)))
+            out.append((res, make_record(it.key, res.ext, res.data, it.label, it.meta, pairs)))
     return BatchResult(out, buf)
 
 

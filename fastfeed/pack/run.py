@@ -20,6 +20,11 @@ Detection sources (YOLO, COCO, VOC: pack/annotations/) store each sample's annot
 format version 3 (`Manifest.task` "detect"). As each sample is stored, its boxes are checked against the stored
 image's size with the Loader's own rule (annotations.sample_issues): what the Loader will clip or drop goes to
 rejected.jsonl (and the manifest's `changes`), while the stored boxes stay the source's.
+
+Semantic segmentation sources (ADE20K, VOC's SegmentationClass, `--masks`: pack/annotations/masks.py) store each
+image's mask file byte for byte as the member `KEY.seg.png`, a field with its own table columns (offset, size,
+xxh3), and write format version 5 (`Manifest.task` "semantic"). A mask is read and checked with its image on the
+reader threads (pack/members.py); a sample whose mask is unusable is rejected whole, naming both files.
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ from fastfeed.constants import __version__
 from fastfeed.formats.integrity import checksum
 from fastfeed.image import transcode as _transcode
 from fastfeed.pack import table as tbl
-from fastfeed.pack.annotations import annotation_stats, sample_issues
+from fastfeed.pack.annotations import MASK_MEMBER, annotation_stats, sample_issues
 from fastfeed.pack.annotations import scan as scan_source
 from fastfeed.pack.base import WRITERS, FormatWriter, PackError
 from fastfeed.pack.journal import JOURNAL_DIR, Journal
@@ -72,7 +77,8 @@ class PackOptions:
     max_side re-encodes larger images as JPEG at `quality`; scan_check False skips the JPEG scan check (validate.py);
     num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN. Detection sources
     (fastfeed/pack/annotations/): annotations is a COCO instances JSON, classes_file a names file (VOC, YOLO),
-    split the YOLO/VOC split to pack; YOLO and VOC folders are recognised under source_kind 'auto'."""
+    split the YOLO/VOC/ADE20K split to pack; YOLO, VOC and ADE20K folders are recognised under source_kind 'auto'.
+    Segmentation sources: masks is the masks folder of an image folder (fastfeed/pack/annotations/masks.py)."""
 
     format: str = "wds"
     shard_size: int = 1 << 30
@@ -92,15 +98,16 @@ class PackOptions:
     annotations: str | None = None
     classes_file: str | None = None
     split: str | None = None
+    masks: str | None = None
 
 
 # Options a classification pack leaves unset: left out of its manifest, whose bytes stay those of earlier versions.
-_DETECT_OPTIONS = ("annotations", "classes_file", "split")
+_ANNOTATION_OPTIONS = ("annotations", "classes_file", "split", "masks")
 
 
 def _manifest_options(o: PackOptions) -> dict:
     return {k: v for k, v in asdict(o).items() if k not in ("resume", "overwrite", "progress", "workers")
-            and not (k in _DETECT_OPTIONS and v is None)}
+            and not (k in _ANNOTATION_OPTIONS and v is None)}
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,8 @@ class PackResult:
                      f"(listed under extra.transcode_failed in {MANIFEST_NAME})")
         if m.task == "detect":
             line += "\n" + detect_summary(m)
+        elif m.task == "semantic":
+            line += f"\ntask semantic: each image's mask stored as its .{', .'.join(m.fields)} member"
         changes = {k: v for k, v in m.changes.items() if k not in _BOX_CHANGES}
         if changes:
             changed = ", ".join(f"{k} {v}" for k, v in sorted(changes.items()))
@@ -187,11 +196,15 @@ def _check_options(o: PackOptions) -> None:
         raise PackError("--resume and --overwrite contradict each other")
 
 
-def _check_detect(src: Source, o: PackOptions) -> None:
-    if src.task == "detect" and o.max_side is not None:
-        # Re-encoding at a smaller size would need every box (and polygon) scaled with it: not done yet.
-        raise PackError(f"--max-side does not work with annotated ({src.kind}) sources yet: the boxes would have to "
+def _check_annotated(src: Source, o: PackOptions) -> None:
+    if src.task != "classify" and o.max_side is not None:
+        # Re-encoding at a smaller size would need every box (and polygon) scaled with it, or every mask stored
+        # byte for byte resized: not done.
+        what = "boxes" if src.task == "detect" else "masks"
+        raise PackError(f"--max-side does not work with annotated ({src.kind}) sources yet: the {what} would have to "
                         f"be scaled with the images; pack without it")
+    if src.fields and not WRITERS[o.format].stores_fields:
+        raise ValueError(f"masks are stored in WebDataset shards; use --format wds (not --format {o.format})")
 
 
 def clear_folder(folder: str) -> None:
@@ -240,12 +253,13 @@ def _fingerprint(src: Source, o: PackOptions) -> dict:
     for e in src.entries:
         h.update(f"{e.rel}\0{e.label}\0".encode("utf-8", "surrogateescape"))
     opts = {k: v for k, v in asdict(o).items() if k not in ("workers", "resume", "overwrite", "progress")
-            and not (k in _DETECT_OPTIONS and v is None)}
+            and not (k in _ANNOTATION_OPTIONS and v is None)}
     fp = {"source": src.root, "entries": len(src.entries), "entries_sha256": h.hexdigest(), "options": opts}
     if src.task != "classify":  # a resume must not mix samples annotated differently
         a = hashlib.sha256()
         for e in src.entries:
-            a.update(json.dumps([e.metadata, e.size], sort_keys=True).encode() + b"\n")
+            ann = [e.metadata, e.size] + ([e.members] if e.members else [])  # a pairing is an annotation too
+            a.update(json.dumps(ann, sort_keys=True).encode() + b"\n")
         fp.update(task=src.task, classes=src.classes, annotations_sha256=a.hexdigest())
     return fp
 
@@ -258,10 +272,10 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     if o.scan_check and not _transcode.HAVE_SCAN_CHECK:
         jpeg_note = "; ".join(n for n in (jpeg_note, NO_SCAN_CHECK_NOTE) if n)
     t0 = time.perf_counter()
-    o = replace(o, **{k: os.path.abspath(getattr(o, k)) for k in ("annotations", "classes_file")
+    o = replace(o, **{k: os.path.abspath(getattr(o, k)) for k in ("annotations", "classes_file", "masks")
                       if getattr(o, k) is not None})
-    src = scan_source(src_path, o.source_kind, o.annotations, o.classes_file, o.split)
-    _check_detect(src, o)
+    src = scan_source(src_path, o.source_kind, o.annotations, o.classes_file, o.split, o.masks)
+    _check_annotated(src, o)
     folder = part_folder(out, o.part) if o.num_parts > 1 else os.path.abspath(out)
     if o.num_parts > 1 and os.path.exists(os.path.join(out, MANIFEST_NAME)):  # merged already: parts are gone
         raise PackError(f"{os.path.abspath(out)} already holds a packed dataset; a part cannot be added to it "
@@ -284,7 +298,7 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     WRITERS[o.format].drop_stale(folder, len(shards))
 
     native = use_native(o.format)
-    writer = _Writer(folder, o, journal, len(shards), native, src.task)
+    writer = _Writer(folder, o, journal, len(shards), native, src.task, src.fields)
     load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels, o.scan_check)
     bar = _progress(len(plan), start, o.progress)
     workers = o.workers or os.cpu_count() or 1
@@ -345,21 +359,22 @@ class _Writer:
     and journals each durable commit the format writer announces through `cut`."""
 
     def __init__(self, folder: str, o: PackOptions, journal: Journal, next_shard: int, native: bool = False,
-                 task: str = "classify"):
+                 task: str = "classify", fields: tuple[str, ...] = ()):
         self.o, self.journal, self.task = o, journal, task
         self.bytes_in = 0
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastfeed-shard-finish")
         self._finishing = None
         self.fmt: FormatWriter = (NativeWdsWriter(folder, o.shard_size, next_shard, self.cut, o.workers or 0) if native
                                   else WRITERS[o.format](folder, o.shard_size, next_shard, self.cut))
-        self.rows = tbl.new_rows(self.fmt.columns)
+        self.columns = tbl.table_columns(WRITERS[o.format], fields)
+        self.rows = tbl.new_rows(self.columns)
         self.rejected: list[dict] = []
         self.notes: list[dict] = []  # stored untouched although the mode asked for a change (transcode_failed)
 
     def load(self, src: Source, idxs: list[int], key_width: int, opts: LoadOptions) -> BatchResult:
         """Worker side: read and check one batch."""
         items = [BatchItem(src.entries[i].path, f"{i:0{key_width}d}", src.entries[i].label,
-                           meta_bytes(src.entries[i].metadata)) for i in idxs]
+                           meta_bytes(src.entries[i].metadata), src.entries[i].members) for i in idxs]
         return self.fmt.load(items, opts)
 
     def put_batch(self, src: Source, idxs: list[int], key_width: int, first_pos: int, batch: BatchResult) -> None:
@@ -378,7 +393,10 @@ class _Writer:
         self.fmt.end_sample(done_pos)
 
     def reject(self, entry, reason: str) -> None:
-        self.rejected.append({"path": entry.path, "reason": reason})
+        rec = {"path": entry.path, "reason": reason}
+        for ext, path in entry.members:  # a mask: the record names both files
+            rec["mask" if ext == MASK_MEMBER else ext] = path
+        self.rejected.append(rec)
 
     def row(self, entry, key: str, res: Loaded, size: int, xxh3: int, extra: dict) -> None:
         """Record one stored sample: `size` and `xxh3` (the checksum column) are of the bytes stored."""
@@ -405,7 +423,7 @@ class _Writer:
         format's durability step, returning the shard as a dict or None) has run. One helper thread runs the
         background commits, so the journal stays in order."""
         rows, rejected, notes = self.rows, self.rejected, self.notes
-        self.rows, self.rejected, self.notes = tbl.new_rows(self.fmt.columns), [], []
+        self.rows, self.rejected, self.notes = tbl.new_rows(self.columns), [], []
 
         def commit() -> None:
             shard = finish() if finish is not None else None
@@ -441,7 +459,8 @@ class _Writer:
 def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: float,
             jpeg_note: str | None) -> PackResult:
     fmt = WRITERS[o.format]
-    rows = tbl.new_rows(fmt.columns)
+    columns = tbl.table_columns(fmt, src.fields)
+    rows = tbl.new_rows(columns)
     rejected = list(src.rejected) if o.part == 0 else []  # scan-time problems are reported once, by part 0
     notes: list[dict] = []
     shards = []
@@ -452,7 +471,7 @@ def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: f
         notes.extend(c.get("notes", []))
         if c.get("shard"):
             shards.append(ShardInfo(**c["shard"]))
-    table = tbl.rows_to_table(rows, fmt.columns)
+    table = tbl.rows_to_table(rows, columns)
     shards = fmt.data_files(folder, table, shards)
     manifest = tbl.write_dataset(
         folder, o.format, table, shards, rejected,
@@ -461,7 +480,7 @@ def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: f
         part={"index": o.part, "count": o.num_parts} if o.num_parts > 1 else None,
         created_by=f"fastfeed {__version__}",
         extra=tbl.jpeg_extra(int(table["transcoded"].sum()), notes, len(notes)),
-        task=src.task, objects=_objects(src, table),
+        task=src.task, objects=_objects(src, table), fields=list(src.fields),
     )
     return PackResult(folder, manifest, rejected, time.perf_counter() - t0, src.hidden_skipped, src.symlink_note())
 

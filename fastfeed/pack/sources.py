@@ -38,6 +38,9 @@ class SourceEntry:
     # Detection sources (fastfeed/pack/annotations/): the (width, height) the annotations were made for, checked
     # against the stored image once it is stored.
     size: tuple[int, int] | None = None
+    # Files stored byte for byte beside the image as members `KEY.ext`, (ext, absolute path) each (a semantic
+    # source's mask: fastfeed/pack/annotations/masks.py); every entry of a source carries the same exts.
+    members: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -51,8 +54,10 @@ class Source:
     hidden_skipped: int = 0
     symlinks: int = 0  # entries reached through a symlink (the file itself or a folder above it)
     symlinks_outside: int = 0  # ... of which the real file lies outside the source folder
-    task: str = "classify"  # "detect": entries carry fastfeed/targets.py annotations as their metadata
+    # "detect": entries carry fastfeed/targets.py annotations as their metadata; "semantic": a mask member each
+    task: str = "classify"
     class_ids: list[int] | None = None  # COCO: the category id of each class, in class order
+    fields: tuple[str, ...] = ()  # the exts of the entries' `members`: the dataset's fields
 
     def symlink_note(self) -> str | None:
         """The pack summary's line about followed symlinks, or None when there were none."""

@@ -8,7 +8,9 @@
     orientation uint8 (EXIF orientation tag 1..8 of the stored image, 1 when absent or not a JPEG),
     change U (the validator's change code when the stored bytes differ from the source file, "" otherwise);
     WebDataset only: shard int32, offset int64 (image member data inside the tar, `size` bytes long),
-    meta_offset/meta_size int64 (the `.json` member, -1/0 when absent);
+    meta_offset/meta_size int64 (the `.json` member, -1/0 when absent); per field (a semantic pack's `seg.png`
+    mask, fastfeed/formats/fields.py `columns`): field.NAME.offset/size int64 (the member's data in the tar) and
+    field.NAME.checksum uint64 (its xxh3_64);
     LMDB only: offset int64 (the `img/KEY` value's offset inside data.mdb, resolved when the pack finishes).
 
 The file is a plain .npz written with fixed zip timestamps, so the same pack gives the same bytes (and the same
@@ -23,21 +25,31 @@ import zipfile
 
 import numpy as np
 
+from fastfeed.formats.fields import columns
 from fastfeed.formats.integrity import xxh3_hex
 from fastfeed.image import jpeg
 from fastfeed.pack.annotations import box_change_counts
 from fastfeed.pack.writers import atomic_write
-from fastfeed.types import DETECT_FORMAT_VERSION, FORMAT_VERSION, MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, Manifest
+from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, TASK_VERSIONS, Manifest
 
-__all__ = ["COLUMNS", "new_rows", "rows_to_table", "write_table", "write_rejected", "write_manifest", "write_dataset",
-           "table_bytes", "change_counts",
-           "image_stats", "jpeg_mix", "jpeg_extra", "MAX_NOTES"]
+__all__ = ["COLUMNS", "table_columns", "new_rows", "rows_to_table", "write_table", "write_rejected", "write_manifest",
+           "write_dataset", "table_bytes", "change_counts", "image_stats", "jpeg_mix", "jpeg_extra", "MAX_NOTES"]
 
 COLUMNS = {
     "key": None, "label": np.int64, "width": np.int32, "height": np.int32, "jpeg": np.uint8,
     "transcoded": np.bool_, "hw_decodable": np.bool_, "size": np.int64, "source": None,
     "checksum": np.uint64, "orientation": np.uint8, "change": None,
 }
+
+
+def table_columns(fmt: type, fields=()) -> dict:
+    """A format writer's own columns (`FormatWriter.columns`) and those of the dataset's fields (`fields`: a
+    semantic pack's mask member), name -> dtype: what new_rows and rows_to_table take."""
+    cols = dict(fmt.columns)
+    for name in fields:
+        off, size, check = columns(name)
+        cols.update({off: np.int64, size: np.int64, check: np.uint64})
+    return cols
 
 
 def new_rows(format_columns: dict) -> dict[str, list]:
@@ -136,7 +148,8 @@ def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: 
     statistic from the table, and write the manifest last (its presence makes the folder a dataset).
     task "detect": format version 3; `objects` is pack.annotations.annotation_stats(...); the box counts of
     `changes` come from the rejected records (pack.annotations.sample_issues), so pack and merge agree.
-    `fields`, `data_root`, `version`: shards adopted by `fastfeed index` (format version 4, fastfeed/types.py)."""
+    task "semantic": format version 5, `fields` names the mask member. `fields`, `data_root`, `version`: shards
+    adopted by `fastfeed index` (format version 4, fastfeed/types.py)."""
     samples_xxh3 = write_table(folder, table)
     write_rejected(folder, rejected)
     changes = change_counts(table.get("change"))
@@ -160,7 +173,7 @@ def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: 
         extra=extra,
         samples_xxh3=samples_xxh3,
         changes=changes,
-        version=version or (DETECT_FORMAT_VERSION if task == "detect" else FORMAT_VERSION),
+        version=version or TASK_VERSIONS[task],
         task=task,
         objects=dict(objects or {}),
         fields=list(fields or []),

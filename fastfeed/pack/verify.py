@@ -9,7 +9,7 @@ Quick mode (`quick=True`, no decoding):
   - LMDB: each `cls/KEY` record against the label and each `img/KEY` size, walked only when data.mdb matches its
     sha256 (liblmdb trusts its pages: a damaged file can make it crash, so it is not handed one);
   - every sample's bytes against its xxh3 checksum (format version 2; version 1 datasets have none: skipped, and
-    the report says so).
+    the report says so), and every field member's (a semantic pack's mask, an adopted dataset's members).
 Full mode adds a decode of every image with the Loader's CPU decoder (`fastfeed.decode.cpu.decode_rgb`), under
 the pixel limit the pack used. PIL warnings are not errors: what the Loader decodes, verify accepts.
 
@@ -118,7 +118,8 @@ def _check_samples(ds, report: VerifyReport) -> list[int]:
 
 
 def _check_fields(ds, report: VerifyReport) -> None:
-    """Every member of an adopted dataset's samples against its xxh3 in the table."""
+    """Every field member of the samples (an adopted dataset's, a semantic pack's mask) against its xxh3 in the
+    table."""
     names = [n for n in getattr(ds.manifest, "fields", []) if ds.field_extents(n).checksum is not None]
     for name in names:
         fe = ds.field_extents(name)
@@ -130,7 +131,7 @@ def _check_fields(ds, report: VerifyReport) -> None:
                 continue
             if checksum(data) != int(fe.checksum[i]):
                 report.errors.append(f"{os.path.relpath(ds.file_of(i), ds.root)}: {_name(ds, i)}: .{name} member "
-                                     "checksum mismatch (bytes changed after indexing)")
+                                     "checksum mismatch (bytes changed after packing or indexing)")
     if names:
         report.checked.append("member checksums")
 

@@ -12,18 +12,22 @@ those of the Python path (tests/test_pack_native_wired.py packs the same trees b
   out ("deferred") and submitted again to the next shard. Calls are cut near the expected boundary from the stat
   sizes, so a deferral re-reads only a few files;
 - files are stat'ed first with the Python path's `stat_size` (a FIFO is never opened, same reasons); a file the
-  native threads fail to read gets the Python reader's reason for it.
+  native threads fail to read gets the Python reader's reason for it;
+- a sample's further members (a mask: pack/members.py) are read and decoded on a Python pool before the call and
+  handed to the writer as bytes; the hook rejects the sample when they do not fit the checked image.
 """
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 
 from fastfeed.image.transcode import HAVE_SCAN_CHECK
+from fastfeed.pack.members import member_pairs, member_sizes, members_problem, read_members
 from fastfeed.pack.native import HAVE_NATIVE_WRITER, NativeTarShardWriter, wds_sample
 from fastfeed.pack.reader import _read_into
 from fastfeed.pack.validate import LoadOptions, Rejected, check_image, stat_size
-from fastfeed.pack.wds import WdsWriter
+from fastfeed.pack.wds import WdsWriter, field_cells
 from fastfeed.pack.writers import meta_bytes, record_size
 
 __all__ = ["NativeWdsWriter", "use_native", "pack_native"]
@@ -86,6 +90,18 @@ class NativeWdsWriter(WdsWriter):
 
 def pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, bar=None) -> None:
     """Write plan[start:] through `w` (run.py's _Writer holding a NativeWdsWriter), in plan order."""
+    # Members (a mask each) are read and decoded on a pool ahead of each call: the check hook only compares sizes.
+    pool = ThreadPoolExecutor(max_workers=w.o.workers or os.cpu_count() or 1,
+                              thread_name_prefix="fastfeed-pack-members") if src.fields else None
+    try:
+        _pack_native(w, src, plan, start, key_width, opts, bar, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, bar, pool) -> None:
+    """pack_native's loop; `pool` reads the members (None: the source has none)."""
     fmt: NativeWdsWriter = w.fmt
     pos = start
     while pos < len(plan):
@@ -102,6 +118,7 @@ def pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, bar
             if not isinstance(size, Rejected):
                 est += record_size(size, e.label, meta)
         todo = [c for c in chunk if not isinstance(c[4], Rejected)]
+        extras = list(pool.map(lambda c: read_members(c[1].members), todo)) if pool else [[]] * len(todo)
         loaded: list = [None] * len(todo)
         deferred = len(todo)
         if todo:
@@ -112,6 +129,9 @@ def pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, bar
                 if j >= deferred:
                     return _DEFER
                 res = check_image(data, opts, facts)
+                why = None if isinstance(res, Rejected) else members_problem(extras[j], res.width, res.height)
+                if why is not None:
+                    res = Rejected(why)
                 if isinstance(res, Rejected):
                     loaded[j] = res
                     return res.reason
@@ -121,15 +141,17 @@ def pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, bar
                     return _DEFER
                 _, e, _, meta, _ = todo[j]
                 fmt.count += 1
-                fmt.planned += record_size(n, e.label, meta)
+                fmt.planned += record_size(n, e.label, meta, member_sizes(extras[j]))
                 loaded[j] = replace(res, data=None)  # the view pins the native buffer
                 if res.data is data and res.ext == "jpg":
                     return None
                 return res.ext, bytes(res.data)
 
             # The reader threads probe each JPEG's header (and run the scan check): check_image decides from that.
-            results = tar.add_samples([wds_sample(k, e.path, "jpg", e.label, m) for _, e, k, m, _ in todo], check,
-                                      probe=True, scan_check=opts.scan_check and HAVE_SCAN_CHECK)
+            # A sample whose members failed is still submitted (its hook rejects it): its image's reason comes first.
+            samples = [wds_sample(k, e.path, "jpg", e.label, m, member_pairs(extra))
+                       for (_, e, k, m, _), extra in zip(todo, extras)]
+            results = tar.add_samples(samples, check, probe=True, scan_check=opts.scan_check and HAVE_SCAN_CHECK)
         j = 0
         stop = None
         for p, e, key, meta, size in chunk:
@@ -143,9 +165,12 @@ def pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, bar
             j += 1
             if r.ok:
                 js = r.meta
-                w.row(e, key, res, r.image.size, r.image.xxh3,
-                      {"shard": fmt.next_shard, "offset": r.image.offset,
-                       "meta_offset": js.offset if js else -1, "meta_size": js.size if js else 0})
+                row = {"shard": fmt.next_shard, "offset": r.image.offset,
+                       "meta_offset": js.offset if js else -1, "meta_size": js.size if js else 0}
+                for m in r.members[2:]:  # after the image and .cls: the fields (a mask's seg.png)
+                    if m.ext != "json":
+                        row.update(field_cells(m.ext, m.offset, m.size, m.xxh3))
+                w.row(e, key, res, r.image.size, r.image.xxh3, row)
             elif isinstance(res, Rejected):
                 w.reject(e, res.reason)
             else:

@@ -95,8 +95,9 @@ class MemberExtent:
 
 
 class TarRecord:
-    """One sample's complete tar bytes (`KEY.ext`, `KEY.cls`, optional `KEY.json` members), position-independent:
-    ustar headers hold no offsets, so workers build records in parallel and the writer only concatenates them.
+    """One sample's complete tar bytes (`KEY.ext`, `KEY.cls`, optional `KEY.json` and further members such as a
+    mask's `KEY.seg.png`), position-independent: ustar headers hold no offsets, so workers build records in parallel
+    and the writer only concatenates them.
 
     `data` is a bytes-like view of the record; `members` lists (ext, data offset inside the record, size).
     """
@@ -112,37 +113,40 @@ class TarRecord:
         return self.members[0][2]
 
 
-def record_size(image_size: int, label: int, meta: bytes | None) -> int:
+def record_size(image_size: int, label: int, meta: bytes | None, member_sizes=()) -> int:
     n = _BLOCK + _padded(image_size) + _BLOCK + _padded(len(b"%d" % label))
+    n += sum(_BLOCK + _padded(m) for m in member_sizes)
     return n + (_BLOCK + _padded(len(meta)) if meta is not None else 0)
 
 
-def build_record(buf, at: int, key: str, ext: str, image_size: int, label: int, meta: bytes | None) -> TarRecord:
+def build_record(buf, at: int, key: str, ext: str, image_size: int, label: int, meta: bytes | None,
+                 members=()) -> TarRecord:
     """Complete a record in `buf` (a bytearray) starting at `at`, whose image bytes the caller already put at
-    `at + 512`: headers, zero padding (buf may be a reused buffer holding old bytes), `.cls` and `.json`.
-    Returns the record over a memoryview of `buf[at : at + record_size(...)]`."""
+    `at + 512`: headers, zero padding (buf may be a reused buffer holding old bytes), `.cls`, `.json` and then
+    `members` ((ext, bytes) pairs: a mask's `.seg.png`). Returns the record over a memoryview of
+    `buf[at : at + record_size(...)]`."""
     kb = key.encode("utf-8")
-    members = []
+    members_out = []
     pos = at
-    for e, payload, size in ((ext, None, image_size), ("cls", b"%d" % label, 0), ("json", meta, 0)):
-        if e == "json" and meta is None:
-            break
+    json_member = () if meta is None else (("json", meta, 0),)
+    for e, payload, size in ((ext, None, image_size), ("cls", b"%d" % label, 0), *json_member,
+                             *((e, data, 0) for e, data in members)):
         if payload is not None:
             size = len(payload)
             buf[pos + _BLOCK : pos + _BLOCK + size] = payload
         _put_header(buf, pos, kb + b"." + e.encode("ascii"), size)
-        members.append((e, pos + _BLOCK - at, size))
+        members_out.append((e, pos + _BLOCK - at, size))
         end = pos + _BLOCK + size
         pos = pos + _BLOCK + _padded(size)
         buf[end:pos] = _ZEROS[: pos - end]
-    return TarRecord(key, memoryview(buf)[at:pos], members, buf, at)
+    return TarRecord(key, memoryview(buf)[at:pos], members_out, buf, at)
 
 
-def make_record(key: str, ext: str, data, label: int, meta: bytes | None) -> TarRecord:
+def make_record(key: str, ext: str, data, label: int, meta: bytes | None, members=()) -> TarRecord:
     """A record in a fresh buffer (a copy of `data`): for samples whose bytes did not come from the batch reader."""
-    buf = bytearray(record_size(len(data), label, meta))
+    buf = bytearray(record_size(len(data), label, meta, [len(m) for _, m in members]))
     buf[_BLOCK : _BLOCK + len(data)] = data
-    return build_record(buf, 0, key, ext, len(data), label, meta)
+    return build_record(buf, 0, key, ext, len(data), label, meta, members)
 
 
 class ShardHasher:
@@ -244,7 +248,7 @@ class TarShardWriter:
         if self._pending_bytes >= self._FLUSH_BYTES or len(self._pending) >= self._MAX_IOV:
             self.flush()
         img = MemberExtent(base + rec.members[0][1], rec.members[0][2])
-        js = MemberExtent(base + rec.members[2][1], rec.members[2][2]) if len(rec.members) > 2 else None
+        js = next((MemberExtent(base + off, size) for e, off, size in rec.members[2:] if e == "json"), None)
         return img, js
 
     def add(self, key: str, ext: str, data: bytes, label: int,

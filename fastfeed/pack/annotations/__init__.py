@@ -1,4 +1,7 @@
-"""Detection sources: YOLO, COCO and Pascal VOC layouts scanned into a `Source` whose entries carry the annotation
+"""Annotated sources: detection and semantic segmentation layouts scanned into a `Source` (semantic ones, whose
+masks are stored as members beside their images: masks.py).
+
+Detection sources: YOLO, COCO and Pascal VOC layouts scanned into a `Source` whose entries carry the annotation
 fastfeed/targets.py defines as their `metadata` (the sample's KEY.json member):
 
     {"boxes": [[x0, y0, x1, y1], ...], "labels": [c, ...], "iscrowd": [...], "polygons": [...], ...}
@@ -21,35 +24,48 @@ import os
 # The layout modules import common.py, never this package: __init__ sits on top of them, so there is no cycle.
 from fastfeed.pack.annotations.coco import scan_coco
 from fastfeed.pack.annotations.common import _has_file, read_names
+from fastfeed.pack.annotations.masks import MASK_MEMBER, SEMANTIC_KINDS, scan_semantic, semantic_layout
 from fastfeed.pack.annotations.voc import scan_voc
 from fastfeed.pack.annotations.yolo import _yolo_dirs, parse_yaml_names, scan_yolo
 from fastfeed.pack.sources import SOURCE_KINDS, Source, SourceEntry, scan_source
 from fastfeed.targets import annotation_issues
 
-__all__ = ["DETECT_KINDS", "ALL_KINDS", "scan", "detect_layout", "scan_yolo", "scan_coco", "scan_voc",
-           "read_names", "parse_yaml_names", "sample_issues", "box_change_counts", "annotation_stats"]
+__all__ = ["DETECT_KINDS", "SEMANTIC_KINDS", "ALL_KINDS", "MASK_MEMBER", "scan", "detect_layout", "scan_yolo",
+           "scan_coco", "scan_voc", "scan_semantic", "read_names", "parse_yaml_names", "sample_issues",
+           "box_change_counts", "annotation_stats"]
 
 DETECT_KINDS = ("yolo", "coco", "voc")
-ALL_KINDS = SOURCE_KINDS + DETECT_KINDS
+ALL_KINDS = SOURCE_KINDS + DETECT_KINDS + SEMANTIC_KINDS
 
 
 def scan(src: str, kind: str = "auto", annotations: str | None = None, classes: str | None = None,
-         split: str | None = None) -> Source:
-    """Any source `fastfeed pack` reads: a detection layout (`kind` in DETECT_KINDS, or recognised under 'auto')
-    or, otherwise, fastfeed.pack.sources.scan_source's classification sources."""
+         split: str | None = None, masks: str | None = None) -> Source:
+    """Any source `fastfeed pack` reads: a detection layout (`kind` in DETECT_KINDS, or recognised under 'auto'),
+    a semantic segmentation one (SEMANTIC_KINDS; `masks` the masks folder of kind 'masks') or, otherwise,
+    fastfeed.pack.sources.scan_source's classification sources."""
     if kind not in ALL_KINDS:
         raise ValueError(f"source kind must be one of {ALL_KINDS}, got {kind!r}")
     root = os.path.abspath(src)
     if annotations is not None and kind not in ("auto", "coco"):
         raise ValueError(f"--annotations names a COCO JSON file; it does not apply to --source {kind}")
+    if masks is not None and (kind not in ("auto", "masks") or annotations is not None):
+        raise ValueError(f"--masks names the masks folder of an image folder; it does not apply to "
+                         f"--source {'coco' if annotations is not None else kind}")
     if kind == "auto" and annotations is not None:
         kind = "coco"
+    elif kind == "auto" and masks is not None:
+        kind = "masks"
     elif kind == "auto" and os.path.isdir(root):
         kind = detect_layout(root, split) or "auto"
+    if kind in SEMANTIC_KINDS:
+        if classes is not None:
+            raise ValueError("--classes does not apply to segmentation sources: their masks hold class ids")
+        return scan_semantic(root, kind, split, masks)
     if kind not in DETECT_KINDS:
         if classes is not None or split is not None:
-            raise ValueError(f"--classes and --split apply to YOLO and VOC sources; {src!r} is not one (a YOLO "
-                             f"folder holds images/ and labels/, a VOC folder Annotations/ and JPEGImages/)")
+            raise ValueError(f"--classes and --split apply to YOLO, VOC and ADE20K-style sources; {src!r} is not one "
+                             f"(a YOLO folder holds images/ and labels/, a VOC folder Annotations/ and JPEGImages/, "
+                             f"an ADE20K one images/ and annotations/)")
         return scan_source(src, kind)
     if not os.path.isdir(root):
         raise NotADirectoryError(f"source {src!r} is not a folder")
@@ -66,14 +82,15 @@ def scan(src: str, kind: str = "auto", annotations: str | None = None, classes: 
 
 
 def detect_layout(root: str, split: str | None = None) -> str | None:
-    """'yolo' or 'voc' when `root` is laid out as one, else None. Recognised by its folders *and* their files, so an
-    ImageFolder tree that happens to have classes named 'images' and 'labels' stays an ImageFolder tree."""
+    """'yolo', 'voc', 'ade20k' or 'voc-seg' when `root` is laid out as one, else None. Recognised by its folders *and*
+    their files, so an ImageFolder tree that happens to have classes named 'images' and 'labels' stays an ImageFolder
+    tree. A VOC folder with both is packed for detection: `--source voc-seg` picks its segmentation set."""
     if _yolo_dirs(root, split) is not None:
         return "yolo"
     ann = os.path.join(root, "Annotations")
     if os.path.isdir(ann) and os.path.isdir(os.path.join(root, "JPEGImages")) and _has_file(ann, ".xml"):
         return "voc"
-    return None
+    return semantic_layout(root, split)
 
 
 # ---- after storing: what the Loader will make of each annotation, and the manifest's numbers ---------------------

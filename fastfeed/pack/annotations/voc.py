@@ -75,8 +75,10 @@ def scan_voc(root: str, split: str | None = None, classes: str | None = None) ->
     return src
 
 
-def _split_ids(root: str, split: str) -> list[str]:
-    path = os.path.join(root, "ImageSets", "Main", f"{split}.txt")
+def _split_ids(root: str, split: str, folder: str = "Main") -> list[str]:
+    """The sorted ids `ImageSets/FOLDER/SPLIT.txt` lists (Main: detection; Segmentation: fastfeed/pack/annotations/
+    masks.py)."""
+    path = os.path.join(root, "ImageSets", folder, f"{split}.txt")
     try:
         with open(path, encoding="utf-8") as f:
             ids = [line.split()[0] for line in f if line.strip()]
