@@ -27,9 +27,9 @@ import numpy as np
 __all__ = ["Targets", "build_targets", "annotation_issues", "check_annotation", "TASKS", "GEOMETRY_TASKS",
            "ANNOTATION_KEYS"]
 
-TASKS = ("classify", "detect", "semantic")
+TASKS = ("classify", "detect", "segment", "semantic")
 # The tasks whose batches go through the detection geometry (fastfeed/detect/): boxes, or masks, follow the pixels.
-GEOMETRY_TASKS = ("detect", "semantic")
+GEOMETRY_TASKS = ("detect", "segment", "semantic")
 ANNOTATION_KEYS = ("boxes", "labels", "iscrowd", "polygons", "rle", "difficult")
 _EMPTY_BOXES = np.zeros((0, 4), dtype=np.float32)
 

@@ -43,7 +43,7 @@
 #   odd-corpus         the decode contract on the GPU: tools/odd_corpus_gpu.py (hardware and CUDA JPEG decoders)
 #   progressive        20% progressive JPEGs packed --jpeg keep / --jpeg baseline against all baseline, the loader
 #                      alone (bench_gpu.py --sections progressive; makes its own sets)
-#   detect             pytest -m gpu tests/test_detect_loader.py tests/test_segment_loader.py; detection batches at
+#   detect             pytest -m gpu tests/test_{detect,segment,instance}_loader.py; detection batches at
 #                      640 px, batch 64, to the GPU (DALI staged: the GPU path; else the CPU one): fastfeed
 #                      against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the ultralytics
 #                      wheels), on 4 cores (taskset) and 16 [makes its own set]
@@ -156,7 +156,7 @@ run_step() {  # $1 = step, rest: its arguments
   detect) need native || return 1
           [ -d .carry/ul ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/ul/*.whl
           CUDA_VISIBLE_DEVICES=0 timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider \
-              tests/test_detect_loader.py tests/test_segment_loader.py 2>&1 | tail -1
+              tests/test_detect_loader.py tests/test_segment_loader.py tests/test_instance_loader.py 2>&1 | tail -1
           for cores in 4 16; do
             CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 240 taskset -c 0-$((cores - 1)) python3 \
                 benchmarks/bench_detect.py --workdir $W/detect --num-images 2000 --batch 64 --device cuda \

@@ -18,13 +18,19 @@ __all__ = ["to_torchvision", "to_ultralytics", "UltralyticsLoader", "augment_fro
 
 def to_torchvision(batch: dict, label_offset: int = 0) -> tuple[list[torch.Tensor], list[dict]]:
     """(images, targets) as torchvision's detection models take them: a list of [3, S, S] images and per image
-    {"boxes": float [n, 4] XYXY pixels, "labels": int64 [n]}. `label_offset=1` for the R-CNN family (Faster R-CNN,
-    Mask R-CNN), which reserve class 0 for the background; RetinaNet and FCOS take the classes as they are."""
+    {"boxes": float [n, 4] XYXY pixels, "labels": int64 [n]}, with task "segment" also "masks": uint8 [n, S, S],
+    box i's binary mask. `label_offset=1` for the R-CNN family (Faster R-CNN, Mask R-CNN), which reserve class 0 for
+    the background; RetinaNet and FCOS take the classes as they are."""
     images, idx = batch["images"], batch["batch_idx"]
     targets = []
     for k in range(len(images)):
         mine = idx == k
-        targets.append({"boxes": batch["boxes"][mine], "labels": batch["labels"][mine] + label_offset})
+        t = {"boxes": batch["boxes"][mine], "labels": batch["labels"][mine] + label_offset}
+        if "masks" in batch and "boxes" in batch:  # the instance index map: 1 + the box's index in its image
+            n = int(mine.sum())
+            which = torch.arange(1, n + 1, device=batch["masks"].device, dtype=batch["masks"].dtype)
+            t["masks"] = (batch["masks"][k][None] == which.view(-1, 1, 1)).to(torch.uint8)
+        targets.append(t)
     return list(images), targets
 
 
@@ -32,7 +38,9 @@ def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
     """The batch dict of ultralytics' `YOLODataset.collate_fn`: "img" uint8 [B, 3, S, S] (its trainer divides by
     255 itself, so build the Loader with dtype=torch.uint8), "cls" float [N, 1], "bboxes" float [N, 4] normalised
     centre-x, centre-y, width, height, "batch_idx" float [N], and per image "ori_shape" (h, w), "resized_shape",
-    "ratio_pad" ((scale y, scale x), (pad x, pad y)) and "im_file" (`files`, default the sample ids as strings)."""
+    "ratio_pad" ((scale y, scale x), (pad x, pad y)) and "im_file" (`files`, default the sample ids as strings);
+    with task "segment" also "masks" [B, S, S], its `overlap_mask` form (1 + the box's index in its image), at full
+    resolution (its loss resizes masks to its own)."""
     images = batch["images"]
     if images.dtype != torch.uint8:
         raise ValueError("ultralytics normalises the images itself (img / 255): build the Loader with "
@@ -41,7 +49,7 @@ def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
     xywh = _centre_xywh(batch["boxes"]) / size
     ids = batch["ids"].tolist()
     scale, pad, orig = batch["scale"].tolist(), batch["pad"].tolist(), batch["orig_size"].tolist()
-    return {
+    out = {
         "img": images,
         "cls": batch["labels"].to(torch.float32).view(-1, 1),
         "bboxes": xywh,
@@ -51,6 +59,9 @@ def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
         "ratio_pad": [((sy, sx), tuple(p)) for (sx, sy), p in zip(scale, pad)],
         "im_file": list(files) if files is not None else [str(i) for i in ids],
     }
+    if "masks" in batch:
+        out["masks"] = batch["masks"]
+    return out
 
 
 def _centre_xywh(b: torch.Tensor) -> torch.Tensor:

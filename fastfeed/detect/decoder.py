@@ -20,6 +20,7 @@ from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IM
                                   replaced_list, resolve_errors)
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
 from fastfeed.detect.hsv import apply_hsv_torch
+from fastfeed.detect.instances import render_instances
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
 from fastfeed.detect.render import decode_image, render
 from fastfeed.targets import Targets
@@ -57,13 +58,17 @@ class DetectResult:
 class DetectDecoder:
     def __init__(self, *, targets: Targets, widths, heights, image_size: int, augment, train: bool, seed: int,
                  epochs: int | None, device, dtype, channels_last: bool, mean, std, num_threads: int,
-                 on_error: str, ignore_index: int = DEFAULT_IGNORE_INDEX):
+                 on_error: str, ignore_index: int = DEFAULT_IGNORE_INDEX, instances: bool = False):
         self.targets = targets
         self._objects = targets.trainable()
         self.widths, self.heights = np.asarray(widths, np.int64), np.asarray(heights, np.int64)
         self.image_size, self.augment, self.train, self.seed, self.epochs = image_size, augment, train, seed, epochs
         self.device, self.dtype, self.channels_last = torch.device(device), dtype, channels_last
-        self.on_error, self.ignore_index = on_error, ignore_index
+        self.on_error, self.ignore_index, self.instances = on_error, ignore_index, instances
+        if instances and targets.poly_start is None:
+            raise ValueError("instance masks are drawn from the objects' polygons; this dataset's annotations have "
+                             "none (COCO polygons, YOLO segments)")
+        self._object_of_row = np.flatnonzero(~targets.iscrowd)  # Targets.trainable() row -> Targets row
         self._mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self._std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="fastfeed-detect")
@@ -71,10 +76,15 @@ class DetectDecoder:
     @classmethod
     def from_settings(cls, s, targets: Targets, widths, heights) -> "DetectDecoder":
         """The decoder of a Loader with LoaderSettings `s` over a dataset with `targets` and stored sizes."""
-        return cls(targets=targets, widths=widths, heights=heights, image_size=s.image_size, augment=s.augment,
-                   train=s.train, seed=s.seed, epochs=s.epochs, device=s.device, dtype=s.dtype,
-                   channels_last=s.channels_last, mean=s.mean, std=s.std, num_threads=s.decode_threads,
-                   on_error=s.on_error, ignore_index=s.ignore_index)
+        return cls(**cls.settings_kwargs(s, targets, widths, heights))
+
+    @staticmethod
+    def settings_kwargs(s, targets: Targets, widths, heights) -> dict:
+        """DetectDecoder's arguments from LoaderSettings `s` (subclasses add their own)."""
+        return dict(targets=targets, widths=widths, heights=heights, image_size=s.image_size, augment=s.augment,
+                    train=s.train, seed=s.seed, epochs=s.epochs, device=s.device, dtype=s.dtype,
+                    channels_last=s.channels_last, mean=s.mean, std=s.std, num_threads=s.decode_threads,
+                    on_error=s.on_error, ignore_index=s.ignore_index, instances=s.task == "segment")
 
     def __call__(self, samples, request: DetectRequest) -> DetectResult:
         n = len(samples)
@@ -106,26 +116,55 @@ class DetectDecoder:
         if masks is not None:
             targets["masks"] = self._render_masks(masks, src, geometry)
         else:
-            boxes, labels, batch_idx = self._boxes(geometry, ids)
+            boxes, labels, batch_idx, rows, tiles = self._boxes(geometry, ids)
             targets.update(boxes=torch.from_numpy(boxes.reshape(-1, 4)), labels=torch.from_numpy(labels),
                            batch_idx=torch.from_numpy(batch_idx))
+            if self.instances:
+                targets["masks"] = self._render_instances(geometry, boxes, batch_idx, rows, tiles)
         return DetectResult(self._to_device(pixels, geometry.hsv if gpu_hsv else None), targets, replaced_list(bad))
 
-    def _boxes(self, geometry, ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(boxes float32 [N, 4], labels int64 [N], batch_idx int64 [N]) of the batch: in one pass for an
-        axis-aligned geometry, else output by output."""
+    def _boxes(self, geometry, ids):
+        """(boxes float32 [N, 4], labels int64 [N], batch_idx int64 [N], rows int64 [N], tiles int64 [N]) of the
+        batch, rows being each box's object in `Targets.trainable()` and tiles the tile it came through: in one pass
+        for an axis-aligned geometry, else output by output."""
         if geometry.axis_aligned:
-            return transform_batch_boxes(geometry, ids, self._objects)
+            return transform_batch_boxes(geometry, ids, self._objects, return_source=True)
+        start = self._objects[2]
 
         def one(k: int):
-            objects = [self.targets.of(int(ids[t.source])) for t in geometry.tiles(k)]
-            return transform_boxes(geometry, k, [b for b, _ in objects], [c for _, c in objects])
+            tiles = geometry.tiles(k)
+            rows = [np.arange(start[ids[t.source]], start[ids[t.source] + 1]) for t in tiles]
+            which = np.concatenate([np.full(len(r), i) for i, r in enumerate(rows)] + [np.zeros(0, np.int64)])
+            rows = np.concatenate(rows + [np.zeros(0, np.int64)])
+            b, lab, keep = transform_boxes(geometry, k, [self._objects[0][r] for r in rows_of(tiles, rows, which)],
+                                           [self._objects[1][r] for r in rows_of(tiles, rows, which)],
+                                           return_keep=True)
+            return b, lab, rows[keep], which[keep]
+
+        def rows_of(tiles, rows, which):
+            return [rows[which == i] for i in range(len(tiles))]
 
         per_image = list(self._pool.map(one, range(len(ids))))
-        counts = [len(lab) for _, lab in per_image]
-        return (np.concatenate([b for b, _ in per_image]).astype(np.float32, copy=False).reshape(-1, 4),
-                np.concatenate([lab for _, lab in per_image]).astype(np.int64, copy=False),
-                np.repeat(np.arange(len(ids), dtype=np.int64), counts))
+        counts = [len(lab) for _, lab, _, _ in per_image]
+        return (np.concatenate([b for b, _, _, _ in per_image]).astype(np.float32, copy=False).reshape(-1, 4),
+                np.concatenate([lab for _, lab, _, _ in per_image]).astype(np.int64, copy=False),
+                np.repeat(np.arange(len(ids), dtype=np.int64), counts),
+                np.concatenate([r for _, _, r, _ in per_image]).astype(np.int64, copy=False),
+                np.concatenate([t for _, _, _, t in per_image]).astype(np.int64, copy=False))
+
+    def _render_instances(self, geometry, boxes, batch_idx, rows, tiles) -> torch.Tensor:
+        """The outputs' instance index maps int16 [B, S, S] (fastfeed/detect/instances.py), on the CPU."""
+        objects = self._object_of_row[rows]  # Targets rows (crowd regions included) hold the polygons
+        S = self.image_size
+        out = np.empty((len(geometry), S, S), np.int16)
+        bounds = np.searchsorted(batch_idx, np.arange(len(geometry) + 1))
+
+        def one(k: int):
+            a, b = bounds[k], bounds[k + 1]
+            render_instances(geometry, k, self.targets, objects[a:b], tiles[a:b], boxes[a:b], out[k])
+
+        list(self._pool.map(one, range(len(geometry))))
+        return torch.from_numpy(out)
 
     def _decode_masks(self, request: DetectRequest):
         """Each position's mask decoded and checked against its image's stored size (None where it fails), and

@@ -366,14 +366,13 @@ def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr
     return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
 
 
-def transform_boxes(geometry: BatchGeometry, k: int, boxes_per_tile, labels_per_tile) -> tuple[np.ndarray,
-                                                                                                 np.ndarray]:
+def transform_boxes(geometry: BatchGeometry, k: int, boxes_per_tile, labels_per_tile, return_keep: bool = False):
     """Output k's boxes (float32 [n, 4] XYXY output pixels) and labels (int64 [n]) from each tile's source boxes
     (stored-image pixels, XYXY; one array per tile of `geometry.tiles(k)`, in that order). ultralytics' rule: clip
     to what the tile shows, transform (4 corners, min/max), clip to [0, S], keep the box_candidates (training
-    only), flip."""
+    only), flip. return_keep: also which of the given boxes (all tiles' in order, bool) were kept."""
     S = geometry.image_size
-    out_boxes, out_labels = [], []
+    out_boxes, out_labels, kept = [], [], []
     tiles = geometry.tiles(k)
     if len(boxes_per_tile) != len(tiles) or len(labels_per_tile) != len(tiles):
         raise ValueError(f"output {k} has {len(tiles)} tiles: give one box array and one label array per tile")
@@ -383,6 +382,7 @@ def transform_boxes(geometry: BatchGeometry, k: int, boxes_per_tile, labels_per_
         if len(b) != len(lab):
             raise ValueError(f"{len(b)} boxes but {len(lab)} labels")
         if not len(b):
+            kept.append(np.zeros(0, bool))
             continue
         A = tile.affine
         if geometry.axis_aligned:
@@ -407,10 +407,13 @@ def transform_boxes(geometry: BatchGeometry, k: int, boxes_per_tile, labels_per_
             keep &= (after[:, 2] > after[:, 0]) & (after[:, 3] > after[:, 1])
         out_boxes.append(after[keep])
         out_labels.append(lab[keep])
+        kept.append(keep)
     boxes = np.concatenate(out_boxes) if out_boxes else np.zeros((0, 4))
     labels = np.concatenate(out_labels) if out_labels else np.zeros(0, np.int64)
     if geometry.flip[k]:
         boxes = np.stack([S - boxes[:, 2], boxes[:, 1], S - boxes[:, 0], boxes[:, 3]], axis=1)
+    if return_keep:
+        return boxes.astype(np.float32), labels.astype(np.int64), np.concatenate(kept) if kept else np.zeros(0, bool)
     return boxes.astype(np.float32), labels.astype(np.int64)
 
 
@@ -422,12 +425,12 @@ def _clip(boxes: np.ndarray, rect: np.ndarray) -> np.ndarray:
     return out
 
 
-def transform_batch_boxes(geometry: BatchGeometry, sample_of_position, objects) -> tuple[np.ndarray, np.ndarray,
-                                                                                           np.ndarray]:
+def transform_batch_boxes(geometry: BatchGeometry, sample_of_position, objects, return_source: bool = False):
     """`transform_boxes` for every output of an axis-aligned geometry at once, to the same bits: (boxes float32
     [N, 4], labels int64 [N], the output of each box int64 [N]), in output, tile and object order.
     sample_of_position: int [B], the sample id at each batch position; objects: (boxes [M, 4], labels [M],
-    start [S + 1]) of every sample's objects to train on (`Targets.trainable`)."""
+    start [S + 1]) of every sample's objects to train on (`Targets.trainable`). return_source: also each box's
+    row in `objects` and its tile (int64 [N] each)."""
     if not geometry.axis_aligned:
         raise ValueError("transform_batch_boxes takes axis-aligned geometries; see transform_boxes")
     S = geometry.image_size
@@ -456,7 +459,10 @@ def transform_batch_boxes(geometry: BatchGeometry, sample_of_position, objects) 
     boxes = after[keep]
     flip = geometry.flip[out]
     boxes[flip] = np.stack([S - boxes[flip, 2], boxes[flip, 1], S - boxes[flip, 0], boxes[flip, 3]], axis=1)
-    return boxes.astype(np.float32), all_labels[rows][keep].astype(np.int64), out.astype(np.int64)
+    result = boxes.astype(np.float32), all_labels[rows][keep].astype(np.int64), out.astype(np.int64)
+    if return_source:
+        return (*result, rows[keep].astype(np.int64), t[tile_of][keep].astype(np.int64))
+    return result
 
 
 def _clip_rows(boxes: np.ndarray, rect: np.ndarray) -> np.ndarray:

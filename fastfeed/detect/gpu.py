@@ -32,11 +32,8 @@ class GpuDetectDecoder(DetectDecoder):
 
     @classmethod
     def from_settings(cls, s, targets, widths, heights) -> "GpuDetectDecoder":
-        return cls(targets=targets, widths=widths, heights=heights, image_size=s.image_size, augment=s.augment,
-                   train=s.train, seed=s.seed, epochs=s.epochs, device=s.device, dtype=s.dtype,
-                   channels_last=s.channels_last, mean=s.mean, std=s.std, num_threads=s.decode_threads,
-                   on_error=s.on_error, batch_size=s.batch_size, hw_decoder_load=s.hw_decoder_load,
-                   pinned_input=s.pinned_input, preallocate=s.preallocate)
+        return cls(**cls.settings_kwargs(s, targets, widths, heights), batch_size=s.batch_size,
+                   hw_decoder_load=s.hw_decoder_load, pinned_input=s.pinned_input, preallocate=s.preallocate)
 
     def _decode_all(self, samples):
         whole = self._dali.decode_whole(samples)

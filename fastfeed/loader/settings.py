@@ -186,7 +186,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     # Defaults per task: ImageNet's normalisation for classification and segmentation (ToTensor + Normalize, what
     # torchvision's backbones take); pixels in [0, 1] for detection, what YOLO-style and torchvision's detection
     # models take.
-    plain = task == "detect"
+    plain = task in ("detect", "segment")
     mean = _triple("mean", (0.0, 0.0, 0.0) if plain else IMAGENET_MEAN) if mean is None else _triple("mean", mean)
     std = _triple("std", (1.0, 1.0, 1.0) if plain else IMAGENET_STD) if std is None else _triple("std", std)
     if any(s <= 0 for s in std):

@@ -1,0 +1,121 @@
+"""Instance masks: each kept object's polygons through its tile's affine, drawn into its output as an index map.
+
+An object's outline polygons (the sample's annotation, stored-image pixels: COCO polygons, YOLO segments) go through
+the same affine as its pixels and its box, are clipped to what its tile shows (the tile's quadrilateral, then its
+destination rectangle, both convex: Sutherland-Hodgman), mirrored when the output is flipped, and filled by the
+pixels' own rule: an output pixel belongs to the polygon when its centre lies inside (even-odd, so holes stay holes).
+
+Output k's map holds, per pixel, 1 + the index of its object among output k's boxes (batch order), 0 where none:
+ultralytics' overlap masks (`overlap_mask=True`) at full resolution, and `map == i + 1` is torchvision's binary mask
+of box i. Where objects overlap, the smaller one (by box area) is drawn last and stays visible, as ultralytics
+orders them. Rendered on the CPU's threads on both decode paths, so both give the same maps.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fastfeed.decode.numba_import import import_numba
+
+numba = import_numba()
+
+__all__ = ["render_instances"]
+
+
+@numba.njit(nogil=True, cache=True)
+def _clip(px, py, cx, cy):
+    """Polygon (px, py) clipped by the convex polygon (cx, cy) (either orientation): Sutherland-Hodgman."""
+    n = len(cx)
+    area = 0.0
+    for i in range(n):
+        area += cx[i] * cy[(i + 1) % n] - cx[(i + 1) % n] * cy[i]
+    sign = 1.0 if area >= 0 else -1.0
+    for i in range(n):
+        ax, ay, bx, by = cx[i], cy[i], cx[(i + 1) % n], cy[(i + 1) % n]
+        m = len(px)
+        if m == 0:
+            break
+        ox = np.empty(2 * m, np.float64)
+        oy = np.empty(2 * m, np.float64)
+        k = 0
+        for j in range(m):
+            sx, sy, ex, ey = px[j - 1], py[j - 1], px[j], py[j]  # j - 1 = -1 wraps to the last point
+            ds = sign * ((bx - ax) * (sy - ay) - (by - ay) * (sx - ax))
+            de = sign * ((bx - ax) * (ey - ay) - (by - ay) * (ex - ax))
+            if de >= 0:
+                if ds < 0:
+                    f = ds / (ds - de)
+                    ox[k], oy[k] = sx + f * (ex - sx), sy + f * (ey - sy)
+                    k += 1
+                ox[k], oy[k] = ex, ey
+                k += 1
+            elif ds >= 0:
+                f = ds / (ds - de)
+                ox[k], oy[k] = sx + f * (ex - sx), sy + f * (ey - sy)
+                k += 1
+        px, py = ox[:k], oy[:k]
+    return px, py
+
+
+@numba.njit(nogil=True, cache=True)
+def _fill(canvas, px, py, value):
+    """Set the pixels whose centres lie inside polygon (px, py) (even-odd) to `value`."""
+    n = len(px)
+    if n < 3:
+        return
+    H, W = canvas.shape
+    y0 = max(0, int(np.floor(py.min() - 0.5)))
+    y1 = min(H, int(np.ceil(py.max() + 0.5)))
+    xs = np.empty(n, np.float64)
+    for y in range(y0, y1):
+        yc = y + 0.5
+        m = 0
+        for i in range(n):
+            ay, by = py[i - 1], py[i]
+            if (ay <= yc) != (by <= yc):  # the edge crosses the centre line (half-open: each vertex counted once)
+                ax, bx = px[i - 1], px[i]
+                xs[m] = ax + (yc - ay) * (bx - ax) / (by - ay)
+                m += 1
+        row = np.sort(xs[:m])
+        for i in range(0, m - 1, 2):
+            # the pixels whose centres x + 0.5 lie in [row[i], row[i + 1])
+            a = max(0, int(np.ceil(row[i] - 0.5)))
+            b = min(W, int(np.ceil(row[i + 1] - 0.5)))
+            for x in range(a, b):
+                canvas[y, x] = value
+
+
+@numba.njit(nogil=True, cache=True)
+def _draw(canvas, points, A, quad, rect, flip, S, value):
+    """One polygon (source pixels, float [P, 2]) through affine A [2, 3], clipped to `quad` [4, 2] and `rect`
+    (x0, y0, x1, y1), mirrored when `flip`, filled into canvas with `value`."""
+    P = len(points)
+    px = np.empty(P, np.float64)
+    py = np.empty(P, np.float64)
+    for i in range(P):
+        x, y = points[i, 0], points[i, 1]
+        px[i] = A[0, 0] * x + A[0, 1] * y + A[0, 2]
+        py[i] = A[1, 0] * x + A[1, 1] * y + A[1, 2]
+    px, py = _clip(px, py, quad[:, 0].copy(), quad[:, 1].copy())
+    rx = np.array([rect[0], rect[2], rect[2], rect[0]], np.float64)
+    ry = np.array([rect[1], rect[1], rect[3], rect[3]], np.float64)
+    px, py = _clip(px, py, rx, ry)
+    if flip:
+        px = S - px
+    _fill(canvas, px, py, value)
+
+
+def render_instances(geometry, k: int, targets, objects, tiles, boxes, out: np.ndarray) -> None:
+    """Output k's index map into `out` (int16 [S, S], zeroed here): `objects` int64 [n] are the Targets rows of
+    output k's boxes in order, `tiles` int64 [n] the tile each came through, `boxes` float [n, 4] the boxes (for
+    the drawing order)."""
+    out[...] = 0
+    S = geometry.image_size
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    flip = bool(geometry.flip[k])
+    for i in np.argsort(-area, kind="stable"):  # the largest first: smaller objects stay visible on top
+        t, j = int(tiles[i]), int(objects[i])
+        A, quad = geometry.affine[k, t], geometry.quad[k, t]
+        rect = geometry.dst_rect[k, t].astype(np.float64)
+        for q in range(targets.poly_start[j], targets.poly_start[j + 1]):
+            pts = targets.points[targets.pt_start[q]:targets.pt_start[q + 1]].astype(np.float64)
+            _draw(out, pts, A, quad, rect, flip, S, i + 1)

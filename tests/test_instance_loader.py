@@ -1,0 +1,154 @@
+"""`Loader(task="segment")` end to end on the CPU: a YOLO folder with polygon segments, packed by the CLI, read back as
+detection batches with instance masks. The oracle does not trust the implementation: every object is a solid
+rectangle or triangle of its class's colour on grey, so after any augmentation each object's mask must lie under its
+colour, its colour within its box must be its mask, and a rectangle's mask must span its box.
+"""
+from __future__ import annotations
+
+import colorsys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+from test_detect_loader import CLASS_HUES, NAMES, colour_classes
+from test_segment_loader import interior
+
+import fastfeed
+from fastfeed.detect import DetectAugment
+from fastfeed.detect.clients import to_torchvision, to_ultralytics
+
+S = 128
+NO_HSV = dict(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
+
+
+def make_yolo_segments(root, n: int = 20, seed: int = 0) -> None:
+    """A YOLO folder of n PNG scenes, each with 1-3 non-overlapping objects (rectangles and triangles) labelled by
+    their polygons (YOLO segment lines)."""
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    (root / "data.yaml").write_text("names:\n" + "".join(f"  {i}: {name}\n" for i, name in enumerate(NAMES)))
+    for i in range(n):
+        w, h = int(rng.integers(80, 300)), int(rng.integers(80, 300))
+        img = Image.new("RGB", (w, h), (int(rng.integers(30, 200)),) * 3)
+        draw = ImageDraw.Draw(img)
+        placed, lines = [], []
+        for _ in range(int(rng.integers(1, 4))):
+            bw, bh = int(rng.integers(16, max(17, w // 2))), int(rng.integers(16, max(17, h // 2)))
+            x0, y0 = int(rng.integers(0, w - bw + 1)), int(rng.integers(0, h - bh + 1))
+            if any(x0 < b[2] + 4 and b[0] < x0 + bw + 4 and y0 < b[3] + 4 and b[1] < y0 + bh + 4 for b in placed):
+                continue
+            c = int(rng.integers(0, len(CLASS_HUES)))
+            colour = tuple(int(round(v * 255)) for v in colorsys.hsv_to_rgb(CLASS_HUES[c], 1.0, 0.9))
+            if rng.random() < 0.5:  # a rectangle: pixels [x0, x0 + bw) x [y0, y0 + bh)
+                poly = [(x0, y0), (x0 + bw, y0), (x0 + bw, y0 + bh), (x0, y0 + bh)]
+                draw.rectangle((x0, y0, x0 + bw - 1, y0 + bh - 1), fill=colour)
+            else:  # a triangle
+                poly = [(x0, y0 + bh), (x0 + bw / 2, y0), (x0 + bw, y0 + bh)]
+                draw.polygon(poly, fill=colour)
+            placed.append((x0, y0, x0 + bw, y0 + bh))
+            lines.append(f"{c} " + " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in poly) + "\n")
+        img.save(root / "images" / f"im{i:03d}.png")
+        (root / "labels" / f"im{i:03d}.txt").write_text("".join(lines))
+
+
+@pytest.fixture(scope="module")
+def seg_pack(tmp_path_factory):
+    from conftest import run_pack
+
+    root = tmp_path_factory.mktemp("yoloseg")
+    make_yolo_segments(root / "src")
+    run_pack(root / "src", root / "out", "--format", "wds")
+    return root / "out"
+
+
+def check_instances_against_pixels(batch: dict, rotated: bool = False) -> int:
+    """The oracle, per object: its mask's steady pixels are its class's pure colour; its class's pure colour inside
+    its box (objects never overlap) is its mask; a mask lies in its box, and a rectangle's mask spans it (±1.5 px;
+    not under rotation, whose boxes are the rotated boxes' bounds). Returns the number of objects checked."""
+    images, masks = batch["images"], batch["masks"].numpy()
+    assert masks.dtype == np.int16 and masks.shape == (len(images), *images.shape[2:])
+    rgb = images.permute(0, 2, 3, 1).numpy().astype(np.int16)
+    sat = (rgb.max(-1) - rgb.min(-1)) / np.maximum(rgb.max(-1), 1)
+    pure = np.where(sat > 0.85, colour_classes(images), -1)
+    steady = interior(masks)
+    checked = 0
+    for k in range(len(images)):
+        mine = (batch["batch_idx"] == k).numpy()
+        boxes, labels = batch["boxes"][mine].numpy(), batch["labels"][mine].numpy()
+        assert set(np.unique(masks[k]).tolist()) <= set(range(len(boxes) + 1))
+        for i, ((x0, y0, x1, y1), c) in enumerate(zip(boxes, labels)):
+            region = masks[k] == i + 1
+            if not region.any():  # an object cut to a sliver keeps its box (box_candidates) but may paint nothing
+                assert (x1 - x0) * (y1 - y0) < 40 or rotated, (k, i, (x0, y0, x1, y1))
+                continue
+            assert (pure[k][steady[k] & region] == c).all(), f"image {k}: mask {i} off its colour"
+            xa, ya, xb, yb = int(np.ceil(x0)) + 1, int(np.ceil(y0)) + 1, int(x1) - 1, int(y1) - 1
+            inside = np.zeros_like(region)
+            inside[ya:yb, xa:xb] = True
+            colour_in_box = inside & interior(np.where(pure == c, 1, 0).astype(np.int8))[k] & (pure[k] == c)
+            assert region[colour_in_box].all(), f"image {k}: colour of object {i} outside its mask"
+            ys, xs = np.nonzero(region)
+            got = np.array((xs.min(), ys.min(), xs.max() + 1, ys.max() + 1))
+            assert (got[:2] >= (x0 - 1, y0 - 1)).all() and (got[2:] <= (x1 + 1, y1 + 1)).all(), (k, i, got)
+            if not rotated and region.sum() > 0.95 * (got[2] - got[0]) * (got[3] - got[1]):  # a rectangle
+                assert np.allclose(got, (x0, y0, x1, y1), atol=1.5), (k, i, got, (x0, y0, x1, y1))
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("augment", [DetectAugment(**NO_HSV), DetectAugment(mosaic=0.0, fliplr=1.0, **NO_HSV),
+                                     DetectAugment(mosaic=0.5, degrees=20.0, shear=5.0, **NO_HSV)],
+                         ids=["mosaic", "letterbox-flip", "rotate-shear"])
+def test_instance_masks_follow_the_pixels(seg_pack, augment):
+    loader = fastfeed.Loader(seg_pack, task="segment", batch_size=8, image_size=S, dtype=torch.uint8, device="cpu",
+                             augment=augment, seed=2)
+    checked = 0
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            checked += check_instances_against_pixels(batch, rotated=not augment.axis_aligned)
+    assert checked > 40
+    loader.close()
+
+
+def test_evaluation_masks_and_the_clients(seg_pack):
+    """The letterbox; torchvision's targets get one binary mask per box, ultralytics' batch the index map."""
+    loader = fastfeed.Loader(seg_pack, task="segment", batch_size=8, image_size=S, dtype=torch.uint8, device="cpu",
+                             train=False)
+    for batch in loader:
+        assert check_instances_against_pixels(batch) > 0
+        _, targets = to_torchvision(batch)
+        for k, t in enumerate(targets):
+            assert t["masks"].dtype == torch.uint8 and t["masks"].shape == (len(t["boxes"]), S, S)
+            for i in range(len(t["boxes"])):
+                assert torch.equal(t["masks"][i].bool(), batch["masks"][k] == i + 1)
+        ul = to_ultralytics(batch)
+        assert torch.equal(ul["masks"], batch["masks"])
+    loader.close()
+
+
+def test_segment_needs_polygons(tmp_path):
+    from conftest import run_pack
+    from test_detect_loader import make_yolo
+
+    make_yolo(tmp_path / "src", n=4)
+    run_pack(tmp_path / "src", tmp_path / "out", "--format", "wds")
+    with pytest.raises(ValueError, match="polygons"):
+        fastfeed.Loader(tmp_path / "out", task="segment", batch_size=2, device="cpu")
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_instance_masks_are_the_cpu_ones(seg_pack):
+    """decoder="dali" (DALI and the GPU renderer draw the pixels): the same boxes and index maps as on the CPU,
+    and the maps still follow the pixels drawn on the GPU."""
+    kw = dict(task="segment", batch_size=8, image_size=S, dtype=torch.uint8, seed=4,
+              augment=DetectAugment(**NO_HSV))
+    cpu = fastfeed.Loader(seg_pack, device="cpu", **kw)
+    gpu = fastfeed.Loader(seg_pack, device="cuda", decoder="dali", **kw)
+    for a, b in zip(cpu, gpu):
+        assert torch.equal(a["boxes"], b["boxes"].cpu()) and torch.equal(a["masks"], b["masks"].cpu())
+        check_instances_against_pixels({k: v.cpu() if torch.is_tensor(v) else v for k, v in b.items()})
+    cpu.close()
+    gpu.close()
