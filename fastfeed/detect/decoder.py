@@ -195,11 +195,21 @@ class DetectDecoder:
         return torch.from_numpy(out)
 
     def _render(self, decoded, src, geometry, hsv: bool) -> torch.Tensor:
-        """The outputs as uint8 [B, S, S, 3] (here on the CPU): position k's sources are decoded[src[...]]."""
+        """The outputs as uint8 [B, S, S, 3] (here on the CPU): position k's sources are decoded[src[...]]. For a
+        CPU batch in NCHW (the default layout) the memory is already NCHW, each output transposed by its own thread
+        (one pass over the batch on the consumer's side otherwise)."""
         images = [decoded[j] for j in src]
-        S = self.image_size
-        pixels = np.empty((len(src), S, S, 3), dtype=np.uint8)
-        list(self._pool.map(lambda k: render(images, geometry, k, hsv=hsv, out=pixels[k]), range(len(src))))
+        S, B = self.image_size, len(src)
+        if self.device.type == "cpu" and not self.channels_last:
+            planar = np.empty((B, 3, S, S), dtype=np.uint8)
+
+            def one(k: int):
+                planar[k] = render(images, geometry, k, hsv=hsv).transpose(2, 0, 1)
+
+            list(self._pool.map(one, range(B)))
+            return torch.from_numpy(planar).permute(0, 2, 3, 1)
+        pixels = np.empty((B, S, S, 3), dtype=np.uint8)
+        list(self._pool.map(lambda k: render(images, geometry, k, hsv=hsv, out=pixels[k]), range(B)))
         return torch.from_numpy(pixels)
 
     def _decode_all(self, samples):
@@ -216,8 +226,8 @@ class DetectDecoder:
         return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
 
     def _to_device(self, pixels: torch.Tensor, hsv_gains: np.ndarray | None = None) -> torch.Tensor:
-        """NHWC uint8 -> [B, 3, S, S] in the Loader's dtype and layout, HSV gains [B, 3] applied (when given) and
-        normalised on the device."""
+        """[B, S, S, 3] uint8 (NHWC memory, or NCHW memory seen as NHWC: `_render`) -> [B, 3, S, S] in the Loader's
+        dtype and layout, HSV gains [B, 3] applied (when given) and normalised on the device."""
         t = pixels
         if t.device.type != self.device.type:
             t = t.pin_memory().to(self.device, non_blocking=True)

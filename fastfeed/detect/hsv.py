@@ -19,57 +19,40 @@ __all__ = ["apply_hsv_inplace", "apply_hsv_torch"]
 _INV255 = 1.0 / 255.0
 
 
-@numba.njit(nogil=True, cache=True)
-def _hsv(img, gh, gs, gv):
-    H, W = img.shape[0], img.shape[1]
-    for y in range(H):
-        for x in range(W):
-            r = img[y, x, 0] * _INV255
-            g = img[y, x, 1] * _INV255
-            b = img[y, x, 2] * _INV255
-            mx = max(r, g, b)
-            mn = min(r, g, b)
-            v = mx
-            d = mx - mn
-            if d == 0.0:
-                h = 0.0
-                s = 0.0
-            else:
-                s = d / mx
-                if mx == r:
-                    h = ((g - b) / d) / 6.0
-                elif mx == g:
-                    h = ((b - r) / d + 2.0) / 6.0
-                else:
-                    h = ((r - g) / d + 4.0) / 6.0
-                if h < 0.0:
-                    h += 1.0
-            h = h * gh  # gains lie in [0, 2]: one wrap at most
-            if h >= 1.0:
-                h -= 1.0
-            s = min(s * gs, 1.0)
-            v = min(v * gv, 1.0)
-            # colorsys.hsv_to_rgb
-            i = int(h * 6.0)
-            f = h * 6.0 - i
-            p = v * (1.0 - s)
-            q = v * (1.0 - s * f)
-            t = v * (1.0 - s * (1.0 - f))
-            if i == 0 or i == 6:
-                r, g, b = v, t, p
-            elif i == 1:
-                r, g, b = q, v, p
-            elif i == 2:
-                r, g, b = p, v, t
-            elif i == 3:
-                r, g, b = p, q, v
-            elif i == 4:
-                r, g, b = t, p, v
-            else:
-                r, g, b = v, p, q
-            img[y, x, 0] = np.uint8(int(r * 255.0 + 0.5))
-            img[y, x, 1] = np.uint8(int(g * 255.0 + 0.5))
-            img[y, x, 2] = np.uint8(int(b * 255.0 + 0.5))
+# Written without branches (selects only) and with numpy's error model (no division checks), so that LLVM
+# vectorises the loop: the same float64 arithmetic as colorsys, ~5x faster than the branching form.
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _hsv_flat(px, gh, gs, gv):
+    for x in range(px.shape[0] // 3):
+        r = px[3 * x] * _INV255
+        g = px[3 * x + 1] * _INV255
+        b = px[3 * x + 2] * _INV255
+        mx = max(r, max(g, b))
+        d = mx - min(r, min(g, b))
+        coloured = d > 0.0
+        dd = d if coloured else 1.0
+        s = d / (mx if coloured else 1.0) if coloured else 0.0
+        # colorsys.rgb_to_hsv's hue
+        h = ((g - b) / dd) / 6.0 if mx == r else (((b - r) / dd + 2.0) / 6.0 if mx == g else ((r - g) / dd + 4.0) / 6.0)
+        h = h + 1.0 if h < 0.0 else h
+        h = h * gh if coloured else 0.0  # gains lie in [0, 2]: one wrap at most
+        h = h - 1.0 if h >= 1.0 else h
+        s = min(s * gs, 1.0)
+        v = min(mx * gv, 1.0)
+        # colorsys.hsv_to_rgb: the sector i picks each channel from (v, p, q, t)
+        h6 = h * 6.0
+        i = np.int64(h6)
+        f = h6 - i
+        p = v * (1.0 - s)
+        q = v * (1.0 - s * f)
+        t = v * (1.0 - s * (1.0 - f))
+        first = (i == 0) | (i == 6)
+        ro = v if (first | (i == 5)) else (q if i == 1 else (t if i == 4 else p))
+        go = t if first else (v if ((i == 1) | (i == 2)) else (q if i == 3 else p))
+        bo = p if (first | (i == 1)) else (t if i == 2 else (v if ((i == 3) | (i == 4)) else q))
+        px[3 * x] = np.uint8(np.int64(ro * 255.0 + 0.5))
+        px[3 * x + 1] = np.uint8(np.int64(go * 255.0 + 0.5))
+        px[3 * x + 2] = np.uint8(np.int64(bo * 255.0 + 0.5))
 
 
 def apply_hsv_inplace(rgb: np.ndarray, gains) -> None:
@@ -77,7 +60,7 @@ def apply_hsv_inplace(rgb: np.ndarray, gains) -> None:
     if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or not rgb.flags.c_contiguous:
         raise ValueError(f"need a C-contiguous uint8 [h, w, 3] array, got {rgb.dtype} {rgb.shape}")
     gh, gs, gv = (float(g) for g in gains)
-    _hsv(rgb, gh, gs, gv)
+    _hsv_flat(rgb.reshape(-1), gh, gs, gv)
 
 
 def apply_hsv_torch(images, gains):
