@@ -57,9 +57,12 @@ demo: setup
 	$(BIN)/fastfeed bench $(DATA)/sample-wds --steps 100 --batch-size 64 --compare torch
 
 # Every tier (CI's command): the unit tier, `integration` (frameworks, servers, Ray, subprocesses, multi-process
-# runs) and `sanitize`; the `gpu` tests skip themselves on a machine without CUDA, such as CI.
+# runs) and `sanitize`; the `gpu` tests skip themselves on a machine without CUDA, such as CI. One worker per core
+# (pytest-xdist, a test file per worker), then the `serial` tests alone: they compare timings, which a neighbour
+# would skew.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 # The unit tier, after every edit: no subprocess, no server, under 2 minutes on 2 cores.
 test-fast: setup

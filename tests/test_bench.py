@@ -18,6 +18,8 @@ from fastfeed.bench.torch_baseline import make_torch_loader
 from fastfeed.cli import main
 from fastfeed.decode import CPU_DEFAULT
 
+pytestmark = pytest.mark.serial  # verdicts and wait shares from timings: alone
+
 HOST_KEYS = {"cpu_cores_busy", "cpu_count", "system_cpu_busy_frac", "iowait_frac", "rss_peak_bytes"}
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # verdicts from timings: alone
 
 CASES = Path(__file__).parent / "profile_cases"
 
