@@ -74,6 +74,33 @@ def test_reference_style_script_trains_and_evaluates_exactly(data, torchrun):
     assert torchrun[0]["sampler"][0]["ids"] != torchrun[0]["sampler"][1]["ids"]
 
 
+def test_the_script_runs_unmodified_under_the_profiler(data, torchrun):
+    """`torchrun ... -m fastfeed.profile SCRIPT ...` (fastfeed profile's form for every rank): the script does
+    exactly what it did without the profiler (the same samples, batches digest by digest, evaluation counts), and
+    the report has both ranks' measured steps, ending at the optimizer's step."""
+    out, records = data["root"] / "profiled", data["root"] / "records"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+           "-m", "fastfeed.profile", str(SCRIPT), "--train", str(data["train"]), "--val", str(data["val"]),
+           "--out", str(out), "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--image-size", str(IMAGE_SIZE)]
+    env = client_env(NUMBA_CACHE_DIR=str(data["root"] / "numba-cache"), FASTFEED_PROFILE_DIR=str(records),
+                     FASTFEED_PROFILE_OPTIONS=json.dumps({"warmup": 2, "steps": 6, "then": "continue"}))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-8000:]}"
+    for r, plain in enumerate(torchrun):
+        profiled = json.loads((out / f"run-rank{r}.json").read_text())
+        for key in ("sampler", "train", "eval"):
+            assert profiled[key] == plain[key], f"rank {r}: the profiled run's {key} differs"
+    report = data["root"] / "profile.json"
+    done = subprocess.run([sys.executable, "-m", "fastfeed.cli", "profile", "--report", str(records), "--json",
+                           str(report)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rep = json.loads(report.read_text())
+    assert rep["run"]["ranks"] == WORLD
+    assert [p["steps"] for p in rep["processes"]] == [6] * WORLD
+    assert {p["step_boundary"] for p in rep["processes"]} == {"optimizer"}
+    assert rep["verdict"], done.stdout
+
+
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("rank", [0, 1])
 def test_sampler_names_exactly_the_samples_the_loader_feeds(data, rank, train):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]  # verdicts from timings: alone
@@ -16,9 +17,11 @@ CASES = Path(__file__).parent / "profile_cases"
 
 
 def profile(tmp_path, *cmd: str, steps: int = 12, warmup: int = 3) -> tuple[subprocess.CompletedProcess, dict]:
+    """The report of `cmd` profiled, with its timeline drawn to tmp_path/timeline.png."""
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "fastfeed.cli", "profile", "--steps", str(steps), "--warmup",
-                           str(warmup), "--then", "stop", "--json", str(out), "--", *cmd],
+                           str(warmup), "--then", "stop", "--json", str(out), "--plot",
+                           str(tmp_path / "timeline.png"), "--", *cmd],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
@@ -28,13 +31,25 @@ def families(report: dict) -> list[str]:
     return [f["family"] for f in report["verdict"]]
 
 
+def part_pixels(png: Path) -> dict:
+    """How many pixels of the timeline have each part's colour."""
+    from PIL import Image
+
+    from fastfeed.profile.timeline import COLOURS
+
+    rgb = np.asarray(Image.open(png).convert("RGB")).reshape(-1, 3).astype(int)
+    return {part: int((np.abs(rgb - [int(c[i:i + 2], 16) for i in (1, 3, 5)]).sum(1) < 6).sum())
+            for part, c in COLOURS.items()}
+
+
 @pytest.fixture(scope="module")
 def slow_data(tmp_path_factory):
-    return profile(tmp_path_factory.mktemp("slow"), sys.executable, str(CASES / "slow_data.py"))
+    root = tmp_path_factory.mktemp("slow")
+    return (*profile(root, sys.executable, str(CASES / "slow_data.py")), root / "timeline.png")
 
 
 def test_a_slow_dataset_is_data_supply(slow_data):
-    proc, rep = slow_data
+    proc, rep, _ = slow_data
     run = rep["run"]
     assert families(rep)[0] == "data supply", proc.stdout
     # 16 samples of 10 ms each on 2 workers: a batch every >= 80 ms, of which the model's step is a sliver.
@@ -50,6 +65,19 @@ def test_matrix_products_on_in_memory_data_are_compute(tmp_path):
     assert families(rep) == ["compute"], proc.stdout
     assert run["share"]["data"] < 0.1
     assert run["share"]["forward+other"] + run["share"]["backward"] + run["share"]["optimizer"] > 0.85
+    pixels = part_pixels(tmp_path / "timeline.png")  # the timeline: mostly the model's colours
+    assert pixels["forward+other"] + pixels["backward"] + pixels["optimizer"] > 5 * pixels["data"], pixels
+
+
+def test_the_timeline_draws_each_steps_parts(slow_data):
+    """--plot: a bar per step cut into the table's parts, in their colours, so the data-bound run is mostly the
+    data colour (the compute-bound one, mostly the model's: the test above)."""
+    _, rep, png = slow_data
+    pixels = part_pixels(png)
+    assert pixels["data"] > 2 * (pixels["forward+other"] + pixels["backward"]), pixels
+    for p in rep["processes"]:  # the bars are the steps' parts: they add up to each measured step
+        assert len(p["per_step"]) == p["steps"]
+        assert abs(sum(sum(s.values()) for s in p["per_step"]) / p["steps"] - p["s_per_step"]) < 1e-6
 
 
 def test_ddp_findings_on_two_gloo_processes(tmp_path):

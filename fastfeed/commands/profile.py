@@ -18,6 +18,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="after the window: let the script run on, or stop it")
     p.add_argument("--json", default=None, help="write the report here (a baseline for a later --baseline)")
     p.add_argument("--baseline", default=None, help="a report written by --json: print the deltas against it")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw the window: a stacked bar per step (data, h2d, forward, backward, ...), a row per rank")
     p.add_argument("--report", default=None, metavar="DIR",
                    help="no command: print the report of the records in DIR ($FASTFEED_PROFILE_DIR of a "
                         "`python -m fastfeed.profile` run)")
@@ -41,6 +43,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"fastfeed profile: error: {e}", file=sys.stderr)
         return 2
     print(format_report(summary, baseline))
+    if args.plot and summary["run"] is not None:
+        from fastfeed.profile.timeline import plot_timeline
+
+        try:
+            plot_timeline(summary, args.plot)
+        except ValueError as e:
+            print(f"fastfeed profile: error: {e}", file=sys.stderr)
+            return 2
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1, default=str)

@@ -36,6 +36,12 @@ def _process_summary(rep: dict) -> dict:
              "backward": sum(r["backward_s"] for r in recs), "optimizer": sum(r["optimizer_s"] for r in recs),
              "comm": sum(r["comm_s"] for r in recs)}
     parts["forward+other"] = max(0.0, total - sum(parts.values()))
+    per_step = []  # each step cut into PARTS (seconds), for the timeline (timeline.py)
+    for r in recs:
+        one = {"data": r["data_s"], "h2d": r["h2d_s"], "backward": r["backward_s"], "optimizer": r["optimizer_s"],
+               "comm": r["comm_s"]}
+        one["forward+other"] = max(0.0, r["step_s"] - sum(one.values()))
+        per_step.append(one)
     samples = sum(r["samples"] for r in recs)
     gpu = rep.get("gpu")
     data_gpu_idle = None
@@ -51,6 +57,7 @@ def _process_summary(rep: dict) -> dict:
         "h2d_bytes_per_step": sum(r["h2d_bytes"] for r in recs) / n,
         "h2d_pageable_share": (sum(r["h2d_pageable_bytes"] for r in recs) / max(1, sum(r["h2d_bytes"] for r in recs))),
         "facts": facts, "machine": rep.get("machine"), "gpu": gpu, "overhead": rep.get("overhead"),
+        "per_step": per_step,
     }
 
 
