@@ -66,7 +66,8 @@ test: setup
 
 # The unit tier, after every edit: no subprocess, no server, under 2 minutes on 2 cores.
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not integration and not sanitize and not gpu"
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not integration and not sanitize and not gpu and not serial"
+	$(BIN)/python -m pytest -q -m "serial and not integration"
 
 # The ring tests against an AddressSanitizer/UBSan build of the native core (run after any csrc/ change).
 test-sanitize: $(VENV)/.installed
