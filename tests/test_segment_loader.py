@@ -97,9 +97,9 @@ def interior(a: np.ndarray) -> np.ndarray:
 
 def check_masks_against_pixels(batch: dict, exact_padding: bool = True) -> int:
     """The oracle, both ways, away from edges: a mask's class c (1-4) lies under c's colour, its 0 under no pure
-    colour and not the padding's grey, its ignore index under the padding's grey; and each colour, the background's grey and
-    the padding's grey (exact_padding: pixels untouched by HSV) have the mask's class, 0, ignore. Returns the
-    number of labelled pixels checked."""
+    colour and not the padding's grey, its ignore index under the padding's grey; and each colour, the background's
+    grey and the padding's grey (exact_padding: pixels untouched by HSV) have the mask's class, 0, ignore. Returns
+    the number of labelled pixels checked."""
     images, masks = batch["images"], batch["masks"].numpy()
     assert masks.dtype == np.int64 and masks.shape == (len(images), *images.shape[2:])
     colour = colour_classes(images) + 1  # 1-4 for the classes, 0 for grey and blends

@@ -9,8 +9,9 @@ Each output's mask is painted tile by tile with the same `BatchGeometry` as its 
 nearest neighbour: an output pixel takes the source pixel under its centre, so each tile paints exactly the output
 pixels its image tile paints (the centre rule), and the rest is `ignore` (the letterbox's and mosaic's padding).
 Axis-aligned tiles map each output pixel's centre into the tile's source box (PIL's and torchvision's NEAREST_EXACT
-rule, computed so that a centre on a pixel edge is exact: both of those drift there by float rounding); rotated or sheared ones the inverse affine of each pixel centre, inside the tile's quadrilateral as render.py masks
-its pixels. Masks are rendered on the CPU on both decode paths (a gather: no filter to run), so both give the same
+rule, computed so that a centre on a pixel edge is exact: both of those drift there by float rounding); rotated or
+sheared ones take the inverse affine of each pixel centre, inside the tile's quadrilateral as render.py masks its
+pixels. Masks are rendered on the CPU on both decode paths (a gather: no filter to run), so both give the same
 masks to the bit.
 """
 from __future__ import annotations

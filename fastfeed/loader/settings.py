@@ -167,7 +167,8 @@ class LoaderSettings:
 def resolve_settings(*, world: World, batch_size, train, image_size, device, decoder, dtype, channels_last, mean,
                      std, shuffle, seed, drop_last, order, num_threads, reader_threads, prefetch, hw_decoder_load,
                      pipelines, on_error, orientation, verify_checksums, log_every, task="classify", augment=None,
-                     epochs=None, fields=None, mask=None, ignore_index=DEFAULT_IGNORE_INDEX, dataloader_kwargs: dict | None = None,
+                     epochs=None, fields=None, mask=None, ignore_index=DEFAULT_IGNORE_INDEX,
+                     dataloader_kwargs: dict | None = None,
                      images: ImageProfile | None = None) -> LoaderSettings:
     """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults.
     `images`: what the dataset's table says about its images, once it is open; decoder="auto" and the DALI thread
