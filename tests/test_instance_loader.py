@@ -152,3 +152,34 @@ def test_on_the_gpu_the_instance_masks_are_the_cpu_ones(seg_pack):
         check_instances_against_pixels({k: v.cpu() if torch.is_tensor(v) else v for k, v in b.items()})
     cpu.close()
     gpu.close()
+
+
+@pytest.mark.integration  # a Mask R-CNN on the CPU
+def test_a_torchvision_mask_rcnn_trains_on_the_batches(seg_pack):
+    """A real client: torchvision's maskrcnn_resnet50_fpn (no weights) takes to_torchvision's targets, masks
+    included, and its mask loss is computed from them."""
+    from torchvision.models.detection import maskrcnn_resnet50_fpn
+
+    torch.manual_seed(0)
+    model = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=len(NAMES) + 1, min_size=S,
+                                  max_size=S, trainable_backbone_layers=5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.005, momentum=0.9)
+    loader = fastfeed.Loader(seg_pack, task="segment", batch_size=4, image_size=S, device="cpu",
+                             augment=DetectAugment(mosaic=0.0, **NO_HSV))
+    model.train()
+    steps = 0
+    for batch in loader:
+        images, targets = to_torchvision(batch, label_offset=1)
+        if not all(len(t["boxes"]) for t in targets):
+            continue
+        losses = model(images, targets)
+        assert set(losses) >= {"loss_mask", "loss_box_reg", "loss_classifier"}
+        assert all(torch.isfinite(v) for v in losses.values()) and losses["loss_mask"] > 0
+        opt.zero_grad()
+        sum(losses.values()).backward()
+        opt.step()
+        steps += 1
+        if steps == 3:
+            break
+    assert steps == 3
+    loader.close()
