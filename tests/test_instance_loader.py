@@ -183,3 +183,29 @@ def test_a_torchvision_mask_rcnn_trains_on_the_batches(seg_pack):
             break
     assert steps == 3
     loader.close()
+
+
+@pytest.mark.integration  # YOLOv8n-seg on the CPU
+def test_ultralytics_segmentation_loss_trains_on_the_batches(seg_pack):
+    """A real client: ultralytics' SegmentationModel (yolov8n-seg from its yaml, no weights) and its own
+    v8SegmentationLoss (overlap masks, its default) take to_ultralytics' batches and train on them (that each map
+    holds the right objects is the oracle tests' business above)."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import SegmentationModel
+
+    torch.manual_seed(0)
+    model = SegmentationModel("yolov8n-seg.yaml", nc=len(NAMES), verbose=False)
+    model.args = get_cfg()  # the loss gains and overlap_mask=True, as its trainer sets them
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.937, nesterov=True)
+    loader = fastfeed.Loader(seg_pack, task="segment", batch_size=4, image_size=S, device="cpu", dtype=torch.uint8)
+    for step, batch in zip(range(3), loader):
+        b = to_ultralytics(batch)
+        b["img"] = b["img"].float() / 255  # its trainer's preprocess
+        loss, items = model.loss(b)
+        assert torch.isfinite(loss).all() and items["seg_loss"] > 0, items
+        loss.sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert step == 2
+    loader.close()
