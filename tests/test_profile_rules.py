@@ -2,7 +2,7 @@
 them on real scripts)."""
 from __future__ import annotations
 
-from fastfeed.profile.rules import DATA_WAIT_SHARE, LOW_GPU_UTIL_PCT, verdict
+from fastfeed.profile.rules import BATCH_CHANGE, DATA_WAIT_SHARE, LOW_GPU_UTIL_PCT, against_baseline, verdict
 
 
 def summary(data=0.0, comm=0.0, gpu_idle=None, util=None, cores=16, loaders=(), **facts) -> dict:
@@ -57,3 +57,17 @@ def test_fp32_on_a_gpu_without_autocast():
     assert "autocast" in verdict(s, [s])[0]["advice"]
     assert families(summary(gpu_idle=0.01, util=95, param_dtype="float32", autocast="bfloat16")) == ["compute"]
     assert families(summary(param_dtype="float32")) == ["compute"]  # no GPU: not judged
+
+
+def report(lr: float, per_rank: list[int]) -> dict:
+    return {"processes": [{"samples_per_step": b, "facts": {"lr": lr}} for b in per_rank]}
+
+
+def test_the_learning_rate_against_the_baseline():
+    base = report(0.1, [256])
+    (f,) = against_baseline(report(0.1, [256] * 8), base)  # 8x the global batch, the same learning rate
+    assert f["family"] == "framework configuration" and "the linear rule: 0.8 here" in f["advice"]
+    assert against_baseline(report(0.8, [256] * 8), base) == []  # scaled with it
+    assert against_baseline(report(0.1, [256, 256 * (BATCH_CHANGE - 1) * 0.9]), base) == []  # under the change
+    assert against_baseline(report(0.1, [64]), base)  # a quarter of the batch: the same rule, downwards
+    assert against_baseline(report(0.1, [256] * 8), {"processes": []}) == []  # nothing to compare with

@@ -42,13 +42,17 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         print(f"fastfeed profile: error: {e}", file=sys.stderr)
         return 2
+    if baseline is not None and summary["run"] is not None:
+        from fastfeed.profile.rules import against_baseline
+
+        summary["verdict"] = summary["verdict"] + against_baseline(summary, baseline)
     print(format_report(summary, baseline))
     if args.plot and summary["run"] is not None:
         from fastfeed.profile.timeline import plot_timeline
 
         try:
             plot_timeline(summary, args.plot)
-        except ValueError as e:
+        except (ValueError, OSError) as e:
             print(f"fastfeed profile: error: {e}", file=sys.stderr)
             return 2
     if args.json:

@@ -203,6 +203,9 @@ def _patch_torch(probe: Probe) -> None:
     def pre(optimizer, args, kwargs):
         probe.by_optimizer = True
         t_opt["t"] = time.perf_counter()
+        lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+        if isinstance(lr, (int, float)) or torch.is_tensor(lr):  # the peak: a warm-up's first steps are smaller
+            probe.facts["lr"] = max(float(lr), probe.facts.get("lr", 0.0))
         if "param_dtype" not in probe.facts:
             params = [p for g in optimizer.param_groups for p in g["params"]]
             if params:

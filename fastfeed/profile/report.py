@@ -52,6 +52,7 @@ def _process_summary(rep: dict) -> dict:
         "pid": rep["pid"], "rank": facts.get("rank", 0), "steps": n, "step_boundary": rep["step_boundary"],
         "s_per_step": total / n, "s_per_step_median": statistics.median(step),
         "samples_per_s": samples / total if samples else None,
+        "samples_per_step": samples / n if samples else None,
         "share": {k: parts[k] / total for k in PARTS},
         "data_gpu_idle_share": None if data_gpu_idle is None else data_gpu_idle / total,
         "h2d_bytes_per_step": sum(r["h2d_bytes"] for r in recs) / n,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["verdict", "RULES", "DATA_WAIT_SHARE", "COMM_SHARE", "LOW_GPU_UTIL_PCT"]
+__all__ = ["verdict", "against_baseline", "RULES", "DATA_WAIT_SHARE", "COMM_SHARE", "LOW_GPU_UTIL_PCT",
+           "BATCH_CHANGE"]
 
 # The step share spent waiting for data above which the input pipeline is what limits the step. Below it the wait
 # is mostly the first batches of the window and the queue's jitter.
@@ -17,6 +18,9 @@ DATA_WAIT_SHARE = 0.10
 COMM_SHARE = 0.20
 # A GPU busy less than this share of the time while the step does not wait for data: launch-bound or CPU-bound.
 LOW_GPU_UTIL_PCT = 60.0
+# A global batch this many times larger or smaller than the baseline's is a change the learning rate should follow
+# (the linear scaling rule); within it, batch sizes that differ by a last partial batch are the same run.
+BATCH_CHANGE = 1.5
 
 
 def _finding(family: str, title: str, evidence: list[str], advice: str, weight: float) -> dict:
@@ -154,3 +158,33 @@ def verdict(slowest: dict, procs: list[dict]) -> list[dict]:
     found = [f for rule in RULES if (f := rule(slowest, procs)) is not None]
     found.sort(key=lambda f: -f["weight"])
     return found or [compute_bound(slowest, procs)]
+
+
+def _global_batch(summary: dict) -> tuple[float | None, float | None, int]:
+    """(global batch per step, peak learning rate, processes) of a report (report.summarize's)."""
+    procs = summary.get("processes") or []
+    per_rank = [p.get("samples_per_step") for p in procs]
+    lrs = [p["facts"].get("lr") for p in procs if p.get("facts")]
+    if not procs or not all(per_rank) or not lrs or lrs[0] is None:
+        return None, None, len(procs)
+    return float(sum(per_rank)), float(lrs[0]), len(procs)
+
+
+def against_baseline(summary: dict, baseline: dict) -> list[dict]:
+    """Findings only a comparison shows: the global batch changed by BATCH_CHANGE or more (more ranks, a larger
+    per-rank batch) and the learning rate stayed where it was, where the linear scaling rule scales it with the
+    batch."""
+    batch, lr, ranks = _global_batch(summary)
+    base_batch, base_lr, base_ranks = _global_batch(baseline)
+    if None in (batch, lr, base_batch, base_lr) or base_lr <= 0:
+        return []
+    ratio = batch / base_batch
+    if 1 / BATCH_CHANGE < ratio < BATCH_CHANGE or abs(lr / base_lr - 1) > 0.01:
+        return []
+    return [_finding(
+        "framework configuration", "the learning rate did not follow the global batch",
+        [f"global batch {base_batch:g} ({base_ranks} process(es)) in the baseline, {batch:g} ({ranks}) now: "
+         f"{ratio:.2g}x", f"peak learning rate {lr:g} in both runs"],
+        f"scale the learning rate with the global batch (the linear rule: {lr * ratio:g} here), with a few epochs "
+        f"of warm-up when it grows; or keep the global batch ({base_batch:g}) by changing the per-rank batch",
+        0.5)]
