@@ -312,3 +312,21 @@ def test_on_the_gpu_the_masks_are_the_cpu_ones(seg_set, decoder):
     assert n == len(cpu)
     cpu.close()
     gpu.close()
+
+
+def test_evaluation_on_five_ranks_scores_every_image_once(seg_set):
+    """train=False on 5 ranks (24 samples: 5 a rank, one of them padding): over the ranks, the valid positions are
+    every sample exactly once, and a padded position's mask is all ignore_index."""
+    shards, _ = seg_set
+    scored, padded = [], 0
+    for rank in range(5):
+        loader = fastfeed.Loader(shards, task="semantic", batch_size=4, image_size=64, train=False, device="cpu",
+                                 rank=rank, world_size=5, dtype=torch.uint8)
+        for batch in loader:
+            valid = batch["valid"]
+            scored += batch["ids"][valid].tolist()
+            padded += int((~valid).sum())
+            assert (batch["masks"][~valid] == IGNORE).all()
+            assert (batch["masks"][valid] != IGNORE).any(dim=(1, 2)).all()  # a scored image has labelled pixels
+        loader.close()
+    assert sorted(scored) == list(range(24)) and padded == 5 * 5 - 24
