@@ -18,6 +18,8 @@ Version history:
        `KEY.seg.png`, a named field as in version 4 (`fields`, table columns `field.seg.png.offset/size/checksum`);
        the shards are pack's own, in the folder. A new number so that an older fastfeed refuses them rather than
        reading them as classification.
+    Classification packs of a list with captions (version 2) carry them as the field `txt` (`KEY.txt`), as
+    version 4 does; a fastfeed older than fields refuses them rather than read the images without them.
 """
 from __future__ import annotations
 
@@ -100,8 +102,8 @@ class Manifest:
     clips ("clipped_boxes") and drops ("dropped_boxes"), and `objects` holds images with/without objects, objects
     per image (min/mean/max) and per class, and for COCO sources `source_ids` (the category id of each class).
     Both are left out of a classification manifest's JSON, so its bytes are those of earlier versions.
-    `fields` (versions 4 and 5) names the members each sample may carry besides its image (webdataset extensions: "txt",
-    "json", "npy", ...), and `data_root`, when not "", is the absolute folder the shard paths are relative to
+    `fields` (versions 2, 4 and 5) names the members each sample may carry besides its image (webdataset extensions:
+    "txt", "json", "npy", ...), and `data_root`, when not "", is the absolute folder the shard paths are relative to
     (shards indexed where they lie, read-only); both are left out of the JSON when empty.
     """
 
@@ -157,10 +159,11 @@ class Manifest:
                 # manifest.
                 raise DatasetError(f"{where}: format version {version} with task {task!r}: version "
                                    f"{TASK_VERSIONS[marked]} is for {marked} datasets only", path=where)
-        if version not in (ADOPTED_FORMAT_VERSION, SEMANTIC_FORMAT_VERSION) and raw.get("fields"):
+        if version not in (FORMAT_VERSION, ADOPTED_FORMAT_VERSION, SEMANTIC_FORMAT_VERSION) and raw.get("fields"):
             raise DatasetError(f"{where}: format version {version} with fields {raw.get('fields')!r}: only versions "
-                               f"{ADOPTED_FORMAT_VERSION} (shards adopted by `fastfeed index`) and "
-                               f"{SEMANTIC_FORMAT_VERSION} (semantic packs) have fields", path=where)
+                               f"{FORMAT_VERSION} (a list's captions), {ADOPTED_FORMAT_VERSION} (shards adopted by "
+                               f"`fastfeed index`) and {SEMANTIC_FORMAT_VERSION} (semantic packs) have fields",
+                               path=where)
         if version != ADOPTED_FORMAT_VERSION and raw.get("data_root"):
             raise DatasetError(f"{where}: format version {version} with data root {raw.get('data_root')!r}: only "
                                f"version {ADOPTED_FORMAT_VERSION} (shards adopted by `fastfeed index`) has one",

@@ -204,7 +204,7 @@ def test_ade20k_without_split_folders_and_the_split_is_asked_for(ade, tmp_path, 
 
 
 def test_refusals(ade, tmp_path, capsys):
-    with pytest.raises(ValueError, match="masks are stored in WebDataset shards; use --format wds"):
+    with pytest.raises(ValueError, match="seg.png: masks, captions. are stored in WebDataset shards; use --format wds"):
         pack(str(ade), str(tmp_path / "lmdb"), PackOptions(format="lmdb", split="training"))
     assert not (tmp_path / "lmdb").exists()
     for args, said in ((["--max-side", "32", "--split", "training"], "--max-side"),

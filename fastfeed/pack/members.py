@@ -1,5 +1,5 @@
-"""The files a sample stores beside its image (SourceEntry.members: a segmentation source's mask), read whole and
-checked on pack's reader threads; a sample is stored with all its members or not at all.
+"""What a sample stores beside its image (SourceEntry.members: a segmentation source's mask file, a list's caption),
+read whole and checked on pack's reader threads; a sample is stored with all its members or not at all.
 
 A mask (`seg.png`) is stored byte for byte, so it must already be what the Loader reads: a PNG (a lossy format
 would hold ids the file never had) that decodes to one class id per pixel (mode L, P, I;16 or I: fastfeed/detect/
@@ -32,9 +32,13 @@ class MemberData:
 
 
 def read_members(members) -> list[MemberData] | Rejected:
-    """`members` ((ext, path) pairs) read and, for a mask, decoded; the first problem as a Rejected."""
+    """`members` ((ext, path) pairs read here, (ext, bytes) pairs as they are: a list's caption) and, for a mask,
+    decoded; the first problem as a Rejected."""
     out = []
     for ext, path in members:
+        if isinstance(path, (bytes, bytearray)):
+            out.append(MemberData(ext, "", bytes(path)))
+            continue
         data = _read(path)
         if isinstance(data, Rejected):
             return Rejected(f"the mask is unreadable: {data.reason}" if ext == MASK_MEMBER else

@@ -204,7 +204,13 @@ def _check_annotated(src: Source, o: PackOptions) -> None:
         raise PackError(f"--max-side does not work with annotated ({src.kind}) sources yet: the {what} would have to "
                         f"be scaled with the images; pack without it")
     if src.fields and not WRITERS[o.format].stores_fields:
-        raise ValueError(f"masks are stored in WebDataset shards; use --format wds (not --format {o.format})")
+        raise ValueError(f"members beside the image ({', '.join(src.fields)}: masks, captions) are stored in "
+                         f"WebDataset shards; use --format wds (not --format {o.format})")
+
+
+def _member_ids(members) -> list:
+    """A sample's members as the fingerprint sees them: a file by its path, a value by its sha256."""
+    return [[ext, src if isinstance(src, str) else hashlib.sha256(src).hexdigest()] for ext, src in members]
 
 
 def clear_folder(folder: str) -> None:
@@ -258,9 +264,14 @@ def _fingerprint(src: Source, o: PackOptions) -> dict:
     if src.task != "classify":  # a resume must not mix samples annotated differently
         a = hashlib.sha256()
         for e in src.entries:
-            ann = [e.metadata, e.size] + ([e.members] if e.members else [])  # a pairing is an annotation too
+            ann = [e.metadata, e.size] + ([_member_ids(e.members)] if e.members else [])  # a pairing too
             a.update(json.dumps(ann, sort_keys=True).encode() + b"\n")
         fp.update(task=src.task, classes=src.classes, annotations_sha256=a.hexdigest())
+    elif src.fields:  # a list's captions and metadata: a resume must not mix two versions of them
+        a = hashlib.sha256()
+        for e in src.entries:
+            a.update(json.dumps([e.metadata, _member_ids(e.members)], sort_keys=True).encode() + b"\n")
+        fp.update(members_sha256=a.hexdigest())
     return fp
 
 
@@ -395,7 +406,8 @@ class _Writer:
     def reject(self, entry, reason: str) -> None:
         rec = {"path": entry.path, "reason": reason}
         for ext, path in entry.members:  # a mask: the record names both files
-            rec["mask" if ext == MASK_MEMBER else ext] = path
+            if isinstance(path, str):
+                rec["mask" if ext == MASK_MEMBER else ext] = path
         self.rejected.append(rec)
 
     def row(self, entry, key: str, res: Loaded, size: int, xxh3: int, extra: dict) -> None:

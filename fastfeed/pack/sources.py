@@ -38,9 +38,10 @@ class SourceEntry:
     # Detection sources (fastfeed/pack/annotations/): the (width, height) the annotations were made for, checked
     # against the stored image once it is stored.
     size: tuple[int, int] | None = None
-    # Files stored byte for byte beside the image as members `KEY.ext`, (ext, absolute path) each (a semantic
-    # source's mask: fastfeed/pack/annotations/masks.py); every entry of a source carries the same exts.
-    members: tuple[tuple[str, str], ...] = ()
+    # Members stored beside the image as `KEY.ext`: (ext, absolute path) for a file stored byte for byte (a
+    # semantic source's mask: fastfeed/pack/annotations/masks.py) or (ext, bytes) for a value (a list's caption);
+    # every entry of a source carries the same exts.
+    members: tuple[tuple[str, str | bytes], ...] = ()
 
 
 @dataclass
@@ -178,13 +179,20 @@ def _walk_files(top: str, src: Source) -> list[tuple[str, bool]]:
     return files
 
 
+# A list's caption column, stored as each sample's `KEY.txt` (webdataset's and OpenCLIP's caption member).
+CAPTION_COLUMNS = ("caption", "text", "txt")
+_LIST_COLUMNS = ("path", "label", "metadata")
+
+
 def _scan_list(path: str) -> Source:
     """CSV with a header (`path,label[,metadata]`, metadata a JSON object) or JSONL (`{"path", "label",
     "metadata"}` per line). Relative paths are relative to the list file's folder. Labels are integers or class
-    names; names are indexed in sorted order like ImageFolder. A missing/empty label is -1."""
+    names; names are indexed in sorted order like ImageFolder. A missing/empty label is -1. A caption column
+    (CAPTION_COLUMNS, the first there is) becomes each sample's `.txt` member; any other column joins the metadata
+    (`.json`), so that nothing in the list is lost. JSONL rows must all have the caption or none."""
     base = os.path.dirname(path)
     src = Source(path, "list", [], [], {})
-    rows: list[tuple[str, object, dict | None]] = []
+    rows: list[tuple[str, object, dict | None, str | None]] = []
     lower = path.lower()
     try:
         with open(path, encoding="utf-8", newline="") as f:
@@ -197,7 +205,19 @@ def _scan_list(path: str) -> Source:
     except UnicodeDecodeError as e:
         raise ValueError(f"list file {path!r} is not UTF-8: {e}") from None
 
-    raw_labels = [lab for _, lab, _ in rows]
+    captioned = [c is not None for _, _, _, c in rows]
+    if any(captioned) and not all(captioned):  # JSONL: every sample carries the same members
+        kept = []
+        for row, has in zip(rows, captioned):
+            if has:
+                kept.append(row)
+            else:
+                src.rejected.append({"path": row[0], "reason": "bad list row: no caption "
+                                     f"({', '.join(CAPTION_COLUMNS)}) where the other rows have one"})
+        rows = kept
+    if any(captioned):
+        src.fields = ("txt",)
+    raw_labels = [lab for _, lab, _, _ in rows]
     names = sorted({lab for lab in raw_labels if isinstance(lab, str)})
     if names and any(isinstance(lab, int) and lab >= 0 for lab in raw_labels):
         raise ValueError(f"list file {path!r} mixes integer labels and class names")
@@ -207,10 +227,11 @@ def _scan_list(path: str) -> Source:
         top = max((lab for lab in raw_labels if isinstance(lab, int)), default=-1)
         src.classes = [str(i) for i in range(top + 1)]
     src.class_to_idx = {c: i for i, c in enumerate(src.classes)}
-    for p, lab, meta in rows:
+    for p, lab, meta, caption in rows:
         label = src.class_to_idx[lab] if isinstance(lab, str) else int(lab)
         full = p if os.path.isabs(p) else os.path.join(base, p)
-        src.entries.append(SourceEntry(os.path.abspath(full), p, label, meta))
+        members = (("txt", caption.encode("utf-8")),) if caption is not None else ()
+        src.entries.append(SourceEntry(os.path.abspath(full), p, label, meta, members=members))
     return src
 
 
@@ -231,11 +252,23 @@ def _parse_label(value: object) -> object:
     raise ValueError(f"label must be an integer or a class name, got {type(value).__name__}")
 
 
+def _with_columns(meta: dict | None, columns: dict) -> dict | None:
+    """The row's metadata with its other columns added (a name in both is the row's error)."""
+    if not columns:
+        return meta
+    clash = sorted(set(columns) & set(meta or {}))
+    if clash:
+        raise ValueError(f"column(s) {clash} are also keys of its metadata")
+    return {**(meta or {}), **columns}
+
+
 def _read_csv(f, path: str, rows: list, src: Source) -> None:
     reader = csv.DictReader(f)
     if not reader.fieldnames or "path" not in reader.fieldnames:
         raise ValueError(f"list file {path!r}: the CSV header must name a 'path' column (and optionally "
                          f"'label', 'metadata')")
+    caption = next((c for c in CAPTION_COLUMNS if c in reader.fieldnames), None)
+    others = [c for c in reader.fieldnames if c not in _LIST_COLUMNS and c != caption]
     for row in reader:
         where = f"{path}:{reader.line_num}"
         try:
@@ -246,7 +279,9 @@ def _read_csv(f, path: str, rows: list, src: Source) -> None:
             meta = json.loads(meta_text) if meta_text else None
             if meta is not None and not isinstance(meta, dict):
                 raise ValueError("metadata must be a JSON object")
-            rows.append((p, _parse_label(row.get("label")), meta))
+            meta = _with_columns(meta, {c: row.get(c) for c in others})
+            text = None if caption is None else (row.get(caption) or "")
+            rows.append((p, _parse_label(row.get("label")), meta, text))
         except ValueError as e:
             src.rejected.append({"path": where, "reason": f"bad list row: {e}"})
 
@@ -263,6 +298,11 @@ def _read_jsonl(f, path: str, rows: list, src: Source) -> None:
             meta = obj.get("metadata")
             if meta is not None and not isinstance(meta, dict):
                 raise ValueError("metadata must be a JSON object")
-            rows.append((obj["path"], _parse_label(obj.get("label")), meta))
+            caption = next((c for c in CAPTION_COLUMNS if c in obj), None)
+            text = None if caption is None else obj[caption]
+            if text is not None and not isinstance(text, str):
+                raise ValueError(f"'{caption}' must be a string")
+            meta = _with_columns(meta, {k: v for k, v in obj.items() if k not in _LIST_COLUMNS and k != caption})
+            rows.append((obj["path"], _parse_label(obj.get("label")), meta, text))
         except ValueError as e:
             src.rejected.append({"path": where, "reason": f"bad list row: {e}"})

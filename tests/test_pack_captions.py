@@ -1,0 +1,95 @@
+"""`fastfeed pack` of an image-text list: a CSV or JSONL with a path column, a caption column and any others. The
+caption becomes each sample's `KEY.txt` member, the other columns its `KEY.json`, so nothing in the list is lost,
+and `Loader(fields=["txt", "json"])` hands them out with the images, as webdataset's readers see them too."""
+from __future__ import annotations
+
+import csv
+import json
+import tarfile
+
+import numpy as np
+import pytest
+from conftest import run_pack
+from PIL import Image
+
+import fastfeed
+from fastfeed.pack import verify, wds_native
+from fastfeed.pack.native import HAVE_NATIVE_WRITER
+
+CAPTIONS = ["a red bus, ünïcode", "", "two dogs\nand a line break", 'quotes "and, commas"', "x" * 3000, "end"]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("captions")
+    rng = np.random.default_rng(0)
+    for i in range(len(CAPTIONS)):
+        Image.fromarray(rng.integers(0, 255, (30 + i, 40, 3), dtype=np.uint8)).save(root / f"im{i}.jpg", quality=90)
+    return root
+
+
+def write_csv(root, rows, header=("path", "caption", "label", "url", "width")):
+    with open(root / "list.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return root / "list.csv"
+
+
+def members(out) -> dict[str, bytes]:
+    """Every member of every shard, by name."""
+    got = {}
+    for shard in sorted(out.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            got.update({m.name: tar.extractfile(m).read() for m in tar.getmembers()})
+    return got
+
+
+@pytest.mark.parametrize("native", [False, True] if HAVE_NATIVE_WRITER else [False], ids=["python", "native"])
+def test_a_csv_list_keeps_its_captions_and_columns(photos, tmp_path, monkeypatch, native):
+    monkeypatch.setattr(wds_native, "ENABLED", native)
+    rows = [[f"im{i}.jpg", c, i % 2, f"http://x/{i}", 40] for i, c in enumerate(CAPTIONS)]
+    src = write_csv(photos, rows)
+    out = tmp_path / "out"
+    run_pack(src, out, "--format", "wds")
+    got = members(out)
+    for i, caption in enumerate(CAPTIONS):  # keys are the rows' positions, zero-padded
+        key = next(n[:-4] for n in got if n.endswith(".txt") and got[n] == caption.encode())
+        assert json.loads(got[key + ".json"]) == {"url": f"http://x/{i}", "width": "40"}
+        assert got[key + ".cls"] == b"%d" % (i % 2)
+    assert sum(n.endswith(".txt") for n in got) == len(CAPTIONS)
+    assert fastfeed.open_dataset(out).fields == ["cls", "txt", "json"]
+    loader = fastfeed.Loader(out, batch_size=4, image_size=32, device="cpu", train=False, fields=["txt", "json"])
+    seen = {}
+    for batch in loader:
+        for text, meta, label in zip(batch["txt"], batch["json"], batch["labels"].tolist()):
+            seen[text] = (meta["url"], label)
+    assert seen == {c: (f"http://x/{i}", i % 2) for i, c in enumerate(CAPTIONS)}
+    loader.close()
+    assert verify(str(out)).ok
+
+
+def test_jsonl_rows_without_the_caption_are_rejected_by_name(photos, tmp_path):
+    lines = [{"path": f"im{i}.jpg", "text": c, "score": i / 10} for i, c in enumerate(CAPTIONS)]
+    del lines[2]["text"]
+    src = photos / "list.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out"
+    run_pack(src, out, "--format", "wds")
+    rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    assert len(rejected) == 1 and rejected[0]["path"] == "im2.jpg" and "no caption" in rejected[0]["reason"]
+    got = members(out)
+    assert sorted(v.decode() for n, v in got.items() if n.endswith(".txt")) == sorted(
+        c for i, c in enumerate(CAPTIONS) if i != 2)
+    assert all(set(json.loads(v)) == {"score"} for n, v in got.items() if n.endswith(".json"))
+
+
+def test_captions_need_webdataset_shards_and_columns_must_not_clash(photos, tmp_path):
+    src = write_csv(photos, [["im0.jpg", "a", 0, "u", 1]])
+    with pytest.raises(Exception, match="WebDataset shards"):
+        run_pack(src, tmp_path / "lmdb", "--format", "lmdb")
+    src = write_csv(photos, [["im0.jpg", "a", '{"url": "v"}', "u"]], header=("path", "caption", "metadata", "url"))
+    out = tmp_path / "clash"
+    run_pack(src, out, "--format", "wds")
+    rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    assert "also keys of its metadata" in rejected[0]["reason"]
