@@ -93,3 +93,50 @@ def test_captions_need_webdataset_shards_and_columns_must_not_clash(photos, tmp_
     run_pack(src, out, "--format", "wds")
     rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
     assert "also keys of its metadata" in rejected[0]["reason"]
+
+
+def make_img2dataset_files(root, photos, n_shards: int = 2, per_shard: int = 3) -> dict[str, str]:
+    """img2dataset's `files` output (output_format="files"): per shard a folder NNNNN of KEY.jpg, KEY.txt, KEY.json
+    and, at the top, NNNNN_stats.json and NNNNN.parquet. Returns each image's caption by its path in the tree."""
+    import shutil
+
+    captions, k = {}, 0
+    for s in range(n_shards):
+        folder = root / f"{s:05d}"
+        folder.mkdir(parents=True)
+        for _ in range(per_shard):
+            key = f"{s:05d}{k:04d}"
+            shutil.copy(photos / f"im{k % len(CAPTIONS)}.jpg", folder / f"{key}.jpg")
+            (folder / f"{key}.txt").write_text(CAPTIONS[k % len(CAPTIONS)], encoding="utf-8")
+            (folder / f"{key}.json").write_text(json.dumps({"url": f"http://x/{k}", "key": key, "status": "success",
+                                                            "width": 40}))
+            captions[f"{s:05d}/{key}.jpg"] = CAPTIONS[k % len(CAPTIONS)]
+            k += 1
+        (root / f"{s:05d}_stats.json").write_text(json.dumps({"count": per_shard, "successes": per_shard}))
+        (root / f"{s:05d}.parquet").write_bytes(b"PAR1 not read")
+    return captions
+
+
+def test_img2dataset_files_output_packs_with_captions_and_json(photos, tmp_path):
+    """Recognised by its layout; each image with its caption (.txt, byte for byte) and JSON; a caption without its
+    image, an image without its caption and a broken JSON are rejections naming the file."""
+    src = tmp_path / "i2d"
+    captions = make_img2dataset_files(src, photos)
+    (src / "00000" / "000000099.txt").write_text("an orphan caption")
+    (src / "00001" / "000010004.txt").unlink()  # its image stays, without a caption
+    (src / "00001" / "000010005.json").write_text("{broken")
+    out = tmp_path / "out"
+    run_pack(src, out, "--format", "wds")
+    lines = (out / "rejected.jsonl").read_text().splitlines()
+    rejected = {json.loads(x)["path"]: json.loads(x)["reason"] for x in lines}
+    assert rejected == {str(src / "00000" / "000000099.txt"): "no image beside it",
+                        str(src / "00001" / "000010004.jpg"): "no caption (.txt) beside it",
+                        str(src / "00001" / "000010005.json"): rejected[str(src / "00001" / "000010005.json")]}
+    assert rejected[str(src / "00001" / "000010005.json")].startswith("unreadable JSON")
+    got = members(out)
+    texts = sorted(v for n, v in got.items() if n.endswith(".txt"))
+    assert texts == sorted(captions[p].encode() for p in captions if not p.endswith(("10004.jpg", "10005.jpg")))
+    loader = fastfeed.Loader(out, batch_size=2, image_size=32, device="cpu", train=False, fields=["txt", "json"])
+    pairs = {meta["key"]: text for batch in loader for text, meta in zip(batch["txt"], batch["json"])}
+    assert pairs == {p.split("/")[1][:-4]: c for p, c in captions.items() if not p.endswith(("10004.jpg", "10005.jpg"))}
+    loader.close()

@@ -39,7 +39,7 @@ def read_members(members) -> list[MemberData] | Rejected:
         if isinstance(path, (bytes, bytearray)):
             out.append(MemberData(ext, "", bytes(path)))
             continue
-        data = _read(path)
+        data = _read(path) if ext == MASK_MEMBER else _read_any(path)  # a caption may be empty, a mask not
         if isinstance(data, Rejected):
             return Rejected(f"the mask is unreadable: {data.reason}" if ext == MASK_MEMBER else
                             f"member {ext} is unreadable: {data.reason}")
@@ -50,6 +50,14 @@ def read_members(members) -> list[MemberData] | Rejected:
                 return size
         out.append(MemberData(ext, path, data, size))
     return out
+
+
+def _read_any(path: str) -> bytes | Rejected:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        return Rejected(f"{type(e).__name__}: {e}")
 
 
 def _mask_size(data: bytes) -> tuple[int, int] | Rejected:

@@ -27,6 +27,7 @@ from fastfeed.pack.annotations.common import _has_file, read_names
 from fastfeed.pack.annotations.masks import MASK_MEMBER, SEMANTIC_KINDS, scan_semantic, semantic_layout
 from fastfeed.pack.annotations.voc import scan_voc
 from fastfeed.pack.annotations.yolo import _yolo_dirs, parse_yaml_names, scan_yolo
+from fastfeed.pack.img2dataset import looks_like_img2dataset, scan_img2dataset
 from fastfeed.pack.sources import SOURCE_KINDS, Source, SourceEntry, scan_source
 from fastfeed.targets import annotation_issues
 
@@ -35,14 +36,15 @@ __all__ = ["DETECT_KINDS", "SEMANTIC_KINDS", "ALL_KINDS", "MASK_MEMBER", "scan",
            "box_change_counts", "annotation_stats"]
 
 DETECT_KINDS = ("yolo", "coco", "voc")
-ALL_KINDS = SOURCE_KINDS + DETECT_KINDS + SEMANTIC_KINDS
+ALL_KINDS = SOURCE_KINDS + DETECT_KINDS + SEMANTIC_KINDS + ("img2dataset",)
 
 
 def scan(src: str, kind: str = "auto", annotations: str | None = None, classes: str | None = None,
          split: str | None = None, masks: str | None = None) -> Source:
     """Any source `fastfeed pack` reads: a detection layout (`kind` in DETECT_KINDS, or recognised under 'auto'),
-    a semantic segmentation one (SEMANTIC_KINDS; `masks` the masks folder of kind 'masks') or, otherwise,
-    fastfeed.pack.sources.scan_source's classification sources."""
+    a semantic segmentation one (SEMANTIC_KINDS; `masks` the masks folder of kind 'masks'), img2dataset's `files`
+    output (fastfeed/pack/img2dataset.py) or, otherwise, fastfeed.pack.sources.scan_source's classification
+    sources."""
     if kind not in ALL_KINDS:
         raise ValueError(f"source kind must be one of {ALL_KINDS}, got {kind!r}")
     root = os.path.abspath(src)
@@ -56,7 +58,13 @@ def scan(src: str, kind: str = "auto", annotations: str | None = None, classes: 
     elif kind == "auto" and masks is not None:
         kind = "masks"
     elif kind == "auto" and os.path.isdir(root):
-        kind = detect_layout(root, split) or "auto"
+        kind = detect_layout(root, split) or ("img2dataset" if looks_like_img2dataset(root) else "auto")
+    if kind == "img2dataset":
+        if classes is not None or split is not None:
+            raise ValueError("--classes and --split do not apply to img2dataset's output (no classes, one split)")
+        if not os.path.isdir(root):
+            raise NotADirectoryError(f"source {src!r} is not a folder")
+        return scan_img2dataset(root)
     if kind in SEMANTIC_KINDS:
         if classes is not None:
             raise ValueError("--classes does not apply to segmentation sources: their masks hold class ids")

@@ -1,0 +1,73 @@
+"""img2dataset's `files` output as a pack source: `ROOT/00000/000000012.jpg` beside `000000012.txt` (the caption)
+and `000000012.json` (the row's url, key, sizes, ...), one numbered folder per shard it downloaded, with
+`00000_stats.json` (and `00000.parquet`) at the top.
+
+Each image becomes a sample with its caption as the member `KEY.txt`, stored byte for byte, and its JSON as the
+sample's metadata (`KEY.json`): the same members img2dataset's own `webdataset` output has, so `Loader(fields=["txt",
+"json"])` reads either. Recognised under `--source auto` by the `_stats.json` files beside numbered folders. A caption
+or JSON without its image, an image without its caption, and a JSON that does not parse are rejections naming the
+file; labels are -1 (no classes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from fastfeed.pack.sources import Source, SourceEntry, _listdir
+
+__all__ = ["looks_like_img2dataset", "scan_img2dataset"]
+
+_SHARD = re.compile(r"^\d+$")
+_STATS = re.compile(r"^\d+_stats\.json$")
+_SIDECARS = (".txt", ".json")
+
+
+def looks_like_img2dataset(root: str) -> bool:
+    """Numbered folders with img2dataset's `NNNNN_stats.json` beside them."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return False
+    return any(_STATS.match(n) for n in names) and any(_SHARD.match(n) and os.path.isdir(os.path.join(root, n))
+                                                       for n in names)
+
+
+def scan_img2dataset(root: str) -> Source:
+    src = Source(root, "img2dataset", [], [], {}, fields=("txt",))
+    for shard, is_dir in _listdir(root, src):
+        if not (is_dir and _SHARD.match(shard)):
+            continue  # the stats, parquet and other files img2dataset writes at the top
+        folder = os.path.join(root, shard)
+        stems: dict[str, dict[str, str]] = {}
+        for name, sub_is_dir in _listdir(folder, src):
+            if sub_is_dir:
+                src.rejected.append({"path": os.path.join(folder, name), "reason": "folder inside an img2dataset "
+                                     "shard folder"})
+                continue
+            stem, ext = os.path.splitext(name)
+            kind = ext.lower() if ext.lower() in _SIDECARS else "image"
+            stems.setdefault(stem, {})[kind] = name
+        for stem in sorted(stems):
+            files = stems[stem]
+            where = {k: os.path.join(folder, v) for k, v in files.items()}
+            if "image" not in files:
+                for path in where.values():
+                    src.rejected.append({"path": path, "reason": "no image beside it"})
+                continue
+            if ".txt" not in files:
+                src.rejected.append({"path": where["image"], "reason": "no caption (.txt) beside it"})
+                continue
+            meta = None
+            if ".json" in files:
+                try:
+                    with open(where[".json"], encoding="utf-8") as f:
+                        meta = json.load(f)
+                    if not isinstance(meta, dict):
+                        raise ValueError("not a JSON object")
+                except (OSError, ValueError) as e:
+                    src.rejected.append({"path": where[".json"], "reason": f"unreadable JSON: {e}"})
+                    continue
+            src.entries.append(SourceEntry(where["image"], os.path.join(shard, files["image"]), -1, meta,
+                                           members=(("txt", where[".txt"]),)))
+    return src
