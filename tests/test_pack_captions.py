@@ -140,3 +140,24 @@ def test_img2dataset_files_output_packs_with_captions_and_json(photos, tmp_path)
     pairs = {meta["key"]: text for batch in loader for text, meta in zip(batch["txt"], batch["json"])}
     assert pairs == {p.split("/")[1][:-4]: c for p, c in captions.items() if not p.endswith(("10004.jpg", "10005.jpg"))}
     loader.close()
+
+
+def test_a_parquet_list_is_read_as_jsonl_is(photos, tmp_path):
+    """img2dataset's and HF's list format: the same columns as CSV and JSONL (needs pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"path": [f"im{i}.jpg" for i in range(len(CAPTIONS))], "caption": CAPTIONS,
+                      "label": [i % 2 for i in range(len(CAPTIONS))], "similarity": [i / 10 for i in range(6)]})
+    src = photos / "list.parquet"
+    pq.write_table(table, src)
+    out = tmp_path / "out"
+    run_pack(src, out, "--format", "wds")
+    loader = fastfeed.Loader(out, batch_size=3, image_size=32, device="cpu", train=False, fields=["txt", "json"])
+    seen = {text: (meta["similarity"], label) for batch in loader
+            for text, meta, label in zip(batch["txt"], batch["json"], batch["labels"].tolist())}
+    assert seen == {c: (i / 10, i % 2) for i, c in enumerate(CAPTIONS)}  # numbers stay numbers
+    loader.close()
+    (photos / "broken.parquet").write_bytes(b"PAR1 not parquet")
+    with pytest.raises(Exception, match="not a readable Parquet file"):
+        run_pack(photos / "broken.parquet", tmp_path / "broken", "--format", "wds")

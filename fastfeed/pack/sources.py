@@ -185,28 +185,41 @@ _LIST_COLUMNS = ("path", "label", "metadata")
 
 
 def _scan_list(path: str) -> Source:
-    """CSV with a header (`path,label[,metadata]`, metadata a JSON object) or JSONL (`{"path", "label",
-    "metadata"}` per line). Relative paths are relative to the list file's folder. Labels are integers or class
-    names; names are indexed in sorted order like ImageFolder. A missing/empty label is -1. A caption column
+    """CSV with a header (`path,label[,metadata]`, metadata a JSON object), JSONL (`{"path", "label",
+    "metadata"}` per line) or Parquet (those columns; needs pyarrow). Relative paths are relative to the list
+    file's folder. Labels are integers or class names; names are indexed in sorted order like ImageFolder. A missing/empty label is -1. A caption column
     (CAPTION_COLUMNS, the first there is) becomes each sample's `.txt` member; any other column joins the metadata
-    (`.json`), so that nothing in the list is lost. JSONL rows must all have the caption or none."""
+    (`.json`), so that nothing in the list is lost. JSONL and Parquet rows must all have the caption or none."""
     base = os.path.dirname(path)
     src = Source(path, "list", [], [], {})
     rows: list[tuple[str, object, dict | None, str | None]] = []
     lower = path.lower()
     try:
-        with open(path, encoding="utf-8", newline="") as f:
-            if lower.endswith((".jsonl", ".ndjson")):
-                _read_jsonl(f, path, rows, src)
-            elif lower.endswith(".csv"):
-                _read_csv(f, path, rows, src)
-            else:
-                raise ValueError(f"list file {path!r}: expected a .csv or .jsonl file")
+        if lower.endswith(".parquet"):
+            _read_parquet(path, rows, src)
+        else:
+            _read_list_text(path, lower, rows, src)
     except UnicodeDecodeError as e:
         raise ValueError(f"list file {path!r} is not UTF-8: {e}") from None
+    _finish_list(src, rows, base)
+    return src
 
+
+def _read_list_text(path: str, lower: str, rows: list, src: Source) -> None:
+    with open(path, encoding="utf-8", newline="") as f:
+        if lower.endswith((".jsonl", ".ndjson")):
+            _read_jsonl(f, path, rows, src)
+        elif lower.endswith(".csv"):
+            _read_csv(f, path, rows, src)
+        else:
+            raise ValueError(f"list file {path!r}: expected a .csv, .jsonl or .parquet file")
+
+
+def _finish_list(src: Source, rows: list, base: str) -> None:
+    """The list's rows as entries: class names indexed, the caption made a member."""
+    path = src.root
     captioned = [c is not None for _, _, _, c in rows]
-    if any(captioned) and not all(captioned):  # JSONL: every sample carries the same members
+    if any(captioned) and not all(captioned):  # JSONL, Parquet: every sample carries the same members
         kept = []
         for row, has in zip(rows, captioned):
             if has:
@@ -232,7 +245,6 @@ def _scan_list(path: str) -> Source:
         full = p if os.path.isabs(p) else os.path.join(base, p)
         members = (("txt", caption.encode("utf-8")),) if caption is not None else ()
         src.entries.append(SourceEntry(os.path.abspath(full), p, label, meta, members=members))
-    return src
 
 
 def _parse_label(value: object) -> object:
@@ -290,19 +302,41 @@ def _read_jsonl(f, path: str, rows: list, src: Source) -> None:
     for n, line in enumerate(f, 1):
         if not line.strip():
             continue
-        where = f"{path}:{n}"
         try:
             obj = json.loads(line)
-            if not isinstance(obj, dict) or not isinstance(obj.get("path"), str) or not obj["path"]:
-                raise ValueError("each line must be a JSON object with a non-empty 'path'")
-            meta = obj.get("metadata")
-            if meta is not None and not isinstance(meta, dict):
-                raise ValueError("metadata must be a JSON object")
-            caption = next((c for c in CAPTION_COLUMNS if c in obj), None)
-            text = None if caption is None else obj[caption]
-            if text is not None and not isinstance(text, str):
-                raise ValueError(f"'{caption}' must be a string")
-            meta = _with_columns(meta, {k: v for k, v in obj.items() if k not in _LIST_COLUMNS and k != caption})
-            rows.append((obj["path"], _parse_label(obj.get("label")), meta, text))
         except ValueError as e:
-            src.rejected.append({"path": where, "reason": f"bad list row: {e}"})
+            src.rejected.append({"path": f"{path}:{n}", "reason": f"bad list row: {e}"})
+            continue
+        _read_object(obj, f"{path}:{n}", rows, src)
+
+
+def _read_parquet(path: str, rows: list, src: Source) -> None:
+    """A Parquet list (img2dataset writes one per shard): its rows as JSONL's objects, row n named `path:n`."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(f"list file {path!r}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors are many; any of them means the file is unreadable
+        raise ValueError(f"list file {path!r} is not a readable Parquet file: {e}") from None
+    for n, obj in enumerate(table.to_pylist(), 1):
+        _read_object(obj, f"{path}:{n}", rows, src)
+
+
+def _read_object(obj, where: str, rows: list, src: Source) -> None:
+    """One list row given as an object (a JSONL line, a Parquet row)."""
+    try:
+        if not isinstance(obj, dict) or not isinstance(obj.get("path"), str) or not obj["path"]:
+            raise ValueError("each row must be an object with a non-empty 'path'")
+        meta = obj.get("metadata")
+        if meta is not None and not isinstance(meta, dict):
+            raise ValueError("metadata must be a JSON object")
+        caption = next((c for c in CAPTION_COLUMNS if c in obj), None)
+        text = None if caption is None else obj[caption]
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"'{caption}' must be a string")
+        meta = _with_columns(meta, {k: v for k, v in obj.items() if k not in _LIST_COLUMNS and k != caption})
+        rows.append((obj["path"], _parse_label(obj.get("label")), meta, text))
+    except ValueError as e:
+        src.rejected.append({"path": where, "reason": f"bad list row: {e}"})
