@@ -189,7 +189,8 @@ def _scan_list(path: str) -> Source:
     "metadata"}` per line) or Parquet (those columns; needs pyarrow). Relative paths are relative to the list
     file's folder. Labels are integers or class names; names are indexed in sorted order like ImageFolder. A
     missing/empty label is -1. A caption column (CAPTION_COLUMNS, the first there is) becomes each sample's `.txt`
-    member; any other column joins the metadata (`.json`), so that nothing in the list is lost. JSONL and Parquet rows must all have the caption or none."""
+    member; any other column joins the metadata (`.json`), so that nothing in the list is lost. JSONL and Parquet
+    rows must all have the caption or none."""
     base = os.path.dirname(path)
     src = Source(path, "list", [], [], {})
     rows: list[tuple[str, object, dict | None, str | None]] = []
