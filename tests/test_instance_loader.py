@@ -186,10 +186,15 @@ def test_a_torchvision_mask_rcnn_trains_on_the_batches(seg_pack):
 
 
 @pytest.mark.integration  # YOLOv8n-seg on the CPU
-def test_ultralytics_segmentation_loss_trains_on_the_batches(seg_pack):
+def test_ultralytics_segmentation_loss_trains_on_the_batches(seg_pack, monkeypatch):
     """A real client: ultralytics' SegmentationModel (yolov8n-seg from its yaml, no weights) and its own
     v8SegmentationLoss (overlap masks, its default) take to_ultralytics' batches and train on them (that each map
     holds the right objects is the oracle tests' business above)."""
+    # Importing ultralytics replaces PIL.Image.open for the whole process (a HEIF fallback that pip-installs
+    # pi-heif); put PIL's back after this test, so later tests in this worker see PIL's own errors.
+    import PIL.Image
+
+    monkeypatch.setattr(PIL.Image, "open", PIL.Image.open)
     from ultralytics.cfg import get_cfg
     from ultralytics.nn.tasks import SegmentationModel
 

@@ -289,6 +289,8 @@ def _convert(data, fmt: str, opts: LoadOptions, change: str | None, what: str | 
         return Rejected(f"decompression bomb: {e}")
     except (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, struct.error, MemoryError) as e:
         return Rejected(f"{reason} ({type(e).__name__}: {e})")
+    except Exception as e:  # noqa: BLE001 - a plugin or a patched Image.open (ultralytics') raises others: a rejection
+        return Rejected(f"{reason} ({type(e).__name__}: {e})")
     buf = io.BytesIO()
     extra = {}
     if tag != 1:  # the orientation policy is a load-time choice: keep the tag for it
