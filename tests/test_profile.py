@@ -110,20 +110,3 @@ def test_python_m_fastfeed_profile_then_the_report_against_a_baseline(slow_data,
     assert "6 steps measured" in proc.stdout
     assert "framework configuration: torch.nn.DataParallel is in use" in proc.stdout
     assert "use DistributedDataParallel" in proc.stdout
-
-
-def test_a_learning_rate_that_does_not_follow_the_global_batch(tmp_path):
-    """The same DDP script at one process, then at two against the first report: the global batch doubles, the
-    learning rate stays at 0.01, and the comparison says to scale it (0.02) or keep the global batch."""
-    script = str(CASES / "lr_scaling.py")
-    run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    _, one = profile(tmp_path / "one", *run, "--nproc-per-node=1", script, steps=6, warmup=2)
-    base = tmp_path / "one.json"
-    base.write_text(json.dumps(one))
-    proc = subprocess.run([sys.executable, "-m", "fastfeed.cli", "profile", "--steps", "6", "--warmup", "2",
-                           "--then", "stop", "--baseline", str(base), "--", *run, "--nproc-per-node=2", script],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "the learning rate did not follow the global batch" in proc.stdout
-    assert "global batch 32 (1 process(es)) in the baseline, 64 (2) now" in proc.stdout
-    assert "the linear rule: 0.02 here" in proc.stdout
