@@ -40,6 +40,27 @@ def run_pack(src: Path | str, out: Path | str, *args: str) -> subprocess.Complet
     return proc
 
 
+def run_pack_interrupted(src, out, *args: str, monkeypatch, after: int) -> None:
+    """`run_pack` that dies with RuntimeError("interrupted") as it stores its `after`-th sample: some shards are
+    committed, some are not, as when a pack is killed (the journal's resume takes over from there)."""
+    import pytest
+
+    from fastfeed.pack import run as pack_run
+
+    real, calls = pack_run._Writer.row, []
+
+    def row(self, *a, **k):
+        calls.append(1)
+        if len(calls) == after:
+            raise RuntimeError("interrupted")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pack_run._Writer, "row", row)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run_pack(src, out, *args)
+    monkeypatch.setattr(pack_run._Writer, "row", real)
+
+
 @pytest.fixture(scope="session")
 def pack_cli():
     """The `fastfeed pack` CLI as a function: pack_cli(src, out, *extra_args)."""

@@ -353,25 +353,12 @@ def test_inspect_and_summary_say_what_a_detection_dataset_holds(coco, tmp_path, 
 
 
 def test_interrupted_detection_pack_resumes_to_the_same_files(coco, tmp_path, monkeypatch):
-    from conftest import run_pack
-
-    from fastfeed.pack import run as pack_run
+    from conftest import run_pack, run_pack_interrupted
 
     imgs, ann = coco
     args = ("--annotations", str(ann), "--shard-size", "8KB")
     run_pack(imgs, tmp_path / "ref", *args)
-    real, calls = pack_run._Writer.row, []
-
-    def row(self, *a, **k):  # fail on the 6th stored sample: some shards are committed, some are not
-        calls.append(1)
-        if len(calls) == 6:
-            raise RuntimeError("interrupted")
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(pack_run._Writer, "row", row)
-    with pytest.raises(RuntimeError, match="interrupted"):
-        run_pack(imgs, tmp_path / "out", *args)
-    monkeypatch.setattr(pack_run._Writer, "row", real)
+    run_pack_interrupted(imgs, tmp_path / "out", *args, monkeypatch=monkeypatch, after=6)
     assert not (tmp_path / "out" / "fastfeed.json").exists()
     journal = tmp_path / "out" / ".fastfeed-pack" / "journal.jsonl"
     assert journal.read_text().count("\n") >= 2  # the fingerprint and at least one commit

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_pack
+from conftest import run_pack, run_pack_interrupted
 from PIL import Image
 
 import fastfeed
 from fastfeed.cli import main
 from fastfeed.pack import PackOptions, merge, pack, verify
-from fastfeed.pack import run as pack_run
 from fastfeed.pack import wds_native
 from fastfeed.pack.native import HAVE_NATIVE_WRITER
 from fastfeed.types import DatasetError, Manifest
@@ -225,18 +224,7 @@ def test_parts_merge_and_resume_give_the_single_pack(ade, tmp_path, monkeypatch)
     assert (m.task, m.version, m.fields) == ("semantic", 5, ["seg.png"])
     assert files(tmp_path / "parts") == files(tmp_path / "one")
 
-    real, calls = pack_run._Writer.row, []
-
-    def row(self, *a, **k):  # fail on the 5th stored sample: some shards are committed, some are not
-        calls.append(1)
-        if len(calls) == 5:
-            raise RuntimeError("interrupted")
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(pack_run._Writer, "row", row)
-    with pytest.raises(RuntimeError, match="interrupted"):
-        run_pack(ade, tmp_path / "resumed", *args)
-    monkeypatch.setattr(pack_run._Writer, "row", real)
+    run_pack_interrupted(ade, tmp_path / "resumed", *args, monkeypatch=monkeypatch, after=5)
     assert (tmp_path / "resumed" / ".fastfeed-pack" / "journal.jsonl").read_text().count("\n") >= 2
     run_pack(ade, tmp_path / "resumed", *args, "--resume")
     assert files(tmp_path / "resumed") == files(tmp_path / "one")
