@@ -132,17 +132,13 @@ class DetectDecoder:
         start = self._objects[2]
 
         def one(k: int):
-            tiles = geometry.tiles(k)
-            rows = [np.arange(start[ids[t.source]], start[ids[t.source] + 1]) for t in tiles]
-            which = np.concatenate([np.full(len(r), i) for i, r in enumerate(rows)] + [np.zeros(0, np.int64)])
-            rows = np.concatenate(rows + [np.zeros(0, np.int64)])
-            b, lab, keep = transform_boxes(geometry, k, [self._objects[0][r] for r in rows_of(tiles, rows, which)],
-                                           [self._objects[1][r] for r in rows_of(tiles, rows, which)],
-                                           return_keep=True)
-            return b, lab, rows[keep], which[keep]
-
-        def rows_of(tiles, rows, which):
-            return [rows[which == i] for i in range(len(tiles))]
+            per_tile = [np.arange(start[ids[t.source]], start[ids[t.source] + 1]) for t in geometry.tiles(k)]
+            b, lab, keep = transform_boxes(geometry, k, [self._objects[0][r] for r in per_tile],
+                                           [self._objects[1][r] for r in per_tile], return_keep=True)
+            none = [np.zeros(0, np.int64)]
+            rows = np.concatenate(per_tile + none)
+            tile = np.concatenate([np.full(len(r), t, np.int64) for t, r in enumerate(per_tile)] + none)
+            return b, lab, rows[keep], tile[keep]
 
         per_image = list(self._pool.map(one, range(len(ids))))
         counts = [len(lab) for _, lab, _, _ in per_image]
