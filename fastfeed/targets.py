@@ -25,11 +25,13 @@ from typing import Iterable, Sequence
 import numpy as np
 
 __all__ = ["Targets", "build_targets", "annotation_issues", "check_annotation", "TASKS", "GEOMETRY_TASKS",
-           "ANNOTATION_KEYS"]
+           "BOX_TASKS", "ANNOTATION_KEYS"]
 
 TASKS = ("classify", "detect", "segment", "semantic")
 # The tasks whose batches go through the detection geometry (fastfeed/detect/): boxes, or masks, follow the pixels.
 GEOMETRY_TASKS = ("detect", "segment", "semantic")
+# The tasks whose batches carry the samples' objects (boxes, labels; "segment" their polygons drawn as masks).
+BOX_TASKS = ("detect", "segment")
 ANNOTATION_KEYS = ("boxes", "labels", "iscrowd", "polygons", "rle", "difficult")
 _EMPTY_BOXES = np.zeros((0, 4), dtype=np.float32)
 

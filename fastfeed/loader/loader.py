@@ -102,7 +102,7 @@ from fastfeed.loader.stats import StageStats
 from fastfeed.tuning.climber import ShareClimber
 from fastfeed.tuning.pace import ConsumerPace
 from fastfeed.tuning.pipelines import PipelineTuner
-from fastfeed.targets import GEOMETRY_TASKS, build_targets
+from fastfeed.targets import BOX_TASKS, GEOMETRY_TASKS, build_targets
 from fastfeed.world import World
 
 __all__ = ["Loader", "LoaderError"]
@@ -164,8 +164,8 @@ class Loader:
             as lists); a sample without one of them is a bad record. batch_transform then gets the dict.
         task: "classify", "detect" (boxes: docs/detection.md), "segment" (boxes and instance masks from the
             objects' polygons) or "semantic" (a class-id mask per image: docs/segmentation.md); default: what the
-            dataset holds. augment, epochs: the detection geometry's
-            training augmentation (fastfeed.detect.DetectAugment) and the run's length (for close_mosaic).
+            dataset holds. augment, epochs: the detection geometry's training augmentation
+            (fastfeed.detect.DetectAugment) and the run's length (for close_mosaic).
         mask, ignore_index: task "semantic": the member holding each image's mask (default: the samples' one PNG
             member besides the image) and the id of mask pixels no image pixel is under (default 255).
         **dataloader_kwargs: DataLoader arguments given out of habit: num_workers (-> decode threads),
@@ -564,7 +564,7 @@ class Loader:
         widths, heights = oriented_size(ds.widths, ds.heights, getattr(ds, "orientations", None),
                                         self.settings.orientation)
         task = self.settings.task
-        targets = read_targets(ds) if task in ("detect", "segment") else None
+        targets = read_targets(ds) if task in BOX_TASKS else None
         if task == "semantic":  # the detection geometry, no objects: the masks are read with the images
             targets = build_targets([None] * len(ds), ds.widths, ds.heights)
         read = lambda i: ds.read(i, check=False)  # noqa: E731 - the epoch checks checksums, to count a mismatch

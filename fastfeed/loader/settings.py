@@ -27,7 +27,7 @@ from fastfeed.decode.crop import ORIENTATIONS
 from fastfeed.detect.geometry import DetectAugment
 from fastfeed.formats.fields import value_kind
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX
-from fastfeed.targets import GEOMETRY_TASKS, TASKS
+from fastfeed.targets import BOX_TASKS, GEOMETRY_TASKS, TASKS
 from fastfeed.tuning.climber import DDP_START_MIN_CORES, DDP_START_SHARE, START_SHARE
 from fastfeed.types import ImageProfile
 from fastfeed.world import World
@@ -187,7 +187,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     # Defaults per task: ImageNet's normalisation for classification and segmentation (ToTensor + Normalize, what
     # torchvision's backbones take); pixels in [0, 1] for detection, what YOLO-style and torchvision's detection
     # models take.
-    plain = task in ("detect", "segment")
+    plain = task in BOX_TASKS
     mean = _triple("mean", (0.0, 0.0, 0.0) if plain else IMAGENET_MEAN) if mean is None else _triple("mean", mean)
     std = _triple("std", (1.0, 1.0, 1.0) if plain else IMAGENET_STD) if std is None else _triple("std", std)
     if any(s <= 0 for s in std):
