@@ -104,7 +104,8 @@ class Manifest:
     Both are left out of a classification manifest's JSON, so its bytes are those of earlier versions.
     `fields` (versions 2, 4 and 5) names the members each sample may carry besides its image (webdataset extensions:
     "txt", "json", "npy", ...), and `data_root`, when not "", is the absolute folder the shard paths are relative to
-    (shards indexed where they lie, read-only); both are left out of the JSON when empty.
+    (shards indexed where they lie, read-only); both are left out of the JSON when empty. `pil_only` counts the
+    samples only the decode contract's PIL decode reads as stored (samples.npz's `pil_only`; left out when 0).
     """
 
     kind: str
@@ -129,12 +130,13 @@ class Manifest:
     objects: dict[str, Any] = field(default_factory=dict)
     fields: list[str] = field(default_factory=list)
     data_root: str = ""
+    pil_only: int = 0
 
     def to_json(self) -> str:
         d = asdict(self)
         if self.task == "classify":
             del d["task"], d["objects"]
-        for name in ("fields", "data_root"):
+        for name in ("fields", "data_root", "pil_only"):
             if not d[name]:
                 del d[name]
         return json.dumps(d, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
@@ -185,6 +187,8 @@ class Manifest:
 
         if not _is_count(self.num_samples):
             raise bad("num_samples", self.num_samples)
+        if not _is_count(self.pil_only):
+            raise bad("pil_only", self.pil_only)
         if not isinstance(self.classes, list) or not all(isinstance(c, str) for c in self.classes):
             raise bad("classes", self.classes)
         if not isinstance(self.samples_xxh3, str) or not isinstance(self.changes, dict):

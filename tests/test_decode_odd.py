@@ -1,6 +1,8 @@
-"""The decode contract over the odd-image corpus (tests/odd_images/build.py): what pack accepts, converts and
-rejects, and that every accepted image decodes on both CPU decoders within 2/255 (mean) of the reference --
-torchvision's eval transform on PIL's reading of the ORIGINAL file under the same policy -- and of each other."""
+"""The decode contract over the odd-image corpus (tests/odd_images/build.py): what pack accepts, stores as it is for
+PIL (`pil_only`) and rejects, and that every accepted image decodes on both CPU decoders within 2/255 (mean) of the
+reference -- torchvision's eval transform on PIL's reading of the ORIGINAL file under the same policy -- and of each
+other. DALI's CPU backend gets the `pil_only` flags as the Loader passes them (Windows.pil), so its routing of those
+samples to PIL is what is checked on that path."""
 from __future__ import annotations
 
 import subprocess
@@ -11,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from fastfeed.decode import crop_windows, make_decoder, oriented_size
 from fastfeed.image import jpeg, transcode
@@ -48,8 +51,8 @@ def test_corpus_is_deterministic_and_covers_the_cases(corpus, tmp_path):
     for a, b in zip(again, corpus):
         assert Path(a.path).read_bytes() == Path(b.path).read_bytes(), a.name
     assert len(corpus) >= 40
-    assert {c.change for c in corpus if c.change} >= {"trimmed_trailing_data", "dropped_leading_junk",
-                                                       "converted_to_png"}
+    assert {c.change for c in corpus if c.change} >= {"trimmed_trailing_data", "dropped_leading_junk"}
+    assert sum(c.pil_only for c in corpus) >= 20
     assert {c.orientation for c in corpus} == set(range(1, 9))
 
 
@@ -70,7 +73,13 @@ def test_pack_validation_accepts_converts_and_rejects_as_documented(corpus, mode
         assert res.change == expected, (c.name, res.change)
         assert res.change is None or res.change in CHANGES
         assert res.orientation == c.orientation, (c.name, res.orientation)
+        assert res.pil_only == c.pil_only, (c.name, res.pil_only)
         stored = bytes(res.data)
+        if res.pil_only:  # lossless: the source's bytes, for PIL, whose reading gives the table's size
+            assert stored == Path(c.path).read_bytes() and not res.hw_decodable, c.name
+            with Image.open(c.path) as im:
+                assert im.size == (res.width, res.height), c.name
+            continue
         # Every decoder gets a JPEG or an 8-bit PNG, whose header agrees with the table's size and orientation.
         info = jpeg.probe(stored)
         assert info.format in ("jpeg", "png") and (info.width, info.height) == (res.width, res.height), c.name
@@ -93,9 +102,9 @@ def test_rejections_name_the_reason(corpus):
     assert "shorter than its header says" in r.reason
 
 
-def _decode_all(kind, stored, widths, heights, tags, policy, channels_last, train=False, seed=0):
+def _decode_all(kind, stored, widths, heights, tags, policy, channels_last, train=False, seed=0, pil=None):
     W, H = oriented_size(widths, heights, tags, policy)
-    win = crop_windows(W, H, np.arange(len(stored)), seed=seed, epoch=0, train=train, image_size=S)
+    win = crop_windows(W, H, np.arange(len(stored)), seed=seed, epoch=0, train=train, image_size=S, pil=pil)
     with make_decoder(kind, device="cpu", image_size=S, dtype=torch.uint8, batch_size=len(stored), num_threads=2,
                       channels_last=channels_last, orientation=policy, draft=False) as d:
         res = d([np.frombuffer(s, dtype=np.uint8) for s in stored], win)
@@ -110,7 +119,8 @@ def test_every_accepted_image_decodes_the_same_on_both_cpu_decoders(accepted, po
     widths = np.array([r.width for _, _, r in accepted])
     heights = np.array([r.height for _, _, r in accepted])
     tags = np.array([r.orientation for _, _, r in accepted], dtype=np.uint8)
-    out = {k: _decode_all(k, stored, widths, heights, tags, policy, channels_last) for k in CPU_KINDS}
+    pil = np.array([r.pil_only for _, _, r in accepted])
+    out = {k: _decode_all(k, stored, widths, heights, tags, policy, channels_last, pil=pil) for k in CPU_KINDS}
     worst = {}
     for i, (c, original, res) in enumerate(accepted):
         # The original file when PIL reads it; a file only the fix makes readable (junk after SOI) by its fix.
@@ -143,9 +153,10 @@ def test_random_crops_agree_between_cpu_decoders_in_displayed_coordinates(accept
     stored = [bytes(r.data) for _, _, r in accepted]
     dims = (np.array([r.width for _, _, r in accepted]), np.array([r.height for _, _, r in accepted]),
             np.array([r.orientation for _, _, r in accepted], dtype=np.uint8))
+    pil = np.array([r.pil_only for _, _, r in accepted])
     for seed in (1, 2):
-        a = _decode_all("cpu-pil", stored, *dims, policy, False, train=True, seed=seed)
-        b = _decode_all("cpu-dali", stored, *dims, policy, True, train=True, seed=seed)
+        a = _decode_all("cpu-pil", stored, *dims, policy, False, train=True, seed=seed, pil=pil)
+        b = _decode_all("cpu-dali", stored, *dims, policy, True, train=True, seed=seed, pil=pil)
         per_image = np.abs(a - b).mean(axis=(1, 2, 3))
         assert per_image.max() < TOL, dict(zip([c.name for c, _, _ in accepted], per_image.round(2)))
 
@@ -206,11 +217,12 @@ def test_whole_image_dali_pipeline_matches_the_cropped_one(accepted, policy, mon
     stored = [bytes(r.data) for _, _, r in accepted]
     dims = (np.array([r.width for _, _, r in accepted]), np.array([r.height for _, _, r in accepted]),
             np.array([r.orientation for _, _, r in accepted], dtype=np.uint8))
-    pil = _decode_all("cpu-pil", stored, *dims, policy, False, train=True, seed=5)
+    flags = np.array([r.pil_only for _, _, r in accepted])
+    cropped = _decode_all("cpu-pil", stored, *dims, policy, False, train=True, seed=5, pil=flags)
     monkeypatch.setenv("FASTFEED_DALI_CHROMA", "full")
     assert chroma_mode(gpu=True) == "full"
-    full = _decode_all("cpu-dali", stored, *dims, policy, False, train=True, seed=5)
-    per_image = np.abs(pil - full).mean(axis=(1, 2, 3))
+    full = _decode_all("cpu-dali", stored, *dims, policy, False, train=True, seed=5, pil=flags)
+    per_image = np.abs(cropped - full).mean(axis=(1, 2, 3))
     assert per_image.max() < TOL, dict(zip([c.name for c, _, _ in accepted], per_image.round(2)))
     monkeypatch.setenv("FASTFEED_DALI_CHROMA", "sideways")
     with pytest.raises(ValueError, match="FASTFEED_DALI_CHROMA"):
@@ -237,3 +249,27 @@ def test_a_line_of_pixels_decodes_as_torchvision_resizes_it(size, fmt, kind):
     got = _decode_all(kind, [data], np.array([w]), np.array([h]), np.array([1]), "ignore", True)[0]
     want = reference_eval(data, S).astype(np.int16)
     assert np.abs(got - want).mean() < 0.5
+
+
+def test_whole_images_route_the_pil_only_samples_to_pil(accepted):
+    """The detection GPU path's decode (DaliDecoder.decode_whole), on DALI's CPU backend: every accepted image, a
+    `pil_only` one by PIL, comes back whole and as the contract reads it; a record that is no image is reported
+    in its place and the rest keep theirs."""
+    from fastfeed.decode.dali import DaliDecoder
+    from fastfeed.image.contract import contract_image
+
+    stored = [np.frombuffer(bytes(r.data), dtype=np.uint8) for _, _, r in accepted]
+    stored.insert(3, np.frombuffer(b"not an image", dtype=np.uint8))
+    pil = np.array([r.pil_only for _, _, r in accepted])
+    pil = np.insert(pil, 3, True)
+    with DaliDecoder(device_id=None, whole_images=True, batch_size=len(stored), num_threads=2) as d:
+        got = d.decode_whole(stored, pil)
+    assert list(got.bad) == [3] and got.bad[3][0] == "not_image" and got.offset[3] == -1
+    flat = got.flat.numpy()
+    for i, data in enumerate(stored):
+        if i == 3:
+            continue
+        w, h = got.size[i]
+        img = flat[got.offset[i]:got.offset[i] + w * h * 3].reshape(h, w, 3).astype(np.int16)
+        ref = np.asarray(contract_image(bytes(data), "ignore")).astype(np.int16)
+        assert img.shape == ref.shape and np.abs(img - ref).mean() < (0.01 if pil[i] else TOL), i

@@ -190,6 +190,39 @@ def test_a_truncated_shard_keeps_the_samples_before_the_cut(tmp_path):
         assert sorted(i for b in ld for i in check_batch(b)) == list(range(report.manifest.num_samples))
 
 
+@pytest.mark.parametrize("decoder", ["cpu-pil", "cpu-dali"])
+def test_images_only_pil_reads_are_adopted_as_they_are(tmp_path, decoder):
+    """A CMYK or RGB-colour JPEG, a 16-bit or transparent PNG, a TIFF, a GIF: adopted without a byte changed,
+    marked `pil_only`, and decoded as torchvision reads them on every path (DALI's hands them to PIL); a JPEG only
+    its fix makes readable is rejected by name, since a shard is never rewritten."""
+    from odd_images.build import build_corpus
+    from odd_images.reference import reference_eval
+
+    cases = {c.name: c for c in build_corpus(str(tmp_path / "odd"))}
+    names = ["jpeg_cmyk.jpg", "jpeg_rgb_adobe.jpg", "jpeg_baseline.jpg", "png_rgb16.png", "png_rgba.png",
+             "tiff_cmyk.tif", "gif_animated.gif", "png_rgb.png", "jpeg_junk_after_soi.jpg"]
+    ext = {".jpg": "jpg", ".png": "png", ".tif": "tif", ".gif": "gif"}
+    samples = [{"__key__": f"s{i}", ext[Path(n).suffix]: Path(cases[n].path).read_bytes(), "cls": i % 2}
+               for i, n in enumerate(names)]
+    src = write_shards(tmp_path / "s", samples)
+    before = {p.name: p.read_bytes() for p in src.glob("*.tar")}
+    report = index_shards(str(src))
+    assert {p.name: p.read_bytes() for p in src.glob("*.tar")} == before
+    assert [r["key"] for r in report.rejected] == ["s8"] and "never rewrites" in report.rejected[0]["reason"]
+    adopted = names[:-1]
+    assert report.manifest.pil_only == sum(cases[n].pil_only for n in adopted) == 6
+    ds = fastfeed.open_dataset(src)
+    assert [bool(v) for v in ds.pil_only] == [cases[n].pil_only for n in adopted]
+    assert [ds.read(i) for i in range(len(ds))] == [Path(cases[n].path).read_bytes() for n in adopted]
+    assert verify(str(src)).ok
+    with fastfeed.Loader(src, batch_size=len(adopted), train=False, image_size=32, device="cpu", decoder=decoder,
+                         dtype=torch.uint8, shuffle=False, drop_last=False, on_error="raise") as ld:
+        images, _ = next(iter(ld))
+    for img, n in zip(images.permute(0, 2, 3, 1).numpy().astype(np.int16), adopted):
+        ref = reference_eval(Path(cases[n].path).read_bytes(), 32).astype(np.int16)
+        assert np.abs(img - ref).mean() < 2.0, n
+
+
 def test_a_missing_or_damaged_member_is_a_bad_record(tmp_path):
     samples = [sample(i) for i in range(8)]
     del samples[3]["txt"]

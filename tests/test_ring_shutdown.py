@@ -19,6 +19,19 @@ def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def settled_thread_count(quiet: float = 0.25, within: float = 5.0) -> int:
+    """The process's thread count once it has not changed for `quiet` seconds: threads of earlier tests in this
+    worker (a pool shutting down) may still be exiting, and a count taken meanwhile is not the baseline."""
+    deadline = time.monotonic() + within
+    count, since = thread_count(), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < quiet:
+        time.sleep(0.02)
+        now = thread_count()
+        if now != count:
+            count, since = now, time.monotonic()
+    return count
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -64,7 +77,7 @@ def unstick(path: str) -> None:
 
 def test_close_with_producers_blocked_on_full_slots(shard):
     ext, _ = shard
-    before = thread_count()
+    before = settled_thread_count()
     ring = PrefetchRing(ext, 8, num_threads=4, num_slots=2, pin_memory=False)
     ring.start(np.arange(200))
     held = ring.next_batch()
@@ -99,7 +112,7 @@ def test_bounded_read_ahead_under_slow_consumer(shard):
 
 def test_close_from_another_thread_wakes_the_waiting_consumer(fifo):
     ext, path = fifo
-    before = thread_count()
+    before = settled_thread_count()
     ring = PrefetchRing(ext, 2, num_threads=1, num_slots=2, pin_memory=False)
     ring.start(np.arange(4))
     outcome = []
@@ -166,7 +179,7 @@ def test_ctrl_c_interrupts_a_waiting_consumer(fifo):
 
 def test_exception_in_training_loop_joins_threads(shard):
     ext, _ = shard
-    before = thread_count()
+    before = settled_thread_count()
 
     def train():
         with PrefetchRing(ext, 8, num_threads=3, num_slots=3, pin_memory=False) as ring:
@@ -184,7 +197,7 @@ def test_exception_in_training_loop_joins_threads(shard):
 
 def test_garbage_collection_closes(shard):
     ext, _ = shard
-    before = thread_count()
+    before = settled_thread_count()
     ring = PrefetchRing(ext, 8, num_threads=2, pin_memory=False)
     ring.start(np.arange(200))
     ring.next_batch()  # dropped unreleased
@@ -195,7 +208,7 @@ def test_garbage_collection_closes(shard):
 
 def test_many_rings_leak_no_threads_or_memory(shard):
     ext, _ = shard
-    before = thread_count()
+    before = settled_thread_count()
 
     def cycle():
         with PrefetchRing(ext, 16, num_threads=4, num_slots=4, slot_bytes=1 << 20, pin_memory=False) as ring:

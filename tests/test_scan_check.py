@@ -1,7 +1,8 @@
 """The JPEG scan check (nothing pack accepts may decode differently later): a JPEG whose scans code fewer
 pixels than its frame header claims decodes to grey rows in PIL/libjpeg and to other pixels in nvJPEG, so pack
-stores PIL's reading of it as PNG ("repaired_corrupt_scan"); a JPEG PIL cannot read stays rejected; every clean
-JPEG (the demo data, the odd-image corpus) passes the check and is stored byte for byte. Real files throughout:
+stores it as it is marked `pil_only`, and the Loader decodes it by PIL (torchvision's reading) on every path; a JPEG
+PIL cannot read stays rejected; every clean JPEG (the demo data, the odd-image corpus) passes the check and is stored
+byte for byte. Real files throughout:
 the corpus, demo JPEGs, and truncated-scan JPEGs made by patching the frame header (SOF) of real encodes."""
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from PIL import Image
 
 import fastfeed
 from fastfeed.image import jpeg, transcode
-from fastfeed.pack.validate import REPAIRED, Loaded, LoadOptions, Rejected, check_image, load_image
+from fastfeed.pack.validate import Loaded, LoadOptions, Rejected, check_image, load_image
 from odd_images.build import build_corpus, photo
 from odd_images.reference import reference_eval
 
@@ -85,13 +86,15 @@ def test_corpus_only_the_header_lie_fails_among_stored_jpegs(tmp_path):
         with_check = load_image(c.path, LoadOptions(jpeg_mode="keep"))
         without = load_image(c.path, LoadOptions(jpeg_mode="keep", scan_check=False))
         if c.name == "jpeg_header_lie.jpg":
-            assert isinstance(with_check, Loaded) and with_check.change == REPAIRED
-            assert without.change is None and bytes(without.data) == data
+            assert isinstance(with_check, Loaded) and with_check.pil_only and with_check.change is None
+            assert not without.pil_only and without.change is None
+            assert bytes(with_check.data) == bytes(without.data) == data
             continue
         # identical outcome with and without the check, for every other file of every kind
         assert type(with_check) is type(without), c.name
         if isinstance(with_check, Loaded):
             assert bytes(with_check.data) == bytes(without.data) and with_check.change == without.change, c.name
+            assert with_check.pil_only == without.pil_only, c.name
         else:
             assert with_check.reason == without.reason, c.name
 
@@ -102,22 +105,24 @@ def test_demo_jpegs_all_pass(demo_tree):
     assert transcode.check_scans([f.read_bytes() for f in files], 2) == [None] * len(files)
 
 
-def test_repair_stores_pils_pixels_as_png_and_keeps_orientation(lies):
-    opts = LoadOptions(jpeg_mode="keep")
+@pytest.mark.parametrize("mode", ["keep", "baseline"])
+def test_a_lie_is_stored_as_it_is_for_pil_with_its_orientation(lies, mode):
+    opts = LoadOptions(jpeg_mode=mode)
     for name, data in lies.items():
         res = check_image(data, opts)
-        assert isinstance(res, Loaded) and res.change == REPAIRED and res.ext == "png", name
-        stored = bytes(res.data)
-        with Image.open(io.BytesIO(data)) as a, Image.open(io.BytesIO(stored)) as b:
-            assert a.size == b.size == (res.width, res.height)
-            assert np.array_equal(np.asarray(a), np.asarray(b)), name  # PIL's pixels, grey rows included
-    # the EXIF orientation tag travels into the PNG (both orientation policies keep working)
+        assert isinstance(res, Loaded) and res.pil_only and res.ext == "jpg", name
+        if res.change is None:
+            assert bytes(res.data) == data, name
+        else:  # the progressive lie under --jpeg baseline: libjpeg's transcode refuses corrupt data, or keeps it
+            assert res.change == "transcoded_baseline", name
+        with Image.open(io.BytesIO(data)) as a:
+            assert a.size == (res.width, res.height)
     ex = Image.Exif()
     ex[0x0112] = 6
     b = io.BytesIO()
     Image.fromarray(photo(96, 64, seed=5)).save(b, "JPEG", quality=90, exif=ex.tobytes())
-    res = check_image(_claim_rows(b.getvalue(), 2), opts)
-    assert res.change == REPAIRED and res.orientation == 6 and jpeg.exif_orientation(bytes(res.data)) == 6
+    res = check_image(_claim_rows(b.getvalue(), 2), LoadOptions(jpeg_mode=mode))
+    assert res.pil_only and res.orientation == 6 and jpeg.exif_orientation(bytes(res.data)) == 6
 
 
 def test_a_corrupt_jpeg_pil_cannot_read_stays_rejected():
@@ -148,27 +153,25 @@ def packed_lies(tmp_path_factory, lies, pack_cli):
 
 
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
-def test_pack_counts_the_repairs_and_stores_clean_files_byte_for_byte(packed_lies, lies, fmt):
+def test_pack_marks_the_lies_and_stores_every_file_byte_for_byte(packed_lies, lies, fmt):
     src, out = packed_lies
     manifest = json.loads((out[fmt] / "fastfeed.json").read_text())
-    assert manifest["changes"] == {REPAIRED: len(lies)}
+    assert manifest["pil_only"] == len(lies) and not manifest.get("changes")
     sources = sorted(src.rglob("*.jpg"))
     with fastfeed.open_dataset(out[fmt]) as ds:
         assert len(ds) == len(sources)
         for i, path in enumerate(sources):  # --no-shuffle: the sorted listing's order
-            stored = ds.read(i)
-            if path.name.startswith("lie"):
-                assert stored[:8] == b"\x89PNG\r\n\x1a\n", path.name
-            else:
-                assert stored == path.read_bytes(), path.name
+            assert ds.read(i) == path.read_bytes(), path.name
+            assert bool(ds.pil_only[i]) == path.name.startswith("lie"), path.name
     unchecked = json.loads((out["wds-unchecked"] / "fastfeed.json").read_text())
-    assert not unchecked.get("changes")
+    assert not unchecked.get("changes") and not unchecked.get("pil_only")
     assert unchecked["options"]["scan_check"] is False
 
 
 @pytest.mark.parametrize("decoder", ["cpu-pil", "cpu-dali"])
 def test_loader_agrees_with_the_reference_on_repaired_files(packed_lies, decoder):
-    """Pack + Loader (eval transform) give torchvision's pixels of the ORIGINAL lying file on both CPU decoders."""
+    """Pack + Loader (eval transform) give torchvision's pixels of the lying file on both CPU decoders: DALI's
+    hands the lies to PIL."""
     src, out = packed_lies
     sources = sorted(src.rglob("*.jpg"))
     refs = {i: reference_eval(p.read_bytes(), S).astype(np.int16) for i, p in enumerate(sources)}

@@ -30,8 +30,6 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     import torch
 
-    from fastfeed.image import jpeg
-
     from fastfeed import open_dataset
     from fastfeed.decode import crop_windows, make_decoder, oriented_size
     from fastfeed.pack import PackOptions, pack
@@ -58,7 +56,7 @@ def main(argv=None) -> int:
             names = [os.path.basename(str(s)) for s in ds.sources]
             stored = [bytes(ds.read(i)) for i in range(len(ds))]
             W, H = np.asarray(ds.widths), np.asarray(ds.heights)
-        tags = np.array([jpeg.exif_orientation(s) for s in stored], dtype=np.uint8)
+            tags, pil = np.asarray(ds.orientations), np.asarray(ds.pil_only)  # the decoders hand `pil` to PIL
         originals = [Path(cases[n].path).read_bytes() for n in names]
     arrs = [np.frombuffer(s, np.uint8) for s in stored]
     n = len(arrs)
@@ -80,7 +78,7 @@ def main(argv=None) -> int:
     for policy in ("ignore", "exif"):
         w, h = oriented_size(W, H, tags, policy)
         for train in (False, True):
-            win = crop_windows(w, h, np.arange(n), seed=7, epoch=0, train=train, image_size=S)
+            win = crop_windows(w, h, np.arange(n), seed=7, epoch=0, train=train, image_size=S, pil=pil)
             cpu, cpu_rep = decode("cpu-pil", policy, win, draft=False)
             refs = [reference_eval(o if _pil_reads(o) else s, S, policy).astype(np.int16)
                     for o, s in zip(originals, stored)] if not train else None
@@ -100,7 +98,7 @@ def main(argv=None) -> int:
                     flag = "  <-- over threshold" if m >= THRESHOLD else ""
                     print(f"  {names[i]:44s} {d_gc:7.2f}  {d_gr:7.2f}  {d_cr:7.2f}{flag}")
     # Stale windows (computed on the unrotated size) under "exif": must not crash, whatever the pixels.
-    win = crop_windows(W, H, np.arange(n), seed=3, epoch=0, train=True, image_size=S)
+    win = crop_windows(W, H, np.arange(n), seed=3, epoch=0, train=True, image_size=S, pil=pil)
     _, rep = decode(gpu_kind, "exif", win)
     print(f"\nstale-window exif run: no crash; {len(rep)} replaced")
     failed |= bool(rep) or worst >= THRESHOLD

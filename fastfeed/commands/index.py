@@ -14,8 +14,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", nargs="?", default=None,
                    help="where the dataset's files go (default: the shards' folder; another folder when that one "
                         "is read-only)")
-    p.add_argument("--image-ext", default=None, choices=("jpg", "jpeg", "png"),
-                   help="the member that is each sample's image (default: the first of jpg, jpeg, png it has)")
+    p.add_argument("--image-ext", default=None,
+                   help="the member that is each sample's image: jpg, jpeg, png, webp, bmp, gif, tif, tiff, ppm, pgm, "
+                        "pbm, pnm or jp2 (default: the first of jpg, jpeg, png it has, else the first other image "
+                        "member)")
     p.add_argument("--threads", type=int, default=None, help="shards read side by side (default: cores, at most 8)")
     p.add_argument("--no-scan-check", action="store_true",
                    help="skip the JPEG scan check (faster; a JPEG whose scans leave pixels uncoded is then kept)")
@@ -38,5 +40,6 @@ def run(args: argparse.Namespace) -> int:
     if len(report.rejected) > 20:
         print(f"... and {len(report.rejected) - 20} more (rejected.jsonl)", file=sys.stderr)
     print(f"indexed {m.num_samples} samples in {len(m.shards)} shard(s), {len(m.classes)} classes, fields "
-          f"{', '.join(m.fields) or 'none'}; {m.rejected} rejected -> {report.out}")
+          f"{', '.join(m.fields) or 'none'}; {m.rejected} rejected"
+          + (f"; {m.pil_only} decoded by PIL on every path (pil_only)" if m.pil_only else "") + f" -> {report.out}")
     return 0

@@ -36,6 +36,8 @@ def summarize(m) -> str:
         "changes:     " + (", ".join(f"{k} {v}" for k, v in sorted(m.changes.items()) if k not in _BOX_KEYS)
                              or "none")
         + "  (files stored differently from their source, by reason)",
+        f"pil only:    {m.pil_only}  (stored as they are; only the decode contract's PIL decode reads them as it says, "
+        "so every decoder path hands them to PIL)" if m.pil_only else "pil only:    0",
         f"rejected:    {m.rejected}",
         "integrity:   " + ("per-sample xxh3 checksums; samples.npz checksum in the manifest" if m.samples_xxh3
                            else f"format version {m.version}: no per-sample checksums (re-pack to add them)"),

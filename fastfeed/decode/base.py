@@ -129,6 +129,11 @@ _MAGIC = (
     b"BM",
     b"II*\x00",  # TIFF little-endian
     b"MM\x00*",
+    # what only PIL decodes, as pack stores it (pack/validate.py _sniff)
+    b"P5", b"P6",  # PGM, PPM
+    b"\x00\x00\x01\x00",  # ICO
+    b"8BPS",  # PSD
+    b"\x00\x00\x00\x0cjP  ", b"\xffO\xffQ",  # JPEG 2000
 )
 
 
@@ -137,7 +142,8 @@ def is_image(sample: np.ndarray) -> bool:
     head = bytes(sample[:12])
     if head.startswith(_MAGIC):
         return True
-    return len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"WEBP"
+    return len(head) >= 12 and (head[:4] == b"RIFF" and head[8:12] == b"WEBP" or
+                                head[4:12] in (b"ftypheic", b"ftypheix", b"ftypmif1", b"ftypavif"))
 
 
 def apply_replacements(images, repl: dict[int, int]) -> None:

@@ -40,7 +40,7 @@ from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_r
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
 from fastfeed.decode.kernels import emit_chw, emit_hwc
 from fastfeed.decode.lut import make_lut, numpy_view
-from fastfeed.image.contract import TRANSPOSE, orientation_tag, to_rgb
+from fastfeed.image.contract import TRANSPOSE, contract_image, orientation_tag, to_rgb
 from fastfeed.image.headers import png_text_over_limit, without_png_text
 
 __all__ = ["PilDecoder", "decode_rgb"]
@@ -81,7 +81,7 @@ def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, 
     bx0, by0, bx1, by1 = box
     # PIL raises on truncated data (ImageFile.LOAD_TRUNCATED_IMAGES stays False), so a cut record is reported.
     img = Image.open(io.BytesIO(memoryview(sample)))
-    tag = orientation_tag(sample, img.format, orientation)
+    tag = orientation_tag(sample, img, orientation)
     W0, H0 = img.size
     if tag >= 5:  # the displayed image is the stored one transposed
         W0, H0 = H0, W0
@@ -271,6 +271,22 @@ class PilDecoder:
         if self.channels_last:
             images = images.permute(0, 3, 1, 2)
         return DecodeResult(images, replaced_list(bad))
+
+    def whole(self, samples) -> list:
+        """Each sample decoded whole by the decode contract, pixels as stored (no orientation): (uint8 [h, w, 3],
+        None), or (None, (code, detail)) where it fails. DALI's decoder uses this for the samples it routes here
+        (decode/dali.py decode_whole)."""
+        def one(sample):
+            if not is_image(sample):
+                return None, (NOT_IMAGE, "unknown file signature")
+            try:
+                return np.asarray(contract_image(sample, "ignore")), None
+            except Exception as e:  # noqa: BLE001 - any decode failure is a corrupt record, reported per position
+                return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")
+
+        if self._closed:
+            raise RuntimeError("decoder is closed")
+        return list(self._pool.map(one, samples))
 
     def _to_device(self, host, slot):
         import torch

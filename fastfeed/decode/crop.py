@@ -60,6 +60,9 @@ class Windows:
     # resize filter's neighbours) up to the image's edge.
     width: np.ndarray | None = None  # int64[B]
     height: np.ndarray | None = None  # int64[B]
+    # bool[B]: the samples DALI's decoders hand to the decode contract's PIL decode (samples.npz `pil_only`); None:
+    # none
+    pil: np.ndarray | None = None
 
     def __post_init__(self):
         if self.box is None:
@@ -73,7 +76,8 @@ class Windows:
     def take(self, positions) -> "Windows":
         p = np.asarray(positions, dtype=np.int64)
         return Windows(self.x[p], self.y[p], self.w[p], self.h[p], self.flip[p], self.box[p],
-                       None if self.width is None else self.width[p], None if self.height is None else self.height[p])
+                       None if self.width is None else self.width[p], None if self.height is None else self.height[p],
+                       None if self.pil is None else self.pil[p])
 
     def clamped(self, widths, heights) -> "Windows":
         """The same windows clipped to images of the given (actual, decoded) sizes; never empty."""
@@ -87,7 +91,8 @@ class Windows:
         lo = np.stack([x, y, x, y], axis=1).astype(np.float64)
         hi = np.stack([x + w, y + h, x + w, y + h], axis=1).astype(np.float64)
         box = np.minimum(np.maximum(self.box, lo), hi)
-        return Windows(x.astype(i32), y.astype(i32), w.astype(i32), h.astype(i32), self.flip.copy(), box, W, H)
+        return Windows(x.astype(i32), y.astype(i32), w.astype(i32), h.astype(i32), self.flip.copy(), box, W, H,
+                       self.pil)
 
 
 def oriented_size(widths, heights, orientation_tags, policy: str) -> tuple[np.ndarray, np.ndarray]:
@@ -207,8 +212,10 @@ def _eval(W, H, image_size):
     return x, y, w, h, np.zeros(len(W), dtype=bool), np.stack([x0, y0, x1, y1], axis=1)
 
 
-def crop_windows(widths, heights, sample_ids, *, seed: int, epoch: int, train: bool, image_size: int) -> Windows:
-    """Crop window (and flip) for each sample, from its header size and (seed, epoch, sample id) only."""
+def crop_windows(widths, heights, sample_ids, *, seed: int, epoch: int, train: bool, image_size: int,
+                 pil=None) -> Windows:
+    """Crop window (and flip) for each sample, from its header size and (seed, epoch, sample id) only; `pil`: the
+    samples' `pil_only` flags (Windows.pil)."""
     W, H, ids = _check(widths, heights, sample_ids, image_size)
     box = None
     if train:
@@ -217,4 +224,5 @@ def crop_windows(widths, heights, sample_ids, *, seed: int, epoch: int, train: b
         x, y, w, h, flip, box = _eval(W, H, int(image_size))
     i32 = np.int32
     return Windows(x.astype(i32), y.astype(i32), w.astype(i32), h.astype(i32), np.asarray(flip, dtype=bool), box,
-                   np.asarray(W, dtype=np.int64), np.asarray(H, dtype=np.int64))
+                   np.asarray(W, dtype=np.int64), np.asarray(H, dtype=np.int64),
+                   None if pil is None else np.asarray(pil, dtype=bool))

@@ -30,6 +30,11 @@ the training step still reads ours. zero_copy=True hands DALI's buffer over inst
 keeps DALI's tensor alive until it drops the batch); it is faster by the copy but depends on DALI's stream-ordered
 deallocation for safety, so it is opt-in.
 
+Samples DALI does not decode as the decode contract says (Windows.pil, from samples.npz `pil_only`: CMYK or RGB-colour
+JPEGs, 16-bit or transparent PNGs, TIFF, ...; pack stores them as they are) are decoded by the contract's PIL decoder
+(decode/cpu.py, with this decoder's output format) and take their places in the batch. Datasets rarely hold more
+than a few, so that decoder is built on first use.
+
 Errors: DALI fails a whole batch. A cheap signature check drops non-images first; if the run still fails, the
 batch is bisected (runs on halves) to find the culprit records, and only the good ones are decoded again.
 
@@ -48,8 +53,8 @@ import numpy as np
 
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.constants import DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD
-from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common,
-                                  is_image, replaced_list, resolve_errors)
+from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, CorruptSampleError, DecodeResult, apply_replacements,
+                                  check_common, is_image, replaced_list, resolve_errors)
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
 
 __all__ = ["DaliDecoder", "WholeImages", "dali_available"]
@@ -167,6 +172,8 @@ class DaliDecoder:
         std = IMAGENET_STD if std is None else tuple(std)
         self._dtype_name = check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads, orientation)
         self.orientation = orientation
+        self._mean, self._std = mean, std
+        self._contract = None  # the PIL decoder of the samples routed to it (Windows.pil), built on first use
         if not 0.0 <= float(hw_decoder_load) <= 1.0:
             raise ValueError(f"hw_decoder_load must be in [0, 1], got {hw_decoder_load}")
         if device_id is not None and not torch.cuda.is_available():
@@ -319,42 +326,72 @@ class DaliDecoder:
             raise ValueError(f"{n} samples but {len(windows)} windows")
         if self.whole_images:
             raise ValueError("this decoder decodes whole images: call decode_whole")
-        out, bad, good, pinned = self._decode_good(samples, windows)
-        with out:
-            images = self._to_torch(out)
+        routed = _routed(windows.pil)
+        contract, bad = self._contract_part(samples, windows, routed)
+        out, bad, good, pinned = self._decode_good(samples, windows, routed, bad)
+        images = None
+        if out is not None:
+            with out:
+                images = self._to_torch(out)
         if pinned:
             # DALI may still be copying the samples to the GPU when its outputs are handed back; the caller reuses
             # their memory when this returns. The outputs, ready on this stream, come after every read of them.
             _inputs_read(self.device)
-        if bad:
-            full = images.new_empty((n,) + tuple(images.shape[1:]))
-            full[good] = images
+        if bad or routed:
+            import torch
+
+            S = self.image_size
+            full = torch.empty((n, S, S, 3) if self.channels_last else (n, 3, S, S), dtype=self.dtype,
+                               device=self.device)
+            if images is not None:
+                full[good] = images
+            if contract is not None:  # the PIL decoder's NCHW view of NHWC memory, when channels_last
+                full[routed] = contract.permute(0, 2, 3, 1) if self.channels_last else contract
             images = full
             apply_replacements(images, resolve_errors(bad, n, self.on_error))
         if self.channels_last:
             images = images.permute(0, 3, 1, 2)
         return DecodeResult(images, replaced_list(bad))
 
-    def decode_whole(self, samples) -> WholeImages:
+    def decode_whole(self, samples, pil=None) -> WholeImages:
         """Each sample decoded as it is (a decoder built with whole_images=True): uint8 HWC RGB images back to back
         in one tensor on the decoder's device, with where each position's starts and its (width, height); the
-        positions that failed are in `bad` (offset -1), for the caller's replacement policy."""
+        positions that failed are in `bad` (offset -1), for the caller's replacement policy. `pil`: bool per
+        position, the samples the decode contract's PIL decoder decodes (Windows.pil)."""
         import torch
 
         if not self.whole_images:
             raise ValueError("this decoder crops and resizes: call it with windows")
         n = len(samples)
-        out, bad, good, pinned = self._decode_good(samples, None)
-        with out:
-            shapes = out.shapes
-            flat = torch.empty(int(shapes.prod(axis=1).sum()), dtype=torch.uint8, device=self.device)
-            if self.device.type == "cuda":
-                out.copy_to(flat.data_ptr(), gpu=True, device_id=self.device.index,
-                            stream=torch.cuda.current_stream(self.device).cuda_stream)
-            else:
-                out.copy_to(flat.data_ptr(), gpu=False)
+        routed = _routed(pil)
+        contract, bad = {}, {}
+        if routed:
+            for p, (pixels, err) in zip(routed, self._contract_decoder().whole([samples[p] for p in routed])):
+                if err is None:
+                    contract[p] = pixels
+                else:
+                    bad[p] = err
+        out, bad, good, pinned = self._decode_good(samples, None, routed, bad)
+        parts, shapes = [], np.zeros((0, 3), np.int64)
+        if out is not None:
+            with out:
+                shapes = out.shapes
+                flat = torch.empty(int(shapes.prod(axis=1).sum()), dtype=torch.uint8, device=self.device)
+                if self.device.type == "cuda":
+                    out.copy_to(flat.data_ptr(), gpu=True, device_id=self.device.index,
+                                stream=torch.cuda.current_stream(self.device).cuda_stream)
+                else:
+                    out.copy_to(flat.data_ptr(), gpu=False)
+            parts.append(flat)
         if pinned:
             _inputs_read(self.device)
+        if contract:  # after DALI's images, in one copy
+            host = torch.from_numpy(np.concatenate([a.reshape(-1) for a in contract.values()]))
+            parts.append(host.to(self.device))
+            good = good + list(contract)
+            shapes = np.concatenate([shapes, np.array([a.shape for a in contract.values()], np.int64)])
+        flat = torch.cat(parts) if len(parts) > 1 else parts[0] if parts else torch.empty(0, dtype=torch.uint8,
+                                                                                            device=self.device)
         size = np.zeros((n, 2), np.int64)
         off = np.full(n, -1, np.int64)
         per = shapes.prod(axis=1)
@@ -362,17 +399,44 @@ class DaliDecoder:
         size[good] = shapes[:, [1, 0]]
         return WholeImages(flat, off, size, bad)
 
-    def _decode_good(self, samples, windows: Windows | None):
-        """(DALI's outputs for the positions that decode, {position: (code, detail)} of those that do not, the
-        positions decoded, whether the samples were handed over page-locked). Raises CorruptSampleError under
-        on_error="raise" or when nothing decodes."""
+    def _contract_decoder(self):
+        """The decode contract's PIL decoder (decode/cpu.py), with this decoder's output format."""
+        if self._contract is None:
+            from fastfeed.decode.cpu import PilDecoder
+
+            # batch_size 1: its buffers grow to the routed samples of a batch, a few, not to a whole batch
+            self._contract = PilDecoder(device=self.device, image_size=self.image_size, dtype=self.dtype,
+                                        channels_last=self.channels_last, mean=self._mean, std=self._std,
+                                        num_threads=self._num_threads, on_error="skip", batch_size=1, draft=False,
+                                        orientation=self.orientation)
+        return self._contract
+
+    def _contract_part(self, samples, windows: Windows, routed: list[int]):
+        """The `routed` positions decoded by the PIL decoder: (their images or None, {position: (code, detail)} of
+        those that fail). The failures' slots are filled by the batch's replacement rule afterwards."""
+        if not routed:
+            return None, {}
+        try:
+            res = self._contract_decoder()([samples[p] for p in routed], windows.take(routed))
+        except CorruptSampleError as e:  # none of them decodes
+            return None, {routed[p]: (c, d) for p, c, d in zip(e.positions, e.codes, e.details)}
+        return res.images, {routed[r.position]: (r.code, r.detail) for r in res.replaced}
+
+    def _decode_good(self, samples, windows: Windows | None, routed=(), bad=None):
+        """(DALI's outputs for the positions that decode, or None when DALI decodes none, {position: (code,
+        detail)} of those that do not (`bad`: found before, by the PIL decoder), the positions DALI decoded,
+        whether the samples were handed over page-locked). `routed` positions are left to the PIL decoder. Raises
+        CorruptSampleError under on_error="raise" or when nothing decodes."""
         if self._pipe is None:
             raise _Closed("decoder is closed")
         n = len(samples)
         if not 0 < n <= self.batch_size:
             raise ValueError(f"batch of {n} samples; this decoder accepts 1..{self.batch_size}")
-        bad = {i: (NOT_IMAGE, "unknown file signature") for i in range(n) if not is_image(samples[i])}
-        good = [i for i in range(n) if i not in bad]
+        skip = set(routed)
+        bad = dict(bad or {})
+        bad.update({i: (NOT_IMAGE, "unknown file signature") for i in range(n)
+                    if i not in skip and not is_image(samples[i])})
+        good = [i for i in range(n) if i not in bad and i not in skip]
         if self.orientation == "exif" and windows is not None:
             windows = _clamp_displayed(samples, windows, good)
         # Page-locked samples (the ring's slots) are handed to DALI as such: its decoders then read them in place
@@ -387,10 +451,10 @@ class DaliDecoder:
                 raise
             except RuntimeError as e:
                 self._find_bad(samples, windows, good, bad, (DECODE_ERROR, _short(e)))
-                good = [i for i in range(n) if i not in bad]
+                good = [i for i in good if i not in bad]
                 out = None
         resolve_errors(bad, n, self.on_error)  # raises before another run when the batch cannot be used
-        if out is None:  # a failure was bisected: decode the good records once more
+        if out is None and good:  # a failure was bisected: decode the good records once more
             out = self._run(*_subset(samples, windows, good), pinned)
         return out, bad, good, pinned
 
@@ -400,6 +464,8 @@ class DaliDecoder:
             pipe, self._pipe = self._pipe, None
         if pipe is not None:
             pipe.close()
+        if self._contract is not None:
+            self._contract.close()
 
     def __enter__(self):
         return self
@@ -430,6 +496,11 @@ def chroma_mode(gpu: bool) -> str:
             raise ValueError(f"FASTFEED_DALI_CHROMA must be one of {CHROMA_MODES}, got {forced!r}")
         return forced
     return "full" if gpu else "roi"
+
+
+def _routed(pil) -> list[int]:
+    """The positions flagged in `pil` (Windows.pil), [] for None."""
+    return [] if pil is None else np.flatnonzero(np.asarray(pil, dtype=bool)).tolist()
 
 
 def _page_locked(samples) -> bool:

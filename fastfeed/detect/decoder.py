@@ -36,6 +36,7 @@ class DetectRequest:
     ids: np.ndarray
     epoch: int
     masks: list | None = None
+    pil: np.ndarray | None = None  # bool [B]: Windows.pil's flags, for the GPU path's decoder
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -90,7 +91,7 @@ class DetectDecoder:
         n = len(samples)
         if n != len(request):
             raise ValueError(f"{n} samples but {len(request)} sample ids")
-        decoded, bad = self._decode_all(samples)
+        decoded, bad = self._decode_all(samples, request)
         masks = None
         if request.masks is not None:
             masks, mask_bad = self._decode_masks(request)
@@ -208,8 +209,9 @@ class DetectDecoder:
         list(self._pool.map(lambda k: render(images, geometry, k, hsv=hsv, out=pixels[k]), range(B)))
         return torch.from_numpy(pixels)
 
-    def _decode_all(self, samples):
-        """Each sample decoded once (None where it fails), and {position: (code, detail)} of the failures."""
+    def _decode_all(self, samples, request: DetectRequest):
+        """Each sample decoded once (None where it fails), and {position: (code, detail)} of the failures. PIL
+        decodes every sample by the decode contract here, `request.pil` (for the GPU path) or not."""
         def decode(sample):
             if not is_image(sample):
                 return None, (NOT_IMAGE, "not a JPEG or PNG")

@@ -35,8 +35,8 @@ class GpuDetectDecoder(DetectDecoder):
         return cls(**cls.settings_kwargs(s, targets, widths, heights), batch_size=s.batch_size,
                    hw_decoder_load=s.hw_decoder_load, pinned_input=s.pinned_input, preallocate=s.preallocate)
 
-    def _decode_all(self, samples):
-        whole = self._dali.decode_whole(samples)
+    def _decode_all(self, samples, request):
+        whole = self._dali.decode_whole(samples, request.pil)
         return whole, whole.bad
 
     def _render(self, decoded, src, geometry, hsv: bool) -> torch.Tensor:

@@ -49,6 +49,8 @@ class Dataset(Protocol):
     def image_profile(self) -> ImageProfile: ...
     @property
     def orientations(self) -> np.ndarray: ...
+    @property
+    def pil_only(self) -> np.ndarray: ...
     def read(self, i: int, check: bool = True) -> bytes: ...
     def metadata(self, i: int) -> dict | None: ...
     def extents(self) -> Extents: ...
@@ -162,7 +164,7 @@ def _check_columns(path: str, table: dict[str, np.ndarray], num_classes: int) ->
 
 
 _COLUMN_KINDS = {"label": "iu", "width": "iu", "height": "iu", "size": "iu", "offset": "iu", "shard": "iu",
-                 "meta_offset": "iu", "meta_size": "iu", "orientation": "u", "key": "U"}
+                 "meta_offset": "iu", "meta_size": "iu", "orientation": "u", "key": "U", "pil_only": "b"}
 
 
 class TableDataset:
@@ -267,6 +269,16 @@ class TableDataset:
         if o is None:
             o = self._table["orientation"] = np.ones(len(self), dtype=np.uint8)
         return o
+
+    @property
+    def pil_only(self) -> np.ndarray:
+        """bool per sample: only the decode contract's PIL decode reads the stored image as the contract says
+        (pack/validate.py); the Loader routes these there on every path. All False in tables without the column
+        (every image in them is a JPEG or PNG all decoders read)."""
+        p = self._table.get("pil_only")
+        if p is None:
+            p = self._table["pil_only"] = np.zeros(len(self), dtype=bool)
+        return p
 
     @property
     def fields(self) -> list[str]:

@@ -4,14 +4,15 @@ docs/decode-contract.md is the prose; this module is the PIL rendering of it, us
 conversions (pack/validate.py) and by the tests' reference. PIL only: no numba, no torch.
 
 - Orientation: policy "ignore" (default; torchvision's ImageFolder) or "exif" (the EXIF tag applied, displayed
-  size). Stored files are JPEG or PNG (pack converts the rest, carrying the tag into a PNG eXIf chunk); the tag is
-  read from JPEG APP1 / PNG eXIf by fastfeed.image.headers.exif_orientation on the CPU path and by DALI on DALI's.
+  size). The tag is read from JPEG APP1 / PNG eXIf by fastfeed.image.headers.exif_orientation on the CPU path and
+  by DALI on DALI's; from other formats, which only PIL decodes, by PIL (`orientation_tag`).
 - 16-bit samples -> v >> 8, whatever the content (no stretching, no clipping).
 - Alpha (RGBA, LA, PA, palette tRNS) is dropped: the colour channels as stored, exactly torchvision's
   `convert("RGB")`. No compositing: a background colour would make fastfeed differ from ImageFolder by up to
   255/255 on every transparent pixel.
 - Animations (GIF, APNG, multi-page TIFF): the first frame.
-- CMYK/YCCK JPEG: PIL's conversion (pack stores them as PNG so every decoder gets the same pixels).
+- CMYK/YCCK JPEG: PIL's conversion. Files of these kinds are stored as they are and decoded by PIL on every path
+  (pack's `pil_only`), so the rules apply when they are decoded, never to what is stored.
 - ICC profiles: ignored (pixel values as stored), like PIL, DALI and torchvision.
 """
 from __future__ import annotations
@@ -55,11 +56,21 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def orientation_tag(data, img_format: str | None, policy: str) -> int:
-    """The EXIF transpose to apply under `policy` (1 = none), for the stored formats (JPEG, PNG)."""
-    if policy == "exif" and img_format in ("JPEG", "MPO", "PNG"):
+def orientation_tag(data, img: Image.Image, policy: str) -> int:
+    """The EXIF transpose to apply to `img` (opened from `data`) under `policy` (1 = none). JPEG and PNG: the tag
+    in the file's header (read without PIL, as DALI's decoders read it). TIFF: 1, PIL applies its tag itself as it
+    opens one. Other formats (WebP, ...): the tag PIL reads."""
+    if policy != "exif":
+        return 1
+    if img.format in ("JPEG", "MPO", "PNG"):
         return exif_orientation(data)
-    return 1
+    if img.format == "TIFF":
+        return 1
+    try:
+        tag = int(img.getexif().get(0x0112, 1))
+    except Exception:  # noqa: BLE001 - a malformed EXIF block means no usable tag, not a bad image
+        return 1
+    return tag if 1 <= tag <= 8 else 1
 
 
 def contract_image(data, orientation: str = DEFAULT_ORIENTATION) -> Image.Image:
@@ -74,7 +85,7 @@ def contract_image(data, orientation: str = DEFAULT_ORIENTATION) -> Image.Image:
             raise
         img = Image.open(io.BytesIO(without_png_text(data)))
         img.load()
-    tag = orientation_tag(data, img.format, orientation)
+    tag = orientation_tag(data, img, orientation)
     if tag != 1:
         img = img.transpose(TRANSPOSE[tag])
     return to_rgb(img)

@@ -36,6 +36,7 @@ __all__ = [
     "ImageProbeError",
     "probe",
     "jpeg_info",
+    "pil_colorspace",
     "exif_orientation",
     "displayed_size",
     "jpeg_end",
@@ -309,5 +310,10 @@ def _probe_other(data: bytes) -> ImageInfo:
         raise ImageProbeError(f"malformed image header: {type(e).__name__}: {e}") from e
     if width <= 0 or height <= 0:
         raise ImageProbeError(f"image has zero size {width}x{height}")
-    colorspace = _PIL_COLORSPACES.get(mode, mode.lower())
-    return ImageInfo(_PIL_FORMATS.get(fmt, fmt.lower()), width, height, KIND_NOT_JPEG, None, colorspace, False)
+    return ImageInfo(_PIL_FORMATS.get(fmt, fmt.lower()), width, height, KIND_NOT_JPEG, None, pil_colorspace(mode),
+                     False)
+
+
+def pil_colorspace(mode: str) -> str:
+    """ImageInfo.colorspace of an image PIL opens in `mode`."""
+    return _PIL_COLORSPACES.get(mode, mode.lower())

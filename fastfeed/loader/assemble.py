@@ -72,6 +72,9 @@ class SampleTable:
     bad_checksums: Callable[..., list] | None = None
     targets: Targets | None = None  # task "detect": every sample's objects (fastfeed.targets)
     fields: SampleFields | None = None  # Loader(fields=...): each read spans the image and these members
+    # bool [N]: the samples only the decode contract's PIL decode reads as stored (samples.npz `pil_only`); the
+    # decoders get them with each batch's windows or request and route them there
+    pil_only: np.ndarray | None = None
 
 
 class BatchAssembler:
@@ -196,9 +199,18 @@ class BatchAssembler:
         s = self.settings
         if self.table.targets is not None:
             masks = values[s.mask] if s.mask is not None else None
-            return DetectRequest(ids=np.asarray(indices, dtype=np.int64), epoch=plan.epoch, masks=masks)
+            return DetectRequest(ids=np.asarray(indices, dtype=np.int64), epoch=plan.epoch, masks=masks,
+                                 pil=self._pil(indices))
         return crop_windows(self.table.widths[indices], self.table.heights[indices], indices, seed=s.seed,
-                            epoch=plan.epoch, train=s.train, image_size=s.image_size)
+                            epoch=plan.epoch, train=s.train, image_size=s.image_size, pil=self._pil(indices))
+
+    def _pil(self, indices) -> np.ndarray | None:
+        """The batch's `pil_only` flags, None when none is set (the decoders then route nothing)."""
+        p = self.table.pil_only
+        if p is None:
+            return None
+        got = p[np.asarray(indices, dtype=np.int64)]
+        return got if got.any() else None
 
     def _finish_detection(self, plan, k: int, result, replaced: dict) -> dict:
         """The detection batch dict on the device. `valid` is False where a position holds no sample of its own in

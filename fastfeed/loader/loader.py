@@ -572,7 +572,8 @@ class Loader:
             read = lambda i: ds.read_range(i, int(extents.offset[i]), int(extents.size[i]))  # noqa: E731
         return SampleTable(labels=torch.from_numpy(np.ascontiguousarray(ds.labels, dtype=np.int64)),
                            widths=np.asarray(widths), heights=np.asarray(heights), keys=ds.keys, read=read,
-                           bad_checksums=check, targets=targets, fields=fields)
+                           bad_checksums=check, targets=targets, fields=fields,
+                           pil_only=np.asarray(getattr(ds, "pil_only", np.zeros(len(ds), dtype=bool)), dtype=bool))
 
     def _build_decoders(self) -> list:
         """One decoder per starting pipeline (a run's workers build more with `_new_decoder` when the tuner asks)."""

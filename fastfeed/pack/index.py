@@ -9,10 +9,12 @@ another folder (`out`) when the shards' folder is read-only; the manifest then n
 
 Samples follow webdataset's rule: consecutive members whose names share the part before the first dot of the base
 name form one sample, and the rest of the name is the member's extension (lower-cased). The image is the sample's
-`jpg`, `jpeg` or `png` member (or `image_ext`); `cls` is its label. The image gets pack's checks
-(fastfeed/pack/validate.py). A sample whose image pack would store differently (a CMYK JPEG, a WebP, a JPEG whose scans
-leave pixels uncoded) is rejected with the reason rather than rewritten: `fastfeed pack` is the way to store those.
-Trailing bytes after an image's end marker are left in the shard and outside the image's extent.
+`jpg`, `jpeg` or `png` member, else its first image member of another format (`webp`, `tif`, ...), or `image_ext`;
+`cls` is its label. The image gets pack's checks (fastfeed/pack/validate.py), and pack's decision: one that only
+the decode contract's PIL decode reads as stored (a CMYK JPEG, a 16-bit PNG, a WebP, ...) is marked `pil_only`, as
+pack marks it. One that pack would fix (junk before a marker, arithmetic coding) is adopted as it is, `pil_only`,
+when PIL decodes it, else rejected with the reason: a shard is never rewritten. Trailing bytes after an image's end
+marker are left in the shard and outside the image's extent.
 """
 from __future__ import annotations
 
@@ -30,15 +32,15 @@ import xxhash
 
 from fastfeed.formats.fields import columns, value_kind
 from fastfeed.pack.table import new_rows, rows_to_table, write_dataset
-from fastfeed.pack.validate import TRIMMED, Loaded, LoadOptions, check_image
+from fastfeed.pack.validate import TRIMMED, Loaded, LoadOptions, check_for_pil, check_image
 from fastfeed.pack.wds import WdsWriter
 from fastfeed.pack.writers import atomic_write
 from fastfeed.types import ADOPTED_FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, ShardInfo
 
 __all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards"]
 
-IMAGE_EXTS = ("jpg", "jpeg", "png")  # what the decoders read as stored, in order of preference
-_OTHER_IMAGES = ("webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2")
+# A sample's image member, in order of preference: what every decoder reads as stored, then what PIL reads.
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext
 _IDX_VERSION = "v1.2"
 
@@ -221,20 +223,20 @@ def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, rel: str, shard
     wanted = (image_ext,) if image_ext else IMAGE_EXTS
     img_ext = next((e for e in wanted if e in members), None)
     if img_ext is None:
-        other = [e for e in exts if e in _OTHER_IMAGES]
-        if other:
-            return reject(f"image stored as .{other[0]}: the decoders read JPEG and PNG as stored, and `fastfeed "
-                          "index` never rewrites a shard; store it with `fastfeed pack`")
         return reject(f"no image member (members: {', '.join(exts)})")
     _, off, size, _ = members[img_ext]
     # A copy: a view of the shard's map kept alive by a checker's exception (traceback cycles wait for the
     # garbage collector) would keep the map from closing.
-    got = check_image(bytes(view[off:off + size]), opts)
+    data = bytes(view[off:off + size])
+    got = check_image(data, opts)
+    if isinstance(got, Loaded) and got.change not in (None, TRIMMED):  # pack would fix it; a shard is not changed
+        fixed = got.change
+        got = check_for_pil(data, opts)
+        if not isinstance(got, Loaded):
+            return reject(f"only readable once fixed ({fixed}), and `fastfeed index` never rewrites a shard; store "
+                          f"it with `fastfeed pack` ({got.reason})")
     if not isinstance(got, Loaded):
         return reject(got.reason)
-    if got.change not in (None, TRIMMED):
-        return reject(f"the decoders would not read this image as stored ({got.change}), and `fastfeed index` "
-                      "never rewrites a shard; store it with `fastfeed pack`")
     size = len(got.data)  # TRIMMED: the image's extent ends at its end marker; the trailing bytes stay unread
     label = -1
     if "cls" in members:
@@ -254,8 +256,8 @@ def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, rel: str, shard
                  ("jpeg", got.jpeg_kind), ("transcoded", False), ("hw_decodable", got.hw_decodable),
                  ("size", size), ("source", f"{rel}:{s.key}.{img_ext}"),
                  ("checksum", xxhash.xxh3_64_intdigest(view[off:off + size])), ("orientation", got.orientation),
-                 ("change", got.change or ""), ("shard", shard), ("offset", off), ("meta_offset", -1),
-                 ("meta_size", 0)):
+                 ("change", got.change or ""), ("pil_only", got.pil_only), ("shard", shard), ("offset", off),
+                 ("meta_offset", -1), ("meta_size", 0)):
         rows[c].append(v)
     res.fields.append(fields)
     res.idx_lines.append(" ".join(f"{ext} {moff} {msize} {name}" for ext, moff, msize, name in s.members))

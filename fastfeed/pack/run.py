@@ -427,6 +427,7 @@ class _Writer:
                        ("jpeg", res.jpeg_kind), ("transcoded", res.transcoded), ("hw_decodable", res.hw_decodable),
                        ("size", size), ("source", entry.rel), ("checksum", xxh3),
                        ("orientation", int(getattr(res, "orientation", 1) or 1)), ("change", change or ""),
+                       ("pil_only", res.pil_only),
                        *extra.items()):
             r[col].append(v)
 

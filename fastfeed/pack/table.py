@@ -6,7 +6,9 @@
     size int64 (stored image bytes), source U (path relative to the source root, for reports),
     checksum uint64 (xxh3_64 of the stored image bytes: fastfeed.formats.integrity.checksum),
     orientation uint8 (EXIF orientation tag 1..8 of the stored image, 1 when absent or not a JPEG),
-    change U (the validator's change code when the stored bytes differ from the source file, "" otherwise);
+    change U (the validator's change code when the stored bytes differ from the source file, "" otherwise),
+    pil_only bool (only the decode contract's PIL decode reads the stored image as the contract says: a CMYK or
+    RGB-colour JPEG, a 16-bit or transparent PNG, a TIFF, ...; pack/validate.py. The Loader routes it there);
     WebDataset only: shard int32, offset int64 (image member data inside the tar, `size` bytes long),
     meta_offset/meta_size int64 (the `.json` member, -1/0 when absent); per field (a semantic pack's `seg.png`
     mask, fastfeed/formats/fields.py `columns`): field.NAME.offset/size int64 (the member's data in the tar) and
@@ -38,7 +40,7 @@ __all__ = ["COLUMNS", "table_columns", "new_rows", "rows_to_table", "write_table
 COLUMNS = {
     "key": None, "label": np.int64, "width": np.int32, "height": np.int32, "jpeg": np.uint8,
     "transcoded": np.bool_, "hw_decodable": np.bool_, "size": np.int64, "source": None,
-    "checksum": np.uint64, "orientation": np.uint8, "change": None,
+    "checksum": np.uint64, "orientation": np.uint8, "change": None, "pil_only": np.bool_,
 }
 
 
@@ -178,6 +180,7 @@ def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: 
         objects=dict(objects or {}),
         fields=list(fields or []),
         data_root=data_root,
+        pil_only=int(np.count_nonzero(table["pil_only"])),
     )
     write_manifest(folder, manifest)
     return manifest

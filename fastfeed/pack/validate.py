@@ -1,32 +1,30 @@
 """Read one source file and decide, cheaply, whether it goes into the dataset, and in which form.
 
-Pack accepts every image torchvision's ImageFolder would load and stores each in a form every fastfeed decoder
-reads the same way (docs/decode-contract.md):
-- JPEG (8-bit, YCbCr/grey, baseline or progressive) and 8-bit grey/RGB/palette PNG: stored as they are, or
+Pack accepts every image torchvision's ImageFolder would load, and keeps every pixel, channel and bit of it
+(docs/decode-contract.md):
+- JPEG (8-bit, YCbCr/grey, baseline or progressive) and 8-bit grey/RGB/opaque-palette PNG: stored as they are, or
   losslessly fixed: data after the JPEG's end-of-image marker / the PNG's IEND trimmed (phone motion photos,
-  vendor trailers), junk before the SOI or between SOI and the first marker dropped;
-- everything else PIL opens (BMP, GIF, TIFF, WebP where PIL has it, PPM, 16-bit/low-bit-depth PNG, APNG, PNG
-  with alpha or tRNS, CMYK/YCCK and 12-bit/lossless JPEGs PIL can decode): decoded once by the contract (first
-  frame, 16-bit -> v >> 8, alpha dropped) and stored as an 8-bit grey or RGB PNG carrying the source's EXIF
-  orientation tag (eXIf chunk): the pixels every decoder then delivers are the contract's pixels of the original
-  file under either orientation policy;
-- arithmetic-coded JPEGs: transcoded losslessly to baseline (native core), else converted to PNG;
+  vendor trailers), junk before the SOI or between SOI and the first marker dropped. Every decoder reads these;
+- everything else PIL decodes (BMP, GIF, TIFF, WebP where PIL has it, PPM, 16-bit/low-bit-depth PNG, APNG, PNG
+  with alpha or tRNS, CMYK/YCCK, RGB-colour, 12-bit and lossless JPEGs): stored as it is, marked `pil_only`. The
+  Loader hands such a sample to the decode contract's PIL decode on every path, so the rules (first frame,
+  16-bit -> v >> 8, alpha dropped) apply when it is decoded, never to what is stored;
+- arithmetic-coded JPEGs: transcoded losslessly to baseline (native core), else stored as they are (`pil_only`);
 - JPEGs whose scans do not code every pixel (the frame header claims more rows than the scans hold, a bad
-  Huffman code, lost restart markers: the scan check, transcode.check_scans) but that PIL loads: decoded by the
-  contract as PIL (and so torchvision) sees them, uncoded rows filled as PIL fills them, and stored as PNG
-  ("repaired_corrupt_scan"): stored as they are, nvJPEG would fill the gap with other pixels. The check needs the
-  native core's libjpeg; without it (`transcode.HAVE_SCAN_CHECK` False) it is skipped and pack says so in its note
-  (a PIL decode cannot stand in: PIL fills the missing rows silently). A JPEG too large for the check's 1 GiB of
-  coefficient memory (4:4:4 near the default pixel limit) fails it too and is stored as PNG: PIL's pixels, larger;
+  Huffman code, lost restart markers: the scan check, transcode.check_scans) but that PIL loads: stored as they
+  are, `pil_only`: decoders fill the uncoded pixels differently, PIL (so torchvision) fills them its way. The
+  check needs the native core's libjpeg; without it (`transcode.HAVE_SCAN_CHECK` False) it is skipped and pack says
+  so in its note. A JPEG too large for the check's 1 GiB of coefficient memory fails it too (then `pil_only`);
 - the rest is rejected with the reason (not an image, truncated, decompression bomb, PIL cannot decode it).
-Each fix or conversion is named by a code on `Loaded.change` (CHANGES) that the manifest counts.
+`--jpeg reencode` and `--max-side` are the lossy exceptions, asked for. Each fix is named by a code on
+`Loaded.change` (CHANGES) that the manifest counts.
 
 Cost: JPEGs (the bulk of any dataset) are checked from the header and the last bytes, plus the scan check (an
 entropy-decoding pass, no IDCT: the bulk of pack's CPU time, see benchmarks/README.md; `LoadOptions.scan_check`
 False, `fastfeed pack --no-scan-check`, skips it); only a JPEG that does not end in EOI is scanned for the end of
 its first image. PNGs get their compressed pixel data inflated and its length checked against the header (DALI
-refuses a PNG whose data is shorter than its header says while PIL silently accepts it). Converted files are fully
-decoded. Every failure becomes a reason string, never an exception.
+refuses a PNG whose data is shorter than its header says while PIL silently accepts it). `pil_only` files are
+fully decoded once, by PIL, to prove they decode. Every failure becomes a reason string, never an exception.
 """
 from __future__ import annotations
 
@@ -35,25 +33,29 @@ import io
 import os
 import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastfeed.image import jpeg, transcode
 from fastfeed.image.headers import (exif_orientation, jpeg_end, jpeg_without_junk_after_soi,
                                     jpeg_without_junk_before_markers, png_data_ok, png_facts)
 
-__all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "SUPPORTED_FORMATS", "DEFAULT_MAX_PIXELS",
+__all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "check_for_pil", "SUPPORTED_FORMATS",
+           "DEFAULT_MAX_PIXELS",
            "CHANGES", "TRIMMED", "DROPPED_JUNK", "CONVERTED", "REPAIRED", "TRANSCODED", "REENCODED", "DOWNSCALED"]
 
-# Formats stored as they are (after lossless fixes); every other image PIL opens is converted to PNG.
+# Formats every decoder reads as stored; every other image PIL decodes is stored as it is, `pil_only`.
 SUPPORTED_FORMATS = ("jpeg", "png")
-EXTENSIONS = {"jpeg": "jpg", "png": "png"}
+# The member extension a stored image gets, by _sniff's format name.
+EXTENSIONS = {"jpeg": "jpg", "png": "png", "gif": "gif", "bmp": "bmp", "tiff": "tif", "webp": "webp",
+              "jpeg2000": "jp2", "ppm": "ppm", "pgm": "pgm", "ico": "ico", "psd": "psd", "heif/avif": "heif"}
 
 # Change codes on Loaded.change (the manifest counts them under "changes"); never rename one.
 TRIMMED = "trimmed_trailing_data"  # bytes after the JPEG EOI / PNG IEND dropped (pixels identical)
 # bytes before the JPEG SOI, or where a marker should start (after SOI, between header segments) dropped
 DROPPED_JUNK = "dropped_leading_junk"
-CONVERTED = "converted_to_png"  # decoded by the decode contract and stored as 8-bit PNG (contract pixels identical)
-# A JPEG failing the scan check, decoded by PIL (the reference) and stored as PNG: PIL's pixels identical.
+# Written by earlier versions, which stored odd images and corrupt-scan JPEGs as 8-bit PNGs; kept so that their
+# manifests read. These files are now stored as they are (`Loaded.pil_only`).
+CONVERTED = "converted_to_png"
 REPAIRED = "repaired_corrupt_scan"
 TRANSCODED = "transcoded_baseline"  # JPEG entropy coding changed to baseline Huffman (pixels identical)
 REENCODED = "reencoded_jpeg"  # --jpeg reencode: lossy
@@ -91,7 +93,10 @@ class Loaded:
     `note` says why the bytes were stored untouched although the mode asked for a change (e.g. libjpeg found
     corrupt data while transcoding: DALI and PIL may still decode what libjpeg's strict mode refuses).
     `change`: what was done to the file (a CHANGES code) or None when stored byte for byte.
-    `orientation`: the stored image's EXIF orientation tag 1..8 (1 when absent or not a JPEG)."""
+    `orientation`: the EXIF orientation tag 1..8 the decoders apply under policy "exif" (contract.orientation_tag;
+    1 when absent).
+    `pil_only`: only the decode contract's PIL decode reads these bytes as the contract says (see the module
+    docstring); the Loader routes the sample there on every path."""
 
     data: bytes
     ext: str
@@ -103,6 +108,7 @@ class Loaded:
     note: str | None = None
     change: str | None = None
     orientation: int = 1
+    pil_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,7 @@ def check_image(data, opts: LoadOptions, facts: tuple | None = None) -> Loaded |
         return _check_jpeg(data, opts, None)
     if fmt == "png":
         return _check_png(data, opts)
-    return _convert(data, fmt, opts, None)
+    return _keep_for_pil(data, fmt, opts, None)
 
 
 def _check_jpeg(data, opts: LoadOptions, change: str | None, facts: tuple | None = None) -> Loaded | Rejected:
@@ -197,17 +203,19 @@ def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.Ima
         if end is None:
             return Rejected("truncated JPEG (no end-of-image marker)")
         data, change = data[:end], _worse(change, TRIMMED)
-    if info.precision != 8 or info.jpeg_kind == jpeg.KIND_OTHER_JPEG or info.colorspace in ("cmyk", "ycck"):
-        # 12-bit, lossless, hierarchical, CMYK/YCCK: the GPU decoder cannot, or does not identically, decode them.
+    if info.precision != 8 or info.jpeg_kind == jpeg.KIND_OTHER_JPEG or info.colorspace not in ("ycbcr", "gray"):
+        # 12-bit, lossless, hierarchical, CMYK/YCCK, RGB colour: the GPU decoder cannot, or does not identically,
+        # decode them.
         what = (f"{info.precision}-bit JPEG" if info.precision != 8 else
-                f"{info.colorspace.upper()} JPEG" if info.colorspace in ("cmyk", "ycck") else "lossless/extended JPEG")
-        return _convert(data, "jpeg", opts, change, what=what)
+                "lossless/extended JPEG" if info.jpeg_kind == jpeg.KIND_OTHER_JPEG else
+                f"{info.colorspace.upper()} JPEG")
+        return _keep_for_pil(data, "jpeg", opts, change, what, info)
     if opts.scan_check and transcode.HAVE_SCAN_CHECK:
         err = (scan or None) if scan is not None and change is None else transcode.check_scans([data], 1)[0]
         if err is not None:
-            return _convert(data, "jpeg", opts, change, what=f"JPEG with corrupt scan data ({err})", code=REPAIRED)
+            return _keep_for_pil(data, "jpeg", opts, change, f"JPEG with corrupt scan data ({err})", info)
     if info.jpeg_kind == jpeg.KIND_ARITHMETIC and opts.jpeg_mode == "keep":
-        # Not every decoder of every path reads arithmetic coding: make it baseline (or PNG) even in keep mode.
+        # Not every decoder of every path reads arithmetic coding: make it baseline even in keep mode (lossless).
         if transcode.HAVE_TRANSCODE:
             try:
                 out = transcode.transcode_to_baseline(bytes(data))
@@ -216,7 +224,7 @@ def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.Ima
                               change=_worse(change, TRANSCODED), orientation=new.orientation)
             except (transcode.JpegTranscodeError, jpeg.ImageProbeError):
                 pass
-        return _convert(data, "jpeg", opts, change, what="arithmetic-coded JPEG")
+        return _keep_for_pil(data, "jpeg", opts, change, "arithmetic-coded JPEG", info)
     return _maybe_convert(data, "jpeg", info, opts, change)
 
 
@@ -247,22 +255,35 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
         return Rejected(err)
     if f.depth != 8 or f.ctype in (4, 6) or f.trns or f.animated:
         what = ("APNG" if f.animated else f"{f.depth}-bit PNG" if f.depth != 8 else "PNG with transparency")
-        return _convert(data, "png", opts, change, what=what)
+        return _keep_for_pil(data, "png", opts, change, what)
     info = jpeg.ImageInfo("png", f.width, f.height, jpeg.KIND_NOT_JPEG, None,
                           {0: "gray", 2: "rgb", 3: "palette"}[f.ctype], False, orientation=exif_orientation(data))
     return _maybe_convert(data, "png", info, opts, change)
 
 
-# ---- conversion ----------------------------------------------------------------------------------------------
+# ---- images only PIL reads as the contract says -------------------------------------------------------------
 
 
-def _convert(data, fmt: str, opts: LoadOptions, change: str | None, what: str | None = None,
-             code: str = CONVERTED) -> Loaded | Rejected:
-    """Decode by the decode contract and store as an 8-bit grey or RGB PNG (or reject with the reason); `code` is
-    the change reported."""
+def check_for_pil(data, opts: LoadOptions) -> Loaded | Rejected:
+    """`data` accepted exactly as it is, `pil_only`, when PIL decodes it whole (else the reason): for a caller that
+    may not change a byte (`fastfeed index`) of a file that check_image would fix (junk dropped, a JPEG transcoded)."""
+    fmt = _sniff(bytes(data[:16])) or "jpeg"
+    info = None
+    if fmt == "jpeg":
+        try:
+            info = _probe(data)
+        except jpeg.ImageProbeError:
+            pass  # PIL may still read it (junk before a marker): its decode decides
+    return _keep_for_pil(data, fmt, replace(opts, jpeg_mode="keep", max_side=None), None, None, info)
+
+
+def _keep_for_pil(data, fmt: str, opts: LoadOptions, change: str | None, what: str | None = None,
+                  info: jpeg.ImageInfo | None = None) -> Loaded | Rejected:
+    """Store `data` as it is, `pil_only`, once PIL has decoded it whole (else reject with the reason); `info`: the
+    JPEG header's facts, when it is a JPEG."""
     from PIL import Image, UnidentifiedImageError
 
-    from fastfeed.image.contract import GREY_MODES, to_rgb, to_8bit
+    from fastfeed.image.contract import orientation_tag
 
     reason = (f"{what}: no fastfeed decoder reads it as stored and PIL cannot decode it" if what else
               f"unsupported format: {fmt} (this PIL cannot decode it, so neither can torchvision's ImageFolder here)")
@@ -276,13 +297,10 @@ def _convert(data, fmt: str, opts: LoadOptions, change: str | None, what: str | 
                 return Rejected(f"decompression bomb: {w}x{h} pixels exceeds the limit of {opts.max_pixels} "
                                 f"(--max-pixels)")
             im.load()
-            # Read after load(): PNG's eXIf may follow the pixel data, and PIL applies a TIFF's orientation while
-            # loading (then drops the tag) -- as torchvision sees it under either policy.
-            tag = _pil_orientation(im)
-            grey = im.mode in GREY_MODES
-            out = to_8bit(im) if grey else to_rgb(im)
-            if out.mode != ("L" if grey else "RGB"):
-                out = out.convert("L" if grey else "RGB")  # drops alpha (LA), as to_rgb does
+            # After load(): PNG's eXIf may follow the pixel data; what the decoders apply under policy "exif".
+            tag = orientation_tag(data, im, "exif")
+            w, h = im.size
+            mode = im.mode
     except UnidentifiedImageError:
         return Rejected(reason)
     except Image.DecompressionBombError as e:
@@ -291,21 +309,10 @@ def _convert(data, fmt: str, opts: LoadOptions, change: str | None, what: str | 
         return Rejected(f"{reason} ({type(e).__name__}: {e})")
     except Exception as e:  # noqa: BLE001 - a plugin or a patched Image.open (ultralytics') raises others: a rejection
         return Rejected(f"{reason} ({type(e).__name__}: {e})")
-    buf = io.BytesIO()
-    extra = {}
-    if tag != 1:  # the orientation policy is a load-time choice: keep the tag for it
-        ex = Image.Exif()
-        ex[0x0112] = tag
-        extra["exif"] = ex.tobytes()
-    out.save(buf, format="PNG", compress_level=6, **extra)
-    png = buf.getvalue()
-    info = jpeg.ImageInfo("png", out.width, out.height, jpeg.KIND_NOT_JPEG, None,
-                          "gray" if grey else "rgb", False, orientation=exif_orientation(png))
-    res = _maybe_convert(png, "png", info, opts, _worse(change, code))
-    if isinstance(res, Loaded) and not res.transcoded:
-        res = Loaded(res.data, res.ext, res.width, res.height, res.jpeg_kind, True, res.hw_decodable, res.note,
-                     res.change, res.orientation)
-    return res
+    if info is None:
+        info = jpeg.ImageInfo(fmt, w, h, jpeg.KIND_NOT_JPEG, None, jpeg.pil_colorspace(mode), False)
+    info = replace(info, width=w, height=h, hw_decodable=False, orientation=tag)
+    return _maybe_convert(data, fmt, info, opts, change, pil_only=True)
 
 
 # Formats whose PIL plugin needs an optional codec library (PIL only warns when it is missing).
@@ -319,15 +326,6 @@ def _pil_has(codec: str) -> bool:
         return bool(features.check(codec))
     except ValueError:  # a PIL that does not know the feature's name
         return False
-
-
-def _pil_orientation(im) -> int:
-    """The source's EXIF orientation tag as PIL reads it (JPEG, PNG, TIFF, WebP), 1 when absent or invalid."""
-    try:
-        tag = int(im.getexif().get(0x0112, 1))
-    except Exception:  # noqa: BLE001 - a malformed EXIF block means no usable tag, not a bad image
-        return 1
-    return tag if 1 <= tag <= 8 else 1
 
 
 def _probe(data) -> jpeg.ImageInfo:
@@ -404,9 +402,10 @@ def _sniff(data: bytes) -> str | None:
     return None
 
 
-def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, change: str | None = None
-                   ) -> Loaded | Rejected:
-    """Apply --max-side and --jpeg to an image already in a stored form (JPEG or 8-bit PNG)."""
+def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, change: str | None = None,
+                   pil_only: bool = False) -> Loaded | Rejected:
+    """Apply --max-side and --jpeg to an accepted image; `pil_only` as for Loaded, true of the result as long as
+    its bytes stay the source's coding (kept, or a JPEG transcoded losslessly)."""
     if opts.max_side and max(info.width, info.height) > opts.max_side:
         try:
             out, w, h = _downscale(bytes(data), opts.max_side, opts.quality)
@@ -415,9 +414,8 @@ def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, chan
             return Rejected(f"cannot decode image for --max-side re-encoding: {type(e).__name__}: {e}")
         return Loaded(out, "jpg", w, h, new.jpeg_kind, True, new.hw_decodable, change=_worse(change, DOWNSCALED),
                       orientation=new.orientation)
-    kept = Loaded(data, EXTENSIONS[fmt], info.width, info.height, info.jpeg_kind, change is not None and
-                  _WEIGHT[change] >= _WEIGHT[CONVERTED], info.hw_decodable, change=change,
-                  orientation=info.orientation)
+    kept = Loaded(data, EXTENSIONS[fmt], info.width, info.height, info.jpeg_kind, False, info.hw_decodable,
+                  change=change, orientation=info.orientation, pil_only=pil_only)
     if opts.jpeg_mode == "keep" or (info.hw_decodable and opts.jpeg_mode in transcode.PREPARE_MODES):
         return kept
     try:
@@ -425,8 +423,7 @@ def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, chan
     except transcode.JpegTranscodeError as e:
         # libjpeg's strict mode turns "Corrupt JPEG data" warnings into errors; the file still decodes in PIL
         # and DALI (the probe and end marker passed), so store it untouched rather than lose a sample.
-        return Loaded(data, kept.ext, kept.width, kept.height, kept.jpeg_kind, kept.transcoded, kept.hw_decodable,
-                      note=f"transcode_failed: {e}", change=change, orientation=kept.orientation)
+        return replace(kept, note=f"transcode_failed: {e}")
     except jpeg.ImageProbeError as e:
         return Rejected(f"cannot re-encode: {e}")
     if action == "kept":
@@ -434,7 +431,8 @@ def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, chan
     new = jpeg.probe(out)
     code = TRANSCODED if action == "transcoded" else REENCODED
     return Loaded(out, EXTENSIONS.get(new.format, new.format), new.width, new.height, new.jpeg_kind, True,
-                  new.hw_decodable, change=_worse(change, code), orientation=new.orientation)
+                  new.hw_decodable, change=_worse(change, code), orientation=new.orientation,
+                  pil_only=pil_only and code == TRANSCODED)
 
 
 def _downscale(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:

@@ -7,7 +7,8 @@ on the device. Needs only PIL and numpy; when libjpeg-turbo's `jpegtran` is on P
 an arithmetic-coded JPEG is added too.
 
 Each case says what pack must do with it: `expect` "accept" (stored, possibly with `change` = the validation change
-code) or "reject" (with a word the reason must contain). Cases whose outcome depends on this PIL's codecs (WebP)
+code, `pil_only` when only PIL reads it as the decode contract says) or "reject" (with a word the reason must
+contain). Cases whose outcome depends on this PIL's codecs (WebP)
 read PIL's features.
 """
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Case:
     change: str | None = None  # the validation change code pack reports, for accepted files
     reason: str | None = None  # a word the rejection reason contains
     orientation: int = 1  # the EXIF tag pack's probe must return
+    pil_only: bool = False  # stored as it is, for the decode contract's PIL decode only (Loaded.pil_only)
 
 
 def photo(w: int = W, h: int = H, seed: int = 0) -> np.ndarray:
@@ -84,13 +86,13 @@ def _rows(a: np.ndarray) -> bytes:
     return b"".join(b"\x00" + flat[i].tobytes() for i in range(h))
 
 
-def _scan_repair() -> str | None:
-    """The change code pack reports for a JPEG whose scans miss pixels: None when it cannot check scans."""
+def _scan_check() -> bool:
+    """Whether pack finds a JPEG whose scans miss pixels (and marks it `pil_only`): it needs libjpeg."""
     try:
         from fastfeed.image.transcode import HAVE_SCAN_CHECK
     except ImportError:  # run standalone (the device's corpus tool): fastfeed's native core has libjpeg there
-        return "repaired_corrupt_scan"
-    return "repaired_corrupt_scan" if HAVE_SCAN_CHECK else None
+        return True
+    return bool(HAVE_SCAN_CHECK)
 
 
 def _sof_patch(jpeg: bytes, marker: int | None = None, precision: int | None = None,
@@ -134,17 +136,17 @@ def _fake_icc() -> bytes:
     return bytes(body)
 
 
-def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | None, int]]:
+def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | None, int, bool]]:
     im = Image.fromarray(rgb, "RGB")
     grey = im.convert("L")
     base = _enc(im, "JPEG", quality=90)
-    out: list[tuple[str, bytes, str, str | None, str | None, int]] = []
+    out: list[tuple[str, bytes, str, str | None, str | None, int, bool]] = []
 
-    def acc(name, data, change=None, orientation=1):
-        out.append((name, data, "accept", change, None, orientation))
+    def acc(name, data, change=None, orientation=1, pil=False):
+        out.append((name, data, "accept", change, None, orientation, pil))
 
     def rej(name, data, reason):
-        out.append((name, data, "reject", None, reason, 1))
+        out.append((name, data, "reject", None, reason, 1, False))
 
     # -- JPEG as stored
     acc("jpeg_baseline.jpg", base)
@@ -170,20 +172,24 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
         change="trimmed_trailing_data")
     acc("jpeg_junk_before_soi.jpg", b"GARBAGE\x00\x01\x02" * 5 + base, change="dropped_leading_junk")
     acc("jpeg_junk_after_soi.jpg", base[:2] + b"\x00\x13\x37junk" + base[2:], change="dropped_leading_junk")
-    # -- JPEG converted (no decoder of fastfeed's GPU path takes them as they are)
+    # -- JPEG only PIL reads as the contract says (no decoder of fastfeed's GPU path does): stored as they are
     cmyk = _enc(im.convert("CMYK"), "JPEG", quality=90)
-    acc("jpeg_cmyk.jpg", cmyk, change="converted_to_png")
-    acc("jpeg_ycck.jpg", _adobe_transform(cmyk, 2), change="converted_to_png")
+    acc("jpeg_cmyk.jpg", cmyk, pil=True)
+    acc("jpeg_ycck.jpg", _adobe_transform(cmyk, 2), pil=True)
     acc("jpeg_cmyk_exif_orientation_6.jpg", _enc(im.convert("CMYK"), "JPEG", quality=90, exif=_exif(6)),
-        change="converted_to_png", orientation=6)
+        pil=True, orientation=6)
     # -- JPEG rejected
     rej("jpeg_truncated.jpg", base[: len(base) // 2], "truncated")
     rej("jpeg_12bit_header.jpg", _sof_patch(base, marker=0xC1, precision=12), "12-bit")
     rej("jpeg_bomb_header.jpg", _sof_patch(base, height=40000, width=40000), "decompression bomb")
     # The frame header claims 3x the rows the scan holds: libjpeg (PIL, DALI's CPU decoder) fills the rest with grey,
-    # nvJPEG with other pixels (112/255 mean difference on an H200). Pack's scan check finds it and stores PIL's
-    # pixels as PNG (without libjpeg in fastfeed's native core the check is skipped and the file stored as is).
-    acc("jpeg_header_lie.jpg", _sof_patch(base, height=H * 3), change=_scan_repair())
+    # nvJPEG with other pixels (112/255 mean difference on an H200). Pack's scan check finds it and keeps the
+    # file for PIL's decode (without libjpeg in fastfeed's native core the check is skipped).
+    acc("jpeg_header_lie.jpg", _sof_patch(base, height=H * 3), pil=_scan_check())
+    # RGB colour space (no YCbCr transform), as Photoshop writes it (Adobe APP14 transform 0) and as `cjpeg -rgb`
+    # does (component ids 'R', 'G', 'B'): libjpeg (PIL, DALI's CPU decoder) honours it, the GPU decoders do not.
+    acc("jpeg_rgb_adobe.jpg", _rgb_jpeg(rgb, adobe=True), pil=True)
+    acc("jpeg_rgb_ids.jpg", _rgb_jpeg(rgb, adobe=False), pil=True)
 
     # -- PNG as stored
     acc("png_rgb.png", _enc(im, "PNG"))
@@ -191,32 +197,32 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     acc("png_palette.png", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=64), "PNG"))
     acc("png_1px_wide.png", _enc(Image.fromarray(photo(1, 300, seed=4), "RGB"), "PNG"))
     acc("png_1px_tall.png", _enc(Image.fromarray(photo(300, 1, seed=5), "RGB"), "PNG"))
-    # -- PNG fixed or converted
+    # -- PNG fixed, or only PIL reads them as the contract says
     acc("png_byte_after_iend.png", _enc(im, "PNG") + b"\x00", change="trimmed_trailing_data")
     g16 = (np.asarray(grey).astype(np.uint16) * 257 + np.arange(W, dtype=np.uint16)[None, :]).astype(">u2")
-    acc("png_grey16.png", _png(W, H, 16, 0, _rows(g16)), change="converted_to_png")
+    acc("png_grey16.png", _png(W, H, 16, 0, _rows(g16)), pil=True)
     dark16 = (np.asarray(grey).astype(np.uint16)).astype(">u2")  # every value <= 255: the content-dependent trap
-    acc("png_grey16_dark.png", _png(W, H, 16, 0, _rows(dark16)), change="converted_to_png")
+    acc("png_grey16_dark.png", _png(W, H, 16, 0, _rows(dark16)), pil=True)
     rgb16 = (rgb.astype(np.uint16) * 257).astype(">u2")
-    acc("png_rgb16.png", _png(W, H, 16, 2, _rows(rgb16)), change="converted_to_png")
+    acc("png_rgb16.png", _png(W, H, 16, 2, _rows(rgb16)), pil=True)
     pal = im.convert("P", palette=Image.ADAPTIVE, colors=16)
-    acc("png_palette_trns.png", _enc(pal, "PNG", transparency=3), change="converted_to_png")
+    acc("png_palette_trns.png", _enc(pal, "PNG", transparency=3), pil=True)
     rgba = im.convert("RGBA")
     alpha = np.asarray(grey).copy()
     alpha[:, : W // 3] = 0  # fully transparent third: its colour channels must survive as stored
     rgba.putalpha(Image.fromarray(alpha, "L"))
-    acc("png_rgba.png", _enc(rgba, "PNG"), change="converted_to_png")
+    acc("png_rgba.png", _enc(rgba, "PNG"), pil=True)
     la = grey.convert("LA")
     la.putalpha(128)
-    acc("png_la.png", _enc(la, "PNG"), change="converted_to_png")
+    acc("png_la.png", _enc(la, "PNG"), pil=True)
     grey_2bit = (np.asarray(grey) >> 6).astype(np.uint8)
     packed = np.packbits(np.unpackbits(grey_2bit[..., None], axis=-1)[..., 6:].reshape(H, -1), axis=1)
-    acc("png_grey_2bit.png", _png(W, H, 2, 0, _rows(packed)), change="converted_to_png")
+    acc("png_grey_2bit.png", _png(W, H, 2, 0, _rows(packed)), pil=True)
     frames = [Image.fromarray(photo(W, H, seed=s), "RGB") for s in (10, 11, 12)]
     acc("png_apng.png", _enc(frames[0], "PNG", save_all=True, append_images=frames[1:], duration=100, loop=0),
-        change="converted_to_png")
+        pil=True)
     acc("png_exif_orientation_6.png", _enc(im, "PNG", exif=_exif(6)), orientation=6)
-    acc("png_rgba_exif_orientation_8.png", _enc(rgba, "PNG", exif=_exif(8)), change="converted_to_png", orientation=8)
+    acc("png_rgba_exif_orientation_8.png", _enc(rgba, "PNG", exif=_exif(8)), pil=True, orientation=8)
     # -- PNG rejected
     good_png = _enc(im, "PNG")
     rej("png_truncated.png", good_png[: len(good_png) // 2], "truncated")
@@ -224,27 +230,27 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     rej("png_header_lie.png", _png(W, H, 8, 2, short), "decode")
     rej("png_bomb_header.png", _png(30000, 30000, 8, 0, b"\x00" * 31), "decompression bomb")
 
-    # -- other formats torchvision's ImageFolder loads: converted to PNG
-    acc("bmp_rgb.bmp", _enc(im, "BMP"), change="converted_to_png")
+    # -- other formats torchvision's ImageFolder loads: stored as they are, for PIL
+    acc("bmp_rgb.bmp", _enc(im, "BMP"), pil=True)
     acc("bmp_palette.bmp", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=256), "BMP"),
-        change="converted_to_png")
+        pil=True)
     acc("gif_static.gif", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=256), "GIF"),
-        change="converted_to_png")
+        pil=True)
     gif_frames = [f.convert("P", palette=Image.ADAPTIVE, colors=256) for f in frames]
     acc("gif_animated.gif", _enc(gif_frames[0], "GIF", save_all=True, append_images=gif_frames[1:], duration=100,
-                                 loop=0), change="converted_to_png")
-    acc("gif_transparent.gif", _enc(pal, "GIF", transparency=3), change="converted_to_png")
-    acc("tiff_rgb.tif", _enc(im, "TIFF"), change="converted_to_png")
-    # PIL applies a TIFF's orientation tag while loading (so does torchvision): converted displayed, tag dropped.
-    acc("tiff_exif_orientation_5.tif", _enc(im, "TIFF", exif=_exif(5)), change="converted_to_png")
-    acc("tiff_grey16.tif", _enc(Image.fromarray(g16.astype(np.uint16)), "TIFF"), change="converted_to_png")
-    acc("tiff_cmyk.tif", _enc(im.convert("CMYK"), "TIFF"), change="converted_to_png")
+                                 loop=0), pil=True)
+    acc("gif_transparent.gif", _enc(pal, "GIF", transparency=3), pil=True)
+    acc("tiff_rgb.tif", _enc(im, "TIFF"), pil=True)
+    # PIL applies a TIFF's orientation tag while opening it (so does torchvision): the displayed size, no tag.
+    acc("tiff_exif_orientation_5.tif", _enc(im, "TIFF", exif=_exif(5)), pil=True)
+    acc("tiff_grey16.tif", _enc(Image.fromarray(g16.astype(np.uint16)), "TIFF"), pil=True)
+    acc("tiff_cmyk.tif", _enc(im.convert("CMYK"), "TIFF"), pil=True)
     acc("tiff_multipage.tif", _enc(frames[0], "TIFF", save_all=True, append_images=frames[1:]),
-        change="converted_to_png")
-    acc("ppm_rgb.ppm", _enc(im, "PPM"), change="converted_to_png")
-    acc("pgm_grey.pgm", _enc(grey, "PPM"), change="converted_to_png")
+        pil=True)
+    acc("ppm_rgb.ppm", _enc(im, "PPM"), pil=True)
+    acc("pgm_grey.pgm", _enc(grey, "PPM"), pil=True)
     if features.check("webp"):
-        acc("webp_lossless.webp", _enc(im, "WEBP", lossless=True), change="converted_to_png")
+        acc("webp_lossless.webp", _enc(im, "WEBP", lossless=True), pil=True)
     else:  # a real 1x1 lossless WebP; this PIL cannot decode it, so neither could torchvision here
         rej("webp_lossless.webp", bytes.fromhex(
             "524946461a000000574542505650384c0d0000002f0000001007101111888 8fe0700".replace(" ", "")), "webp")
@@ -263,7 +269,25 @@ def _chunk_app(marker: int, body: bytes) -> bytes:
     return bytes([0xFF, marker]) + struct.pack(">H", len(body) + 2) + body
 
 
-def _jpegtran_cases(base: bytes, tmp: str) -> list[tuple[str, bytes, str, str | None, str | None, int]]:
+def _rgb_jpeg(rgb: np.ndarray, adobe: bool) -> bytes:
+    """A JPEG coding R, G, B planes without the YCbCr transform (4:4:4): PIL writes a "YCbCr" image's planes as
+    they are; its JFIF segment (which means YCbCr) is dropped and the colour space marked by an Adobe segment with
+    transform 0, or by the component ids 'R', 'G', 'B'."""
+    coded = _enc(Image.frombytes("YCbCr", (rgb.shape[1], rgb.shape[0]), rgb.tobytes()), "JPEG", quality=95,
+                 subsampling=0)
+    assert coded[2:4] == b"\xff\xe0"  # APP0 JFIF right after SOI
+    body = coded[4 + struct.unpack(">H", coded[4:6])[0]:]
+    if adobe:
+        return coded[:2] + _chunk_app(0xEE, b"Adobe" + struct.pack(">HHHB", 100, 0, 0, 0)) + body
+    b = bytearray(coded[:2] + body)
+    sof, sos = b.index(b"\xff\xc0"), b.index(b"\xff\xda")
+    for c, new in enumerate(b"RGB"):
+        b[sof + 10 + 3 * c] = new  # SOF: id, sampling, table per component
+        b[sos + 5 + 2 * c] = new  # SOS: selector, tables per component
+    return bytes(b)
+
+
+def _jpegtran_cases(base: bytes, tmp: str) -> list[tuple[str, bytes, str, str | None, str | None, int, bool]]:
     """Cases only libjpeg-turbo's command-line tools can make (skipped when `jpegtran` is not installed)."""
     tool = shutil.which("jpegtran")
     if tool is None:
@@ -275,8 +299,8 @@ def _jpegtran_cases(base: bytes, tmp: str) -> list[tuple[str, bytes, str, str | 
         arith = subprocess.run([tool, "-arithmetic", src], capture_output=True, check=True, timeout=30).stdout
     except (subprocess.SubprocessError, OSError):
         return []
-    # Lossless: transcoded back to baseline Huffman with the native core, or decoded by PIL and stored as PNG.
-    return [("jpeg_arithmetic.jpg", arith, "accept", "transcoded_baseline", None, 1)]
+    # Lossless: transcoded back to baseline Huffman with the native core, or stored as it is for PIL.
+    return [("jpeg_arithmetic.jpg", arith, "accept", "transcoded_baseline", None, 1, False)]
 
 
 def build_corpus(out_dir: str) -> list[Case]:
@@ -287,14 +311,14 @@ def build_corpus(out_dir: str) -> list[Case]:
     with tempfile.TemporaryDirectory() as tmp:
         items += _jpegtran_cases(_enc(Image.fromarray(rgb, "RGB"), "JPEG", quality=90), tmp)
     cases = []
-    for name, data, expect, change, reason, orientation in sorted(items):
+    for name, data, expect, change, reason, orientation, pil_only in sorted(items):
         path = os.path.join(out_dir, name)
         with open(path, "wb") as f:
             f.write(data)
-        cases.append(Case(name, path, expect, change, reason, orientation))
+        cases.append(Case(name, path, expect, change, reason, orientation, pil_only))
     return cases
 
 
 if __name__ == "__main__":
     for c in build_corpus(sys.argv[1] if len(sys.argv) > 1 else "odd_images_out"):
-        print(f"{c.name:45s} {c.expect:7s} {c.change or c.reason or ''}")
+        print(f"{c.name:45s} {c.expect:7s} {c.change or c.reason or ''}{' pil_only' if c.pil_only else ''}")
