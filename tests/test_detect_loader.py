@@ -313,6 +313,58 @@ def test_on_the_gpu_evaluation_batches_equal_the_cpu_ones_to_the_bit(yolo_pack):
     gpu.close()
 
 
+@pytest.fixture(scope="module")
+def odd_yolo_pack(tmp_path_factory):
+    """make_yolo's folder with a third of its images in formats only PIL reads as the decode contract says (a
+    16-bit RGB PNG whose high bytes are the pixels, a PNG with alpha, a TIFF): the same pixels, `pil_only` packed."""
+    from conftest import run_pack
+    from odd_images.build import _png, _rows
+
+    root = tmp_path_factory.mktemp("yolo-odd")
+    truth = make_yolo(root / "src", n=12, negatives=1)
+    for i, path in enumerate(sorted((root / "src" / "images").glob("*.png"))):
+        if i % 3:
+            continue
+        rgb = np.asarray(Image.open(path).convert("RGB"))
+        h, w = rgb.shape[:2]
+        kind = (i // 3) % 3
+        if kind == 0:
+            path.write_bytes(_png(w, h, 16, 2, _rows((rgb.astype(np.uint16) * 257 + 99).astype(">u2"))))
+        elif kind == 1:
+            alpha = np.full((h, w, 1), 7, np.uint8)
+            Image.fromarray(np.concatenate([rgb, alpha], axis=2), "RGBA").save(path)
+        else:
+            path.unlink()
+            Image.fromarray(rgb).save(path.with_suffix(".tif"))
+    run_pack(root / "src", root / "out", "--format", "wds")
+    return root / "out", truth
+
+
+def test_images_only_pil_reads_come_as_the_contract_says_with_their_boxes(odd_yolo_pack):
+    out, _ = odd_yolo_pack
+    with fastfeed.open_dataset(out) as ds:
+        assert int(ds.pil_only.sum()) == ds.manifest.pil_only == 4
+    with fastfeed.Loader(out, batch_size=6, train=True, image_size=S, dtype=torch.uint8, device="cpu",
+                         seed=2) as loader:
+        assert sum(check_boxes_against_pixels(b) for b in loader) > 10
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_images_only_pil_reads_are_decoded_by_pil_to_the_bit(odd_yolo_pack):
+    """DALI hands the `pil_only` samples to the contract's PIL decoder (decode/dali.py decode_whole): evaluation
+    batches equal the CPU path's to the bit, those samples included."""
+    out, _ = odd_yolo_pack
+    cpu = fastfeed.Loader(out, batch_size=6, image_size=S, dtype=torch.uint8, device="cpu", train=False)
+    gpu = fastfeed.Loader(out, batch_size=6, image_size=S, dtype=torch.uint8, device="cuda", train=False)
+    assert gpu.settings.decoder == "dali"
+    for a, b in zip(cpu, gpu):
+        for key in ("images", "boxes", "labels", "batch_idx", "scale", "pad"):
+            assert torch.equal(a[key], b[key].cpu()), key
+    assert gpu.stats()["skipped"]["total"] == 0
+    cpu.close()
+    gpu.close()
+
+
 def test_a_bad_record_is_replaced_by_a_copy_of_another_with_its_boxes(yolo_pack, tmp_path):
     """A sample whose bytes no longer match their checksum: under on_error="skip" its position holds an exact copy
     of another sample of the batch (pixels and boxes), marked not valid and counted; under "raise" the error names
