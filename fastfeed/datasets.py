@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from fastfeed.formats import Dataset, open_local
+from fastfeed.formats.base import load_manifest, remote_shards
 from fastfeed.remote.store import is_url
 
 __all__ = ["open_dataset"]
@@ -17,4 +18,8 @@ def open_dataset(path: str | os.PathLike, storage_options: dict | None = None, *
         from fastfeed.remote.dataset import open_remote  # fsspec only when a URL needs it
 
         return open_remote(path, storage_options, **remote)
+    if remote_shards(load_manifest(os.fspath(path))):  # a folder `fastfeed index` wrote for shards at a URL
+        from fastfeed.remote.dataset import open_remote
+
+        return open_remote(os.fspath(path), storage_options, **remote)
     return open_local(path)

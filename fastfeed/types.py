@@ -104,7 +104,8 @@ class Manifest:
     Both are left out of a classification manifest's JSON, so its bytes are those of earlier versions.
     `fields` (versions 2, 4 and 5) names the members each sample may carry besides its image (webdataset extensions:
     "txt", "json", "npy", ...), and `data_root`, when not "", is the absolute folder the shard paths are relative to
-    (shards indexed where they lie, read-only); both are left out of the JSON when empty. `pil_only` counts the
+    (shards indexed where they lie, read-only), or the URL of the shards' folder (shards indexed at a URL: read
+    through the shard cache, fastfeed/remote/dataset.py); both are left out of the JSON when empty. `pil_only` counts the
     samples only the decode contract's PIL decode reads as stored (samples.npz's `pil_only`; left out when 0).
     """
 
@@ -199,8 +200,9 @@ class Manifest:
                                                          for f in self.fields)
         if not names_ok or len(set(self.fields)) != len(self.fields):
             raise bad("fields", self.fields)
-        if not isinstance(self.data_root, str) or (self.data_root and not os.path.isabs(self.data_root)):
-            raise bad("data_root (an absolute folder or \"\")", self.data_root)
+        if not isinstance(self.data_root, str) or (self.data_root and not os.path.isabs(self.data_root)
+                                                   and not _URL.match(self.data_root)):
+            raise bad("data_root (an absolute folder, a URL or \"\")", self.data_root)
         for s in self.shards:
             if not (isinstance(s.path, str) and s.path and _is_count(s.bytes) and isinstance(s.sha256, str)
                     and _is_count(s.num_samples)):
@@ -209,6 +211,7 @@ class Manifest:
 
 # A field is a webdataset member extension: lower case, dot-separated words ("txt", "seg.png").
 _FIELD_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")  # a data_root at a URL (remote/store.py is_url's rule)
 
 
 def _is_count(v) -> bool:

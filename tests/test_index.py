@@ -102,6 +102,9 @@ def test_index_adopts_the_shards_without_changing_a_byte(shards, tmp_path):
     for i in range(N):  # every image's bytes are the JPEG the writer was given
         assert ds.read(i) == jpeg(i)
     assert verify(str(tmp_path / "ds")).ok
+    from fastfeed.doctor.checks import check_manifest
+
+    assert check_manifest(str(tmp_path / "ds"), gpu=False)[0].status == "OK"  # the shards in data_root
 
 
 def test_index_beside_the_shards(tmp_path):
@@ -279,3 +282,40 @@ def test_cli_index(shards, tmp_path):
     assert f"indexed {N} samples in 3 shard(s), 3 classes, fields cls, json, npy, txt; 0 rejected" in proc.stdout
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "already holds a dataset" in again.stderr
+
+
+def test_shards_at_a_url_are_adopted_where_they_lie(tmp_path, monkeypatch):
+    """Shards at an fsspec URL (memory://, in this process; tests/test_remote.py does it on an S3 server): indexed
+    into a local folder, into another URL, and beside them; each reads every sample with its own fields through the
+    shard cache, `verify` passes, and no shard object is written."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    base = f"/adopt-{tmp_path.name}"
+    local = write_shards(tmp_path / "s", (sample(i) for i in range(N)))
+    for p in sorted(local.glob("*.tar")):
+        fs.pipe(f"{base}/shards/{p.name}", p.read_bytes())
+    before = {p: fs.cat(p) for p in fs.find(f"{base}/shards")}
+    monkeypatch.setenv("FASTFEED_CACHE", str(tmp_path / "cache"))
+    url = f"memory://{base}/shards"
+    outs = [str(tmp_path / "ds"), f"memory://{base}/index", None]
+    for out in outs:
+        report = index_shards(url + "/", out)
+        assert report.manifest.num_samples == N and report.manifest.data_root == ("" if out is None else url)
+    assert {p: fs.cat(p) for p in fs.find(f"{base}/shards") if p.endswith(".tar")} == before
+    from fastfeed.doctor.checks import run_checks
+
+    doctor = {c.name: c for c in run_checks(str(tmp_path / "ds"))}
+    assert doctor["manifest"].status == "OK" and f"{N} samples" in doctor["manifest"].message
+    for where in (str(tmp_path / "ds"), f"memory://{base}/index", url):
+        assert verify(where).ok, where
+        with loader(where, train=False, shuffle=False, drop_last=False) as ld:
+            assert sorted(i for b in ld for i in check_batch(b)) == list(range(N))
+    with pytest.raises(DatasetError, match="open it with fastfeed.open_dataset"):
+        from fastfeed.formats import open_local
+
+        open_local(tmp_path / "ds")
+    with pytest.raises(DatasetError, match="reads its shards from a URL"):
+        index_shards(str(local), f"memory://{base}/elsewhere")
+    with pytest.raises(DatasetError, match="no such shard"):
+        index_shards(f"memory://{base}/shards/part-{{0000..0009}}.tar", str(tmp_path / "ds2"))

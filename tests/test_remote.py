@@ -485,3 +485,28 @@ def test_a_dataset_served_over_http_reads_like_the_local_one(wds_path, tmp_path)
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_shards_on_s3_indexed_where_they_lie_by_the_cli(s3, tmp_path, cache_dir):
+    """Shards written by the webdataset library, uploaded to S3, adopted by `fastfeed index` into a local folder
+    and into another prefix, never written to; the Loader reads every sample with its own fields through the shard
+    cache, and `fastfeed verify` passes on both."""
+    from test_index import N, check_batch, loader, sample, write_shards
+
+    local = write_shards(tmp_path / "shards", (sample(i) for i in range(N)))
+    fs = s3.fs()
+    for p in sorted(local.glob("*.tar")):
+        fs.put_file(str(p), f"{BUCKET}/adopt/shards/{p.name}")
+    etags = {p: fs.info(p)["ETag"] for p in fs.find(f"{BUCKET}/adopt/shards")}
+    url = f"s3://{BUCKET}/adopt/shards"
+    for src, out in ((url + "/", str(tmp_path / "ds")), (url + "/part-{0000..0002}.tar", f"s3://{BUCKET}/adopt/ds")):
+        proc = _cli("index", src, out)
+        assert proc.returncode == 0 and f"indexed {N} samples in 3 shard(s)" in proc.stdout, proc.stderr
+    fs.invalidate_cache()
+    assert {p: fs.info(p)["ETag"] for p in fs.find(f"{BUCKET}/adopt/shards")} == etags
+    for where in (str(tmp_path / "ds"), f"s3://{BUCKET}/adopt/ds"):
+        with loader(where, train=False, shuffle=False, drop_last=False) as ld:
+            assert sorted(i for b in ld for i in check_batch(b)) == list(range(N))
+        proc = _cli("verify", where)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert any(p.name.endswith(".tar") for p in Path(cache_dir).rglob("*"))

@@ -10,10 +10,10 @@ __all__ = ["configure", "run"]
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("shards", help="a folder of .tar shards, a glob ('data/*.tar') or a brace pattern "
-                                  "('data/shard-{000000..000099}.tar')")
+                                  "('data/shard-{000000..000099}.tar'), here or at a URL (s3://, gs://, ...)")
     p.add_argument("out", nargs="?", default=None,
-                   help="where the dataset's files go (default: the shards' folder; another folder when that one "
-                        "is read-only)")
+                   help="where the dataset's files go (default: the shards' folder; another folder, or for shards "
+                        "at a URL another URL, when that one is read-only)")
     p.add_argument("--image-ext", default=None,
                    help="the member that is each sample's image: jpg, jpeg, png, webp, bmp, gif, tif, tiff, ppm, pgm, "
                         "pbm, pnm or jp2 (default: the first of jpg, jpeg, png it has, else the first other image "

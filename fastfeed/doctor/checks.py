@@ -18,6 +18,7 @@ from pathlib import Path
 from fastfeed.doctor.check import FAIL, OK, WARN, Check, gib
 from fastfeed.doctor.readprobe import SLOW_DIRECT_MB_S, read_probe
 from fastfeed.doctor.remote import check_remote
+from fastfeed.formats.base import remote_shards, shard_root
 from fastfeed.remote.store import is_url
 
 __all__ = [
@@ -259,6 +260,17 @@ def check_small_files(path: str, max_scan: int = 20000, min_count: int = SMALL_F
     return Check("dataset", WARN, msg + "; fastfeed.Loader reads packed datasets", cmd)
 
 
+def _shards_at_url(path: str) -> bool:
+    """A local dataset folder whose shards are at a URL (`fastfeed index` of shards at a URL)."""
+    from fastfeed.types import Manifest
+
+    try:
+        man = Manifest.from_json((Path(path) / "fastfeed.json").read_text(), where=path)
+    except Exception:  # noqa: BLE001 - no or no readable manifest: the local checks say what is wrong
+        return False
+    return remote_shards(man)
+
+
 def check_manifest(path: str, gpu: bool = True) -> list[Check]:
     """A packed dataset: manifest readable, shard files present with the recorded sizes, JPEG mix advice.
 
@@ -274,8 +286,9 @@ def check_manifest(path: str, gpu: bool = True) -> list[Check]:
         return [Check("manifest", FAIL, str(e), "re-pack the dataset with this fastfeed version")]
     out = []
     problems = []
+    shards = Path(shard_root(str(root), man))  # the shards' folder: elsewhere when `fastfeed index` said so
     for sh in man.shards:
-        p = root / sh.path
+        p = shards / sh.path
         try:
             size = p.stat().st_size if p.is_file() else None
         except OSError:
@@ -419,7 +432,7 @@ def run_checks(dataset: str | None = None, num_threads: int | None = None,
         check_cpus(usable, os.cpu_count() or usable, num_threads, cgroup_cpu_limit(), gpu=bool(names)),
     ]
     if dataset is not None:
-        if is_url(dataset):
+        if is_url(dataset) or _shards_at_url(dataset):
             checks.extend(check_remote(dataset))
         elif not os.path.exists(dataset):
             checks.append(Check("dataset", FAIL, f"{dataset} does not exist", "check the path"))

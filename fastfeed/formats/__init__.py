@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from fastfeed.formats.base import Dataset, load_manifest
+from fastfeed.formats.base import Dataset, load_manifest, remote_shards
 from fastfeed.formats.lmdb import LmdbDataset
 from fastfeed.formats.targets import read_targets
 from fastfeed.formats.wds import WdsDataset
@@ -24,4 +24,8 @@ READERS: dict[str, type] = {"wds": WdsDataset, "lmdb": LmdbDataset}
 def open_local(path: str | os.PathLike) -> Dataset:
     """Open a folder written by `fastfeed pack`; raises DatasetError when it is not a complete, intact dataset."""
     root = os.fspath(path)
-    return READERS[load_manifest(root).kind](root)
+    manifest = load_manifest(root)
+    if remote_shards(manifest):
+        raise DatasetError(f"{root}: its shards are at {manifest.data_root}: open it with fastfeed.open_dataset, "
+                           "which reads them through the shard cache", path=root)
+    return READERS[manifest.kind](root)

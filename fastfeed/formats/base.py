@@ -74,6 +74,8 @@ def load_manifest(root: str) -> Manifest:
     except (OSError, UnicodeDecodeError) as e:
         raise DatasetError(f"{path}: unreadable ({e})", path=path) from None
     manifest = Manifest.from_json(text, where=path)
+    if remote_shards(manifest):  # read through the shard cache, which checks each one's size and sha256
+        return manifest
     for shard in manifest.shards:
         p = data_path(shard_root(root, manifest), shard.path, where=path)
         try:
@@ -100,10 +102,16 @@ def read_regular(path: str) -> bytes:
         os.close(fd)
 
 
+def remote_shards(manifest: Manifest) -> bool:
+    """Whether the data files are at a URL (`fastfeed index` of shards at a URL wrote this dataset elsewhere)."""
+    return "://" in manifest.data_root
+
+
 def shard_root(root: str, manifest: Manifest) -> str:
-    """The folder the manifest's data file paths are relative to: the dataset folder, or the folder `fastfeed
-    index` found the shards in when it wrote the dataset elsewhere (`data_root`)."""
-    return manifest.data_root or root
+    """The folder the manifest's data file paths are relative to: the dataset folder (for a dataset read through
+    the shard cache, its mirror there), or the folder `fastfeed index` found the shards in when it wrote the
+    dataset elsewhere (`data_root`)."""
+    return root if remote_shards(manifest) else manifest.data_root or root
 
 
 def data_path(root: str, rel: str, where: str = MANIFEST_NAME) -> str:

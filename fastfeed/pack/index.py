@@ -5,7 +5,9 @@ It reads every shard once and writes what `fastfeed pack` would have written bes
 table (each sample's image and every other member as a named field: offsets, sizes, xxh3), DALI's `.idx` per shard,
 the rejected-sample report and the manifest (format version 4), last. Into the shards' folder by default, or into
 another folder (`out`) when the shards' folder is read-only; the manifest then names the shards' folder
-(`data_root`).
+(`data_root`). Shards at an fsspec URL (s3://, gs://, ...) are read once each, through a temporary file; their
+dataset goes beside them, or into a local folder or another URL, and the Loader reads the shards through the shard
+cache (fastfeed/remote/dataset.py).
 
 Samples follow webdataset's rule: consecutive members whose names share the part before the first dot of the base
 name form one sample, and the rest of the name is the member's extension (lower-cased). The image is the sample's
@@ -22,8 +24,10 @@ import glob
 import hashlib
 import mmap
 import os
+import posixpath
 import re
 import tarfile
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -35,6 +39,7 @@ from fastfeed.pack.table import new_rows, rows_to_table, write_dataset
 from fastfeed.pack.validate import TRIMMED, Loaded, LoadOptions, check_for_pil, check_image
 from fastfeed.pack.wds import WdsWriter
 from fastfeed.pack.writers import atomic_write
+from fastfeed.remote.store import is_url, join, retrying, url_to_fs
 from fastfeed.types import ADOPTED_FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, ShardInfo
 
 __all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards"]
@@ -68,26 +73,51 @@ class IndexReport:
     rejected: list
 
 
-def find_shards(src: str) -> tuple[str, list[str]]:
+def find_shards(src: str, storage_options: dict | None = None) -> tuple[str, list[str]]:
     """(the shards' folder, their paths relative to it) for a folder (every `.tar` in it and below, sorted), a
-    glob (`data/*.tar`) or a brace pattern (`data/shard-{000000..000099}.tar`)."""
+    glob (`data/*.tar`) or a brace pattern (`data/shard-{000000..000099}.tar`), on this machine or at an fsspec
+    URL (`s3://bucket/shards/`, `gs://bucket/shard-{0000..0099}.tar`; the folder is then a URL)."""
     src = os.fspath(src)
+    if is_url(src):
+        return _find_remote(src, storage_options)
     if os.path.isdir(src):
         root = os.path.abspath(src)
         rels = sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "**", "*.tar"), recursive=True))
     else:
         paths = [p for pattern in _braces(src) for p in (sorted(glob.glob(pattern)) if glob.has_magic(pattern)
                                                        else [pattern])]
-        missing = [p for p in paths if not os.path.isfile(p)]
-        if missing:
-            raise DatasetError(f"{src}: no such shard {missing[0]}" + (f" (and {len(missing) - 1} more)"
-                                                                       if len(missing) > 1 else ""), path=missing[0])
+        _check_found(src, [p for p in paths if not os.path.isfile(p)])
         paths = [os.path.abspath(p) for p in paths]
         root = os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else os.path.abspath(".")
         rels = [os.path.relpath(p, root) for p in paths]
     if not rels:
         raise DatasetError(f"{src}: no .tar shards found", path=src)
     return root, rels
+
+
+def _find_remote(src: str, storage_options: dict | None) -> tuple[str, list[str]]:
+    fs, base = url_to_fs(src.rstrip("/"), storage_options)
+    if retrying(lambda: fs.isdir(base), f"list {src}"):
+        root = base.rstrip("/")
+        paths = sorted(p for p in retrying(lambda: fs.find(root), f"list {src}") if p.endswith(".tar"))
+    else:
+        paths = []
+        for pattern in _braces(base):
+            if glob.has_magic(pattern):
+                paths.extend(sorted(retrying(lambda: fs.glob(pattern), f"list {src}")))
+            else:
+                paths.append(pattern)
+        _check_found(src, [p for p in paths if not retrying(lambda: fs.isfile(p), f"list {src}")])
+        root = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if paths else base
+    if not paths:
+        raise DatasetError(f"{src}: no .tar shards found", path=src)
+    return fs.unstrip_protocol(root), [posixpath.relpath(p, root) for p in paths]
+
+
+def _check_found(src: str, missing: list[str]) -> None:
+    if missing:
+        raise DatasetError(f"{src}: no such shard {missing[0]}" + (f" (and {len(missing) - 1} more)"
+                                                                   if len(missing) > 1 else ""), path=missing[0])
 
 
 def _braces(pattern: str) -> list[str]:
@@ -103,22 +133,67 @@ def _braces(pattern: str) -> list[str]:
 
 
 def index_shards(src: str, out: str | None = None, *, image_ext: str | None = None, threads: int | None = None,
-                 scan_check: bool = True, overwrite: bool = False) -> IndexReport:
+                 scan_check: bool = True, overwrite: bool = False,
+                 storage_options: dict | None = None) -> IndexReport:
     """Adopt the shards `src` names (find_shards) as a fastfeed dataset written to `out` (default: the shards'
-    folder). Raises DatasetError when no sample is usable or `out` already holds a dataset (unless `overwrite`)."""
-    root, rels = find_shards(src)
-    out = os.path.abspath(out) if out else root
-    os.makedirs(out, exist_ok=True)
-    if os.path.exists(os.path.join(out, MANIFEST_NAME)) and not overwrite:
-        raise DatasetError(f"{out}: already holds a dataset ({MANIFEST_NAME}); pass overwrite=True (--overwrite) to "
-                           "index again", path=out)
+    folder). Shards at a URL are read once each (downloaded to a temporary file, indexed, removed); `out` is then
+    a local folder or a URL (written locally, then uploaded, its manifest last). Raises DatasetError when no
+    sample is usable or `out` already holds a dataset (unless `overwrite`)."""
     if image_ext is not None and image_ext not in IMAGE_EXTS:
         raise ValueError(f"image_ext must be one of {IMAGE_EXTS}, got {image_ext!r}")
+    root, rels = find_shards(src, storage_options)
+    out = root if not out else out.rstrip("/") if is_url(out) else os.path.abspath(out)
+    if is_url(out) and not is_url(root):
+        raise DatasetError(f"{out}: a dataset at a URL reads its shards from a URL: upload the shards, or index "
+                           "into a local folder", path=out)
+    _refuse_existing(out, overwrite, storage_options)
     opts = LoadOptions(scan_check=scan_check)
     workers = threads or min(8, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastfeed-index") as pool:
-        results = list(pool.map(lambda a: _index_shard(os.path.join(root, a[1]), a[1], a[0], image_ext, opts),
-                                enumerate(rels)))
+    with tempfile.TemporaryDirectory(prefix="fastfeed-index-") as tmp:
+        def one(a):
+            shard, rel = a
+            if not is_url(root):
+                return _index_shard(os.path.join(root, rel), rel, shard, image_ext, opts)
+            local = os.path.join(tmp, f"{shard:08d}.tar")  # at most `workers` of them at a time
+            _download(root, rel, local, storage_options)
+            try:
+                return _index_shard(local, rel, shard, image_ext, opts)
+            finally:
+                os.remove(local)
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastfeed-index") as pool:
+            results = list(pool.map(one, enumerate(rels)))
+        folder = os.path.join(tmp, "out") if is_url(out) else out
+        manifest, rejected = _write(folder, src, root, rels, results, image_ext, scan_check,
+                                    data_root="" if out == root else root)
+        if is_url(out):
+            from fastfeed.pack.remote import upload_dataset
+
+            upload_dataset(folder, out, storage_options)
+    return IndexReport(manifest, out, rejected)
+
+
+def _refuse_existing(out: str, overwrite: bool, storage_options: dict | None) -> None:
+    if is_url(out):
+        fs, base = url_to_fs(out.rstrip("/"), storage_options)
+        there = retrying(lambda: fs.exists(join(base, MANIFEST_NAME)), f"look at {out}")
+    else:
+        os.makedirs(out, exist_ok=True)
+        there = os.path.exists(os.path.join(out, MANIFEST_NAME))
+    if there and not overwrite:
+        raise DatasetError(f"{out}: already holds a dataset ({MANIFEST_NAME}); pass overwrite=True (--overwrite) to "
+                           "index again", path=out)
+
+
+def _download(root: str, rel: str, dest: str, storage_options: dict | None) -> None:
+    fs, base = url_to_fs(root, storage_options)
+    retrying(lambda: fs.get_file(join(base, rel), dest), f"download {root}/{rel}")
+
+
+def _write(out: str, src: str, root: str, rels: list[str], results: list, image_ext: str | None,
+           scan_check: bool, data_root: str) -> tuple[Manifest, list]:
+    """The dataset's files into the local folder `out`, the manifest last: (the manifest, the rejections)."""
+    os.makedirs(out, exist_ok=True)
     rejected = [r for res in results for r in res.rejected]
     rows = {c: [v for res in results for v in res.rows[c]] for c in results[0].rows}
     per_sample = [f for res in results for f in res.fields]
@@ -140,9 +215,9 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
     manifest = write_dataset(
         out, "wds", table, shards, rejected, classes=classes, class_to_idx={c: i for i, c in enumerate(classes)},
         source=root, source_kind="shards", options={"image_ext": image_ext, "scan_check": scan_check},
-        part=None, created_by="fastfeed index", extra={}, fields=names,
-        data_root="" if out == root else root, version=ADOPTED_FORMAT_VERSION)
-    return IndexReport(manifest, out, rejected)
+        part=None, created_by="fastfeed index", extra={}, fields=names, data_root=data_root,
+        version=ADOPTED_FORMAT_VERSION)
+    return manifest, rejected
 
 
 def _table(rows: dict, per_sample: list[dict], names: list[str]) -> dict[str, np.ndarray]:

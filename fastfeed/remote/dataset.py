@@ -12,6 +12,10 @@ WebDataset: shards are fetched whole, when first needed:
     (the shards of these samples) before the ring reads those samples.
 LMDB: the environment is one file, fetched whole at open.
 
+Shards adopted by `fastfeed index` at a URL: the manifest's `data_root` is the shards' URL, and the dataset (its
+manifest, table and DALI index files) is a local folder or another URL. Shards are then fetched from `data_root`
+into the mirror of (`data_root`, manifest), and the table is copied (or fetched) there, as for any dataset here.
+
 Pinned shards (see the NOTE) stay pinned until `prepare_epoch` of another set, or `close()`.
 """
 from __future__ import annotations
@@ -22,11 +26,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from fastfeed.formats.base import TableDataset, _check_columns, load_table
+from fastfeed.formats.base import TableDataset, _check_columns, load_table, read_regular, remote_shards
 from fastfeed.formats.lmdb import LmdbDataset
 from fastfeed.formats.wds import WdsDataset
 from fastfeed.remote.cache import ShardCache
-from fastfeed.remote.store import join, resolve_retry_timeout, retrying, url_to_fs
+from fastfeed.remote.store import is_url, join, resolve_retry_timeout, retrying, url_to_fs
 from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, DatasetError, Extents, Manifest
 
 __all__ = ["open_remote", "read_manifest", "RemoteWdsDataset", "RemoteLmdbDataset", "FETCH_MODES"]
@@ -109,23 +113,44 @@ def _manifest_text(url: str, fs, base: str, retry_timeout: float | None) -> str:
 def open_remote(url: str, storage_options: dict | None = None, *, cache_dir: str | None = None,
                 cache_size: int | None = None, fetch: str = "all", parallel: int = DEFAULT_PARALLEL,
                 retry_timeout: float | None = None):
-    """Open the dataset at `url` (see the module docstring). Raises DatasetError when it is not a complete
-    dataset or cannot be reached within `retry_timeout` seconds of retries."""
+    """Open the dataset at `url`, or in the local folder `url` whose shards are at a URL (see the module docstring).
+    Raises DatasetError when it is not a complete dataset or cannot be reached within `retry_timeout` seconds of
+    retries."""
     if fetch not in FETCH_MODES:
         raise ValueError(f"fetch must be one of {FETCH_MODES}, got {fetch!r}")
     if int(parallel) < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     cache = ShardCache(cache_dir, cache_size)
-    remote = _Remote(url, storage_options, cache, retry_timeout)
-    text = _manifest_text(remote.url, remote.fs, remote.base, remote.retry_timeout)
-    manifest = Manifest.from_json(text, where=f"{remote.url}/{MANIFEST_NAME}")
-    mirror = cache.mirror(remote.url, text)
-    remote.fetch_small(mirror, SAMPLES_NAME)
-    remote.fetch_small(mirror, REJECTED_NAME, required=False)
+    if is_url(url):
+        remote = _Remote(url, storage_options, cache, retry_timeout)
+        text = _manifest_text(remote.url, remote.fs, remote.base, remote.retry_timeout)
+        manifest = Manifest.from_json(text, where=f"{remote.url}/{MANIFEST_NAME}")
+        shards = _Remote(manifest.data_root, storage_options, cache, retry_timeout) if remote_shards(manifest) \
+            else remote
+        mirror = cache.mirror(remote.url, text)
+        remote.fetch_small(mirror, SAMPLES_NAME)
+
+        def small(name: str) -> None:
+            remote.fetch_small(mirror, name, required=False)
+    else:
+        folder = os.path.abspath(url)
+        text = read_regular(os.path.join(folder, MANIFEST_NAME)).decode("utf-8")
+        manifest = Manifest.from_json(text, where=os.path.join(folder, MANIFEST_NAME))
+        if not remote_shards(manifest):
+            raise DatasetError(f"{folder}: its shards are local; open it with fastfeed.open_dataset", path=folder)
+        shards = _Remote(manifest.data_root, storage_options, cache, retry_timeout)
+        mirror = cache.mirror(shards.url, text)
+
+        def small(name: str) -> None:
+            if os.path.exists(os.path.join(folder, name)):
+                _write_if_missing(os.path.join(mirror, name), read_regular(os.path.join(folder, name)))
+
+        small(SAMPLES_NAME)
+    small(REJECTED_NAME)
     _write_if_missing(os.path.join(mirror, MANIFEST_NAME), text.encode("utf-8"))
     if manifest.kind == "lmdb":
-        return RemoteLmdbDataset(remote, mirror, manifest)
-    return RemoteWdsDataset(remote, mirror, manifest, fetch, int(parallel))
+        return RemoteLmdbDataset(shards, mirror, manifest)
+    return RemoteWdsDataset(shards, mirror, manifest, fetch, int(parallel), small)
 
 
 def _write_if_missing(path: str, data: bytes) -> None:
@@ -170,10 +195,13 @@ class _ShardPaths(list):
 
 
 class RemoteWdsDataset(WdsDataset):
-    """A WebDataset dataset whose shards are fetched into the cache as they are needed (module docstring)."""
+    """A WebDataset dataset whose shards are fetched into the cache as they are needed (module docstring).
+    `remote`: where the shards are; `fetch_small(name)` brings a small file of the dataset's own (a DALI `.idx`)
+    into the mirror from where its manifest is."""
 
-    def __init__(self, remote: _Remote, mirror: str, manifest: Manifest, fetch: str, parallel: int):
+    def __init__(self, remote: _Remote, mirror: str, manifest: Manifest, fetch: str, parallel: int, fetch_small):
         # Not WdsDataset.__init__: that checks every shard file exists, and here they come later.
+        self._fetch_small = fetch_small
         self.url = remote.url
         self.cache = remote.cache
         self.root = mirror
@@ -280,9 +308,10 @@ class RemoteWdsDataset(WdsDataset):
         self.prepare_epoch(np.arange(len(self)), wait=True)
 
     def check_layout(self, damaged: set[str]):
-        """`fastfeed verify` also cross-checks each shard's DALI `.idx`: bring those (small) files too."""
+        """`fastfeed verify` also cross-checks each shard's DALI `.idx`: bring those (small) files too, from where
+        the manifest is (not where the shards are, when they are apart)."""
         for shard in self.manifest.shards:
-            self._remote.fetch_small(self.root, shard.path[: -len(".tar")] + ".idx", required=False)
+            self._fetch_small(shard.path[: -len(".tar")] + ".idx")
         return super().check_layout(damaged)
 
     def extents(self) -> Extents:
