@@ -192,6 +192,41 @@ def test_voc_segmentation_layout_and_split(tmp_path):
     assert [(Path(r["path"]).name, r["reason"]) for r in rejected(tmp_path / "train")] == [("2007_3.jpg", "no mask")]
 
 
+def test_cityscapes_layout_pairs_by_name_and_prefers_train_ids(tmp_path, capsys):
+    """leftImg8bit/SPLIT/CITY/NAME_leftImg8bit.png with gtFine/SPLIT/CITY/NAME_gtFine_labelTrainIds.png (ids 0-18,
+    255 ignored); gtFine's other files are passed over; with no labelTrainIds in the split, the labelIds masks."""
+    root = tmp_path / "cityscapes"
+    names = [("aachen", "aachen_000000_000019"), ("aachen", "aachen_000001_000019"), ("bochum", "bochum_000000_000313")]
+    for i, (city, name) in enumerate(names):
+        image(root / "leftImg8bit" / "train" / city / f"{name}_leftImg8bit.png", 64, 32, i)
+        gt = root / "gtFine" / "train" / city
+        mask(gt / f"{name}_gtFine_labelIds.png", 64, 32, 10 + i, ids=(0, 7, 26, 33))
+        mask(gt / f"{name}_gtFine_instanceIds.png", 64, 32, 20 + i, ids=(0, 7, 26))
+        mask(gt / f"{name}_gtFine_color.png", 64, 32, 30 + i, "RGB")
+        (gt / f"{name}_gtFine_polygons.json").write_text("{}")
+        if i < 2:
+            mask(gt / f"{name}_gtFine_labelTrainIds.png", 64, 32, 40 + i, ids=(0, 13, 18, 255))
+    image(root / "leftImg8bit" / "val" / "lindau" / "lindau_000000_000019_leftImg8bit.png", 64, 32, 9)
+    assert main(["pack", str(root), str(tmp_path / "nosplit"), "--quiet"]) == 2
+    assert "pass --split NAME, one of train, val" in capsys.readouterr().err
+    out = tmp_path / "out"
+    run_pack(root, out, "--split", "train")  # recognised: leftImg8bit/ + gtFine/
+    m = json.loads((out / "fastfeed.json").read_text())
+    assert (m["task"], m["source_kind"]) == ("semantic", "cityscapes")
+    gt = root / "gtFine" / "train"
+    assert stored_masks(out) == {
+        f"leftImg8bit/train/{city}/{name}_leftImg8bit.png":
+            (gt / city / f"{name}_gtFine_labelTrainIds.png").read_bytes() for city, name in names[:2]}
+    assert [(Path(r["path"]).name, r["reason"]) for r in rejected(out)] == [
+        ("bochum_000000_000313_leftImg8bit.png", "no mask")]
+    for city, name in names[:2]:
+        (gt / city / f"{name}_gtFine_labelTrainIds.png").unlink()
+    run_pack(root, tmp_path / "label-ids", "--source", "cityscapes", "--split", "train")
+    assert stored_masks(tmp_path / "label-ids") == {
+        f"leftImg8bit/train/{city}/{name}_leftImg8bit.png": (gt / city / f"{name}_gtFine_labelIds.png").read_bytes()
+        for city, name in names}
+
+
 def test_ade20k_without_split_folders_and_the_split_is_asked_for(ade, tmp_path, capsys):
     flat = tmp_path / "flat"
     shutil.copytree(ade / "images" / "validation", flat / "images")

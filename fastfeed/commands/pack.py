@@ -16,8 +16,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="ImageFolder tree, flat folder of images, a .csv/.jsonl list (path,label[,metadata]), "
                                "or a detection dataset: YOLO folder (images/ + labels/), Pascal VOC folder "
                                "(Annotations/ + JPEGImages/), COCO image folder with --annotations; or a segmentation "
-                               "dataset: ADE20K-style folder (images/ + annotations/), VOC folder with --source "
-                               "voc-seg (JPEGImages/ + SegmentationClass/), image folder with --masks")
+                               "dataset: ADE20K-style folder (images/ + annotations/), Cityscapes folder (leftImg8bit/ "
+                               "+ gtFine/), VOC folder with --source voc-seg (JPEGImages/ + SegmentationClass/), image "
+                               "folder with --masks")
     p.add_argument("out", help="output folder or fsspec URL (s3://bucket/prefix, gs://...)")
     p.add_argument("--format", choices=("wds", "lmdb"), default="wds", help="WebDataset tar shards or LMDB")
     p.add_argument("--source", choices=ALL_KINDS, default="auto", help="how to read SRC (auto: guess from SRC)")
@@ -28,7 +29,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "data.yaml's names)")
     p.add_argument("--split", default=None, metavar="NAME",
                    help="YOLO: pack images/NAME + labels/NAME; VOC: the ids of ImageSets/Main/NAME.txt (voc-seg: "
-                        "ImageSets/Segmentation/NAME.txt); ADE20K: images/NAME + annotations/NAME")
+                        "ImageSets/Segmentation/NAME.txt); ADE20K: images/NAME + annotations/NAME; Cityscapes: "
+                        "leftImg8bit/NAME + gtFine/NAME")
     p.add_argument("--masks", default=None, metavar="FOLDER",
                    help="class-id masks of the images in SRC, laid out as they are (SRC/a/b.jpg -> FOLDER/a/b.png): "
                         "packs a semantic segmentation dataset, each mask stored as its image's .seg.png member")

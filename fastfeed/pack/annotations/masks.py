@@ -5,6 +5,10 @@ Layouts (`--source`, recognised under 'auto' but for `masks`):
 - `ade20k`: `ROOT/images/[SPLIT/]` + `ROOT/annotations/[SPLIT/]` (ADEChallengeData2016: `--split training`);
 - `voc-seg`: Pascal VOC's `ROOT/JPEGImages/` + `ROOT/SegmentationClass/`, the images that have a mask or those
   `ImageSets/Segmentation/SPLIT.txt` lists (JPEGImages/ also holds the detection set's images, which have none);
+- `cityscapes`: `ROOT/leftImg8bit/SPLIT/CITY/NAME_leftImg8bit.png` + `ROOT/gtFine/SPLIT/CITY/NAME_gtFine_*.png`
+  (`--split train`): the `labelTrainIds` masks (19 classes, 255 ignored: what cityscapesScripts'
+  createTrainIdLabelImgs writes and models train on) when the split has any, else the `labelIds` ones; gtFine's
+  other files (colour, instance ids, polygons) are not masks and are passed over;
 - `masks` (`--masks MASKS`): any folder of images, IMAGES/a/b.jpg's mask being MASKS/a/b.png.
 
 An image and its mask share their path below their folders, less the extension; masks are `.png` files. Nothing
@@ -23,8 +27,11 @@ from fastfeed.pack.sources import Source, SourceEntry, _count_link, _listdir, _w
 __all__ = ["MASK_MEMBER", "SEMANTIC_KINDS", "scan_semantic", "semantic_layout"]
 
 MASK_MEMBER = "seg.png"  # the member name segmentation shards use (fastfeed/loader/fields.py pick_mask finds it)
-SEMANTIC_KINDS = ("ade20k", "voc-seg", "masks")
+SEMANTIC_KINDS = ("ade20k", "voc-seg", "cityscapes", "masks")
 _MASK_EXT = ".png"
+# Cityscapes' file-name suffixes: images, then the masks in order of preference
+_CITY_IMAGE = "_leftImg8bit"
+_CITY_MASKS = ("_gtFine_labelTrainIds", "_gtFine_labelIds")
 
 
 def _ade_dirs(root: str, split: str | None, need_masks: bool = True) -> tuple[str, str] | None:
@@ -39,9 +46,12 @@ def _ade_dirs(root: str, split: str | None, need_masks: bool = True) -> tuple[st
 
 
 def semantic_layout(root: str, split: str | None = None) -> str | None:
-    """'ade20k' or 'voc-seg' when `root` is laid out as one (folders and their files), else None."""
+    """'ade20k', 'voc-seg' or 'cityscapes' when `root` is laid out as one (folders and their files), else None."""
     if _ade_dirs(root, split) is not None:
         return "ade20k"
+    gt = os.path.join(root, "gtFine")
+    if os.path.isdir(os.path.join(root, _CITY_IMAGE[1:])) and os.path.isdir(gt) and _has_file(gt, _MASK_EXT, 2):
+        return "cityscapes"
     seg = os.path.join(root, "SegmentationClass")
     if os.path.isdir(os.path.join(root, "JPEGImages")) and os.path.isdir(seg) and _has_file(seg, _MASK_EXT, 0):
         return "voc-seg"
@@ -67,6 +77,8 @@ def scan_semantic(root: str, kind: str, split: str | None = None, masks: str | N
         return _pair(root, root, masks, kind)
     if kind == "voc-seg":
         return _scan_voc_seg(root, split)
+    if kind == "cityscapes":
+        return _scan_cityscapes(root, split)
     dirs = _ade_dirs(root, split, need_masks=False)
     if dirs is None:
         where = f"images/{split} + annotations/{split}" if split else "images/ + annotations/"
@@ -140,4 +152,41 @@ def _scan_voc_seg(root: str, split: str | None) -> Source:
             src.rejected.append({"path": image, "mask": os.path.join(mask_dir, stem + _MASK_EXT), "reason": "no mask"})
         else:
             src.entries.append(_entry(root, image, mask))
+    return src
+
+
+def _scan_cityscapes(root: str, split: str | None) -> Source:
+    img_top, gt_top = os.path.join(root, _CITY_IMAGE[1:]), os.path.join(root, "gtFine")
+    if not (os.path.isdir(img_top) and os.path.isdir(gt_top)):
+        raise ValueError(f"{root}: not a Cityscapes dataset (needs leftImg8bit/ and gtFine/)")
+    splits = sorted(n for n, is_dir in _listdir(img_top, Source(img_top, "", [], [], {})) if is_dir)
+    if split is None or split not in splits:
+        raise ValueError(f"{root}: pass --split NAME, one of {', '.join(splits) or 'none found'} "
+                         f"(leftImg8bit/NAME and gtFine/NAME)")
+    img_dir, gt_dir = os.path.join(img_top, split), os.path.join(gt_top, split)
+    src = _new_source(root, "cityscapes")
+    masks: dict[str, dict[str, str]] = {suffix: {} for suffix in _CITY_MASKS}
+    for path, _ in _walk_files(gt_dir, src) if os.path.isdir(gt_dir) else ():
+        stem = os.path.splitext(path[len(gt_dir) + 1:])[0]
+        for suffix in _CITY_MASKS:
+            if stem.endswith(suffix) and path.endswith(_MASK_EXT):
+                masks[suffix][stem[: -len(suffix)]] = path
+    suffix = next((s for s in _CITY_MASKS if masks[s]), _CITY_MASKS[0])
+    found = masks[suffix]
+    used: set[str] = set()
+    for path, via_link in _walk_files(img_dir, src):
+        if via_link:
+            _count_link(src, path)
+        stem = os.path.splitext(path[len(img_dir) + 1:])[0]
+        name = stem[: -len(_CITY_IMAGE)] if stem.endswith(_CITY_IMAGE) else stem
+        mask = found.get(name)
+        if mask is None:
+            src.rejected.append({"path": path, "mask": os.path.join(gt_dir, name + suffix + _MASK_EXT),
+                                 "reason": "no mask"})
+            continue
+        used.add(name)
+        src.entries.append(_entry(root, path, mask))
+    for name in sorted(set(found) - used):
+        src.rejected.append({"path": found[name], "mask": found[name],
+                             "reason": f"mask without an image (no {os.path.join(img_dir, name + _CITY_IMAGE)}.*)"})
     return src
