@@ -518,3 +518,39 @@ def test_the_batch_box_transform_is_the_per_output_one_to_the_bit(train, aug):
         assert np.array_equal(got_boxes, np.concatenate([w[0] for w in want]))
         assert np.array_equal(got_labels, np.concatenate([w[1] for w in want]))
         assert np.array_equal(got_idx, np.concatenate([w[2] for w in want]))
+
+
+def test_iou_crop_windows_follow_the_ssd_sampler():
+    """fastfeed/detect/iou_crop.py: every window lies in its image, keeps 30-100% of each side at an aspect ratio
+    in [0.5, 2] and holds a box's centre; the whole image is kept when "no crop" is drawn (1 option in 7) before an
+    option a window meets; a window is a function of the sample's stream; an image without boxes is kept whole."""
+    from fastfeed.detect.geometry import sample_rng
+    from fastfeed.detect.iou_crop import crop_window
+
+    rng = np.random.default_rng(0)
+    whole, best = 0, []
+    for i in range(400):
+        w0, h0 = int(rng.integers(50, 800)), int(rng.integers(50, 800))
+        xy = rng.uniform(0, 0.5, (int(rng.integers(1, 6)), 2)) * (w0, h0)
+        boxes = np.concatenate([xy, xy + rng.uniform(0.1, 0.5, xy.shape) * (w0, h0)], axis=1)
+        L, T, W, H = crop_window(sample_rng(1, 0, i), w0, h0, boxes)
+        assert (L, T, W, H) == crop_window(sample_rng(1, 0, i), w0, h0, boxes)
+        assert 0 <= L and 0 <= T and L + W <= w0 and T + H <= h0
+        if (L, T, W, H) == (0, 0, w0, h0):
+            whole += 1
+            continue
+        assert W >= int(0.3 * w0) and H >= int(0.3 * h0) and 0.5 <= W / H <= 2
+        cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
+        within = (L < cx) & (cx < L + W) & (T < cy) & (cy < T + H)
+        assert within.any()
+        iw = np.clip(np.minimum(L + W, boxes[:, 2]) - np.maximum(L, boxes[:, 0]), 0, None)
+        ih = np.clip(np.minimum(T + H, boxes[:, 3]) - np.maximum(T, boxes[:, 1]), 0, None)
+        area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        best.append(float((iw * ih / (W * H + area - iw * ih))[within].max()))
+    assert 0.1 < whole / 400 < 0.4
+    assert np.mean(np.array(best) >= 0.5) > 0.1  # the higher IoU options are met too, not only "any overlap"
+    assert crop_window(sample_rng(1, 0, 0), 300, 200, np.zeros((0, 4))) == (0, 0, 300, 200)
+    with pytest.raises(ValueError, match="objects="):
+        plan_batch([0], [(300, 200)], 64, epoch=0, seed=0, aug=DetectAugment(mosaic=0.0, iou_crop=1.0))
+    with pytest.raises(ValueError, match="iou_crop"):
+        DetectAugment(iou_crop=1.5)

@@ -125,6 +125,28 @@ def test_training_batches_boxes_follow_the_pixels(yolo_pack, epoch):
     loader.close()
 
 
+def test_the_iou_crop_stretches_a_window_and_the_boxes_follow_the_pixels(yolo_pack):
+    """DetectAugment(iou_crop=1, mosaic=0): each output is a window of its image stretched to S x S (no padding);
+    the oracle holds on every output, and most outputs show a part of their image."""
+    out, _ = yolo_pack
+    aug = DetectAugment(mosaic=0.0, iou_crop=1.0, scale=0.0, translate=0.0)
+    checked = cropped = outputs = 0
+    for epoch in range(3):
+        with fastfeed.Loader(out, batch_size=8, train=True, image_size=S, dtype=torch.uint8, device="cpu", seed=6,
+                             augment=aug) as loader:
+            loader.set_epoch(epoch)
+            for b in loader:
+                checked += check_boxes_against_pixels(b)
+                h0, w0 = b["orig_size"][:, 0].double(), b["orig_size"][:, 1].double()
+                shown_w, shown_h = S / b["scale"][:, 0].double(), S / b["scale"][:, 1].double()  # the window
+                assert (shown_w <= w0 + 1e-3).all() and (shown_h <= h0 + 1e-3).all()  # float32 scales
+                assert (b["pad"] <= 1e-3).all()  # the window's origin at the output's, no letterbox
+                assert ((shown_w >= 0.3 * w0 - 1) & (shown_h >= 0.3 * h0 - 1)).all()
+                cropped += int(((shown_w < w0 - 0.5) | (shown_h < h0 - 0.5)).sum())
+                outputs += len(b["images"])
+    assert checked > 40 and cropped > outputs // 2
+
+
 def test_without_mosaic_and_with_rotation_boxes_contain_their_object(yolo_pack):
     out, _ = yolo_pack
     plain = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu",
@@ -294,6 +316,22 @@ def test_on_the_gpu_the_batches_are_the_cpu_ones_normalised_there(yolo_pack, dec
         assert torch.equal(a["boxes"], b["boxes"].cpu()) and torch.equal(a["labels"], b["labels"].cpu())
         n += 1
     assert n == len(cpu)
+    cpu.close()
+    gpu.close()
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_iou_crop_is_the_cpu_ones(yolo_pack):
+    """The IoU crop's stretched windows through DALI and the GPU renderer: the CPU path's boxes and pixels (no HSV,
+    so to the bit)."""
+    out, _ = yolo_pack
+    aug = DetectAugment(mosaic=0.0, iou_crop=1.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
+    cpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu", seed=7, augment=aug)
+    gpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cuda", seed=7, augment=aug)
+    assert gpu.settings.decoder == "dali"
+    for a, b in zip(cpu, gpu):
+        for key in ("images", "boxes", "labels", "batch_idx", "scale", "pad"):
+            assert torch.equal(a[key], b[key].cpu()), key
     cpu.close()
     gpu.close()
 

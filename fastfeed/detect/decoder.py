@@ -102,7 +102,7 @@ class DetectDecoder:
         ids = np.asarray(request.ids, dtype=np.int64)[src]
         sizes = np.stack([self.widths[ids], self.heights[ids]], axis=1)
         geometry = plan_batch(ids, sizes, self.image_size, epoch=request.epoch, seed=self.seed, aug=self.augment,
-                              train=self.train, epochs=self.epochs)
+                              train=self.train, epochs=self.epochs, objects=self._objects)
         # On a GPU the HSV gains are one batched pass there (fastfeed/detect/hsv.py): a third of the CPU's work.
         gpu_hsv = self.device.type == "cuda" and bool((geometry.hsv != 1).any())
         pixels = self._render(decoded, src, geometry, hsv=not gpu_hsv)

@@ -23,6 +23,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from fastfeed.decode.numba_import import import_numba
+from fastfeed.detect import iou_crop
 
 numba = import_numba()
 
@@ -35,9 +36,9 @@ SALT = 0x64657465  # b"dete"
 _MAX_TILES = 4
 # Indices into the fixed vector of uniforms every output draws: the same draws whatever the hyperparameters, so
 # changing one (say degrees) leaves every other choice of the run as it was.
-_MOSAIC, _PARTNERS, _XC, _YC, _ANGLE, _SCALE, _SHEAR_X, _SHEAR_Y, _TX, _TY, _FLIP, _HSV = (
-    0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
-_DRAWS = 16
+_MOSAIC, _PARTNERS, _XC, _YC, _ANGLE, _SCALE, _SHEAR_X, _SHEAR_Y, _TX, _TY, _FLIP, _HSV, _IOU_CROP = (
+    0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16)
+_DRAWS = 17  # a generator's first n draws do not depend on how many follow: a new draw goes last
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ class DetectAugment:
     """Detection training augmentation, with ultralytics' hyperparameter names and defaults (default.yaml):
     mosaic (probability), degrees (+-rotation), translate (fraction of S), scale (gain +-), shear (+-degrees),
     fliplr (probability), hsv_h/hsv_s/hsv_v (gain fractions), close_mosaic (mosaic off for the last N epochs when
-    the Loader knows `epochs`), pad_value (grey of the padding)."""
+    the Loader knows `epochs`), pad_value (grey of the padding); iou_crop (probability that an output without mosaic
+    is the SSD-style IoU crop of its image stretched to S x S instead: fastfeed/detect/iou_crop.py; 0 by default,
+    as in ultralytics, which has none)."""
 
     mosaic: float = 1.0
     degrees: float = 0.0
@@ -58,12 +61,13 @@ class DetectAugment:
     hsv_v: float = 0.4
     close_mosaic: int = 10
     pad_value: int = 114
+    iou_crop: float = 0.0
 
     def __post_init__(self):
         # (low, high, high included): scale < 1 keeps the gain positive, shear < 90 keeps tan finite
         ranges = {"mosaic": (0, 1, True), "degrees": (0, 180, True), "translate": (0, 1, True),
                   "scale": (0, 1, False), "shear": (0, 90, False), "fliplr": (0, 1, True), "hsv_h": (0, 1, True),
-                  "hsv_s": (0, 1, True), "hsv_v": (0, 1, True)}
+                  "hsv_s": (0, 1, True), "hsv_v": (0, 1, True), "iou_crop": (0, 1, True)}
         for name, (lo, hi, closed) in ranges.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or not (
@@ -223,11 +227,12 @@ def _centre_rule(lo, hi):
 
 
 def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: DetectAugment | None = None,
-               train: bool = True, epochs: int | None = None) -> BatchGeometry:
+               train: bool = True, epochs: int | None = None, objects=None) -> BatchGeometry:
     """The geometry of one batch: sample_ids int [B] (each output's own sample), sizes int [B, 2] (stored width,
     height of each position), image_size S, the epoch and seed, the augmentation (None: DetectAugment()), train
-    (False: the evaluation letterbox) and the run's `epochs` (for close_mosaic). Output k's draws depend on
-    (seed, epoch, sample_ids[k]) and, for its partners, the batch size only."""
+    (False: the evaluation letterbox) and the run's `epochs` (for close_mosaic); `objects`: (boxes [M, 4], labels
+    [M], start [N + 1]) of every sample (`Targets.trainable`), which the IoU crop needs (aug.iou_crop > 0). Output
+    k's draws depend on (seed, epoch, sample_ids[k]) and, for its partners, the batch size only."""
     ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1)
     wh0 = np.ascontiguousarray(np.asarray(sizes, dtype=np.int64).reshape(-1, 2))
     aug = DetectAugment() if aug is None else aug
@@ -248,11 +253,20 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
              quad=np.zeros((B, _MAX_TILES, 4, 2)), box_scale=np.ones((B, _MAX_TILES, 2)), flip=np.zeros(B, bool),
              hsv=np.ones((B, 3)), scale=np.zeros(B), pad=np.zeros((B, 2)))
     if train:
-        u = np.stack([sample_rng(seed, epoch, int(i)).random(_DRAWS) for i in ids])
+        rngs = [sample_rng(seed, epoch, int(i)) for i in ids]
+        u = np.stack([rng.random(_DRAWS) for rng in rngs])
         mosaic = (u[:, _MOSAIC] < aug.mosaic) & mosaic_allowed
         _plan_train(u, mosaic, wh0, S, (-S) // 2, aug.degrees, aug.translate, aug.scale, aug.shear, axis_aligned,
                     g["n_tiles"], g["source"], g["affine"], g["region"], g["dst_rect"], g["src_rect"], g["quad"],
                     g["box_scale"], g["scale"], g["pad"])
+        cropped = np.flatnonzero(~mosaic & (u[:, _IOU_CROP] < aug.iou_crop))
+        if len(cropped) and objects is None:
+            raise ValueError("DetectAugment(iou_crop=...) draws windows around the boxes: pass objects=")
+        for k in cropped.tolist():
+            boxes, start = objects[0], objects[2]
+            w0, h0 = int(wh0[k, 0]), int(wh0[k, 1])
+            window = iou_crop.crop_window(rngs[k], w0, h0, boxes[start[ids[k]]:start[ids[k] + 1]])
+            iou_crop.fill_tile(g, k, window, w0, h0, S)
         g["flip"] = u[:, _FLIP] < aug.fliplr
         g["hsv"] = (2 * u[:, _HSV:_HSV + 3] - 1) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1
     else:

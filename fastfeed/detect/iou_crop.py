@@ -1,0 +1,75 @@
+"""The SSD-style IoU crop, `DetectAugment(iou_crop=p)`: an output drawn for it shows a window of its image stretched to
+S x S, instead of the letterbox and the random affine (what DALI's `random_bbox_crop` + resize and torchvision's SSD
+recipe do).
+
+The window is torchvision's `RandomIoUCrop` (SSD's sampler): draw a minimum IoU from OPTIONS (None: the whole
+image); try TRIALS windows of 30-100% of each side with an aspect ratio in [0.5, 2], at whole-pixel offsets; the
+first one that holds the centre of at least one box, and overlaps one of those boxes with at least that IoU, is it.
+The draws come from the sample's own stream (geometry.sample_rng, after its fixed draws), so the window is a
+function of (seed, epoch, sample id); an image without boxes, or MAX_DRAWS draws without a window, keeps the whole
+image. The boxes then follow the one rule of every training output (geometry.box_candidates against the whole box
+at the output's scale), not SSD's centre rule: a box the window cuts to under 10% of its area is dropped, the rest
+are clipped to it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["crop_window", "fill_tile", "OPTIONS", "TRIALS", "MAX_DRAWS"]
+
+OPTIONS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, None)  # minimum IoU; None: no crop (torchvision's 2.0)
+TRIALS = 40  # windows tried per drawn option
+MAX_DRAWS = 50  # options drawn before the whole image is kept (torchvision draws until one succeeds)
+SCALE = (0.3, 1.0)  # of each side
+ASPECT = (0.5, 2.0)  # width / height
+
+
+def crop_window(rng: np.random.Generator, w0: int, h0: int, boxes: np.ndarray) -> tuple[int, int, int, int]:
+    """(left, top, width, height) in whole source pixels of an image w0 x h0 with `boxes` (XYXY source pixels)."""
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    if not len(boxes):
+        return 0, 0, w0, h0
+    cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    for _ in range(MAX_DRAWS):
+        least = OPTIONS[int(rng.integers(len(OPTIONS)))]
+        if least is None:
+            return 0, 0, w0, h0
+        u = rng.random((TRIALS, 4))
+        r = SCALE[0] + (SCALE[1] - SCALE[0]) * u[:, :2]
+        w, h = (w0 * r[:, 0]).astype(np.int64), (h0 * r[:, 1]).astype(np.int64)
+        left, top = ((w0 - w) * u[:, 2]).astype(np.int64), ((h0 - h) * u[:, 3]).astype(np.int64)
+        right, bottom = left + w, top + h
+        within = ((left[:, None] < cx) & (cx < right[:, None]) & (top[:, None] < cy) & (cy < bottom[:, None]))
+        iw = np.clip(np.minimum(right[:, None], boxes[:, 2]) - np.maximum(left[:, None], boxes[:, 0]), 0, None)
+        ih = np.clip(np.minimum(bottom[:, None], boxes[:, 3]) - np.maximum(top[:, None], boxes[:, 1]), 0, None)
+        inter = iw * ih
+        iou = inter / ((w * h)[:, None] + area - inter)
+        aspect = w / np.maximum(h, 1)
+        ok = ((w > 0) & (h > 0) & (ASPECT[0] <= aspect) & (aspect <= ASPECT[1]) & within.any(axis=1)
+              & (np.where(within, iou, -1.0).max(axis=1) >= least))
+        hit = np.flatnonzero(ok)
+        if len(hit):
+            t = int(hit[0])
+            return int(left[t]), int(top[t]), int(w[t]), int(h[t])
+    return 0, 0, w0, h0
+
+
+def fill_tile(g: dict, k: int, window: tuple[int, int, int, int], w0: int, h0: int, S: int) -> None:
+    """Make output k of plan_batch's arrays `g` the window stretched to S x S: one tile of its own image. Its region
+    is the whole image (what the box rule clips to before weighing what the window keeps; the rotated renderer
+    draws it through the affine and the output's edges cut the window out)."""
+    L, T, W, H = window
+    sx, sy = S / W, S / H
+    g["n_tiles"][k] = 1
+    g["source"][k] = -1
+    g["source"][k, 0] = k
+    g["affine"][k, 0] = ((sx, 0.0, -L * sx), (0.0, sy, -T * sy))
+    g["region"][k, 0] = (0, 0, w0, h0)
+    g["dst_rect"][k, 0] = (0, 0, S, S)
+    g["src_rect"][k, 0] = (L, T, L + W, T + H)
+    corners = np.array(((0, 0), (w0, 0), (w0, h0), (0, h0)), dtype=np.float64)
+    g["quad"][k, 0] = corners * (sx, sy) + (-L * sx, -T * sy)
+    g["box_scale"][k, 0] = (sx, sy)
+    g["scale"][k] = sx
+    g["pad"][k] = (-L * sx, -T * sy)
