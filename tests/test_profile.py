@@ -91,6 +91,19 @@ def test_ddp_findings_on_two_gloo_processes(tmp_path):
     assert "communication" in families(rep) and rep["run"]["share"]["comm"] > 0.2
 
 
+def test_ddp_all_reduce_that_outlasts_backward_is_communication(tmp_path):
+    """DDP's own gradient all-reduce (no collective from Python): the time backward waits for it at its end is
+    communication, the rest of backward stays backward, and the parts still add up to the step."""
+    proc, rep = profile(tmp_path, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                        str(CASES / "ddp_big_gradients.py"), steps=6, warmup=2)
+    run = rep["run"]
+    assert families(rep)[0] == "communication", proc.stdout
+    assert run["share"]["comm"] > 0.25 and abs(sum(run["share"].values()) - 1.0) < 0.05
+    for p in rep["processes"]:
+        assert p["ddp_comm_share"] >= p["share"]["comm"] - 1e-9  # the buckets' busy time holds the exposed part
+    assert "DDP's gradient all-reduce" in proc.stdout
+
+
 def test_python_m_fastfeed_profile_then_the_report_against_a_baseline(slow_data, tmp_path):
     """The torchrun form (`-m fastfeed.profile script.py`) writes each process's records; `--report DIR` reads
     them, and `--baseline` prints each row's change against an earlier report. The script wraps its model in

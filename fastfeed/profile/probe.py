@@ -6,8 +6,12 @@ loop without an optimizer, at each batch the data iterator hands out. Inside a s
 - data: time in the data iterator's `next` (torch's DataLoader iterators and fastfeed's Loader, patched at the
   class), and host-to-device copies (`Tensor.to`/`.cuda` from a CPU tensor: bytes, pinned or pageable, time);
 - backward: `Tensor.backward` / `torch.autograd.backward`; optimizer: the optimizer's `step`;
-- collectives: `torch.distributed` calls from Python (DDP's own gradient all-reduce runs inside backward, in C++:
-  it counts there);
+- collectives: `torch.distributed` calls from Python, and DDP's gradient all-reduce, which runs inside backward,
+  overlapping it: DDP gets a communication hook (the default all-reduce, or the user's hook) that times each
+  bucket from its launch to its completion. The part of backward spent waiting for the last buckets after the
+  gradients were all computed (the exposed communication) moves from backward to "comm"; the rest overlapped
+  compute (`ddp_comm_s`: the buckets' busy time). A C++ builtin hook (`register_builtin_comm_hook`) is left
+  untimed: its time stays in backward;
 - the rest (forward, loss, logging) is the step minus those.
 On a GPU each boundary also records a CUDA event, and the window ends with one synchronise: the GPU's own time
 between the events says how long the GPU sat idle while the CPU waited for data (a wall-clock wait can be hidden by
@@ -54,11 +58,12 @@ class Probe:
         self._t_window = None
         self._depth = 0  # nested timed regions (a DataLoader next inside a wrapper's next): the outermost counts
         self.ddp_modules: list = []  # weak references, in the order the facts list them
+        self.comm_spans: list = []  # (launch, completion) perf_counter times of DDP's buckets since the last backward
 
     @staticmethod
     def _new_step() -> dict:
         return {"data_s": 0.0, "h2d_s": 0.0, "h2d_bytes": 0, "h2d_pageable_bytes": 0, "backward_s": 0.0,
-                "optimizer_s": 0.0, "comm_s": 0.0, "batches": 0, "samples": 0}
+                "optimizer_s": 0.0, "comm_s": 0.0, "ddp_comm_s": 0.0, "batches": 0, "samples": 0}
 
     # ---- the window -------------------------------------------------------------------------------------------
 
@@ -137,6 +142,24 @@ class Probe:
                 ev[1].record()
                 self._events.append((len(self.records), kind, ev[0], ev[1]))
             self._depth -= 1
+
+    def backward(self, fn, *args, **kwargs):
+        """A backward pass, timed; DDP's buckets completed in it (comm_spans) then say how long it waited for them
+        at its end: that exposed part is communication, not backward."""
+        self.comm_spans = []
+        t0 = time.perf_counter()
+        try:
+            return self.timed("backward", fn, *args, **kwargs)
+        finally:
+            spans, self.comm_spans = self.comm_spans, []
+            if spans and self.measuring and not self._depth and threading.get_ident() == self.main_thread:
+                end = time.perf_counter()
+                ready = max(a for a, _ in spans)  # the last bucket's gradients were computed then
+                exposed = max(0.0, min(end, max(b for _, b in spans)) - ready)
+                exposed = min(exposed, self._cur["backward_s"])
+                self._cur["backward_s"] -= exposed
+                self._cur["comm_s"] += exposed
+                self._cur["ddp_comm_s"] += _union(spans, t0)
 
     def _event_pair(self):
         if self._gpu is None:
@@ -245,7 +268,7 @@ def _patch_torch(probe: Probe) -> None:
     base_backward = torch.Tensor.backward
 
     def backward(self, *args, **kwargs):
-        return probe.timed("backward", base_backward, self, *args, **kwargs)
+        return probe.backward(base_backward, self, *args, **kwargs)
 
     torch.Tensor.backward = backward
 
@@ -305,12 +328,68 @@ def _patch_torch(probe: Probe) -> None:
             probe.facts["world_size"], probe.facts["rank"] = dist.get_world_size(), dist.get_rank()
 
     DDP.__init__ = ddp_init
+    _patch_ddp_comm(probe, DDP)
     for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "all_gather_into_tensor",
                  "reduce_scatter_tensor"):
         fn = getattr(dist, name, None)
         if fn is not None:
             setattr(dist, name, _timed_fn(probe, "comm", fn))
     _patch_fastfeed_loader(probe)
+
+
+def _patch_ddp_comm(probe: Probe, DDP) -> None:
+    """DDP's gradient buckets timed through a communication hook: the user's own (wrapped as they register it), or
+    the default all-reduce, registered at the first forward when they registered none (DDP takes one hook, once)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    base_register, base_builtin, base_forward = DDP.register_comm_hook, DDP._register_builtin_comm_hook, DDP.forward
+
+    def register_comm_hook(self, state, hook):
+        self._fastfeed_hooked = True
+        return base_register(self, state, _timed_hook(probe, hook))
+
+    def register_builtin_comm_hook(self, comm_hook_type):
+        self._fastfeed_hooked = True  # C++: nothing to wrap; its time stays in backward
+        return base_builtin(self, comm_hook_type)
+
+    def forward(self, *args, **kwargs):
+        if not getattr(self, "_fastfeed_hooked", False):
+            self._fastfeed_hooked = True
+            try:
+                base_register(self, self.process_group, _timed_hook(probe, allreduce_hook))
+            except Exception:  # noqa: BLE001 - a DDP configuration that takes no Python hook: left untimed
+                pass
+        return base_forward(self, *args, **kwargs)
+
+    DDP.register_comm_hook = register_comm_hook
+    DDP._register_builtin_comm_hook = register_builtin_comm_hook
+    DDP.forward = forward
+
+
+def _timed_hook(probe: Probe, hook):
+    """`hook` (state, bucket) -> Future, with each bucket's launch and completion noted in probe.comm_spans."""
+    def timed(state, bucket):
+        launched = time.perf_counter()
+
+        def done(fut):
+            probe.comm_spans.append((launched, time.perf_counter()))
+            return fut.value()
+
+        return hook(state, bucket).then(done)
+
+    timed.__wrapped__ = hook
+    return timed
+
+
+def _union(spans, start: float) -> float:
+    """The length of the union of the (a, b) intervals, from `start` on."""
+    total, end = 0.0, start
+    for a, b in sorted(spans):
+        a = max(a, end)
+        if b > a:
+            total += b - a
+            end = b
+    return total
 
 
 def _timed_fn(probe: Probe, kind: str, fn):

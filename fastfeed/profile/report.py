@@ -54,6 +54,8 @@ def _process_summary(rep: dict) -> dict:
         "samples_per_s": samples / total if samples else None,
         "samples_per_step": samples / n if samples else None,
         "share": {k: parts[k] / total for k in PARTS},
+        # DDP's buckets from launch to completion, mostly under backward: what of it backward waited for is "comm"
+        "ddp_comm_share": sum(r.get("ddp_comm_s", 0.0) for r in recs) / total,
         "data_gpu_idle_share": None if data_gpu_idle is None else data_gpu_idle / total,
         "h2d_bytes_per_step": sum(r["h2d_bytes"] for r in recs) / n,
         "h2d_pageable_share": (sum(r["h2d_pageable_bytes"] for r in recs) / max(1, sum(r["h2d_bytes"] for r in recs))),
@@ -71,6 +73,7 @@ def summarize(reports: list[dict]) -> dict:
     rates = [p["samples_per_s"] for p in procs if p["samples_per_s"]]
     run = {"ranks": len(procs), "s_per_step": slowest["s_per_step"],
            "samples_per_s": sum(rates) if rates else None, "share": slowest["share"],
+           "ddp_comm_share": slowest["ddp_comm_share"],
            "data_gpu_idle_share": slowest["data_gpu_idle_share"], "machine": slowest["machine"],
            "overhead_share": max((p["overhead"] or {}).get("share_of_step", 0.0) for p in procs)}
     return {"processes": procs, "run": run, "verdict": verdict(slowest, procs)}
@@ -106,6 +109,9 @@ def format_report(summary: dict, baseline: dict | None = None) -> str:
     lines.append(row("s/step", run["s_per_step"], lambda v: f"{v:.4f}", b("s_per_step")))
     for part in PARTS:
         lines.append(row(f"  {part}", run["share"][part], _pct, b("share", part)))
+    if run.get("ddp_comm_share"):
+        lines.append(row("DDP's gradient all-reduce", run["ddp_comm_share"], _pct, b("ddp_comm_share")))
+        lines.append(f"  {'':28s} (its busy time; only what backward waited for at its end counts as comm above)")
     if run["data_gpu_idle_share"] is not None:
         lines.append(row("GPU idle waiting for data", run["data_gpu_idle_share"], _pct, b("data_gpu_idle_share")))
     m = run.get("machine") or {}

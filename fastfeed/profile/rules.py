@@ -70,7 +70,8 @@ def communication(p: dict, procs: list[dict]) -> dict | None:
     if share <= COMM_SHARE:
         return None
     return _finding("communication", "collectives take a large share of the step",
-                    [f"{100 * share:.0f}% of the step in torch.distributed calls (threshold {100 * COMM_SHARE:.0f}%)"],
+                    [f"{100 * share:.0f}% of the step in collectives: torch.distributed calls, and DDP's gradient "
+                     f"all-reduce where backward waited for it (threshold {100 * COMM_SHARE:.0f}%)"],
                     "let DDP overlap the gradient all-reduce with backward (no manual all_reduce of gradients), "
                     "raise bucket_cap_mb, or reduce what is sent (bf16 gradients, compression hooks); "
                     "`nvidia-smi topo -m` shows whether the GPUs talk over NVLink or PCIe", share)
