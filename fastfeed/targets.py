@@ -8,7 +8,8 @@ from COCO, YOLO or VOC annotations, readable by any WebDataset or DALI reader as
      "labels": [c, ...],                  0-based, in the manifest's class order
      "iscrowd": [0 | 1, ...],             optional (COCO); absent = all 0
      "polygons": [[[x, y, x, y, ...], ...], ...],   optional: per object, its outline polygons in pixels
-     "rle": [{"size": [h, w], "counts": ...} | null, ...],   optional (COCO crowd masks): as the source gave them
+     "rle": [{"size": [h, w], "counts": ...} | null, ...],   optional (COCO): an object's mask as the source gave
+                                          it (crowd regions, and objects annotated by mask rather than outline)
      "difficult": [0 | 1, ...]}           optional (VOC): kept for evaluation, never used to drop an object
 
 `Targets` is every sample's objects in flat arrays (sample i owns rows `start[i]:start[i + 1]`), built once per
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from fastfeed.rle import RleError, rle_counts
 
 __all__ = ["Targets", "build_targets", "annotation_issues", "check_annotation", "TASKS", "GEOMETRY_TASKS",
            "BOX_TASKS", "ANNOTATION_KEYS"]
@@ -41,7 +44,8 @@ class Targets:
     """Every sample's objects. boxes float32 [M, 4] XYXY in stored-image pixels, clipped; labels int64 [M];
     iscrowd bool [M]; start int64 [N + 1]: sample i's objects are rows start[i]:start[i+1]. Polygons, when any
     sample has them: poly_start int64 [M + 1] (object j's polygons are poly_start[j]:poly_start[j+1]) into
-    pt_start int64 [Q + 1] (polygon q's points are pt_start[q]:pt_start[q+1]) into points float32 [P, 2]."""
+    pt_start int64 [Q + 1] (polygon q's points are pt_start[q]:pt_start[q+1]) into points float32 [P, 2]. rle,
+    when any sample has one: per row its COCO RLE mask (a dict, fastfeed/rle.py) or None."""
 
     boxes: np.ndarray
     labels: np.ndarray
@@ -50,6 +54,7 @@ class Targets:
     poly_start: np.ndarray | None = None
     pt_start: np.ndarray | None = None
     points: np.ndarray | None = None
+    rle: tuple | None = None
 
     def __len__(self) -> int:
         return len(self.start) - 1
@@ -105,6 +110,12 @@ def check_annotation(ann, num_classes: int) -> str | None:
         if not isinstance(obj, list) or not all(isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0
                                                 and all(_finite(v) for v in p) for p in obj):
             return "a polygon is not a list of at least three x, y pairs"
+    for j, mask in enumerate(ann.get("rle", [])):
+        if mask is not None:
+            try:
+                rle_counts(mask)
+            except RleError as e:
+                return f"object {j}'s RLE mask: {e}"
     return None
 
 
@@ -139,7 +150,7 @@ def build_targets(annotations: Iterable[dict | None], widths: Sequence[int], hei
     """The Targets table of samples whose stored annotations are `annotations` (None: no objects), in order, with
     each image's stored size. Boxes are clipped to the image; objects left without area are dropped."""
     boxes, labels, crowd, counts = [], [], [], []
-    polys, any_polygons = [], False
+    polys, any_polygons, rles = [], False, []
     for ann, w, h in zip(annotations, widths, heights):
         if not ann or not ann.get("boxes"):
             counts.append(0)
@@ -154,11 +165,14 @@ def build_targets(annotations: Iterable[dict | None], widths: Sequence[int], hei
             any_polygons = True
         objects = ann.get("polygons", [[]] * len(keep))
         polys.extend(obj for obj, k in zip(objects, keep) if k)
+        rles.extend(m for m, k in zip(ann.get("rle", [None] * len(keep)), keep) if k)
     start = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=start[1:])
     t = dict(boxes=np.concatenate(boxes) if boxes else _EMPTY_BOXES,
              labels=np.concatenate(labels) if labels else np.zeros(0, np.int64),
              iscrowd=np.concatenate(crowd) if crowd else np.zeros(0, bool), start=start)
+    if any(m is not None for m in rles):
+        t["rle"] = tuple(rles)
     if any_polygons:
         per_object = [len(obj) for obj in polys]
         flat = [np.asarray(p, dtype=np.float32).reshape(-1, 2) for obj in polys for p in obj]

@@ -20,7 +20,7 @@ from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IM
                                   replaced_list, resolve_errors)
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
 from fastfeed.detect.hsv import apply_hsv_torch
-from fastfeed.detect.instances import render_instances
+from fastfeed.detect.instances import has_masks, render_instances
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
 from fastfeed.detect.render import decode_image, render
 from fastfeed.targets import Targets
@@ -66,9 +66,9 @@ class DetectDecoder:
         self.image_size, self.augment, self.train, self.seed, self.epochs = image_size, augment, train, seed, epochs
         self.device, self.dtype, self.channels_last = torch.device(device), dtype, channels_last
         self.on_error, self.ignore_index, self.instances = on_error, ignore_index, instances
-        if instances and targets.poly_start is None:
-            raise ValueError("instance masks are drawn from the objects' polygons; this dataset's annotations have "
-                             "none (COCO polygons, YOLO segments)")
+        if instances and not has_masks(targets):
+            raise ValueError("instance masks are drawn from the objects' polygons or RLE masks; this dataset's "
+                             "annotations have none (COCO polygons or RLE, YOLO segments)")
         self._object_of_row = np.flatnonzero(~targets.iscrowd)  # Targets.trainable() row -> Targets row
         self._mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self._std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255

@@ -1,4 +1,6 @@
 """Instance masks: each kept object's polygons through its tile's affine, drawn into its output as an index map.
+An object annotated by a mask instead (COCO's RLE, fastfeed/rle.py) is drawn as semantic masks are: each output
+pixel of its tile takes the mask's pixel under its centre (masks.py's nearest-neighbour rule).
 
 An object's outline polygons (the sample's annotation, stored-image pixels: COCO polygons, YOLO segments) go through
 the same affine as its pixels and its box, are clipped to what its tile shows (the tile's quadrilateral, then its
@@ -15,10 +17,11 @@ from __future__ import annotations
 import numpy as np
 
 from fastfeed.decode.numba_import import import_numba
+from fastfeed.rle import decode_rle
 
 numba = import_numba()
 
-__all__ = ["render_instances"]
+__all__ = ["render_instances", "has_masks"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -104,6 +107,11 @@ def _draw(canvas, points, A, quad, rect, flip, S, value):
     _fill(canvas, px, py, value)
 
 
+def has_masks(targets) -> bool:
+    """Whether any object has an outline or a mask to draw (polygons, or an RLE)."""
+    return targets.poly_start is not None or targets.rle is not None
+
+
 def render_instances(geometry, k: int, targets, objects, tiles, boxes, out: np.ndarray) -> None:
     """Output k's index map into `out` (int16 [S, S], zeroed here): `objects` int64 [n] are the Targets rows of
     output k's boxes in order, `tiles` int64 [n] the tile each came through, `boxes` float [n, 4] the boxes (for
@@ -116,6 +124,35 @@ def render_instances(geometry, k: int, targets, objects, tiles, boxes, out: np.n
         t, j = int(tiles[i]), int(objects[i])
         A, quad = geometry.affine[k, t], geometry.quad[k, t]
         rect = geometry.dst_rect[k, t].astype(np.float64)
-        for q in range(targets.poly_start[j], targets.poly_start[j + 1]):
+        polygons = range(targets.poly_start[j], targets.poly_start[j + 1]) if targets.poly_start is not None else ()
+        for q in polygons:
             pts = targets.points[targets.pt_start[q]:targets.pt_start[q + 1]].astype(np.float64)
             _draw(out, pts, A, quad, rect, flip, S, i + 1)
+        if not len(polygons) and targets.rle is not None and targets.rle[j] is not None:
+            _draw_rle(out, decode_rle(targets.rle[j]), geometry, k, t, i + 1)
+
+
+def _draw_rle(out: np.ndarray, mask: np.ndarray, geometry, k: int, t: int, value: int) -> None:
+    """A binary mask (uint8 [h, w]; its grid laid over the stored image, the same size for COCO) drawn where it is 1
+    into tile t of output k, by the nearest-neighbour rule semantic masks follow."""
+    from fastfeed.detect.masks import _nearest_into, _warp_nearest_into
+    from fastfeed.detect.render import quad_inside
+
+    S = geometry.image_size
+    X0, Y0, X1, Y1 = (int(v) for v in geometry.dst_rect[k, t])
+    if X1 <= X0 or Y1 <= Y0:
+        return
+    flip = bool(geometry.flip[k])
+    w0, h0 = geometry.sizes[int(geometry.source[k, t])]
+    fx, fy = mask.shape[1] / w0, mask.shape[0] / h0  # stored-image pixels -> mask pixels
+    drawn = np.zeros((Y1 - Y0, X1 - X0), np.uint8)
+    if geometry.axis_aligned:
+        x0, y0, x1, y1 = geometry.src_rect[k, t]
+        _nearest_into(mask, x0 * fx, y0 * fy, x1 * fx, y1 * fy, drawn, flip)
+    else:
+        tile = geometry.tiles(k)[t]
+        A = np.vstack([tile.affine, (0, 0, 1)])
+        inv = np.diag([fx, fy, 1.0]) @ np.linalg.inv(A) @ np.array([[1, 0, X0], [0, 1, Y0], [0, 0, 1]], float)
+        _warp_nearest_into(mask, np.ascontiguousarray(inv[:2]), quad_inside(tile), drawn, flip)
+    dst = out[Y0:Y1, S - X1:S - X0] if flip else out[Y0:Y1, X0:X1]
+    dst[drawn == 1] = value

@@ -1,7 +1,8 @@
 """COCO instances JSON (`--annotations FILE`; SRC is the image folder `file_name`s are relative to). Categories map
 to 0, 1, ... in the order of their ids (the ids are kept in the manifest's `objects.source_ids`); bbox [x, y, w, h]
 -> [x, y, x + w, y + h]; `iscrowd`; polygon `segmentation`s kept as "polygons"; an RLE segmentation (a dict) is
-kept as given under "rle" (one entry per object, null for the others) with its box and iscrowd."""
+kept as given under "rle" (one entry per object, null for the others) with its box and iscrowd, checked
+(fastfeed/rle.py) with the rest of the annotation; `task="segment"` draws it."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import os
 
 from fastfeed.pack.annotations.common import _add
 from fastfeed.pack.sources import Source, SourceEntry
+from fastfeed.rle import RleError, rle_counts
 
 def scan_coco(images_root: str, ann_path: str) -> Source:
     """`images_root`: the folder the JSON's `file_name`s are relative to. Images on disk that the JSON does not
@@ -120,7 +122,11 @@ def _coco_object(a: dict, index: dict, bad) -> tuple | None:
     seg = a.get("segmentation")
     polys, rle = [], None
     if isinstance(seg, dict):
-        rle = seg  # RLE: kept as given (pycocotools decodes it); the box stands for it in detection
+        try:
+            rle_counts(seg)
+            rle = seg  # kept as given; the box stands for it in detection
+        except RleError as e:
+            bad(f"RLE mask: {e}: dropped (the box is kept)")
     elif isinstance(seg, list):
         for q, p in enumerate(seg):
             if isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0 and all(_number(v) for v in p):
