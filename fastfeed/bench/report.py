@@ -17,7 +17,8 @@ JSON document (schema_version 1; keys never renamed or removed without bumping B
     notes:      [str]: adjustments the run made (e.g. a batch size clamped to a small dataset)
 Each loader result: steps, samples, wall_s, samples_per_s, step_s/wait_s {p50,p90,p99,mean(,total)},
 wait_fraction in [0, 1], host {cpu_cores_busy, cpu_count, system_cpu_busy_frac, iowait_frac, rss_peak_bytes},
-gpu {util_mean_pct, util_max_pct, power_mean_w, power_max_w, samples} | null, gpu_error, loader_stats, per_step.
+gpu {util_mean_pct, util_max_pct, power_mean_w, power_max_w, sm_clock_mean_mhz, samples, and where NVML reports them
+power_limit_w, sm_clock_max_mhz} | null, gpu_error, loader_stats, per_step.
 """
 from __future__ import annotations
 

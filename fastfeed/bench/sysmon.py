@@ -10,7 +10,8 @@ Host numbers come from /proc (no psutil):
   unreadable) over the process tree seen at any sample. PSS splits pages shared by forked workers, so the sum
   does not count torch's libraries once per worker.
 GPU numbers come from NVML (nvidia-ml-py) when present: utilisation (% of time a kernel ran in NVML's own averaging
-window) and power draw in watts, mean and max over samples.
+window), power draw in watts and the SM clock in MHz, mean and max over samples, against the board's power limit
+and its highest SM clock (a GPU held below it by its power or thermal limit runs every kernel slower).
 """
 from __future__ import annotations
 
@@ -109,6 +110,7 @@ class _Nvml:
     def __init__(self, device_index: int | None):
         self.handle = None
         self.error: str | None = None
+        self.limits: dict = {}  # power_limit_w, sm_clock_max_mhz, where NVML gives them
         if device_index is None:
             return
         try:
@@ -122,6 +124,14 @@ class _Nvml:
             self.handle = self._handle(pynvml, device_index)
         except Exception as e:  # NVMLError subclasses: no driver, insufficient permissions
             self.error = f"NVML unavailable: {e}"
+            return
+        for name, read in (("power_limit_w", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1000.0),
+                           ("sm_clock_max_mhz",
+                            lambda: pynvml.nvmlDeviceGetMaxClockInfo(self.handle, pynvml.NVML_CLOCK_SM))):
+            try:
+                self.limits[name] = float(read())
+            except Exception:  # noqa: BLE001 - a board or driver that does not report it: left out
+                pass
 
     @staticmethod
     def _handle(pynvml, index: int):
@@ -134,7 +144,8 @@ class _Nvml:
         except Exception:
             return pynvml.nvmlDeviceGetHandleByIndex(index)
 
-    def sample(self) -> tuple[float, float] | None:
+    def sample(self) -> tuple[float, float, float | None] | None:
+        """(utilisation %, power W, SM clock MHz or None), or None."""
         if self.handle is None:
             return None
         try:
@@ -142,7 +153,11 @@ class _Nvml:
             power = self._nv.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
         except Exception:
             return None
-        return float(util), float(power)
+        try:
+            clock = float(self._nv.nvmlDeviceGetClockInfo(self.handle, self._nv.NVML_CLOCK_SM))
+        except Exception:  # noqa: BLE001 - utilisation and power still tell most of it
+            clock = None
+        return float(util), float(power), clock
 
 
 class SysMonitor:
@@ -164,7 +179,7 @@ class SysMonitor:
         self._nvml = _Nvml(gpu_index)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._gpu: list[tuple[float, float]] = []
+        self._gpu: list[tuple[float, float, float | None]] = []
         self._rss_peak = 0
         self._cpu_first: dict[int, int] = {}
         self._cpu_last: dict[int, int] = {}
@@ -231,13 +246,16 @@ class SysMonitor:
             host["iowait_frac"] = (h1.iowait_ticks - h0.iowait_ticks) / total
         gpu = None
         if self._gpu:
-            utils = [u for u, _ in self._gpu]
-            watts = [w for _, w in self._gpu]
+            utils = [u for u, _, _ in self._gpu]
+            watts = [w for _, w, _ in self._gpu]
+            clocks = [c for _, _, c in self._gpu if c is not None]
             gpu = {
                 "util_mean_pct": sum(utils) / len(utils),
                 "util_max_pct": max(utils),
                 "power_mean_w": sum(watts) / len(watts),
                 "power_max_w": max(watts),
+                "sm_clock_mean_mhz": sum(clocks) / len(clocks) if clocks else None,
+                **self._nvml.limits,
                 "samples": len(self._gpu),
             }
         return {"host": host, "gpu": gpu, "gpu_error": self._nvml.error}

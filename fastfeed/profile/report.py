@@ -124,7 +124,13 @@ def format_report(summary: dict, baseline: dict | None = None) -> str:
     gpu = m.get("gpu") or {}
     if gpu:
         lines.append(row("GPU utilisation", gpu.get("util_mean_pct"), lambda v: f"{v:.0f}%"))
-        lines.append(row("GPU power", gpu.get("power_mean_w"), lambda v: f"{v:.0f} W"))
+        limit = gpu.get("power_limit_w")
+        lines.append(row("GPU power", gpu.get("power_mean_w"),
+                         lambda v: f"{v:.0f} W" + (f" of {limit:.0f}" if limit else "")))
+        if gpu.get("sm_clock_mean_mhz") is not None:
+            top = gpu.get("sm_clock_max_mhz")
+            lines.append(row("SM clock", gpu["sm_clock_mean_mhz"],
+                             lambda v: f"{v:,.0f} MHz" + (f" of {top:,.0f}" if top else "")))
     peak = [p["gpu"]["memory_peak_bytes"] for p in summary["processes"] if p.get("gpu")]
     if peak:
         lines.append(row("CUDA memory peak", max(peak), lambda v: f"{v / 2**30:.2f} GiB"))
