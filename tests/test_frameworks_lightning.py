@@ -47,9 +47,10 @@ def data(tmp_path_factory) -> dict:
     return {"root": root, "train": train, "val": val, "val_rows": collections.Counter(rows)}
 
 
-def run(data: dict, devices: int, tag: str, *extra: str) -> list[dict]:
+def run(data: dict, devices: int, tag: str, *extra: str, prefix: tuple = ()) -> list[dict]:
+    """The script's run (under `prefix`, a command it runs inside: `fastfeed profile ... --`)."""
     out = data["root"] / f"run-{devices}"
-    cmd = [sys.executable, str(SCRIPT), "--train", str(data["train"]), "--val", str(data["val"]), "--out",
+    cmd = [*prefix, sys.executable, str(SCRIPT), "--train", str(data["train"]), "--val", str(data["val"]), "--out",
            str(out), "--tag", tag, "--devices", str(devices), "--epochs", str(EPOCHS), "--batch-size",
            str(BATCH[devices]), "--image-size", str(IMAGE_SIZE), *extra]
     env = client_env()
@@ -114,6 +115,23 @@ def test_resume_from_a_mid_epoch_checkpoint_trains_exactly_the_rest(data, refere
         for (s, labels, images), (_, want_labels, want_images) in zip(got, want):
             assert labels == want_labels, f"rank {r}, step {s}: other samples than the uninterrupted run"
             assert images == want_images, f"rank {r}, step {s}: other pixels than the uninterrupted run"
+
+
+def test_ddp_runs_unmodified_under_fastfeed_profile(data, references, tmp_path):
+    """`fastfeed profile -- python lightning_train.py --devices 2`: Lightning's DDP (its launcher starts rank 1, the
+    profiler times DDP's gradient all-reduce through a communication hook) trains exactly the batches it trains
+    unprofiled, and the report covers both ranks with parts that add up to the step."""
+    ref = references(2)
+    report = tmp_path / "report.json"
+    prefix = (sys.executable, "-m", "fastfeed.cli", "profile", "--warmup", "2", "--steps", "6", "--json",
+              str(report), "--")
+    profiled = run(data, 2, "profiled", prefix=prefix)
+    for r in range(2):
+        assert [(b["step"], b["labels"], b["images"]) for b in profiled[r]["train"]] == \
+               [(b["step"], b["labels"], b["images"]) for b in ref[r]["train"]], f"rank {r}"
+    rep = json.loads(report.read_text())
+    assert rep["run"]["ranks"] == 2 and abs(sum(rep["run"]["share"].values()) - 1.0) < 0.05
+    assert all(p["steps"] == 6 for p in rep["processes"])
 
 
 @DEVICES

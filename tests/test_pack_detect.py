@@ -192,7 +192,7 @@ def coco(tmp_path_factory) -> tuple[Path, Path]:
     for k in range(6):  # negatives, listed without annotations
         image(imgs / f"n{k}.jpg", 24, 24, 10 + k)
     image(imgs / "unlisted.jpg", 20, 20, 4)  # not in the JSON: not packed
-    rle = {"size": [48, 64], "counts": "PPYo1"}
+    rle = {"size": [48, 64], "counts": [1000, 72, 2000]}
     doc = {
         "categories": [{"id": 3, "name": "car"}, {"id": 1, "name": "person"}, {"id": 7, "name": "bike"}],
         "images": [{"id": 1, "file_name": "x.jpg", "width": 64, "height": 48},
@@ -228,7 +228,7 @@ def test_coco_pack(coco, tmp_path, fmt):
     assert sorted(got) == sorted(["x.jpg", "y.jpg", "sub/z.png"] + [f"n{k}.jpg" for k in range(6)])
     assert got["x.jpg"] == {"boxes": [[4, 5, 14, 25], [0.5, 1.5, 2.75, 4.5]], "labels": [1, 0], "iscrowd": [0, 1],
                             "polygons": [[[4, 5, 14, 5, 14, 25]], []],
-                            "rle": [None, {"size": [48, 64], "counts": "PPYo1"}]}
+                            "rle": [None, {"size": [48, 64], "counts": [1000, 72, 2000]}]}
     assert got["y.jpg"] == {"boxes": [[45, 30, 55, 50]], "labels": [2], "iscrowd": [0]}
     assert got["sub/z.png"] == {"boxes": [[1, 1, 6, 6]], "labels": [0], "iscrowd": [0]}
     assert got["n0.jpg"] == {"boxes": [], "labels": [], "iscrowd": []}
