@@ -50,8 +50,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="reject images with more pixels than this (decompression bombs)")
     p.add_argument("--no-scan-check", action="store_true",
                    help="skip the JPEG scan check (an entropy-decoding pass per JPEG: the bulk of pack's CPU time); "
-                        "JPEGs whose scans code fewer pixels than their header claims are then stored as they are "
-                        "and decode differently per decoder (see fastfeed/pack/validate.py)")
+                        "JPEGs whose scans code fewer pixels than their header claims are then not marked for PIL's "
+                        "decode and decode differently per decoder (see fastfeed/pack/validate.py)")
     p.add_argument("--num-parts", type=int, default=1, help="split the pack into K parts (then `fastfeed merge`)")
     p.add_argument("--part", type=int, default=0, help="which part (0..K-1) this process packs")
     p.add_argument("--resume", action="store_true", help="finish an interrupted pack in OUT")

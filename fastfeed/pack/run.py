@@ -88,7 +88,7 @@ class PackOptions:
     quality: int = 90
     max_side: int | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
-    scan_check: bool = True  # validate.LoadOptions.scan_check: JPEGs whose scans miss pixels are stored as PNG
+    scan_check: bool = True  # validate.LoadOptions.scan_check: JPEGs whose scans miss pixels are marked pil_only
     source_kind: str = "auto"
     num_parts: int = 1
     part: int = 0

@@ -5,7 +5,8 @@ A step ends at each optimizer step (torch's global optimizer hooks: every optimi
 loop without an optimizer, at each batch the data iterator hands out. Inside a step, measured on the training thread:
 - data: time in the data iterator's `next` (torch's DataLoader iterators and fastfeed's Loader, patched at the
   class), and host-to-device copies (`Tensor.to`/`.cuda` from a CPU tensor: bytes, pinned or pageable, time);
-- backward: `Tensor.backward` / `torch.autograd.backward`; optimizer: the optimizer's `step`;
+- backward: `Tensor.backward` / `torch.autograd.backward`; optimizer: the optimizer's `step`, less what the other
+  parts time inside it (a closure's forward and backward: Lightning, LBFGS);
 - collectives: `torch.distributed` calls from Python, and DDP's gradient all-reduce, which runs inside backward,
   overlapping it: DDP gets a communication hook (the default all-reduce, or the user's hook) that times each
   bucket from its launch to its completion. The part of backward spent waiting for the last buckets after the
@@ -223,9 +224,16 @@ def _patch_torch(probe: Probe) -> None:
 
     t_opt = {}
 
+    def timed_parts() -> float:
+        c = probe._cur
+        return c["data_s"] + c["h2d_s"] + c["backward_s"] + c["comm_s"]
+
     def pre(optimizer, args, kwargs):
         probe.by_optimizer = True
         t_opt["t"] = time.perf_counter()
+        # A closure (Lightning's automatic optimization, LBFGS) runs forward and backward inside the step: what the
+        # other parts time in there is theirs, not the optimizer's.
+        t_opt["parts"] = timed_parts()
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
         if isinstance(lr, (int, float)) or torch.is_tensor(lr):  # the peak: a warm-up's first steps are smaller
             probe.facts["lr"] = max(float(lr), probe.facts.get("lr", 0.0))
@@ -236,7 +244,8 @@ def _patch_torch(probe: Probe) -> None:
 
     def post(optimizer, args, kwargs):
         if "t" in t_opt:
-            probe._cur["optimizer_s"] += time.perf_counter() - t_opt.pop("t")
+            inside = timed_parts() - t_opt.pop("parts")
+            probe._cur["optimizer_s"] += max(0.0, time.perf_counter() - t_opt.pop("t") - inside)
         probe.end_step()
 
     register_optimizer_step_pre_hook(pre)
