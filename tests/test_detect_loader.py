@@ -320,6 +320,41 @@ def test_on_the_gpu_the_batches_are_the_cpu_ones_normalised_there(yolo_pack, dec
     gpu.close()
 
 
+@pytest.fixture(scope="module")
+def jpeg_yolo_pack(tmp_path_factory):
+    """make_yolo's scenes as baseline 4:2:0 JPEGs (quality 95): what the hardware decoder takes."""
+    from conftest import run_pack
+
+    root = tmp_path_factory.mktemp("yolo-jpeg")
+    make_yolo(root / "src")
+    for path in sorted((root / "src" / "images").glob("*.png")):
+        Image.open(path).save(path.with_suffix(".jpg"), quality=95)
+        path.unlink()
+    run_pack(root / "src", root / "out", "--format", "wds")
+    return root / "out"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_on_the_gpu_jpeg_batches_are_the_cpu_ones_within_the_contract(jpeg_yolo_pack, train):
+    """JPEGs through DALI's GPU decode and the GPU renderer: the CPU path's boxes exactly (the geometry is drawn
+    before decoding) and its pixels within the decode contract's 2/255 (nvJPEG is not libjpeg to the bit); the box
+    oracle holds on the GPU's own pixels."""
+    aug = DetectAugment(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
+    kw = dict(batch_size=8, image_size=S, dtype=torch.uint8, seed=3, train=train, augment=aug if train else None)
+    cpu = fastfeed.Loader(jpeg_yolo_pack, device="cpu", **kw)
+    gpu = fastfeed.Loader(jpeg_yolo_pack, device="cuda", **kw)
+    assert gpu.settings.decoder == "dali"
+    for a, b in zip(cpu, gpu):
+        for key in ("boxes", "labels", "batch_idx", "scale", "pad"):
+            assert torch.equal(a[key], b[key].cpu()), key
+        diff = (a["images"].float() - b["images"].cpu().float()).abs().mean(dim=(1, 2, 3))
+        assert diff.max() < 2.0, diff
+        check_boxes_against_pixels({k: v.cpu() for k, v in b.items() if torch.is_tensor(v)})
+    cpu.close()
+    gpu.close()
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_the_iou_crop_is_the_cpu_ones(yolo_pack):
     """The IoU crop's stretched windows through DALI and the GPU renderer: the CPU path's boxes and pixels (no HSV,
