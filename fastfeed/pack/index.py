@@ -20,6 +20,7 @@ marker are left in the shard and outside the image's extent.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import mmap
@@ -149,7 +150,11 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
     _refuse_existing(out, overwrite, storage_options)
     opts = LoadOptions(scan_check=scan_check)
     workers = threads or min(8, os.cpu_count() or 1)
-    with tempfile.TemporaryDirectory(prefix="fastfeed-index-") as tmp:
+    # Shards at a URL are downloaded next to the dataset's files when those are local: a shard is up to gigabytes,
+    # /tmp is often small. Local shards need no folder (theirs may be read-only).
+    downloads = (tempfile.TemporaryDirectory(prefix=".fastfeed-index-", dir=None if is_url(out) else out)
+                 if is_url(root) else contextlib.nullcontext())
+    with downloads as tmp:
         def one(a):
             shard, rel = a
             if not is_url(root):
