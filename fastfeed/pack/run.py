@@ -260,7 +260,9 @@ def _fingerprint(src: Source, o: PackOptions) -> dict:
         h.update(f"{e.rel}\0{e.label}\0".encode("utf-8", "surrogateescape"))
     opts = {k: v for k, v in asdict(o).items() if k not in ("workers", "resume", "overwrite", "progress")
             and not (k in _ANNOTATION_OPTIONS and v is None)}
-    fp = {"source": src.root, "entries": len(src.entries), "entries_sha256": h.hexdigest(), "options": opts}
+    fp = {"source": src.root, "entries": len(src.entries), "entries_sha256": h.hexdigest(), "options": opts,
+          # the journal's rows hold these columns: a version of fastfeed with other columns cannot finish them
+          "columns": sorted(tbl.COLUMNS)}
     if src.task != "classify":  # a resume must not mix samples annotated differently
         a = hashlib.sha256()
         for e in src.entries:
@@ -299,8 +301,9 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     if o.resume:
         old_fp, commits = journal.load()
         if old_fp != fp:
-            raise PackError("--resume: the source listing or options differ from the interrupted pack's; "
-                            "re-run with the same arguments or use --overwrite")
+            raise PackError("--resume: the source listing or options differ from the interrupted pack's (or a "
+                            "version of fastfeed with another sample table started it); re-run with the same "
+                            "arguments or use --overwrite")
         journal.rewrite(fp, commits)
     else:
         journal.start(fp)
