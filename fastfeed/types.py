@@ -246,12 +246,14 @@ class Sample:
 class ImageProfile:
     """What a dataset's sample table says about its images, for the Loader's choices that depend on them
     (fastfeed/loader/settings.py): the median stored size, the share of samples the GPU's hardware JPEG decoder cannot
-    take (PNG, progressive or CMYK JPEGs, ...), which DALI decodes with CPU threads, and the stored (width, height) of
-    the sample at the 99th percentile of pixels: the size a batch's largest images have, but for rare outliers."""
+    take (PNG, progressive or CMYK JPEGs, ...), which DALI decodes with CPU threads, the stored (width, height) of
+    the sample at the 99th percentile of pixels: the size a batch's largest images have, but for rare outliers, and
+    the share of samples only the decode contract's PIL decode reads (samples.npz `pil_only`: TIFF, 16-bit, ...)."""
 
     median_pixels: float
     cpu_decode_share: float
     large_size: tuple[int, int] = (0, 0)
+    pil_only_share: float = 0.0
 
 
 def parse_size(text: str) -> int:

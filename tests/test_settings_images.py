@@ -115,3 +115,26 @@ def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
         assert info["images"] == {"median_pixels": profile.median_pixels, "cpu_decode_share": 0.4,
                                   "large_size": [100, 80]}
         assert info["ring_slots"] == L.stats()["ring"]["slots"]
+
+
+def test_auto_takes_the_cpu_decoder_for_a_dataset_mostly_of_images_only_pil_reads(tmp_path):
+    """Thumbnails cropped small take DALI's CPU backend; the same thumbnails as 16-bit TIFFs (pack's `pil_only`),
+    which DALI's decoder would hand to PIL one by one, take the PIL decoder itself."""
+    from fastfeed.decode import PIL_ONLY_MAX_SHARE, resolve_kind
+
+    thumbs = ImageProfile(median_pixels=64 * 64, cpu_decode_share=1.0)
+    assert resolve_kind("auto", "cpu", thumbs, image_size=64) == "cpu-dali"
+    odd = ImageProfile(median_pixels=64 * 64, cpu_decode_share=1.0, pil_only_share=PIL_ONLY_MAX_SHARE + 0.01)
+    assert resolve_kind("auto", "cpu", odd, image_size=64) == "cpu-pil"
+    for i in range(6):
+        (tmp_path / "src" / "a").mkdir(parents=True, exist_ok=True)
+        grey = (np.arange(64 * 48, dtype=np.uint16).reshape(48, 64) * (7 + i)).astype(np.uint16)
+        Image.fromarray(grey).save(tmp_path / "src" / "a" / f"{i}.tif")
+    from fastfeed.cli import main
+
+    assert main(["pack", str(tmp_path / "src"), str(tmp_path / "out"), "--quiet"]) == 0
+    with open_dataset(tmp_path / "out") as ds:
+        assert ds.image_profile().pil_only_share == 1.0
+    with fastfeed.Loader(tmp_path / "out", batch_size=2, image_size=32, device="cpu") as loader:
+        assert loader.settings.decoder == "cpu-pil"
+        assert next(iter(loader))[0].shape == (2, 3, 32, 32)

@@ -20,7 +20,7 @@ from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS, Windows, cro
 __all__ = ["crop_windows", "oriented_size", "Windows", "make_decoder", "build_decoder", "pipeline_kind",
            "DecodeResult", "Replaced", "CorruptSampleError", "KINDS", "CPU_DEFAULT", "CPU_DECODE_MAX_PIXELS",
            "CPU_DALI_MAX_OUTPUT", "THUMBNAIL_CPU_MIN_CORES", "HYBRID_MIN_CORES", "HYBRID_MAX_PIXELS", "ORIENTATIONS",
-           "resolve_kind", "GPU_DECODERS", "CONCRETE_KINDS"]
+           "PIL_ONLY_MAX_SHARE", "resolve_kind", "GPU_DECODERS", "CONCRETE_KINDS"]
 
 KINDS = ("auto", "dali", "hybrid", "cpu", "cpu-dali", "cpu-pil")
 CONCRETE_KINDS = ("dali", "hybrid", "cpu-dali", "cpu-pil")  # what resolve_kind returns
@@ -43,6 +43,10 @@ THUMBNAIL_CPU_MIN_CORES = 8
 # a useful share, PNG-heavy sets keep "dali" (its CPU threads are sized for them). docs/design/decoders.md#hybrid
 HYBRID_MIN_CORES = 8
 HYBRID_MAX_PIXELS = 1_000_000
+# A dataset where more than this share of samples only PIL reads as the decode contract says (TIFF, 16-bit, CMYK, ...:
+# samples.npz `pil_only`): `auto` picks CPU_DEFAULT, whose threads the Loader sizes for it, on every device; the DALI
+# kinds would hand most of each batch to the same PIL decode on their own threads.
+PIL_ONLY_MAX_SHARE = 0.5
 
 
 def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None = None,
@@ -54,8 +58,9 @@ def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None 
     costs — launches from decoder threads of the training process — outweigh a thumbnail's decode and slow the
     training step itself) on a rank with THUMBNAIL_CPU_MIN_CORES cores, "hybrid" for photos up to HYBRID_MAX_PIXELS
     on a rank with HYBRID_MIN_CORES cores, else "dali". Without a CUDA device: "cpu-dali" for thumbnails cropped to
-    at most CPU_DALI_MAX_OUTPUT px (`image_size`; when DALI is installed), else CPU_DEFAULT (the constants above say
-    what each bound trades off)."""
+    at most CPU_DALI_MAX_OUTPUT px (`image_size`; when DALI is installed), else CPU_DEFAULT; CPU_DEFAULT on any
+    device for a dataset mostly of images only PIL reads (PIL_ONLY_MAX_SHARE). The constants above say what each
+    bound trades off."""
     import torch
 
     from fastfeed.decode.dali import dali_available
@@ -63,7 +68,7 @@ def resolve_kind(kind: str, device: str, images=None, cpus_per_rank: int | None 
     if kind not in KINDS:
         raise ValueError(f"unknown decoder kind {kind!r}; expected one of {KINDS}")
     if kind == "auto":
-        if not dali_available():
+        if not dali_available() or (images is not None and images.pil_only_share > PIL_ONLY_MAX_SHARE):
             return CPU_DEFAULT
         thumbnails = images is not None and images.median_pixels <= CPU_DECODE_MAX_PIXELS
         if not (str(device).startswith("cuda") and torch.cuda.is_available()):

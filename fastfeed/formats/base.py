@@ -263,12 +263,13 @@ class TableDataset:
         if hw is None:
             hw = np.asarray(self.jpeg_kinds) == KIND_BASELINE
         share = 1.0 - float(np.count_nonzero(hw)) / max(1, len(self))
+        pil = float(np.count_nonzero(self.pil_only)) / max(1, len(self))
         if not len(pixels):
-            return ImageProfile(median_pixels=0.0, cpu_decode_share=share)
+            return ImageProfile(median_pixels=0.0, cpu_decode_share=share, pil_only_share=pil)
         k = min(len(pixels) - 1, int(0.99 * len(pixels)))
         at = int(np.argpartition(pixels, k)[k])  # the 99th percentile's sample, in linear time
         return ImageProfile(median_pixels=float(np.median(pixels)), cpu_decode_share=share,
-                            large_size=(int(self.widths[at]), int(self.heights[at])))
+                            large_size=(int(self.widths[at]), int(self.heights[at])), pil_only_share=pil)
 
     @property
     def orientations(self) -> np.ndarray:
