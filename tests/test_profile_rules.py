@@ -71,3 +71,46 @@ def test_the_learning_rate_against_the_baseline():
     assert against_baseline(report(0.1, [256, 256 * (BATCH_CHANGE - 1) * 0.9]), base) == []  # under the change
     assert against_baseline(report(0.1, [64]), base)  # a quarter of the batch: the same rule, downwards
     assert against_baseline(report(0.1, [256] * 8), {"processes": []}) == []  # nothing to compare with
+
+
+# `nvidia-smi topo -m` of an 8-GPU NVLink host and of a 4-GPU PCIe one (its header coloured, as a terminal shows it).
+NVLINK_TOPO = """\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m
+GPU0\t X \tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tPXB\t0-55,112-167\t0\t\tN/A
+GPU1\tNV18\t X \tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tSYS\t0-55,112-167\t0\t\tN/A
+GPU2\tNV18\tNV18\t X \tNV18\tNV18\tNV18\tNV18\tNV18\tSYS\t0-55,112-167\t0\t\tN/A
+GPU3\tNV18\tNV18\tNV18\t X \tNV18\tNV18\tNV18\tNV18\tSYS\t0-55,112-167\t0\t\tN/A
+GPU4\tNV18\tNV18\tNV18\tNV18\t X \tNV18\tNV18\tNV18\tSYS\t56-111,168-223\t1\t\tN/A
+GPU5\tNV18\tNV18\tNV18\tNV18\tNV18\t X \tNV18\tNV18\tSYS\t56-111,168-223\t1\t\tN/A
+GPU6\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\t X \tNV18\tSYS\t56-111,168-223\t1\t\tN/A
+GPU7\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\t X \tSYS\t56-111,168-223\t1\t\tN/A
+NIC0\tPXB\tSYS\tSYS\tSYS\tSYS\tSYS\tSYS\tSYS\t X \t\t\t\t
+
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+PCIE_TOPO = """\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity
+GPU0\t X \tPHB\tSYS\tSYS\t0-15\t0
+GPU1\tPHB\t X \tSYS\tSYS\t0-15\t0
+GPU2\tSYS\tSYS\t X \tPHB\t16-31\t1
+GPU3\tSYS\tSYS\tPHB\t X \t16-31\t1
+"""
+
+
+def test_gpu_links_from_nvidia_smi_topo_and_the_communication_finding_says_them():
+    from fastfeed.profile.rules import communication
+    from fastfeed.profile.topology import describe_links, parse_topology
+
+    nv, pcie = parse_topology(NVLINK_TOPO), parse_topology(PCIE_TOPO)
+    assert nv == {"gpus": 8, "links": ["NV18"]} and pcie == {"gpus": 4, "links": ["PHB", "SYS"]}
+    assert "every pair linked by NVLink" in describe_links(nv)
+    assert "no NVLink" in describe_links(pcie) and "SYS (PCIe and the link between NUMA nodes)" in describe_links(pcie)
+    assert parse_topology("GPU0\tCPU Affinity\nGPU0\t X \t0-7\n") is None  # one GPU: nothing to say
+    assert parse_topology("NVIDIA-SMI has failed") is None
+    p = {"share": {"comm": 0.4}, "facts": {"gpu_links": pcie}}
+    found = communication(p, [p])
+    assert any("no NVLink" in e for e in found["evidence"]) and "talk over PCIe" in found["advice"]
+    p["facts"] = {"gpu_links": nv}
+    assert "talk over PCIe" not in communication(p, [p])["advice"]

@@ -110,6 +110,10 @@ class Probe:
             self._monitor.stop()
             machine = self._monitor.result()
         gpu = self._gpu_summary()
+        if gpu is not None and self.facts["world_size"] > 1 and self.facts["rank"] == 0:
+            from fastfeed.profile.topology import gpu_links
+
+            self.facts["gpu_links"] = gpu_links()  # the communication finding says how the GPUs talk
         # Called from the optimizer's post-step hook: the step's gradients are still there (zero_grad comes later).
         for fact, ref in zip(self.facts["ddp"], self.ddp_modules):
             module = ref()

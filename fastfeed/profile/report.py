@@ -8,6 +8,7 @@ import os
 import statistics
 
 from fastfeed.profile.rules import verdict
+from fastfeed.profile.topology import describe_links
 
 __all__ = ["load_records", "summarize", "format_report", "PARTS"]
 
@@ -131,6 +132,9 @@ def format_report(summary: dict, baseline: dict | None = None) -> str:
             top = gpu.get("sm_clock_max_mhz")
             lines.append(row("SM clock", gpu["sm_clock_mean_mhz"],
                              lambda v: f"{v:,.0f} MHz" + (f" of {top:,.0f}" if top else "")))
+    links = next((p["facts"].get("gpu_links") for p in summary["processes"] if p["facts"].get("gpu_links")), None)
+    if links:
+        lines.append(f"  {'GPU links':28s} {describe_links(links)}")
     peak = [p["gpu"]["memory_peak_bytes"] for p in summary["processes"] if p.get("gpu")]
     if peak:
         lines.append(row("CUDA memory peak", max(peak), lambda v: f"{v / 2**30:.2f} GiB"))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from fastfeed.profile.topology import describe_links
+
 __all__ = ["verdict", "against_baseline", "RULES", "DATA_WAIT_SHARE", "COMM_SHARE", "LOW_GPU_UTIL_PCT",
            "BATCH_CHANGE"]
 
@@ -69,12 +71,18 @@ def communication(p: dict, procs: list[dict]) -> dict | None:
     share = p["share"]["comm"]
     if share <= COMM_SHARE:
         return None
-    return _finding("communication", "collectives take a large share of the step",
-                    [f"{100 * share:.0f}% of the step in collectives: torch.distributed calls, and DDP's gradient "
-                     f"all-reduce where backward waited for it (threshold {100 * COMM_SHARE:.0f}%)"],
+    evidence = [f"{100 * share:.0f}% of the step in collectives: torch.distributed calls, and DDP's gradient "
+                f"all-reduce where backward waited for it (threshold {100 * COMM_SHARE:.0f}%)"]
+    links = next((q["facts"].get("gpu_links") for q in procs if q["facts"].get("gpu_links")), None)
+    if links:
+        evidence.append(describe_links(links))
+        where = ("" if all(lk.startswith("NV") for lk in links["links"]) else
+                 "; these GPUs talk over PCIe: on a host with NVLink the same all-reduce is several times faster")
+    else:
+        where = "; `nvidia-smi topo -m` shows whether the GPUs talk over NVLink or PCIe"
+    return _finding("communication", "collectives take a large share of the step", evidence,
                     "let DDP overlap the gradient all-reduce with backward (no manual all_reduce of gradients), "
-                    "raise bucket_cap_mb, or reduce what is sent (bf16 gradients, compression hooks); "
-                    "`nvidia-smi topo -m` shows whether the GPUs talk over NVLink or PCIe", share)
+                    "raise bucket_cap_mb, or reduce what is sent (bf16 gradients, compression hooks)" + where, share)
 
 
 def data_parallel(p: dict, procs: list[dict]) -> dict | None:
