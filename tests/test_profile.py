@@ -104,6 +104,23 @@ def test_ddp_all_reduce_that_outlasts_backward_is_communication(tmp_path):
     assert "DDP's gradient all-reduce" in proc.stdout
 
 
+@pytest.mark.gpu
+def test_a_loop_of_tiny_kernels_is_launch_bound(tmp_path):
+    """On a GPU: the GPU idle between microsecond kernels while nothing waits for data, "the GPU is idle between
+    kernels" (compute efficiency), with the SM clock and the power limit in the machine rows."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the GPU machine: pytest -m gpu)")
+    proc, rep = profile(tmp_path, sys.executable, str(CASES / "launch_bound.py"), steps=200, warmup=20)
+    titles = [f["title"] for f in rep["verdict"]]
+    assert "the GPU is idle between kernels" in titles, proc.stdout
+    assert rep["run"]["share"]["data"] < 0.1
+    gpu = rep["run"]["machine"]["gpu"]
+    assert gpu["sm_clock_mean_mhz"] > 0 and gpu["sm_clock_max_mhz"] >= gpu["sm_clock_mean_mhz"] * 0.5, gpu
+    assert "SM clock" in proc.stdout and "of" in next(ln for ln in proc.stdout.splitlines() if "SM clock" in ln)
+
+
 def test_python_m_fastfeed_profile_then_the_report_against_a_baseline(slow_data, tmp_path):
     """The torchrun form (`-m fastfeed.profile script.py`) writes each process's records; `--report DIR` reads
     them, and `--baseline` prints each row's change against an earlier report. The script wraps its model in
