@@ -42,6 +42,8 @@
 #                      reader on 1 and 2, 100 timed steps after 300 of warm-up [base]
 #   ddp-reversed       ddp in the other order (DALI first), then ResNet-18 defaults on 1 and 2 GPUs [base]
 #   odd-corpus         the decode contract on the GPU: tools/odd_corpus_gpu.py (hardware and CUDA JPEG decoders)
+#   image-text         image-text batches at 224 px on adopted shards against DALI's webdataset reader
+#                      (image_text.py: 5,000 photos with captions, batch 256, the loaders alone)
 #   progressive        20% progressive JPEGs packed --jpeg keep / --jpeg baseline against all baseline, the loader
 #                      alone (bench_gpu.py --sections progressive; makes its own sets)
 #   detect             pytest -m gpu tests/test_{detect,segment,instance}_loader.py; detection batches at
@@ -147,6 +149,9 @@ run_step() {  # $1 = step, rest: its arguments
          ddp dali2-b-$tag 2 $long $dali; ddp dali1-b-$tag 1 $long $dali; ddp two-b-$tag 2 $long; ddp one-b-$tag 1 $long
          ddp r18-one-$tag 1 $long --arch resnet18; ddp r18-two-$tag 2 $long --arch resnet18
        fi ;;
+  image-text) need native dali || return 1
+              CUDA_VISIBLE_DEVICES=0 timeout 400 python3 $G/image_text.py --workdir $W/image-text \
+                  --json $OUT/image-text-$tag.json 2>&1 | grep -E "^round|^fastfeed /|images," ;;
   odd-corpus) need native dali || return 1
               CUDA_VISIBLE_DEVICES=0 timeout 120 python3 tools/odd_corpus_gpu.py 2>&1 | quiet > $OUT/odd-corpus-$tag.log
               tail -1 $OUT/odd-corpus-$tag.log
