@@ -273,3 +273,44 @@ def test_whole_images_route_the_pil_only_samples_to_pil(accepted):
         img = flat[got.offset[i]:got.offset[i] + w * h * 3].reshape(h, w, 3).astype(np.int16)
         ref = np.asarray(contract_image(bytes(data), "ignore")).astype(np.int16)
         assert img.shape == ref.shape and np.abs(img - ref).mean() < (0.01 if pil[i] else TOL), i
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_routed_sample_that_fails_is_replaced_by_the_batchs_rule(channels_last):
+    """DALI's CPU backend with two samples routed to PIL, one of them cut short: under "skip" its slot takes the next
+    good position of the batch (a DALI-decoded one: the rule spans both parts), under "raise" it is named; a batch
+    that is all routed decodes, one that is all bad raises whatever the policy."""
+    import io
+
+    from PIL import Image
+
+    from fastfeed.decode.base import CorruptSampleError
+    from fastfeed.decode.dali import DaliDecoder
+
+    def enc(fmt, colour):
+        b = io.BytesIO()
+        Image.new("RGB", (40, 30), colour).save(b, fmt)
+        return np.frombuffer(b.getvalue(), dtype=np.uint8)
+
+    red, tif, blue = enc("JPEG", (200, 10, 10)), enc("TIFF", (10, 200, 10)), enc("JPEG", (10, 10, 200))
+    cut = tif[: len(tif) // 3]
+    batch, pil = [red, tif, cut, blue], np.array([False, True, True, False])
+
+    def windows(n, flags):
+        return crop_windows(np.full(n, 40), np.full(n, 30), np.arange(n), seed=0, epoch=0, train=False,
+                            image_size=16, pil=flags)
+
+    with DaliDecoder(device_id=None, batch_size=4, num_threads=2, dtype=torch.uint8, image_size=16,
+                     channels_last=channels_last) as d:
+        res = d(batch, windows(4, pil))
+        means = res.images.float().mean(dim=(2, 3))  # [4, 3] per channel
+        assert [(r.position, r.code) for r in res.replaced] == [(2, "decode_error")]
+        assert means[1].argmax() == 1 and torch.equal(res.images[2], res.images[3]) and means[3].argmax() == 2
+        with pytest.raises(CorruptSampleError):
+            d([cut, cut], windows(2, np.array([True, True])))
+        assert not d([tif, tif], windows(2, np.array([True, True]))).replaced
+    with DaliDecoder(device_id=None, batch_size=4, num_threads=2, dtype=torch.uint8, image_size=16,
+                     on_error="raise") as d:
+        with pytest.raises(CorruptSampleError) as e:
+            d(batch, windows(4, pil))
+        assert e.value.positions == [2]
