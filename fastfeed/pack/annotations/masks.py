@@ -110,21 +110,29 @@ def _pair(root: str, img_dir: str, mask_dir: str, kind: str) -> Source:
         else:
             src.rejected.append({"path": path, "reason": f"not a {_MASK_EXT} file: masks are PNGs paired with their "
                                                          f"image as STEM{_MASK_EXT}"})
+    _match(src, root, img_dir, masks, lambda stem: stem, lambda stem: os.path.join(mask_dir, stem + _MASK_EXT),
+           lambda stem: os.path.join(img_dir, stem))
+    return src
+
+
+def _match(src: Source, root: str, img_dir: str, masks: dict[str, str], name_of, mask_of, image_of) -> None:
+    """Each image below `img_dir` into `src` with masks[name_of(its relative path less the extension)]: a pair, else a
+    "no mask" rejection naming mask_of(name), the mask it wants; the masks no image took, rejections naming
+    image_of(name)."""
     used: set[str] = set()
     for path, via_link in _walk_files(img_dir, src):
         if via_link:
             _count_link(src, path)
-        stem = os.path.splitext(path[len(img_dir) + 1:])[0]
-        mask = masks.get(stem)
+        name = name_of(os.path.splitext(path[len(img_dir) + 1:])[0])
+        mask = masks.get(name)
         if mask is None:
-            src.rejected.append({"path": path, "mask": os.path.join(mask_dir, stem + _MASK_EXT), "reason": "no mask"})
+            src.rejected.append({"path": path, "mask": mask_of(name), "reason": "no mask"})
             continue
-        used.add(stem)
+        used.add(name)
         src.entries.append(_entry(root, path, mask))
-    for stem in sorted(set(masks) - used):
-        src.rejected.append({"path": masks[stem], "mask": masks[stem],
-                             "reason": f"mask without an image (no {os.path.join(img_dir, stem)}.*)"})
-    return src
+    for name in sorted(set(masks) - used):
+        src.rejected.append({"path": masks[name], "mask": masks[name],
+                             "reason": f"mask without an image (no {image_of(name)}.*)"})
 
 
 def _scan_voc_seg(root: str, split: str | None) -> Source:
@@ -172,21 +180,8 @@ def _scan_cityscapes(root: str, split: str | None) -> Source:
             if stem.endswith(suffix) and path.endswith(_MASK_EXT):
                 masks[suffix][stem[: -len(suffix)]] = path
     suffix = next((s for s in _CITY_MASKS if masks[s]), _CITY_MASKS[0])
-    found = masks[suffix]
-    used: set[str] = set()
-    for path, via_link in _walk_files(img_dir, src):
-        if via_link:
-            _count_link(src, path)
-        stem = os.path.splitext(path[len(img_dir) + 1:])[0]
-        name = stem[: -len(_CITY_IMAGE)] if stem.endswith(_CITY_IMAGE) else stem
-        mask = found.get(name)
-        if mask is None:
-            src.rejected.append({"path": path, "mask": os.path.join(gt_dir, name + suffix + _MASK_EXT),
-                                 "reason": "no mask"})
-            continue
-        used.add(name)
-        src.entries.append(_entry(root, path, mask))
-    for name in sorted(set(found) - used):
-        src.rejected.append({"path": found[name], "mask": found[name],
-                             "reason": f"mask without an image (no {os.path.join(img_dir, name + _CITY_IMAGE)}.*)"})
+    _match(src, root, img_dir, masks[suffix],
+           lambda stem: stem[: -len(_CITY_IMAGE)] if stem.endswith(_CITY_IMAGE) else stem,
+           lambda name: os.path.join(gt_dir, name + suffix + _MASK_EXT),
+           lambda name: os.path.join(img_dir, name + _CITY_IMAGE))
     return src
