@@ -30,10 +30,8 @@ the training step still reads ours. zero_copy=True hands DALI's buffer over inst
 keeps DALI's tensor alive until it drops the batch); it is faster by the copy but depends on DALI's stream-ordered
 deallocation for safety, so it is opt-in.
 
-Samples DALI does not decode as the decode contract says (Windows.pil, from samples.npz `pil_only`: CMYK or RGB-colour
-JPEGs, 16-bit or transparent PNGs, TIFF, ...; pack stores them as they are) are decoded by the contract's PIL decoder
-(decode/cpu.py, with this decoder's output format) and take their places in the batch. Datasets rarely hold more
-than a few, so that decoder is built on first use.
+Samples DALI does not decode as the decode contract says (Windows.pil, from samples.npz `pil_only`) go to the
+contract's PIL decoder (decode/route.py) and take their places in the batch.
 
 Errors: DALI fails a whole batch. A cheap signature check drops non-images first; if the run still fails, the
 batch is bisected (runs on halves) to find the culprit records, and only the good ones are decoded again.
@@ -53,9 +51,10 @@ import numpy as np
 
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.constants import DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD
-from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, CorruptSampleError, DecodeResult, apply_replacements,
-                                  check_common, is_image, replaced_list, resolve_errors)
+from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common, is_image,
+                                  replaced_list, resolve_errors)
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
+from fastfeed.decode.route import ContractRoute, routed
 
 __all__ = ["DaliDecoder", "WholeImages", "dali_available"]
 
@@ -173,7 +172,7 @@ class DaliDecoder:
         self._dtype_name = check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads, orientation)
         self.orientation = orientation
         self._mean, self._std = mean, std
-        self._contract = None  # the PIL decoder of the samples routed to it (Windows.pil), built on first use
+        self._route = ContractRoute(self._contract_decoder)
         if not 0.0 <= float(hw_decoder_load) <= 1.0:
             raise ValueError(f"hw_decoder_load must be in [0, 1], got {hw_decoder_load}")
         if device_id is not None and not torch.cuda.is_available():
@@ -326,9 +325,9 @@ class DaliDecoder:
             raise ValueError(f"{n} samples but {len(windows)} windows")
         if self.whole_images:
             raise ValueError("this decoder decodes whole images: call decode_whole")
-        routed = _routed(windows.pil)
-        contract, bad = self._contract_part(samples, windows, routed)
-        out, bad, good, pinned = self._decode_good(samples, windows, routed, bad)
+        pil = routed(windows.pil)
+        contract, bad = self._route.crop(samples, windows, pil)
+        out, bad, good, pinned = self._decode_good(samples, windows, pil, bad)
         images = None
         if out is not None:
             with out:
@@ -337,7 +336,7 @@ class DaliDecoder:
             # DALI may still be copying the samples to the GPU when its outputs are handed back; the caller reuses
             # their memory when this returns. The outputs, ready on this stream, come after every read of them.
             _inputs_read(self.device)
-        if bad or routed:
+        if bad or pil:
             import torch
 
             S = self.image_size
@@ -346,7 +345,7 @@ class DaliDecoder:
             if images is not None:
                 full[good] = images
             if contract is not None:  # the PIL decoder's NCHW view of NHWC memory, when channels_last
-                full[routed] = contract.permute(0, 2, 3, 1) if self.channels_last else contract
+                full[pil] = contract.permute(0, 2, 3, 1) if self.channels_last else contract
             images = full
             apply_replacements(images, resolve_errors(bad, n, self.on_error))
         if self.channels_last:
@@ -363,15 +362,9 @@ class DaliDecoder:
         if not self.whole_images:
             raise ValueError("this decoder crops and resizes: call it with windows")
         n = len(samples)
-        routed = _routed(pil)
-        contract, bad = {}, {}
-        if routed:
-            for p, (pixels, err) in zip(routed, self._contract_decoder().whole([samples[p] for p in routed])):
-                if err is None:
-                    contract[p] = pixels
-                else:
-                    bad[p] = err
-        out, bad, good, pinned = self._decode_good(samples, None, routed, bad)
+        positions = routed(pil)
+        contract, bad = self._route.whole(samples, positions)
+        out, bad, good, pinned = self._decode_good(samples, None, positions, bad)
         parts, shapes = [], np.zeros((0, 3), np.int64)
         if out is not None:
             with out:
@@ -401,38 +394,25 @@ class DaliDecoder:
 
     def _contract_decoder(self):
         """The decode contract's PIL decoder (decode/cpu.py), with this decoder's output format."""
-        if self._contract is None:
-            from fastfeed.decode.cpu import PilDecoder
+        from fastfeed.decode.cpu import PilDecoder
 
-            # batch_size 1: its buffers grow to the routed samples of a batch, a few, not to a whole batch
-            self._contract = PilDecoder(device=self.device, image_size=self.image_size, dtype=self.dtype,
-                                        channels_last=self.channels_last, mean=self._mean, std=self._std,
-                                        num_threads=self._num_threads, on_error="skip", batch_size=1, draft=False,
-                                        orientation=self.orientation)
-        return self._contract
+        # batch_size 1: its buffers grow to the routed samples of a batch, a few, not to a whole batch
+        return PilDecoder(device=self.device, image_size=self.image_size, dtype=self.dtype,
+                          channels_last=self.channels_last, mean=self._mean, std=self._std,
+                          num_threads=self._num_threads, on_error="skip", batch_size=1, draft=False,
+                          orientation=self.orientation)
 
-    def _contract_part(self, samples, windows: Windows, routed: list[int]):
-        """The `routed` positions decoded by the PIL decoder: (their images or None, {position: (code, detail)} of
-        those that fail). The failures' slots are filled by the batch's replacement rule afterwards."""
-        if not routed:
-            return None, {}
-        try:
-            res = self._contract_decoder()([samples[p] for p in routed], windows.take(routed))
-        except CorruptSampleError as e:  # none of them decodes
-            return None, {routed[p]: (c, d) for p, c, d in zip(e.positions, e.codes, e.details)}
-        return res.images, {routed[r.position]: (r.code, r.detail) for r in res.replaced}
-
-    def _decode_good(self, samples, windows: Windows | None, routed=(), bad=None):
+    def _decode_good(self, samples, windows: Windows | None, pil=(), bad=None):
         """(DALI's outputs for the positions that decode, or None when DALI decodes none, {position: (code,
         detail)} of those that do not (`bad`: found before, by the PIL decoder), the positions DALI decoded,
-        whether the samples were handed over page-locked). `routed` positions are left to the PIL decoder. Raises
+        whether the samples were handed over page-locked). The `pil` positions are left to the PIL decoder. Raises
         CorruptSampleError under on_error="raise" or when nothing decodes."""
         if self._pipe is None:
             raise _Closed("decoder is closed")
         n = len(samples)
         if not 0 < n <= self.batch_size:
             raise ValueError(f"batch of {n} samples; this decoder accepts 1..{self.batch_size}")
-        skip = set(routed)
+        skip = set(pil)
         bad = dict(bad or {})
         bad.update({i: (NOT_IMAGE, "unknown file signature") for i in range(n)
                     if i not in skip and not is_image(samples[i])})
@@ -464,8 +444,7 @@ class DaliDecoder:
             pipe, self._pipe = self._pipe, None
         if pipe is not None:
             pipe.close()
-        if self._contract is not None:
-            self._contract.close()
+        self._route.close()
 
     def __enter__(self):
         return self
@@ -496,11 +475,6 @@ def chroma_mode(gpu: bool) -> str:
             raise ValueError(f"FASTFEED_DALI_CHROMA must be one of {CHROMA_MODES}, got {forced!r}")
         return forced
     return "full" if gpu else "roi"
-
-
-def _routed(pil) -> list[int]:
-    """The positions flagged in `pil` (Windows.pil), [] for None."""
-    return [] if pil is None else np.flatnonzero(np.asarray(pil, dtype=bool)).tolist()
 
 
 def _page_locked(samples) -> bool:
