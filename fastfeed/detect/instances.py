@@ -135,24 +135,12 @@ def render_instances(geometry, k: int, targets, objects, tiles, boxes, out: np.n
 def _draw_rle(out: np.ndarray, mask: np.ndarray, geometry, k: int, t: int, value: int) -> None:
     """A binary mask (uint8 [h, w]; its grid laid over the stored image, the same size for COCO) drawn where it is 1
     into tile t of output k, by the nearest-neighbour rule semantic masks follow."""
-    from fastfeed.detect.masks import _nearest_into, _warp_nearest_into
-    from fastfeed.detect.render import quad_inside
+    from fastfeed.detect.masks import nearest_tile, tile_view
 
-    S = geometry.image_size
-    X0, Y0, X1, Y1 = (int(v) for v in geometry.dst_rect[k, t])
-    if X1 <= X0 or Y1 <= Y0:
+    dst = tile_view(out, geometry, k, t)
+    if dst is None:
         return
-    flip = bool(geometry.flip[k])
     w0, h0 = geometry.sizes[int(geometry.source[k, t])]
-    fx, fy = mask.shape[1] / w0, mask.shape[0] / h0  # stored-image pixels -> mask pixels
-    drawn = np.zeros((Y1 - Y0, X1 - X0), np.uint8)
-    if geometry.axis_aligned:
-        x0, y0, x1, y1 = geometry.src_rect[k, t]
-        _nearest_into(mask, x0 * fx, y0 * fy, x1 * fx, y1 * fy, drawn, flip)
-    else:
-        tile = geometry.tiles(k)[t]
-        A = np.vstack([tile.affine, (0, 0, 1)])
-        inv = np.diag([fx, fy, 1.0]) @ np.linalg.inv(A) @ np.array([[1, 0, X0], [0, 1, Y0], [0, 0, 1]], float)
-        _warp_nearest_into(mask, np.ascontiguousarray(inv[:2]), quad_inside(tile), drawn, flip)
-    dst = out[Y0:Y1, S - X1:S - X0] if flip else out[Y0:Y1, X0:X1]
+    drawn = np.zeros(dst.shape, np.uint8)
+    nearest_tile(mask, geometry, k, t, drawn, mask.shape[1] / w0, mask.shape[0] / h0)
     dst[drawn == 1] = value

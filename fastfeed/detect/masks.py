@@ -28,7 +28,7 @@ from fastfeed.detect.render import quad_inside
 
 numba = import_numba()
 
-__all__ = ["decode_mask", "render_mask", "MaskError", "DEFAULT_IGNORE_INDEX"]
+__all__ = ["decode_mask", "render_mask", "tile_view", "nearest_tile", "MaskError", "DEFAULT_IGNORE_INDEX"]
 
 DEFAULT_IGNORE_INDEX = 255  # torch's CrossEntropyLoss(ignore_index=...) as segmentation references set it
 _ID_MODES = {"L": np.uint8, "P": np.uint8, "I;16": np.uint16, "I;16L": np.uint16, "I;16B": np.uint16,
@@ -101,19 +101,37 @@ def render_mask(masks, geometry: BatchGeometry, k: int, ignore: int, out: np.nda
     dtype = masks[int(geometry.source[k, 0])].dtype
     canvas = np.empty((S, S), dtype=dtype) if out is None else out
     canvas[...] = ignore
-    flip = bool(geometry.flip[k])
-    for t in geometry.tiles(k):
-        X0, Y0, X1, Y1 = t.dst_rect
-        if X1 <= X0 or Y1 <= Y0:
-            continue
-        src = masks[t.source]
-        dst = canvas[Y0:Y1, S - X1:S - X0] if flip else canvas[Y0:Y1, X0:X1]
-        if geometry.axis_aligned:
-            x0, y0, x1, y1 = t.src_rect
-            _nearest_into(src, float(x0), float(y0), float(x1), float(y1), dst, flip)
-        else:
-            # output pixel (x, y) of the tile's rectangle -> source pixels
-            A = np.vstack([t.affine, (0, 0, 1)])
-            inv = np.linalg.inv(A) @ np.array([[1, 0, X0], [0, 1, Y0], [0, 0, 1]], dtype=np.float64)
-            _warp_nearest_into(src, np.ascontiguousarray(inv[:2]), quad_inside(t), dst, flip)
+    for i, t in enumerate(geometry.tiles(k)):
+        dst = tile_view(canvas, geometry, k, i)
+        if dst is not None:
+            nearest_tile(masks[t.source], geometry, k, i, dst)
     return canvas
+
+
+def tile_view(canvas: np.ndarray, geometry: BatchGeometry, k: int, t: int) -> np.ndarray | None:
+    """The part of output k's canvas [S, S] that tile t paints (its destination rectangle, mirrored when the output
+    is flipped), or None when it paints nothing."""
+    S = geometry.image_size
+    X0, Y0, X1, Y1 = (int(v) for v in geometry.dst_rect[k, t])
+    if X1 <= X0 or Y1 <= Y0:
+        return None
+    return canvas[Y0:Y1, S - X1:S - X0] if geometry.flip[k] else canvas[Y0:Y1, X0:X1]
+
+
+def nearest_tile(src: np.ndarray, geometry: BatchGeometry, k: int, t: int, out: np.ndarray, fx: float = 1.0,
+                 fy: float = 1.0) -> None:
+    """Tile t of output k drawn from `src` into `out` (its `tile_view`) by the nearest-neighbour rule; `fx`, `fy`
+    scale the stored image's pixels to src's (1 for a mask of the image's size)."""
+    flip = bool(geometry.flip[k])
+    if geometry.axis_aligned:
+        x0, y0, x1, y1 = (float(v) for v in geometry.src_rect[k, t])
+        _nearest_into(src, x0 * fx, y0 * fy, x1 * fx, y1 * fy, out, flip)
+        return
+    # output pixel (x, y) of the tile's rectangle -> source pixels
+    tile = geometry.tiles(k)[t]
+    X0, Y0 = tile.dst_rect[:2]
+    A = np.vstack([tile.affine, (0, 0, 1)])
+    inv = np.linalg.inv(A) @ np.array([[1, 0, X0], [0, 1, Y0], [0, 0, 1]], dtype=np.float64)
+    if (fx, fy) != (1.0, 1.0):
+        inv = np.diag([fx, fy, 1.0]) @ inv
+    _warp_nearest_into(src, np.ascontiguousarray(inv[:2]), quad_inside(tile), out, flip)
