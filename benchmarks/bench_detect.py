@@ -141,26 +141,34 @@ def main(argv=None) -> int:
     for f in [*yolo.rglob("*"), *packed.rglob("*")]:  # the page cache warm for both
         if f.is_file():
             f.read_bytes()
-    rows = []
     print(f"{a.num_images} images, batch {a.batch}, {a.size} px, {len(os.sched_getaffinity(0))} cores, {a.device}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    run_rounds({"ultralytics": lambda: (ultralytics_loader(yolo, a.batch, a.size, a.workers),
+                                        lambda b: to_device_ultralytics(b, a.device)),
+                "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size, a.device),
+                                     lambda b: to_device_fastfeed(b, a.device))}, a)
+    return 0
+
+
+def run_rounds(runs: dict, a) -> list[dict]:
+    """`runs`: name -> () -> (a fresh loader, images_of(batch)), the baseline first, then fastfeed. Each is measured
+    one after the other (`measure`), `a.rounds` times; prints each row and fastfeed's ratio to the baseline, writes
+    `a.json` when given. A loader with `close()` is closed after its row."""
+    rows = []
     for r in range(a.rounds):
-        for name in ("ultralytics", "fastfeed"):
-            if name == "ultralytics":
-                loader = ultralytics_loader(yolo, a.batch, a.size, a.workers)
-                got = measure(loader, lambda b: to_device_ultralytics(b, a.device), a.warmup, a.seconds)
-                del loader
-            else:
-                loader = fastfeed_loader(packed, a.batch, a.size, a.device)
-                got = measure(loader, lambda b: to_device_fastfeed(b, a.device), a.warmup, a.seconds)
-                loader.close()
+        for name, make in runs.items():
+            loader, images_of = make()
+            got = measure(loader, images_of, a.warmup, a.seconds)
+            getattr(loader, "close", lambda: None)()
+            del loader
             rows.append(dict(got, loader=name, round=r))
             print(f"round {r} {name:12s} {got['images_per_s']:8.1f} img/s  ({got['batches']} batches)", flush=True)
-    mean = {n: sum(x["images_per_s"] for x in rows if x["loader"] == n) / a.rounds for n in ("ultralytics", "fastfeed")}
-    print(f"fastfeed / ultralytics: {mean['fastfeed'] / mean['ultralytics']:.2f}x")
+    base = next(iter(runs))
+    mean = {n: sum(x["images_per_s"] for x in rows if x["loader"] == n) / a.rounds for n in (base, "fastfeed")}
+    print(f"fastfeed / {base}: {mean['fastfeed'] / mean[base]:.2f}x")
     if a.json:
         a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "rows": rows}, indent=1))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -17,14 +17,13 @@ runs `--warmup` untimed batches, then as many as fit in `--seconds`, one after t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_detect import measure, prepare_data  # noqa: E402
+from bench_detect import prepare_data, run_rounds  # noqa: E402
 
 DEFAULT_WORKDIR = Path(os.environ.get("TMPDIR", "/tmp")) / "fastfeed-bench" / "bench-detect"
 
@@ -98,25 +97,9 @@ def main(argv=None) -> int:
             f.read_bytes()
     print(f"{a.num_images} images, batch {a.batch}, {a.size} px, {len(os.sched_getaffinity(0))} cores, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    rows = []
-    for r in range(a.rounds):
-        for name in ("torchvision", "fastfeed"):
-            if name == "torchvision":
-                loader = torchvision_loader(yolo, a.batch, a.size, a.workers)
-                got = measure(loader, lambda b: len(b[0]), a.warmup, a.seconds)
-                del loader
-            else:
-                loader = fastfeed_loader(packed, a.batch, a.size)
-                got = measure(loader, lambda b: len(b["images"]), a.warmup, a.seconds)
-                loader.close()
-            rows.append(dict(got, loader=name, round=r))
-            print(f"round {r} {name:12s} {got['images_per_s']:8.1f} img/s  ({got['batches']} batches)", flush=True)
-    mean = {n: sum(x["images_per_s"] for x in rows if x["loader"] == n) / a.rounds for n in ("torchvision", "fastfeed")}
-    print(f"fastfeed / torchvision: {mean['fastfeed'] / mean['torchvision']:.2f}x")
-    if a.json:
-        a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "rows": rows}, indent=1))
+    run_rounds({"torchvision": lambda: (torchvision_loader(yolo, a.batch, a.size, a.workers), lambda b: len(b[0])),
+                "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size), lambda b: len(b["images"]))}, a)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
