@@ -18,8 +18,9 @@ def open_dataset(path: str | os.PathLike, storage_options: dict | None = None, *
         from fastfeed.remote.dataset import open_remote  # fsspec only when a URL needs it
 
         return open_remote(path, storage_options, **remote)
-    if remote_shards(load_manifest(os.fspath(path))):  # a folder `fastfeed index` wrote for shards at a URL
+    manifest = load_manifest(os.fspath(path))
+    if remote_shards(manifest):  # a folder `fastfeed index` wrote for shards at a URL
         from fastfeed.remote.dataset import open_remote
 
         return open_remote(os.fspath(path), storage_options, **remote)
-    return open_local(path)
+    return open_local(path, manifest)

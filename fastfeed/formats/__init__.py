@@ -21,10 +21,11 @@ __all__ = ["open_local", "read_targets", "Dataset", "DatasetError", "READERS"]
 READERS: dict[str, type] = {"wds": WdsDataset, "lmdb": LmdbDataset}
 
 
-def open_local(path: str | os.PathLike) -> Dataset:
-    """Open a folder written by `fastfeed pack`; raises DatasetError when it is not a complete, intact dataset."""
+def open_local(path: str | os.PathLike, manifest=None) -> Dataset:
+    """Open a folder written by `fastfeed pack`; raises DatasetError when it is not a complete, intact dataset.
+    `manifest`: its `load_manifest`, when the caller has read it already."""
     root = os.fspath(path)
-    manifest = load_manifest(root)
+    manifest = manifest or load_manifest(root)
     if remote_shards(manifest):
         raise DatasetError(f"{root}: its shards are at {manifest.data_root}: open it with fastfeed.open_dataset, "
                            "which reads them through the shard cache", path=root)
