@@ -154,13 +154,14 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
     # /tmp is often small. Local shards need no folder (theirs may be read-only).
     downloads = (tempfile.TemporaryDirectory(prefix=".fastfeed-index-", dir=None if is_url(out) else out)
                  if is_url(root) else contextlib.nullcontext())
+    fs, base = url_to_fs(root, storage_options) if is_url(root) else (None, root)  # one client for every shard
     with downloads as tmp:
         def one(a):
             shard, rel = a
-            if not is_url(root):
+            if fs is None:
                 return _index_shard(os.path.join(root, rel), rel, shard, image_ext, opts)
             local = os.path.join(tmp, f"{shard:08d}.tar")  # at most `workers` of them at a time
-            _download(root, rel, local, storage_options)
+            retrying(lambda: fs.get_file(join(base, rel), local), f"download {root}/{rel}")
             try:
                 return _index_shard(local, rel, shard, image_ext, opts)
             finally:
@@ -188,11 +189,6 @@ def _refuse_existing(out: str, overwrite: bool, storage_options: dict | None) ->
     if there and not overwrite:
         raise DatasetError(f"{out}: already holds a dataset ({MANIFEST_NAME}); pass overwrite=True (--overwrite) to "
                            "index again", path=out)
-
-
-def _download(root: str, rel: str, dest: str, storage_options: dict | None) -> None:
-    fs, base = url_to_fs(root, storage_options)
-    retrying(lambda: fs.get_file(join(base, rel), dest), f"download {root}/{rel}")
 
 
 def _write(out: str, src: str, root: str, rels: list[str], results: list, image_ext: str | None,
