@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from fastfeed.urls import has_scheme
+
 __all__ = [
     "parse_size",
     "FORMAT_VERSION",
@@ -201,7 +203,7 @@ class Manifest:
         if not names_ok or len(set(self.fields)) != len(self.fields):
             raise bad("fields", self.fields)
         if not isinstance(self.data_root, str) or (self.data_root and not os.path.isabs(self.data_root)
-                                                   and not _URL.match(self.data_root)):
+                                                   and not has_scheme(self.data_root)):
             raise bad("data_root (an absolute folder, a URL or \"\")", self.data_root)
         for s in self.shards:
             if not (isinstance(s.path, str) and s.path and _is_count(s.bytes) and isinstance(s.sha256, str)
@@ -211,7 +213,6 @@ class Manifest:
 
 # A field is a webdataset member extension: lower case, dot-separated words ("txt", "seg.png").
 _FIELD_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")  # a data_root at a URL (remote/store.py is_url's rule)
 
 
 def _is_count(v) -> bool:

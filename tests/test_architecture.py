@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fastfeed"
 # Lowest first. A concern may import its own modules and any concern of a lower layer, never one of its own layer or
 # above.
 LAYERS = [
+    ["fastfeed.urls"],
     ["fastfeed._native", "fastfeed.constants", "fastfeed.types", "fastfeed.world", "fastfeed.rle"],
     ["fastfeed.sampling", "fastfeed.image", "fastfeed.targets"],
     ["fastfeed.formats"],

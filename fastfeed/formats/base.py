@@ -25,6 +25,7 @@ from fastfeed.formats.fields import FieldExtents, columns
 from fastfeed.formats.integrity import checksum, xxh3_hex
 from fastfeed.image.jpeg import KIND_BASELINE
 from fastfeed.types import MANIFEST_NAME, SAMPLES_NAME, DatasetError, Extents, ImageProfile, Manifest, Sample
+from fastfeed.urls import has_scheme
 
 __all__ = ["Dataset", "TableDataset", "load_manifest", "load_table", "data_path", "shard_root", "read_regular"]
 
@@ -104,7 +105,7 @@ def read_regular(path: str) -> bytes:
 
 def remote_shards(manifest: Manifest) -> bool:
     """Whether the data files are at a URL (`fastfeed index` of shards at a URL wrote this dataset elsewhere)."""
-    return "://" in manifest.data_root
+    return has_scheme(manifest.data_root)
 
 
 def shard_root(root: str, manifest: Manifest) -> str:

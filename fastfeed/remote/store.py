@@ -14,33 +14,19 @@ access denied) are raised at once.
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Callable, TypeVar
 
 from fastfeed.types import DatasetError
+from fastfeed.urls import is_url, local_path  # noqa: F401  (re-exported: the remote modules import them here)
 
 __all__ = ["is_url", "url_to_fs", "join", "retrying", "resolve_retry_timeout", "DEFAULT_RETRY_TIMEOUT",
            "PERMANENT_ERRORS"]
 
 T = TypeVar("T")
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 DEFAULT_RETRY_TIMEOUT = 60.0  # seconds of retrying one remote operation before DatasetError
 PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
-
-
-def is_url(path) -> bool:
-    """True for `scheme://...` (s3://, gs://, https://, memory://, ...) except file://, which is a local path."""
-    if not isinstance(path, str) or not _URL.match(path):
-        return False
-    return not path.startswith("file://")
-
-
-def local_path(path) -> str:
-    """A local path for `path` (strips file://)."""
-    path = os.fspath(path)
-    return path[len("file://"):] if isinstance(path, str) and path.startswith("file://") else path
 
 
 def url_to_fs(url: str, storage_options: dict | None = None):
