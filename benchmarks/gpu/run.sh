@@ -14,8 +14,8 @@
 #                      and Lightning when .carry/x2 and .carry/fw are carried (carry [.carry/p5, .carry/x2, .carry/fw])
 #   build              the native core from this tree, kept in /tmp/ffnative (carry .carry/x: xxhash)
 #   data [SET...]      the data sets (default: base): base thumb half mid phone mixed png (lib.sh `mk`)
-#   gpu-tests          pytest -m gpu: tests/test_gpu.py, tests/test_detect_loader.py, tests/test_profile.py,
-#                      tests/test_gpu_frameworks.py
+#   gpu-tests          pytest -m gpu: tests/test_gpu.py, tests/test_{detect,segment,instance}_loader.py,
+#                      tests/test_profile.py, tests/test_gpu_frameworks.py
 # Tables (carry nothing; the sets each needs in brackets):
 #   train-resnet50     ResNet-50 training, ImageNet-like: two processes, each with fastfeed's defaults, its GPU
 #                      decode ("gpu") and DALI's file reader (hw 0.9, 4 threads), the two fastfeed rows in both
@@ -46,10 +46,9 @@
 #                      (image_text.py: 5,000 photos with captions, batch 256, the loaders alone)
 #   progressive        20% progressive JPEGs packed --jpeg keep / --jpeg baseline against all baseline, the loader
 #                      alone (bench_gpu.py --sections progressive; makes its own sets)
-#   detect             pytest -m gpu tests/test_{detect,segment,instance}_loader.py; detection batches at
-#                      640 px, batch 64, to the GPU (DALI staged: the GPU path; else the CPU one): fastfeed
-#                      against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the ultralytics
-#                      wheels), on 4 cores (taskset) and 16 [makes its own set]
+#   detect             detection batches at 640 px, batch 64, to the GPU (DALI staged: the GPU path; else the CPU
+#                      one): fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
+#                      ultralytics wheels), on 4 cores (taskset) and 16 [makes its own set]
 #   yolo-train [N...]  YOLOv8n training (yolo_train.py), batch 64, 640 px, bf16, under taskset -c 0-(N-1) for each N
 #                      (default 4): the resident-batch ceiling, ultralytics' loader, fastfeed (carry .carry/ul);
 #                      MODELS="yolov8n yolov8s" for other models
@@ -161,8 +160,6 @@ run_step() {  # $1 = step, rest: its arguments
                    --json $OUT/progressive-$tag.json 2>&1 | quiet | grep -E "^\[|img/s" | tail -8 ;;
   detect) need native || return 1
           [ -d .carry/ul ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/ul/*.whl
-          CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
-              tests/test_detect_loader.py tests/test_segment_loader.py tests/test_instance_loader.py 2>&1 | tail -1
           for cores in 4 16; do
             CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 240 taskset -c 0-$((cores - 1)) python3 \
                 benchmarks/bench_detect.py --workdir $W/detect --num-images 2000 --batch 64 --device cuda \
