@@ -274,6 +274,26 @@ def test_index_takes_globs_and_brace_patterns(shards):
         find_shards(str(shards / "part-{0008..0009}.tar"))
 
 
+def test_compressed_shards_are_refused_by_name(tmp_path):
+    """webdataset reads .tar.gz shards; their members have no byte range to read in place, so index names the file
+    and says what to do, from a folder, a pattern and a URL, rather than "no shards" or a damaged tar."""
+    import fsspec
+
+    folder = tmp_path / "gz"
+    folder.mkdir()
+    for k in range(2):
+        with wds.TarWriter(str(folder / f"part-{k}.tar.gz")) as sink:
+            sink.write(sample(k))
+    for src in (str(folder), str(folder / "part-{0..1}.tar.gz")):
+        with pytest.raises(DatasetError, match=r"part-0.tar.gz \(and 1 more\) is a compressed tar.*decompress"):
+            index_shards(src, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    fs = fsspec.filesystem("memory")
+    fs.pipe(f"/gz-{tmp_path.name}/part-0.tgz", (folder / "part-0.tar.gz").read_bytes())
+    with pytest.raises(DatasetError, match=r"part-0.tgz is a compressed tar"):
+        index_shards(f"memory:///gz-{tmp_path.name}/", str(tmp_path / "out"))
+
+
 @pytest.mark.integration
 def test_cli_index(shards, tmp_path):
     cmd = [sys.executable, "-m", "fastfeed.cli", "index", str(shards), str(tmp_path / "ds")]

@@ -83,10 +83,13 @@ def find_shards(src: str, storage_options: dict | None = None) -> tuple[str, lis
         return _find_remote(src, storage_options)
     if os.path.isdir(src):
         root = os.path.abspath(src)
-        rels = sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "**", "*.tar"), recursive=True))
+        found = sorted(glob.glob(os.path.join(root, "**", "*"), recursive=True))
+        rels = [os.path.relpath(p, root) for p in found if p.endswith(".tar")]
+        _refuse_compressed(src, [] if rels else found)
     else:
         paths = [p for pattern in _braces(src) for p in (sorted(glob.glob(pattern)) if glob.has_magic(pattern)
                                                        else [pattern])]
+        _refuse_compressed(src, paths)
         _check_found(src, [p for p in paths if not os.path.isfile(p)])
         paths = [os.path.abspath(p) for p in paths]
         root = os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else os.path.abspath(".")
@@ -100,7 +103,9 @@ def _find_remote(src: str, storage_options: dict | None) -> tuple[str, list[str]
     fs, base = url_to_fs(src.rstrip("/"), storage_options)
     if retrying(lambda: fs.isdir(base), f"list {src}"):
         root = base.rstrip("/")
-        paths = sorted(p for p in retrying(lambda: fs.find(root), f"list {src}") if p.endswith(".tar"))
+        found = sorted(retrying(lambda: fs.find(root), f"list {src}"))
+        paths = [p for p in found if p.endswith(".tar")]
+        _refuse_compressed(src, [] if paths else found)
     else:
         paths = []
         for pattern in _braces(base):
@@ -108,11 +113,27 @@ def _find_remote(src: str, storage_options: dict | None) -> tuple[str, list[str]
                 paths.extend(sorted(retrying(lambda: fs.glob(pattern), f"list {src}")))
             else:
                 paths.append(pattern)
+        _refuse_compressed(src, paths)
         _check_found(src, [p for p in paths if not retrying(lambda: fs.isfile(p), f"list {src}")])
         root = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if paths else base
     if not paths:
         raise DatasetError(f"{src}: no .tar shards found", path=src)
     return fs.unstrip_protocol(root), [posixpath.relpath(p, root) for p in paths]
+
+
+# webdataset reads these too, but a compressed member has no byte range to read in place.
+_COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".tar.lz4")
+
+
+def _refuse_compressed(src: str, paths) -> None:
+    """A compressed shard cannot be adopted: the Loader and DALI read each member's bytes at its offset in the
+    shard. Said by name rather than as a damaged tar or as no shards at all."""
+    bad = [p for p in paths if p.lower().endswith(_COMPRESSED)]
+    if bad:
+        raise DatasetError(f"{src}: {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+                           + " is a compressed tar; fastfeed reads each sample's bytes in place, which needs "
+                           "uncompressed shards: decompress them (gunzip, zstd -d, ...: the members stay as they are) "
+                           "and index those, or `fastfeed pack` the samples", path=bad[0])
 
 
 def _check_found(src: str, missing: list[str]) -> None:
