@@ -195,7 +195,8 @@ def test_a_truncated_shard_keeps_the_samples_before_the_cut(tmp_path):
 
 @pytest.mark.parametrize("decoder", ["cpu-pil", "cpu-dali"])
 def test_images_only_pil_reads_are_adopted_as_they_are(tmp_path, decoder):
-    """A CMYK or RGB-colour JPEG, a 16-bit or transparent PNG, a TIFF, a GIF: adopted without a byte changed,
+    """A CMYK or RGB-colour JPEG, a 16-bit or transparent PNG, a TIFF, a GIF, a TGA (no signature: its member's
+    extension names it): adopted without a byte changed,
     marked `pil_only`, and decoded as torchvision reads them on every path (DALI's hands them to PIL); a JPEG only
     its fix makes readable is rejected by name, since a shard is never rewritten."""
     from odd_images.build import build_corpus
@@ -203,17 +204,17 @@ def test_images_only_pil_reads_are_adopted_as_they_are(tmp_path, decoder):
 
     cases = {c.name: c for c in build_corpus(str(tmp_path / "odd"))}
     names = ["jpeg_cmyk.jpg", "jpeg_rgb_adobe.jpg", "jpeg_baseline.jpg", "png_rgb16.png", "png_rgba.png",
-             "tiff_cmyk.tif", "gif_animated.gif", "png_rgb.png", "jpeg_junk_after_soi.jpg"]
-    ext = {".jpg": "jpg", ".png": "png", ".tif": "tif", ".gif": "gif"}
+             "tiff_cmyk.tif", "gif_animated.gif", "tga_rle.tga", "png_rgb.png", "jpeg_junk_after_soi.jpg"]
+    ext = {".jpg": "jpg", ".png": "png", ".tif": "tif", ".gif": "gif", ".tga": "tga"}
     samples = [{"__key__": f"s{i}", ext[Path(n).suffix]: Path(cases[n].path).read_bytes(), "cls": i % 2}
                for i, n in enumerate(names)]
     src = write_shards(tmp_path / "s", samples)
     before = {p.name: p.read_bytes() for p in src.glob("*.tar")}
     report = index_shards(str(src))
     assert {p.name: p.read_bytes() for p in src.glob("*.tar")} == before
-    assert [r["key"] for r in report.rejected] == ["s8"] and "never rewrites" in report.rejected[0]["reason"]
+    assert [r["key"] for r in report.rejected] == ["s9"] and "never rewrites" in report.rejected[0]["reason"]
     adopted = names[:-1]
-    assert report.manifest.pil_only == sum(cases[n].pil_only for n in adopted) == 6
+    assert report.manifest.pil_only == sum(cases[n].pil_only for n in adopted) == 7
     ds = fastfeed.open_dataset(src)
     assert [bool(v) for v in ds.pil_only] == [cases[n].pil_only for n in adopted]
     assert [ds.read(i) for i in range(len(ds))] == [Path(cases[n].path).read_bytes() for n in adopted]

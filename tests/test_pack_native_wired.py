@@ -104,11 +104,11 @@ def test_interrupted_pack_resumed_by_the_other_writer(tree, tmp_path, monkeypatc
     module = wds_native if first_native else reader  # where the first writer calls the validator
     real, calls = module.check_image, [0]
 
-    def stopping(data, opts, *facts):  # the native path also passes the reader threads' facts
+    def stopping(data, opts, *facts, **name):  # the native path also passes the reader threads' facts
         calls[0] += 1
         if calls[0] > 40:
             raise _Stop()
-        return real(data, opts, *facts)
+        return real(data, opts, *facts, **name)
 
     monkeypatch.setattr(wds_native, "ENABLED", first_native)
     monkeypatch.setattr(module, "check_image", stopping)

@@ -225,11 +225,12 @@ class PilDecoder:
             slot[0] = self._alloc(max(n, self._batch_size), pinned=True)
         return slot[0][:n], slot
 
-    def _some(self, lo, hi, samples, boxes, flips, out_np):
-        return [self._one(i, samples[i], boxes[i], flips[i], out_np) for i in range(lo, hi)]
+    def _some(self, lo, hi, samples, boxes, flips, pil, out_np):
+        return [self._one(i, samples[i], boxes[i], flips[i], pil is not None and pil[i], out_np)
+                for i in range(lo, hi)]
 
-    def _one(self, i, sample, box, flip, out_np):
-        if not is_image(sample):
+    def _one(self, i, sample, box, flip, pil_only, out_np):
+        if not is_image(sample, pil_only):
             return i, (NOT_IMAGE, "unknown file signature")
         try:
             try:
@@ -258,7 +259,7 @@ class PilDecoder:
         # changing hands) costs about what decoding a thumbnail does. TASKS_PER_THREAD tasks per thread keep the
         # threads evenly loaded when image sizes differ.
         step = max(1, n // (self._threads * TASKS_PER_THREAD))
-        futs = [self._pool.submit(self._some, lo, min(lo + step, n), samples, boxes, windows.flip, out_np)
+        futs = [self._pool.submit(self._some, lo, min(lo + step, n), samples, boxes, windows.flip, windows.pil, out_np)
                 for lo in range(0, n, step)]
         bad = {}
         for f in futs:
@@ -272,12 +273,12 @@ class PilDecoder:
             images = images.permute(0, 3, 1, 2)
         return DecodeResult(images, replaced_list(bad))
 
-    def whole(self, samples) -> list:
+    def whole(self, samples, pil_only: bool = False) -> list:
         """Each sample decoded whole by the decode contract, pixels as stored (no orientation): (uint8 [h, w, 3],
         None), or (None, (code, detail)) where it fails. DALI's decoder uses this for the samples it routes here
-        (decode/dali.py decode_whole)."""
+        (decode/dali.py decode_whole), all of them `pil_only` (is_image)."""
         def one(sample):
-            if not is_image(sample):
+            if not is_image(sample, pil_only):
                 return None, (NOT_IMAGE, "unknown file signature")
             try:
                 return np.asarray(contract_image(sample, "ignore")), None

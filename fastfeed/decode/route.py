@@ -44,7 +44,7 @@ class ContractRoute:
         """`positions` decoded whole: ({position: uint8 [h, w, 3]}, {position: (code, detail)})."""
         pixels, bad = {}, {}
         if positions:
-            for p, (img, err) in zip(positions, self._get().whole([samples[p] for p in positions])):
+            for p, (img, err) in zip(positions, self._get().whole([samples[p] for p in positions], pil_only=True)):
                 if err is None:
                     pixels[p] = img
                 else:

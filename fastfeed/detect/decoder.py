@@ -212,15 +212,16 @@ class DetectDecoder:
     def _decode_all(self, samples, request: DetectRequest):
         """Each sample decoded once (None where it fails), and {position: (code, detail)} of the failures. PIL
         decodes every sample by the decode contract here, `request.pil` (for the GPU path) or not."""
-        def decode(sample):
-            if not is_image(sample):
-                return None, (NOT_IMAGE, "not a JPEG or PNG")
+        def decode(sample, pil_only):
+            if not is_image(sample, pil_only):
+                return None, (NOT_IMAGE, "unknown file signature")
             try:  # as an array once here, not once per tile that shows it
                 return np.asarray(decode_image(sample)), None
             except Exception as e:  # noqa: BLE001 - any decoder failure is this sample's, reported by its key
                 return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")
 
-        results = list(self._pool.map(decode, samples))
+        pil = request.pil if request.pil is not None else np.zeros(len(samples), dtype=bool)
+        results = list(self._pool.map(decode, samples, pil.tolist()))
         return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
 
     def _to_device(self, pixels: torch.Tensor, hsv_gains: np.ndarray | None = None) -> torch.Tensor:

@@ -46,7 +46,8 @@ from fastfeed.types import ADOPTED_FORMAT_VERSION, MANIFEST_NAME, DatasetError, 
 __all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards"]
 
 # A sample's image member, in order of preference: what every decoder reads as stored, then what PIL reads.
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2")
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2", "tga",
+              "pcx", "qoi", "dds", "sgi")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext
 _IDX_VERSION = "v1.2"
 
@@ -325,7 +326,7 @@ def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, rel: str, shard
     # A copy: a view of the shard's map kept alive by a checker's exception (traceback cycles wait for the
     # garbage collector) would keep the map from closing.
     data = bytes(view[off:off + size])
-    got = check_image(data, opts)
+    got = check_image(data, opts, name=img_ext)
     if isinstance(got, Loaded) and got.change not in (None, TRIMMED):  # pack would fix it; a shard is not changed
         fixed = got.change
         got = check_for_pil(data, opts)

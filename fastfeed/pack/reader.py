@@ -85,7 +85,7 @@ def read_batch(items: list[BatchItem], opts: LoadOptions, pool: BufferPool) -> B
         if err is not None:
             out.append((err, None))
             continue
-        res = check_image(view, opts)
+        res = check_image(view, opts, name=it.path)
         why = None if isinstance(res, Rejected) else members_problem(extra, res.width, res.height)
         if why is not None:
             res = Rejected(why)

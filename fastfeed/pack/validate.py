@@ -15,6 +15,9 @@ Pack accepts every image torchvision's ImageFolder would load, and keeps every p
   are, `pil_only`: decoders fill the uncoded pixels differently, PIL (so torchvision) fills them its way. The
   check needs the native core's libjpeg; without it (`transcode.HAVE_SCAN_CHECK` False) it is skipped and pack says
   so in its note. A JPEG too large for the check's 1 GiB of coefficient memory fails it too (then `pil_only`);
+- formats without a signature a few bytes can tell (TGA) or with one too weak to trust alone (PCX, SGI, QOI, DDS):
+  stored as they are, `pil_only`, when the file's extension names the format PIL then finds and decodes, so that a
+  damaged file of another kind is never read as one of them;
 - the rest is rejected with the reason (not an image, truncated, decompression bomb, PIL cannot decode it).
 `--jpeg reencode` and `--max-side` are the lossy exceptions, asked for. Each fix is named by a code on
 `Loaded.change` (CHANGES) that the manifest counts.
@@ -126,12 +129,13 @@ def load_image(path: str, opts: LoadOptions) -> Loaded | Rejected:
     data = _read(path)
     if isinstance(data, Rejected):
         return data
-    return check_image(data, opts)
+    return check_image(data, opts, name=path)
 
 
-def check_image(data, opts: LoadOptions, facts: tuple | None = None) -> Loaded | Rejected:
+def check_image(data, opts: LoadOptions, facts: tuple | None = None, name: str | None = None) -> Loaded | Rejected:
     """Validate (and, per `opts` and the module docstring, fix or convert) one image held in `data` (bytes or a
-    memoryview). Never raises on bad image bytes: every problem becomes a Rejected reason.
+    memoryview). Never raises on bad image bytes: every problem becomes a Rejected reason. `name`: the file's name
+    (or its extension: "tga", ".tga"), for the formats that have no signature (the module docstring).
 
     `facts`: what the native reader threads found in this very `data` (pack/native.py `add_samples(probe=True)`:
     csrc/image_probe.h, a mirror of the Python header walk, plus the scan check), given only for a JPEG whose
@@ -149,7 +153,7 @@ def check_image(data, opts: LoadOptions, facts: tuple | None = None) -> Loaded |
         # A few bytes of junk (an HTTP header, a BOM, padding) before a JPEG are dropped; a container that holds a
         # JPEG (PDF, ZIP, MP4 cover art, ...) is not one: its embedded picture is not what the user's file shows.
         if soi <= 0 or head.startswith(_CONTAINERS) or head[4:8] == b"ftyp":
-            return Rejected("not an image (unknown file signature)")
+            return _named_for_pil(data, name, opts) or Rejected("not an image (unknown file signature)")
         return _check_jpeg(data[soi:], opts, DROPPED_JUNK)
     if fmt == "jpeg":
         return _check_jpeg(data, opts, None)
@@ -315,6 +319,27 @@ def _keep_for_pil(data, fmt: str, opts: LoadOptions, change: str | None, what: s
     return _maybe_convert(data, fmt, info, opts, change, pil_only=True)
 
 
+def _named_for_pil(data, name: str | None, opts: LoadOptions) -> Loaded | Rejected | None:
+    """A file without a known signature whose extension names a format PIL reads: PIL's plugin for that format
+    alone opens it (so a text or damaged file is never taken for another format), then `_keep_for_pil`'s decode
+    decides. None when the name names no such format."""
+    from PIL import Image
+
+    ext = os.path.splitext(name)[1] if name and "." in os.path.basename(name) else f".{name}" if name else ""
+    plugin = Image.registered_extensions().get(ext.lower())
+    if plugin is None or plugin in _SIGNED_PLUGINS:
+        return None
+    try:
+        with Image.open(io.BytesIO(bytes(data)), formats=[plugin]):
+            pass
+    except Exception:  # noqa: BLE001 - not this format (or not one at all): the caller's rejection
+        return None
+    return _keep_for_pil(data, ext[1:].lower(), opts, None)
+
+
+# PIL plugins of the formats _sniff knows by their signature: a file of one of them without it is damaged.
+_SIGNED_PLUGINS = {"JPEG", "MPO", "PNG", "GIF", "BMP", "DIB", "TIFF", "WEBP", "JPEG2000", "PPM", "ICO", "PSD"}
+
 # Formats whose PIL plugin needs an optional codec library (PIL only warns when it is missing).
 _PIL_CODECS = {"webp": "webp", "heif/avif": "avif", "jpeg2000": "jpg_2000"}
 
@@ -414,7 +439,7 @@ def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, chan
             return Rejected(f"cannot decode image for --max-side re-encoding: {type(e).__name__}: {e}")
         return Loaded(out, "jpg", w, h, new.jpeg_kind, True, new.hw_decodable, change=_worse(change, DOWNSCALED),
                       orientation=new.orientation)
-    kept = Loaded(data, EXTENSIONS[fmt], info.width, info.height, info.jpeg_kind, False, info.hw_decodable,
+    kept = Loaded(data, EXTENSIONS.get(fmt, fmt), info.width, info.height, info.jpeg_kind, False, info.hw_decodable,
                   change=change, orientation=info.orientation, pil_only=pil_only)
     if opts.jpeg_mode == "keep" or (info.hw_decodable and opts.jpeg_mode in transcode.PREPARE_MODES):
         return kept

@@ -128,7 +128,7 @@ def _pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, ba
                 nonlocal deferred
                 if j >= deferred:
                     return _DEFER
-                res = check_image(data, opts, facts)
+                res = check_image(data, opts, facts, name=todo[j][1].path)
                 why = None if isinstance(res, Rejected) else members_problem(extras[j], res.width, res.height)
                 if why is not None:
                     res = Rejected(why)

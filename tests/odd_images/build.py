@@ -255,6 +255,19 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
         rej("webp_lossless.webp", bytes.fromhex(
             "524946461a000000574542505650384c0d0000002f0000001007101111888 8fe0700".replace(" ", "")), "webp")
 
+    # -- formats with no signature (TGA) or a weak one: accepted when the extension names what PIL then finds
+    for name, img, fmt, kw in (("tga_rgb.tga", im, "TGA", {}), ("tga_rle.tga", im, "TGA", {"compression": "tga_rle"}),
+                               ("pcx_rgb.pcx", im, "PCX", {}), ("sgi_rgb.sgi", im, "SGI", {}),
+                               ("qoi_rgb.qoi", im, "QOI", {}), ("dds_rgba.dds", im.convert("RGBA"), "DDS", {}),
+                               ("xbm_1bit.xbm", grey.convert("1"), "XBM", {})):
+        try:
+            acc(name, _enc(img, fmt, **kw), pil=True)
+        except (KeyError, OSError, ValueError):  # a PIL that cannot write it
+            pass
+    rej("noise_named_tga.tga", np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8).tobytes(),
+        "not an image")
+    rej("text_named_pcx.pcx", b"this is not an image at all\n" * 20, "not an image")
+
     # -- not images
     rej("text_named_jpg.jpg", b"this is not an image at all\n" * 20, "not an image")
     # A container holding a JPEG is not that JPEG (junk before SOI is dropped only when short and not a container).
