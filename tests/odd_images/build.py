@@ -71,9 +71,10 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
 
 
-def _png(w: int, h: int, depth: int, ctype: int, raw_rows: bytes, extra: list[tuple[bytes, bytes]] = ()) -> bytes:
-    """A PNG written chunk by chunk (PIL cannot write 16-bit RGB or lying headers)."""
-    out = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, 0))
+def _png(w: int, h: int, depth: int, ctype: int, raw_rows: bytes, extra: list[tuple[bytes, bytes]] = (),
+         interlace: int = 0) -> bytes:
+    """A PNG written chunk by chunk (PIL cannot write 16-bit RGB, Adam7 or lying headers)."""
+    out = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, interlace))
     for kind, body in extra:
         out += _chunk(kind, body)
     return out + _chunk(b"IDAT", zlib.compress(raw_rows, 6)) + _chunk(b"IEND", b"")
@@ -84,6 +85,12 @@ def _rows(a: np.ndarray) -> bytes:
     h = a.shape[0]
     flat = a.reshape(h, -1)
     return b"".join(b"\x00" + flat[i].tobytes() for i in range(h))
+
+
+def _adam7(a: np.ndarray) -> bytes:
+    """The filter-type-0 scanlines of Adam7's seven passes over a (h, w, c) uint8 array."""
+    passes = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+    return b"".join(_rows(a[y0::dy, x0::dx]) for x0, y0, dx, dy in passes if a[y0::dy, x0::dx].size)
 
 
 def _scan_check() -> bool:
@@ -194,6 +201,7 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     # -- PNG as stored
     acc("png_rgb.png", _enc(im, "PNG"))
     acc("png_grey.png", _enc(grey, "PNG"))
+    acc("png_interlaced.png", _png(W, H, 8, 2, _adam7(rgb), interlace=1))  # Adam7: common on the web
     acc("png_palette.png", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=64), "PNG"))
     acc("png_1px_wide.png", _enc(Image.fromarray(photo(1, 300, seed=4), "RGB"), "PNG"))
     acc("png_1px_tall.png", _enc(Image.fromarray(photo(300, 1, seed=5), "RGB"), "PNG"))
