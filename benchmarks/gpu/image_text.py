@@ -12,8 +12,9 @@ files beside them).
 DALI: `fn.readers.webdataset(ext=["jpg", "txt"])` with those index files, random shuffle, the captions as bytes, and
 dali_reference.py's augmentation (`decoders.image_random_crop` on the hardware decoder, resize to 224, flip and
 normalise to float16 CHW): the tuned reader fastfeed's classification tables compare against, with the caption
-added. fastfeed: `Loader(fields=["txt"], dtype=float16)` with its defaults. Both are read alone (no model), each batch
-synchronised, in fresh Loaders one after the other, `--rounds` times. With `--device cpu` both run on DALI's CPU
+added. fastfeed: `Loader(fields=["txt"], dtype=float16)` with its defaults, warmed up (as the classification tables
+are) until its online tuners (pipelines, the hybrid split) settle, at most `--max-warmup` batches. Both are read alone
+(no model), each batch synchronised, in fresh Loaders one after the other, `--rounds` times. With `--device cpu` both run on DALI's CPU
 backend and fastfeed's CPU path (a smoke test of the script anywhere). Numbers: benchmarks/README.md.
 """
 from __future__ import annotations
@@ -109,12 +110,16 @@ def fastfeed_loader(shards: Path, batch: int, device: str):
     return loader, batches
 
 
-def measure(batches, seconds: float, warmup: int, device: str) -> dict:
+def measure(batches, seconds: float, warmup: int, device: str, settled=None, max_warmup: int = 0) -> dict:
+    """`warmup` batches, then more while `settled()` (fastfeed's online tuners) is False, up to `max_warmup`, then
+    as many batches as fit in `seconds`."""
     import torch
 
     it = iter(batches())
-    for _ in range(warmup):
+    done = 0
+    while done < warmup or (settled is not None and done < max_warmup and not settled()):
         next(it)
+        done += 1
     t0, n, steps = time.perf_counter(), 0, 0
     while time.perf_counter() - t0 < seconds:
         images, captions = next(it)
@@ -124,7 +129,7 @@ def measure(batches, seconds: float, warmup: int, device: str) -> dict:
         n += len(images)
         steps += 1
     wall = time.perf_counter() - t0
-    return {"images_per_s": n / wall, "batches": steps, "wall_s": wall}
+    return {"images_per_s": n / wall, "batches": steps, "wall_s": wall, "warmup_batches": done}
 
 
 def main(argv=None) -> int:
@@ -134,6 +139,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--max-warmup", type=int, default=400,
+                   help="fastfeed: more warm-up batches while its tuners settle, up to this many (as the tables do)")
     p.add_argument("--threads", type=int, default=4, help="DALI's threads")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -152,11 +159,15 @@ def main(argv=None) -> int:
                               a.seconds, a.warmup, a.device)
             else:
                 loader, batches = fastfeed_loader(shards, a.batch, a.device)
-                got = measure(batches, a.seconds, a.warmup, a.device)
-                got["decoder"] = loader.settings.decoder
+                got = measure(batches, a.seconds, a.warmup, a.device,
+                              settled=lambda: loader.stats()["info"]["tuning_settled"], max_warmup=a.max_warmup)
+                info = loader.stats()["info"]
+                got.update(decoder=loader.settings.decoder, pipelines=info["pipelines"], settled=info["tuning_settled"])
                 loader.close()
             rows.append(dict(got, loader=name, round=r))
-            print(f"round {r} {name:9s} {got['images_per_s']:9.1f} img/s  ({got['batches']} batches)", flush=True)
+            extra = f", {got['pipelines']} pipelines, {got['warmup_batches']} warm-up" if name == "fastfeed" else ""
+            print(f"round {r} {name:9s} {got['images_per_s']:9.1f} img/s  ({got['batches']} batches{extra})",
+                  flush=True)
     mean = {n: sum(x["images_per_s"] for x in rows if x["loader"] == n) / a.rounds for n in ("dali", "fastfeed")}
     print(f"fastfeed / DALI webdataset reader: {mean['fastfeed'] / mean['dali']:.2f}x", flush=True)
     if a.json:

@@ -65,7 +65,7 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/lib.sh
 
 STEPS=" stage-dali build data gpu-tests train-resnet50 train-resnet18 alone first-batch first-step photos photos-alone
-        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus progressive detect yolo-train
+        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text progressive detect yolo-train
         profile abba "
 STEPS=$(echo $STEPS)  # one line, single spaces
 STEPS=" $STEPS "
