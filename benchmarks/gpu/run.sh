@@ -51,7 +51,7 @@
 #                      ultralytics wheels), on 4 cores (taskset) and 16 [makes its own set]
 #   yolo-train [N...]  YOLOv8n training (yolo_train.py), batch 64, 640 px, bf16, under taskset -c 0-(N-1) for each N
 #                      (default 4): the resident-batch ceiling, ultralytics' loader, fastfeed (carry .carry/ul);
-#                      MODELS="yolov8n yolov8s" for other models
+#                      MODELS="yolov8n yolov8s" for other models, FEEDS="resident fastfeed" for fewer feeds
 #                      [makes detect's set]
 #   profile            fastfeed profile on a plain ResNet-50 script (rn50_train.py): fed by a DataLoader with 2
 #                      workers (verdict: data supply), by fastfeed's defaults (not data supply), and the latter again
@@ -170,7 +170,7 @@ run_step() {  # $1 = step, rest: its arguments
           [ -d .carry/ul ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/ul/*.whl
           for model in ${MODELS:-yolov8n}; do
             for cores in ${@:-4}; do
-              for feed in resident ultralytics fastfeed; do
+              for feed in ${FEEDS:-resident ultralytics fastfeed}; do
                 CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 200 taskset -c 0-$((cores - 1)) python3 \
                     benchmarks/gpu/yolo_train.py --feed $feed --model $model.yaml --workdir $W/detect \
                     --json $OUT/yolo-$model-$cores-$feed-$tag.json 2>&1 | grep -E '^\{|decoder=|Error' | tail -2
