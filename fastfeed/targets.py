@@ -143,7 +143,18 @@ def annotation_issues(ann: dict | None, width: int, height: int) -> list[tuple[i
             out.append((j, f"box {j} {b.tolist()} is {what} ({width}x{height}): dropped"))
         elif not np.array_equal(b, c):
             out.append((j, f"box {j} {b.tolist()} crosses the image edge ({width}x{height}): clipped"))
+    for j, mask in enumerate(ann.get("rle", [])):
+        if not _rle_fits(mask, width, height):
+            h, w = mask["size"]
+            out.append((j, f"object {j}'s RLE mask is {w}x{h}, the image {width}x{height}: the mask is not used "
+                           f"(the box is kept)"))
     return out
+
+
+def _rle_fits(mask, width: int, height: int) -> bool:
+    """Whether an object's RLE mask (or its absence) can be drawn on an image of width x height: COCO codes a mask
+    at its image's size, so one of another size belongs to another image (or to the image before a resize)."""
+    return mask is None or list(mask["size"]) == [int(height), int(width)]
 
 
 def build_targets(annotations: Iterable[dict | None], widths: Sequence[int], heights: Sequence[int]) -> Targets:
@@ -165,7 +176,7 @@ def build_targets(annotations: Iterable[dict | None], widths: Sequence[int], hei
             any_polygons = True
         objects = ann.get("polygons", [[]] * len(keep))
         polys.extend(obj for obj, k in zip(objects, keep) if k)
-        rles.extend(m for m, k in zip(ann.get("rle", [None] * len(keep)), keep) if k)
+        rles.extend(m if _rle_fits(m, w, h) else None for m, k in zip(ann.get("rle", [None] * len(keep)), keep) if k)
     start = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=start[1:])
     t = dict(boxes=np.concatenate(boxes) if boxes else _EMPTY_BOXES,

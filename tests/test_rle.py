@@ -139,3 +139,33 @@ def test_a_bad_rle_is_reported_and_its_box_kept(tmp_path):
     with fastfeed.open_dataset(tmp_path / "out") as ds:
         ann = ds.metadata(0)
     assert ann["boxes"] == [[3, 2, 8, 6], [10, 1, 14, 5]] and ann["rle"] == [good, None]
+
+
+def test_an_rle_of_another_size_is_reported_and_never_drawn(tmp_path):
+    """COCO codes a mask at its image's size: one of another size (a mask of another image, or of the image before
+    a resize) is named in rejected.jsonl at pack and not drawn by the Loader, which keeps the box and draws the
+    good object's mask as before."""
+    from conftest import run_pack
+
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (20, 10), (90, 90, 90)).save(tmp_path / "images" / "a.png")
+    good = encode(np.pad(np.ones((4, 5), np.uint8), ((2, 4), (3, 12))), compressed=True)
+    small = encode(np.ones((5, 10), np.uint8), compressed=False)  # the image at half size
+    coco = {"images": [{"id": 1, "file_name": "a.png", "width": 20, "height": 10}],
+            "categories": [{"id": 1, "name": "thing"}],
+            "annotations": [{"id": 7, "image_id": 1, "category_id": 1, "bbox": [3, 2, 5, 4], "iscrowd": 0,
+                             "segmentation": good},
+                            {"id": 8, "image_id": 1, "category_id": 1, "bbox": [10, 1, 4, 4], "iscrowd": 0,
+                             "segmentation": small}]}
+    (tmp_path / "coco.json").write_text(json.dumps(coco))
+    run_pack(tmp_path / "images", tmp_path / "out", "--annotations", str(tmp_path / "coco.json"))
+    rejected = [json.loads(x) for x in (tmp_path / "out" / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["object"], r["reason"]) for r in rejected] == [
+        (1, "object 1's RLE mask is 10x5, the image 20x10: the mask is not used (the box is kept)")]
+    with fastfeed.Loader(tmp_path / "out", task="segment", batch_size=1, image_size=20, train=False,
+                         dtype=torch.uint8, device="cpu") as loader:
+        batch = next(iter(loader))
+    assert batch["boxes"].tolist() == [[3, 7, 8, 11], [10, 6, 14, 10]]  # letterboxed: 5 px of padding on top
+    masks = batch["masks"][0]
+    assert set(masks.unique().tolist()) == {0, 1}  # the first object's index map value only
+    assert (masks == 1).sum() == 20 and masks[7:11, 3:8].eq(1).all()
