@@ -325,7 +325,7 @@ def _named_for_pil(data, name: str | None, opts: LoadOptions) -> Loaded | Reject
     decides. None when the name names no such format."""
     from PIL import Image
 
-    ext = os.path.splitext(name)[1] if name and "." in os.path.basename(name) else f".{name}" if name else ""
+    ext = (os.path.splitext(name)[1] or f".{name}") if name else ""
     plugin = Image.registered_extensions().get(ext.lower())
     if plugin is None or plugin in _SIGNED_PLUGINS:
         return None
