@@ -1,11 +1,43 @@
 """The decode workers of `fastfeed.Loader` for one epoch, and for the epochs after it while the loop asks for them
-in order (see NOTE [Loader pipeline and shutdown] in fastfeed/loader/loader.py, which every waiting and hand-off rule
-here implements).
+in order (NOTE [Loader pipeline and shutdown] below, which every waiting and hand-off rule here implements).
 
 `EpochRun` takes its parts explicitly — the epoch's plan, the ring, the decoders, the settings, the sample table,
 the stats and, to read on into the next epoch, a function that plans it — and nothing else: it never reaches back
 into the Loader. Batch positions count on across the epochs it chains (`plan_at` says where each epoch starts).
 What each ring batch becomes (bad samples held back and replaced, labels) is `assemble.BatchAssembler`'s.
+
+NOTE [Loader pipeline and shutdown]
+Each iteration runs `pipelines` decode workers (threads), each with its own decoder (DALI pipeline) and CUDA stream:
+    take the next ring slot (under a lock, so batch positions are handed out in order) -> crop windows ->
+    decoder(slot views) -> release the slot -> results[position]
+The consumer takes results strictly by position, so the order never depends on thread timing. The ring's reader
+threads read `prefetch + 2*pipelines` batches of encoded bytes ahead (slots); a worker may decode batch k only while
+k < consumed + prefetch + pipelines, so decoded batches (device memory) are bounded too — fewer when the ring got
+fewer slots: the ring puts batch b in slot b % slots and workers release batches out of order, so the decoded
+window plus one batch per worker must fit in the slots (`EpochRun._window`); and batch k > 0 only once batch 0 is
+decoded, so the first batch of an iteration does not share the decoder with the next ones. A slot is released
+only after the decoder returns, because the decoder reads the slot's bytes in place (DALI's external_source with
+no_copy, or PIL from a view). On CUDA each worker decodes on its own stream and records an event after each batch;
+the consumer's current stream waits on that event before the batch is handed out, and `record_stream` tells torch's
+allocator that the consumer's stream uses the memory, so a batch is never overwritten or reused while the training
+step reads it.
+The consumer's takes are also timed (`pace.ConsumerPace`): decoder "hybrid" tunes its CPU share on that period, and
+a GPU Loader whose `pipelines` is not given its number of workers (`pipelines.PipelineTuner`): it starts with
+`pipelines`, adds one while the loop waits for data and the extra one pays, and drops to fewer while the loop barely
+waits and fewer are not slower; the two take turns (`ConsumerPace.claim`). A worker beyond the count waits, holding
+nothing; one beyond the decoders built builds its own, kept for later runs. The ring is sized for the most the tuner
+may run. Which thread decodes a batch never changes which batch comes at a position.
+Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
+first `next()`, so frameworks that call `iter()` to probe the object change nothing (a training Loader's ring has
+been reading epoch 0 since the constructor: NOTE [Reading before the first iteration] in loader.py).
+Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
+consumer leaving the loop early (break, exception, Ctrl-C, garbage collection of the generator) sets the flag,
+joins the workers (bounded) and drops undelivered results; the next iteration restarts the ring cleanly. A worker
+that did not end within the bound may still hold its decoder: the Loader then builds new decoders for the next
+iteration instead of sharing one between two threads (the abandoned ones are left to that thread).
+An error in a worker travels to the consumer wrapped with where it happened and is raised at the batch that hit
+it. Fork and interpreter exit: `lifecycle` (a forked child's copy of a Loader refuses to iterate; every live Loader is
+closed before DALI's own exit hook runs).
 """
 from __future__ import annotations
 
@@ -38,7 +70,7 @@ class _Failure:
 class EpochRun:
     """One iteration of a Loader: its decode workers and the in-order hand-off to the consumer.
 
-    The concurrency protocol is NOTE [Loader pipeline and shutdown] in fastfeed/loader/loader.py. `joined` is False
+    The concurrency protocol is NOTE [Loader pipeline and shutdown] above. `joined` is False
     after `stop()` if a worker did not end in time: its decoder may still be in use, so the owner must not hand those
     decoders to another run.
 

@@ -11,38 +11,8 @@ It composes four pieces, each usable on its own: `sampling` (which sample ids th
 and `decode` (DALI on the GPU, or the CPU decoders). `settings` resolves and validates every argument once;
 `epoch.EpochRun` runs one iteration from explicit parts; `compat` holds what frameworks read from a DataLoader.
 
-NOTE [Loader pipeline and shutdown]
-Each iteration runs `pipelines` decode workers (threads), each with its own decoder (DALI pipeline) and CUDA stream:
-    take the next ring slot (under a lock, so batch positions are handed out in order) -> crop windows ->
-    decoder(slot views) -> release the slot -> results[position]
-The consumer takes results strictly by position, so the order never depends on thread timing. The ring's reader
-threads read `prefetch + 2*pipelines` batches of encoded bytes ahead (slots); a worker may decode batch k only while
-k < consumed + prefetch + pipelines, so decoded batches (device memory) are bounded too — fewer when the ring got
-fewer slots: the ring puts batch b in slot b % slots and workers release batches out of order, so the decoded
-window plus one batch per worker must fit in the slots (`EpochRun._window`); and batch k > 0 only once batch 0 is
-decoded, so the first batch of an iteration does not share the decoder with the next ones. A slot is released
-only after the decoder returns, because the decoder reads the slot's bytes in place (DALI's external_source with
-no_copy, or PIL from a view). On CUDA each worker decodes on its own stream and records an event after each batch;
-the consumer's current stream waits on that event before the batch is handed out, and `record_stream` tells torch's
-allocator that the consumer's stream uses the memory, so a batch is never overwritten or reused while the training
-step reads it.
-The consumer's takes are also timed (`pace.ConsumerPace`): decoder "hybrid" tunes its CPU share on that period, and
-a GPU Loader whose `pipelines` is not given its number of workers (`pipelines.PipelineTuner`): it starts with
-`pipelines`, adds one while the loop waits for data and the extra one pays, and drops to fewer while the loop barely
-waits and fewer are not slower; the two take turns (`ConsumerPace.claim`). A worker beyond the count waits, holding
-nothing; one beyond the decoders built builds its own, kept for later runs. The ring is sized for the most the tuner
-may run. Which thread decodes a batch never changes which batch comes at a position.
-Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
-first `next()`, so frameworks that call `iter()` to probe the object change nothing (a training Loader's ring has
-been reading epoch 0 since the constructor: NOTE [Reading before the first iteration]).
-Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
-consumer leaving the loop early (break, exception, Ctrl-C, garbage collection of the generator) sets the flag,
-joins the workers (bounded) and drops undelivered results; the next iteration restarts the ring cleanly. A worker
-that did not end within the bound may still hold its decoder: the Loader then builds new decoders for the next
-iteration instead of sharing one between two threads (the abandoned ones are left to that thread).
-An error in a worker travels to the consumer wrapped with where it happened and is raised at the batch that hit
-it. Fork and interpreter exit: `lifecycle` (a forked child's copy of a Loader refuses to iterate; every live Loader is
-closed before DALI's own exit hook runs).
+The decode workers, their hand-offs, the consumer's wait, shutdown, lazy iteration and fork: NOTE [Loader pipeline
+and shutdown] in fastfeed/loader/epoch.py, beside the code that implements it.
 
 NOTE [Reading on into the next epoch]
 A training Loader does not stop at the end of an epoch. Once the ring's read-ahead (its slots) reaches the end of
@@ -233,7 +203,7 @@ class Loader:
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
         self._pace = ConsumerPace()  # the loop's pace, which both tuners measure (fastfeed/tuning/)
         # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
-        # a CUDA process (see the NOTE on fork) touching CUDA at all fails.
+        # a CUDA process (NOTE [Loader pipeline and shutdown]: fork) touching CUDA at all fails.
         slot_bytes = auto_slot_bytes(extents.size, s.batch_size)
         budget = ring_budget_bytes(self.world)
         slots = s.ring_slots_within(slot_bytes, budget)
@@ -362,7 +332,8 @@ class Loader:
         return self._iterate()
 
     def _iterate(self):
-        run, started = self._begin_epoch()  # at the first next(), not at iter(): see the NOTE
+        # at the first next(), not at iter(): NOTE [Loader pipeline and shutdown]
+        run, started = self._begin_epoch()
         plan = self._plan
         s = self.settings
         finished = False
@@ -417,7 +388,7 @@ class Loader:
         else:
             self._plan = self._make_plan(self._epoch, self._pending_resume)
         self._pending_resume = None
-        if self._decoders is None:  # the last run could not free them: see the NOTE
+        if self._decoders is None:  # the last run could not free them: NOTE [Loader pipeline and shutdown]
             self._decoders = self._build_decoders()
         fetch = self._fetch_shards()
         # A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch]).
