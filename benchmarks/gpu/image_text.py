@@ -2,7 +2,7 @@
 `fn.readers.webdataset` on the same shards, same decode and resize, same run.
 
     python benchmarks/gpu/image_text.py --workdir DIR [--num-images 5000] [--batch 256] [--seconds 20]
-                                        [--threads 4] [--device cuda|cpu] [--json FILE]
+                                        [--threads 4] [--device cuda|cpu] [--no-check-row] [--json FILE]
 
 Data: `fastfeed.demo_data` photos (ImageNet-like, 300-800 px), each written with a caption (`.txt`), a JSON object and
 a class into tar shards of 1,000 samples, laid out as webdataset's ShardWriter lays them out (written here with
@@ -91,13 +91,13 @@ def dali_loader(shards: Path, batch: int, threads: int, device_id: int | None):
     return batches
 
 
-def fastfeed_loader(shards: Path, batch: int, device: str):
+def fastfeed_loader(shards: Path, batch: int, device: str, verify_checksums: bool = True):
     import torch
 
     import fastfeed
 
     loader = fastfeed.Loader(shards, batch_size=batch, image_size=224, device=device, dtype=torch.float16,
-                             fields=["txt"])
+                             fields=["txt"], verify_checksums=verify_checksums)
 
     def batches():
         epoch = 0
@@ -144,6 +144,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=4, help="DALI's threads")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--no-check-row", action="store_true",
+                   help="also fastfeed with verify_checksums=False: what hashing each image beside its fields costs")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     shards = prepare(a.workdir, a.num_images)
@@ -152,24 +154,26 @@ def main(argv=None) -> int:
     print(f"{a.num_images} images, batch {a.batch}, 224 px, {len(os.sched_getaffinity(0))} cores, {a.device}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     rows = []
+    names = ("dali", "fastfeed") + (("fastfeed-nocheck",) if a.no_check_row else ())
     for r in range(a.rounds):
-        for name in ("dali", "fastfeed"):
+        for name in names:
             if name == "dali":
                 got = measure(dali_loader(shards, a.batch, a.threads, 0 if a.device == "cuda" else None),
                               a.seconds, a.warmup, a.device)
             else:
-                loader, batches = fastfeed_loader(shards, a.batch, a.device)
+                loader, batches = fastfeed_loader(shards, a.batch, a.device, verify_checksums=name == "fastfeed")
                 got = measure(batches, a.seconds, a.warmup, a.device,
                               settled=lambda: loader.stats()["info"]["tuning_settled"], max_warmup=a.max_warmup)
                 info = loader.stats()["info"]
                 got.update(decoder=loader.settings.decoder, pipelines=info["pipelines"], settled=info["tuning_settled"])
                 loader.close()
             rows.append(dict(got, loader=name, round=r))
-            extra = f", {got['pipelines']} pipelines, {got['warmup_batches']} warm-up" if name == "fastfeed" else ""
-            print(f"round {r} {name:9s} {got['images_per_s']:9.1f} img/s  ({got['batches']} batches{extra})",
+            extra = f", {got['pipelines']} pipelines, {got['warmup_batches']} warm-up" if name != "dali" else ""
+            print(f"round {r} {name:16s} {got['images_per_s']:9.1f} img/s  ({got['batches']} batches{extra})",
                   flush=True)
-    mean = {n: sum(x["images_per_s"] for x in rows if x["loader"] == n) / a.rounds for n in ("dali", "fastfeed")}
-    print(f"fastfeed / DALI webdataset reader: {mean['fastfeed'] / mean['dali']:.2f}x", flush=True)
+    mean = {n: sum(x["images_per_s"] for x in rows if x["loader"] == n) / a.rounds for n in names}
+    for n in names[1:]:
+        print(f"{n} / DALI webdataset reader: {mean[n] / mean['dali']:.2f}x", flush=True)
     if a.json:
         a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "rows": rows}, indent=1))
     return 0
