@@ -125,7 +125,19 @@ def measure(loader, images_of, warmup: int, seconds: float) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    a, yolo, packed = start(__doc__, argv, device=True)
+    run_rounds({"ultralytics": lambda: (ultralytics_loader(yolo, a.batch, a.size, a.workers),
+                                        lambda b: to_device_ultralytics(b, a.device)),
+                "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size, a.device),
+                                     lambda b: to_device_fastfeed(b, a.device))}, a)
+    return 0
+
+
+def start(doc: str, argv, *, device: bool) -> tuple[argparse.Namespace, Path, Path]:
+    """The comparison scripts' common start (this one's and bench_ssd.py's): their arguments (`--device` when
+    `device`), the data set made or found, its files read once so the page cache is warm for both sides, and the
+    header line. Returns (arguments, YOLO folder, packed folder)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     p.add_argument("--num-images", type=int, default=1000)
     p.add_argument("--batch", type=int, default=32)
@@ -134,20 +146,18 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--device", default="cpu")
+    if device:
+        p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     yolo, packed = prepare_data(a.workdir, a.num_images)
-    for f in [*yolo.rglob("*"), *packed.rglob("*")]:  # the page cache warm for both
+    for f in [*yolo.rglob("*"), *packed.rglob("*")]:
         if f.is_file():
             f.read_bytes()
-    print(f"{a.num_images} images, batch {a.batch}, {a.size} px, {len(os.sched_getaffinity(0))} cores, {a.device}, "
+    where = f"{a.device}, " if device else ""
+    print(f"{a.num_images} images, batch {a.batch}, {a.size} px, {len(os.sched_getaffinity(0))} cores, {where}"
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    run_rounds({"ultralytics": lambda: (ultralytics_loader(yolo, a.batch, a.size, a.workers),
-                                        lambda b: to_device_ultralytics(b, a.device)),
-                "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size, a.device),
-                                     lambda b: to_device_fastfeed(b, a.device))}, a)
-    return 0
+    return a, yolo, packed
 
 
 def run_rounds(runs: dict, a) -> list[dict]:

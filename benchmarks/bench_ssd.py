@@ -16,16 +16,11 @@ runs `--warmup` untimed batches, then as many as fit in `--seconds`, one after t
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_detect import prepare_data, run_rounds  # noqa: E402
-
-DEFAULT_WORKDIR = Path(os.environ.get("TMPDIR", "/tmp")) / "fastfeed-bench" / "bench-detect"
+from bench_detect import run_rounds, start  # noqa: E402
 
 
 class YoloTorchvision:
@@ -80,23 +75,7 @@ def fastfeed_loader(packed: Path, batch: int, size: int):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
-    p.add_argument("--num-images", type=int, default=1000)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--size", type=int, default=640)
-    p.add_argument("--seconds", type=float, default=40)
-    p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--json", type=Path)
-    a = p.parse_args(argv)
-    yolo, packed = prepare_data(a.workdir, a.num_images)
-    for f in [*yolo.rglob("*"), *packed.rglob("*")]:  # the page cache warm for both
-        if f.is_file():
-            f.read_bytes()
-    print(f"{a.num_images} images, batch {a.batch}, {a.size} px, {len(os.sched_getaffinity(0))} cores, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    a, yolo, packed = start(__doc__, argv, device=False)
     run_rounds({"torchvision": lambda: (torchvision_loader(yolo, a.batch, a.size, a.workers), lambda b: len(b[0])),
                 "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size), lambda b: len(b["images"]))}, a)
     return 0
