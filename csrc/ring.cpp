@@ -55,11 +55,14 @@ Ring::Buffer Ring::allocate(size_t bytes) {
 }
 
 Ring::Ring(std::vector<std::string> paths, std::vector<int32_t> file_index, std::vector<int64_t> offset,
-           std::vector<int64_t> size, const RingConfig& config)
+           std::vector<int64_t> size, const RingConfig& config, std::vector<int64_t> digest_at,
+           std::vector<int64_t> digest_size)
     : paths_(std::move(paths)),
       file_index_(std::move(file_index)),
       offset_(std::move(offset)),
       size_(std::move(size)),
+      digest_at_(std::move(digest_at)),
+      digest_size_(std::move(digest_size)),
       config_(config),
       owner_pid_(::getpid()) {
     if (config_.batch_size == 0) throw std::invalid_argument("batch_size must be >= 1");
@@ -75,6 +78,11 @@ Ring::Ring(std::vector<std::string> paths, std::vector<int32_t> file_index, std:
         if (offset_[i] < 0 || size_[i] < 0)
             throw std::invalid_argument("offset and size must be >= 0 (sample " + std::to_string(i) + ")");
     }
+    if (digest_at_.size() != digest_size_.size() || (!digest_at_.empty() && digest_at_.size() != n))
+        throw std::invalid_argument("digest_at and digest_size must both be empty or have one entry per sample");
+    for (size_t i = 0; i < digest_at_.size(); ++i)
+        if (digest_at_[i] < 0 || digest_size_[i] < 0 || digest_at_[i] > size_[i] - digest_size_[i])
+            throw std::invalid_argument("the digest window of sample " + std::to_string(i) + " is not inside its read");
     config_.slot_bytes = round_up(config_.slot_bytes, kAlign);
     arena_bytes_ = config_.slot_bytes * config_.num_slots;
     arena_ = allocate(arena_bytes_);
@@ -339,7 +347,8 @@ void Ring::read_chunk(const Chunk& chunk, ReadFailure& failure, uint64_t& bytes,
         if (config_.digests) {
             // Right after the read: the sample (~100 KB) is still in this core's cache.
             const auto h0 = Clock::now();
-            s.digests[k] = xxh3_64(dst, want);
+            s.digests[k] = digest_at_.empty() ? xxh3_64(dst, want)
+                                              : xxh3_64(dst + digest_at_[i], static_cast<size_t>(digest_size_[i]));
             digest_ns += elapsed_ns(h0);
         }
     }

@@ -32,7 +32,8 @@
 // digests[k] (its own chunk's range, like the bytes). So the consumer compares 8 bytes per sample instead of
 // hashing the batch in Python (~5 us per 117 KB sample in python-xxhash, and a GIL hand-over per sample). Overflow
 // batches get them too; a failed sample's digest is left stale (its batch is failed and released unseen, see
-// Errors).
+// Errors). A digest window narrows it to part of each read: a webdataset sample read with its text or JSON members
+// is one extent, and the stored checksum is the image member's alone.
 //
 // Errors. A failed or short read is recorded on the slot (the lowest failing sample wins, so the message is
 // deterministic); the batch still completes and the consumer receives it with `failed` set, then releases it and
@@ -130,9 +131,12 @@ class Ring {
 public:
     static constexpr size_t kAlign = 4096;
 
-    // extents: sample i lives in paths[file_index[i]] at [offset[i], offset[i] + size[i]).
+    // extents: sample i lives in paths[file_index[i]] at [offset[i], offset[i] + size[i]). With config.digests,
+    // digest_at/digest_size (both empty, or one per sample) narrow sample i's digest to bytes
+    // [digest_at[i], digest_at[i] + digest_size[i]) of its read; empty: the whole read.
     Ring(std::vector<std::string> paths, std::vector<int32_t> file_index, std::vector<int64_t> offset,
-         std::vector<int64_t> size, const RingConfig& config);
+         std::vector<int64_t> size, const RingConfig& config, std::vector<int64_t> digest_at = {},
+         std::vector<int64_t> digest_size = {});
     ~Ring();
     Ring(const Ring&) = delete;
     Ring& operator=(const Ring&) = delete;
@@ -195,6 +199,7 @@ private:
     std::vector<std::string> paths_;
     std::vector<int32_t> file_index_;
     std::vector<int64_t> offset_, size_;
+    std::vector<int64_t> digest_at_, digest_size_;  // empty: digests cover the whole read
     RingConfig config_;
     pid_t owner_pid_;
 

@@ -15,6 +15,7 @@ namespace py = pybind11;
 #include "ring.h"
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cstring>
 
@@ -132,7 +133,9 @@ void bind_ring(py::module_& m) {
                          py::array_t<int32_t, py::array::c_style | py::array::forcecast> file_index,
                          py::array_t<int64_t, py::array::c_style | py::array::forcecast> offset,
                          py::array_t<int64_t, py::array::c_style | py::array::forcecast> size, size_t batch_size,
-                         size_t num_threads, size_t num_slots, size_t slot_bytes, bool digests) {
+                         size_t num_threads, size_t num_slots, size_t slot_bytes, bool digests,
+                         std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>> digest_at,
+                         std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>> digest_size) {
                  fastfeed::RingConfig cfg;
                  cfg.batch_size = batch_size;
                  cfg.num_threads = num_threads;
@@ -142,18 +145,26 @@ void bind_ring(py::module_& m) {
                  auto fi = to_vector(file_index, "file_index");
                  auto off = to_vector(offset, "offset");
                  auto sz = to_vector(size, "size");
+                 if (digest_at.has_value() != digest_size.has_value())
+                     throw std::invalid_argument("digest_at and digest_size go together");
+                 std::vector<int64_t> dat, dsz;
+                 if (digest_at) {
+                     dat = to_vector(*digest_at, "digest_at");
+                     dsz = to_vector(*digest_size, "digest_size");
+                 }
                  auto r = std::make_unique<PyRing>();
                  {
                      // Allocating the arena (GBs for big batches) must not stall Python threads.
                      py::gil_scoped_release nogil;
                      r->core = std::make_unique<fastfeed::Ring>(std::move(paths), std::move(fi), std::move(off),
-                                                                std::move(sz), cfg);
+                                                                std::move(sz), cfg, std::move(dat),
+                                                                std::move(dsz));
                  }
                  return r;
              }),
              py::arg("paths"), py::arg("file_index"), py::arg("offset"), py::arg("size"), py::arg("batch_size"),
              py::arg("num_threads"), py::arg("num_slots"), py::arg("slot_bytes"), py::kw_only(),
-             py::arg("digests") = false)
+             py::arg("digests") = false, py::arg("digest_at") = py::none(), py::arg("digest_size") = py::none())
         .def("start",
              [](PyRing& r, py::array_t<int64_t, py::array::c_style | py::array::forcecast> order) {
                  auto v = to_vector(order, "order");

@@ -238,14 +238,20 @@ def test_a_missing_or_damaged_member_is_a_bad_record(tmp_path):
     with open(ds.file_of(k), "r+b") as f:  # flip a byte of sample 5's JSON after indexing
         f.seek(int(fe.offset[k]))
         f.write(b"X")
+    img = ds.extents()
+    with open(ds.file_of(6), "r+b") as f:  # and one in the middle of sample 6's image
+        f.seek(int(img.offset[6] + img.size[6] // 2))
+        f.write(bytes([f.read(1)[0] ^ 0xFF]))
     with loader(src, train=False, batch_size=8) as ld:
         (b,) = list(ld)
         stats = ld.stats()
     ids = which(b["images"])
-    assert 3 not in ids and 5 not in ids  # their positions hold other samples, with those samples' fields
+    assert not {3, 5, 6} & set(ids)  # their positions hold other samples, with those samples' fields
     check_batch(b)
-    assert stats["skipped"]["by_reason"] == {"missing_field": 1, "checksum": 1}
-    assert (b["labels"] == fastfeed.IGNORE_INDEX).sum() == 2
+    assert stats["skipped"]["by_reason"] == {"missing_field": 1, "checksum": 2}
+    assert (b["labels"] == fastfeed.IGNORE_INDEX).sum() == 3
+    # the image checksums were the ring's digests of each read's image member
+    assert stats["ring"]["digests"] is True and stats["ring"]["digest_seconds"] > 0
     with loader(src, train=False, batch_size=8, on_error="raise") as ld:
         with pytest.raises(fastfeed.LoaderError, match="img/00003"):
             list(ld)

@@ -66,27 +66,47 @@ def test_digests_are_the_xxh3_of_every_sample_and_the_packed_checksum(tmp_path, 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sizes=st.lists(st.integers(0, 30_000), min_size=1, max_size=40), batch_size=st.integers(1, 9),
        num_threads=st.integers(1, 4), num_slots=st.integers(1, 3), slot_bytes=st.sampled_from([None, 1, 16384]),
-       seed=st.integers(0, 2**16))
-def test_digests_for_any_layout(sizes, batch_size, num_threads, num_slots, slot_bytes, seed):
-    """Empty samples, one-page slots (every batch overflows), one slot, more threads than samples."""
+       windowed=st.booleans(), seed=st.integers(0, 2**16))
+def test_digests_for_any_layout(sizes, batch_size, num_threads, num_slots, slot_bytes, windowed, seed):
+    """Empty samples, one-page slots (every batch overflows), one slot, more threads than samples; each digest over
+    the whole read or over its sample's window (anywhere inside, empty ones too)."""
     rng = np.random.default_rng(seed)
+    n = np.asarray(sizes, np.int64)
+    at = (rng.random(len(n)) * (n + 1)).astype(np.int64)
+    length = (rng.random(len(n)) * (n - at + 1)).astype(np.int64)
+    if not windowed:
+        at, length = np.zeros_like(n), n
     with tempfile.TemporaryDirectory() as root:
         blob = rng.integers(0, 256, sum(sizes) + 100, dtype=np.uint8).tobytes()
         path = os.path.join(root, "data.bin")
         with open(path, "wb") as f:
             f.write(blob)
         offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64) + 7
-        ext = Extents([path], np.zeros(len(sizes), np.int32), offsets, np.asarray(sizes, np.int64))
+        ext = Extents([path], np.zeros(len(sizes), np.int32), offsets, n)
         order = rng.integers(0, len(sizes), 2 * len(sizes))
         got = []
         with PrefetchRing(ext, batch_size, num_threads=num_threads, num_slots=num_slots, slot_bytes=slot_bytes,
-                          pin_memory=False, digests=True) as ring:
+                          pin_memory=False, digests=True, digest_window=(at, length) if windowed else None) as ring:
             ring.start(order)
             while (b := ring.next_batch(timeout=30)) is not None:
                 with b:
                     got.extend(b.digests.tolist())
-    want = [xxhash.xxh3_64_intdigest(blob[o:o + s]) for o, s in zip(offsets[order], np.asarray(sizes)[order])]
+    want = [xxhash.xxh3_64_intdigest(blob[o + a:o + a + s]) for o, a, s in zip(offsets[order], at[order],
+                                                                               length[order])]
     assert got == want
+
+
+@pytest.mark.parametrize("at, length, match", [
+    ([0, 5], [10, 6], "sample 1 is not inside"),   # past the end of a 10-byte read
+    ([-1, 0], [1, 1], "sample 0 is not inside"),
+    ([0], [1], "one entry per sample"),
+])
+def test_a_digest_window_outside_its_read_is_refused(tmp_path, at, length, match):
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(20))
+    ext = Extents([str(path)], np.zeros(2, np.int32), np.array([0, 10]), np.array([10, 10]))
+    with pytest.raises(ValueError, match=match):
+        PrefetchRing(ext, 2, pin_memory=False, digests=True, digest_window=(np.array(at), np.array(length)))
 
 
 def test_no_digests_unless_asked(tmp_path):

@@ -212,10 +212,12 @@ class Loader:
                      "read-ahead is %.1f GB (fastfeed/loader/settings.py, RING_MEMORY_SHARE)", slots, slot_bytes / 1e9,
                      s.ring_slots, budget / 1e9)
         # With checksums to verify, the ring's reader threads hash each sample after its read (no GIL), and the
-        # epoch only compares: the training thread is not kept waiting for the GIL while batches are hashed.
+        # epoch only compares: the training thread is not kept waiting for the GIL while batches are hashed. A read
+        # that spans a sample's other members too is hashed over its image, whose checksum the table holds.
+        window = None if fields is None else (fields.image_at, fields.image_size)
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=s.reader_threads, num_slots=slots,
                                   slot_bytes=slot_bytes, pin_memory=s.device.type == "cuda",
-                                  digests=self._table.bad_checksums is not None and fields is None)
+                                  digests=self._table.bad_checksums is not None, digest_window=window)
         # A training Loader's ring reads epoch 0 while the decoders are built (NOTE [Reading before the first
         # iteration]); a failed build must not leave it reading.
         self._primed = self._prime()

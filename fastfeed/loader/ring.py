@@ -158,10 +158,14 @@ class PrefetchRing:
         pin_memory: None pins when CUDA is available; True pins or warns; False never pins.
         digests: the reader threads also compute each sample's xxh3_64 (`RingBatch.digests`); costs them a little
             CPU per byte read, and the GIL nothing (docs/design/ring.md#checksums).
+        digest_window: None (each digest covers its whole read), or (at, size) int64[N]: sample i's digest covers
+            bytes [at[i], at[i] + size[i]) of its read (an image member inside a read that spans its sample's
+            other members too).
     """
 
     def __init__(self, extents, batch_size: int, num_threads: int = 4, num_slots: int = 4,
-                 slot_bytes: int | None = None, pin_memory: bool | None = None, digests: bool = False):
+                 slot_bytes: int | None = None, pin_memory: bool | None = None, digests: bool = False,
+                 digest_window=None):
         for name, value in (("batch_size", batch_size), ("num_threads", num_threads), ("num_slots", num_slots)):
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -175,8 +179,13 @@ class PrefetchRing:
             raise ValueError(f"slot_bytes must be a positive integer, got {slot_bytes!r}")
         self._pid = os.getpid()
         self._closed = False
+        window = {}
+        if digest_window is not None:
+            at, length = digest_window
+            window = dict(digest_at=_int_array(at, "digest_window at", np.int64),
+                          digest_size=_int_array(length, "digest_window size", np.int64))
         self._native = _native.Ring(paths, file_index, offset, size, int(batch_size), int(num_threads),
-                                    int(num_slots), int(slot_bytes), digests=bool(digests))
+                                    int(num_slots), int(slot_bytes), digests=bool(digests), **window)
         self._finalizer = weakref.finalize(self, _stop, self._native, self._pid)
         self._last_stats: dict = {}
         self.batch_size = int(batch_size)
