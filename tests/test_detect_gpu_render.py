@@ -71,3 +71,51 @@ def test_the_gpu_renderer_refuses_rotated_tiles():
     g = plan_batch(np.arange(2), np.array([(50, 40), (30, 60)]), 32, epoch=0, seed=0, aug=DetectAugment(degrees=5))
     with pytest.raises(ValueError, match="axis-aligned"):
         plan_tiles(g, np.array([0, 6000]), np.array([(50, 40), (30, 60)]))
+
+
+HSV_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, torch
+    from fastfeed.detect.hsv import apply_hsv_inplace, apply_hsv_nhwc, apply_hsv_torch
+
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, (4, 48, 40, 3), dtype=np.uint8)
+    x[0, 0, :6] = [[255, 0, 0], [0, 255, 0], [0, 0, 255], [0, 0, 0], [255, 255, 255], [128, 128, 128]]
+    gains = np.array([[1.01, 0.5, 1.3], [0.99, 1.6, 0.7], [1.0, 1.0, 1.0], [1.015, 1.7, 1.4]])
+    cpu = x.copy()
+    for k in range(4):
+        apply_hsv_inplace(cpu[k], gains[k])
+    got = torch.from_numpy(x.copy()).to(sys.argv[1])
+    apply_hsv_nhwc(got, torch.from_numpy(gains))
+    got = got.cpu()
+    ops = apply_hsv_torch(torch.from_numpy(x).permute(0, 3, 1, 2), torch.from_numpy(gains)).permute(0, 2, 3, 1)
+    diff = np.abs(got.numpy().astype(int) - cpu)
+    print(json.dumps({"max": int(diff.max()), "share": float((diff > 0).mean()),
+                      "ops_differ": int((ops.numpy() != got.numpy()).sum()),
+                      "gain_one_unchanged": bool(np.array_equal(got[2].numpy(), x[2]))}))
+""")
+
+
+def _hsv_check(device: str, env: dict) -> dict:
+    done = subprocess.run([sys.executable, "-c", HSV_SCRIPT, device], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _hsv_ok(got: dict) -> bool:
+    return got["max"] <= 1 and got["share"] < 0.02 and got["ops_differ"] == 0 and got["gain_one_unchanged"]
+
+
+def test_the_one_pass_gpu_hsv_is_torchs_and_the_cpus_to_a_level():
+    """apply_hsv_nhwc (the GPU decoder's Triton pass) under Triton's interpreter: torch's float32 form exactly, the
+    CPU's float64 one to a level, and a gain of 1 changes nothing."""
+    got = _hsv_check("cpu", dict(os.environ, TRITON_INTERPRET="1"))
+    assert _hsv_ok(got), got
+
+
+@pytest.mark.gpu
+def test_the_one_pass_hsv_compiles_and_agrees_on_the_gpu():
+    """The same on a GPU, compiled: Triton's compiler refuses some code its interpreter runs."""
+    got = _hsv_check("cuda", dict(os.environ))
+    assert _hsv_ok(got), got

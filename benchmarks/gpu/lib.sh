@@ -70,7 +70,8 @@ need() {  # what a step needs on this host: "native", "dali", "gpus2", or a data
 # -- the GPU tests --------------------------------------------------------------------------------------------------
 gpu_tests() {  # pytest -m gpu on GPU 0: the GPU tests, then tests/test_gpu_frameworks.py (Lightning); logs in $OUT
   CUDA_VISIBLE_DEVICES=0 timeout 450 python3 -m pytest -q -rP -m gpu -p no:cacheprovider tests/test_gpu.py \
-      tests/test_detect_loader.py tests/test_segment_loader.py tests/test_instance_loader.py tests/test_profile.py \
+      tests/test_detect_loader.py tests/test_detect_gpu_render.py tests/test_segment_loader.py \
+      tests/test_instance_loader.py tests/test_profile.py \
       > $OUT/pytest-gpu.log 2>&1
   tail -3 $OUT/pytest-gpu.log
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_frameworks.py \

@@ -15,7 +15,7 @@
 #   build              the native core from this tree, kept in /tmp/ffnative (carry .carry/x: xxhash)
 #   data [SET...]      the data sets (default: base): base thumb half mid phone mixed png (lib.sh `mk`)
 #   gpu-tests          pytest -m gpu: tests/test_gpu.py, tests/test_{detect,segment,instance}_loader.py,
-#                      tests/test_profile.py, tests/test_gpu_frameworks.py
+#                      tests/test_detect_gpu_render.py, tests/test_profile.py, tests/test_gpu_frameworks.py
 # Tables (carry nothing; the sets each needs in brackets):
 #   train-resnet50     ResNet-50 training, ImageNet-like: two processes, each with fastfeed's defaults, its GPU
 #                      decode ("gpu") and DALI's file reader (hw 0.9, 4 threads), the two fastfeed rows in both

@@ -1,7 +1,7 @@
 """YOLOv8 training steps per second with one input feed, in this process: the issue's measure of whether the GPU
 waits for data.
 
-    python benchmarks/gpu/yolo_train.py --feed resident|ultralytics|fastfeed [--model yolov8n.yaml] [--batch 64]
+    python benchmarks/gpu/yolo_train.py --feed FEED [--model yolov8n.yaml] [--batch 64]
                                         [--size 640] [--steps 100] [--warmup 30] [--workdir DIR] [--json FILE]
 
 The model is ultralytics' DetectionModel built from its yaml (no weights, 4 classes), trained with ultralytics' own
@@ -12,6 +12,11 @@ px, as its DetectionTrainer steps; each step's batch goes through the trainer's 
   ultralytics  ultralytics' own train loader (build_yolo_dataset + build_dataloader), workers = the usable cores;
   fastfeed     fastfeed.Loader(task="detect", dtype=uint8, device="cuda") with its defaults, through
                fastfeed.detect.clients.to_ultralytics.
+Two more, to tell where a gap between fastfeed and the ceiling comes from (not feeds a user would pick):
+  resident+fastfeed        the resident batch is trained on, and each step also takes one fastfeed batch (to
+                           the GPU, through to_ultralytics) and drops it: the loader's whole cost, in this process;
+  resident+fastfeed-apart  the resident batch, with the same loader taking batches at the resident pace in another
+                           process on the same cores and GPU: its CPU and GPU work without sharing this one's GIL.
 Run each feed in its own process under `taskset -c 0-(N-1)` for a rank's N cores (run.sh's `yolo-train` step).
 Data: benchmarks/bench_detect.py's (ImageNet-like JPEGs, 1-8 boxes each, YOLO layout and its fastfeed pack).
 """
@@ -38,6 +43,22 @@ def fastfeed_loader(packed: Path, batch: int, size: int, device):
     return loader
 
 
+def paced_loader(packed: str, batch: int, size: int, device: str, per_s: float, ready) -> None:
+    """resident+fastfeed-apart's other process: the loader's batches taken at `per_s` images/s, until killed."""
+    import torch
+
+    from fastfeed.detect.clients import to_ultralytics
+
+    loader = fastfeed_loader(Path(packed), batch, size, torch.device(device))
+    ready.set()
+    due = time.perf_counter()
+    while True:
+        for b in loader:
+            to_ultralytics(b)
+            due += batch / per_s
+            time.sleep(max(0.0, due - time.perf_counter()))
+
+
 def batches(feed: str, yolo: Path, packed: Path, batch: int, size: int, device, loader=None):
     """An endless iterator of ultralytics-style batch dicts (img uint8, cls, bboxes, batch_idx) for `feed`
     (fastfeed: from `loader`)."""
@@ -57,8 +78,21 @@ def batches(feed: str, yolo: Path, packed: Path, batch: int, size: int, device, 
     one = next(iter(loader))
     one = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in one.items()}
     del loader
+    if feed == "resident+fastfeed":
+        from fastfeed.detect.clients import to_ultralytics
+
+        it = fastfeed_batches(packed, batch, size, device)
+        while True:
+            preprocess(to_ultralytics(next(it)), device)
+            yield one
     while True:
         yield one
+
+
+def fastfeed_batches(packed: Path, batch: int, size: int, device):
+    loader = fastfeed_loader(packed, batch, size, device)
+    while True:
+        yield from loader
 
 
 def preprocess(batch: dict, device) -> dict:
@@ -70,7 +104,10 @@ def preprocess(batch: dict, device) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--feed", choices=("resident", "ultralytics", "fastfeed"), required=True)
+    p.add_argument("--feed", choices=("resident", "ultralytics", "fastfeed", "resident+fastfeed",
+                                      "resident+fastfeed-apart"), required=True)
+    p.add_argument("--apart-rate", type=float, default=600.0,
+                   help="resident+fastfeed-apart: images/s the other process takes (about the resident pace)")
     p.add_argument("--model", default="yolov8n.yaml")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--size", type=int, default=640)
@@ -95,6 +132,17 @@ def main(argv=None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.937, nesterov=True)
     loader = fastfeed_loader(packed, a.batch, a.size, device) if a.feed == "fastfeed" else None
     it = batches(a.feed, yolo, packed, a.batch, a.size, device, loader)
+    apart = None
+    if a.feed == "resident+fastfeed-apart":
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        ready = ctx.Event()
+        apart = ctx.Process(target=paced_loader, args=(str(packed), a.batch, a.size, a.device, a.apart_rate, ready),
+                            daemon=True)
+        apart.start()
+        if not ready.wait(300):
+            raise RuntimeError("the other process's loader did not start in 300 s")
 
     def step():
         b = preprocess(next(it), device)
@@ -122,6 +170,9 @@ def main(argv=None) -> int:
     print(json.dumps(row), flush=True)
     if a.json:
         a.json.write_text(json.dumps(row, indent=1))
+    if apart is not None:  # os._exit skips multiprocessing's clean-up of daemon children
+        apart.kill()
+        apart.join(10)
     os._exit(0)  # the loaders' worker processes and threads end with the process
 
 

@@ -10,6 +10,7 @@ The pixels go to the device as uint8 (a quarter of float32's bytes) and are norm
 """
 from __future__ import annotations
 
+import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -19,13 +20,17 @@ import torch
 from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IMAGE, Replaced, is_image,
                                   replaced_list, resolve_errors)
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
-from fastfeed.detect.hsv import apply_hsv_torch
+from fastfeed.detect.hsv import apply_hsv_nhwc, apply_hsv_torch
 from fastfeed.detect.instances import has_masks, render_instances
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
 from fastfeed.detect.render import decode_image, render
 from fastfeed.targets import Targets
 
 __all__ = ["DetectDecoder", "DetectRequest", "DetectResult"]
+
+# torch's CUDA wheels bring Triton; without it the HSV gains take torch's operations. Found, not imported: that
+# costs a second, paid only when a batch first goes to a GPU.
+_HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
 
 @dataclass(frozen=True)
@@ -230,8 +235,11 @@ class DetectDecoder:
         t = pixels
         if t.device.type != self.device.type:
             t = t.pin_memory().to(self.device, non_blocking=True)
+        fused = hsv_gains is not None and t.is_cuda and t.is_contiguous() and _HAVE_TRITON
+        if fused:  # one pass, in place: the batch is this decoder's own
+            apply_hsv_nhwc(t, torch.from_numpy(hsv_gains))
         t = t.permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels_last already
-        if hsv_gains is not None:
+        if hsv_gains is not None and not fused:
             t = apply_hsv_torch(t, torch.from_numpy(hsv_gains))
         if self.dtype != torch.uint8:
             t = ((t.float() - self._mean.to(t.device)) / self._std.to(t.device)).to(self.dtype)

@@ -2,9 +2,11 @@
 value scaled and clipped, back to RGB, rounded. In floats rather than through uint8 HSV lookup tables (ultralytics:
 OpenCV's 180-step hue): no hue quantisation, so a gain of 1 changes nothing; the result is colorsys' to rounding.
 
-Two implementations of the same arithmetic: `apply_hsv_inplace`, one numba pass over an image on the CPU (the GIL
-released, so the renderer's threads run it at once), and `apply_hsv_torch`, a batch on the GPU, where the
-DetectDecoder moves this cost when batches go to one. They agree to a level (float32 against float64).
+Three implementations of the same arithmetic: `apply_hsv_inplace`, one numba pass over an image on the CPU (the GIL
+released, so the renderer's threads run it at once); `apply_hsv_nhwc`, one Triton pass over a uint8 NHWC batch on
+the GPU, in place (the GPU decoder's: it shares the GPU with the training step, and torch's form below makes some
+twenty passes over the batch); `apply_hsv_torch`, any device, torch operations. They agree to a level (float32
+against float64).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from fastfeed.decode.numba_import import import_numba
 
 numba = import_numba()
 
-__all__ = ["apply_hsv_inplace", "apply_hsv_torch"]
+__all__ = ["apply_hsv_inplace", "apply_hsv_nhwc", "apply_hsv_torch"]
 
 _INV255 = 1.0 / 255.0
 
@@ -90,3 +92,74 @@ def apply_hsv_torch(images, gains):
     pick = order[i].permute(0, 3, 1, 2)  # [B, 3, H, W]
     out = parts.gather(1, pick)
     return (out * 255 + 0.5).floor().clamp(0, 255).to(torch.uint8)
+
+
+def apply_hsv_nhwc(images, gains) -> None:
+    """RandomHSV in place on a contiguous uint8 [B, H, W, 3] batch on a CUDA device (or on the CPU under Triton's
+    interpreter, TRITON_INTERPRET=1), with per-image gains [B, 3] (hue, saturation, value): apply_hsv_torch's
+    float32 arithmetic, one pass."""
+    import torch
+
+    if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[3] != 3 or not images.is_contiguous():
+        raise ValueError(f"need a contiguous uint8 [B, H, W, 3] batch, got {images.dtype} {tuple(images.shape)}")
+    B, H, W, _ = images.shape
+    g = torch.as_tensor(gains, dtype=torch.float32).to(images.device).contiguous()
+    if g.shape != (B, 3):
+        raise ValueError(f"need gains [{B}, 3], got {tuple(g.shape)}")
+    n = H * W
+    _kernel()[(B, -(-n // _BLOCK))](images, g, n, BLOCK=_BLOCK)
+
+
+_BLOCK = 1024
+_KERNEL = None
+
+
+def _kernel():
+    """The Triton kernel, defined on first use (TRITON_INTERPRET is read when it is defined)."""
+    global _KERNEL
+    if _KERNEL is not None:
+        return _KERNEL
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def hsv(px, gains, n, BLOCK: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = p < n
+        at = px + (b * n + p) * 3
+        r = tl.load(at, mask=inside, other=0).to(tl.float32) / 255.0
+        g = tl.load(at + 1, mask=inside, other=0).to(tl.float32) / 255.0
+        bl = tl.load(at + 2, mask=inside, other=0).to(tl.float32) / 255.0
+        gh = tl.load(gains + b * 3)
+        gs = tl.load(gains + b * 3 + 1)
+        gv = tl.load(gains + b * 3 + 2)
+        mx = tl.maximum(r, tl.maximum(g, bl))
+        d = mx - tl.minimum(r, tl.minimum(g, bl))
+        coloured = d > 0
+        safe = tl.where(coloured, d, 1.0)
+        h = tl.where(mx == r, (g - bl) / safe, tl.where(mx == g, (bl - r) / safe + 2.0, (r - g) / safe + 4.0)) / 6.0
+        h = tl.where(coloured, h - tl.floor(h), 0.0)
+        s = tl.where(coloured, d / tl.where(mx > 0, mx, 1.0), 0.0)
+        h = h * gh
+        h = h - tl.floor(h)
+        s = tl.minimum(s * gs, 1.0)
+        v = tl.minimum(mx * gv, 1.0)
+        i = tl.floor(h * 6.0)
+        f = h * 6.0 - i
+        sector = i.to(tl.int32) % 6
+        pp = v * (1.0 - s)
+        q = v * (1.0 - s * f)
+        t = v * (1.0 - s * (1.0 - f))
+        # colorsys.hsv_to_rgb's six sectors: which of (v, p, q, t) each channel takes
+        ro = tl.where((sector == 0) | (sector == 5), v, tl.where(sector == 1, q, tl.where(sector == 4, t, pp)))
+        go = tl.where(sector == 0, t, tl.where((sector == 1) | (sector == 2), v, tl.where(sector == 3, q, pp)))
+        bo = tl.where((sector == 0) | (sector == 1), pp, tl.where(sector == 2, t,
+                                                                  tl.where((sector == 3) | (sector == 4), v, q)))
+        # Three stores written out: Triton's compiler takes no loop over a tuple of tensors (its interpreter does).
+        tl.store(at, tl.minimum(tl.maximum(tl.floor(ro * 255.0 + 0.5), 0.0), 255.0).to(tl.uint8), mask=inside)
+        tl.store(at + 1, tl.minimum(tl.maximum(tl.floor(go * 255.0 + 0.5), 0.0), 255.0).to(tl.uint8), mask=inside)
+        tl.store(at + 2, tl.minimum(tl.maximum(tl.floor(bo * 255.0 + 0.5), 0.0), 255.0).to(tl.uint8), mask=inside)
+
+    _KERNEL = hsv
+    return _KERNEL
