@@ -45,6 +45,9 @@
 #   image-text         image-text batches at 224 px on adopted shards against DALI's webdataset reader
 #                      (image_text.py: 5,000 photos with captions, batch 256, the loaders alone; and fastfeed
 #                      with verify_checksums=False, what hashing each image beside its fields costs)
+#   index [N...]       fastfeed index against tar -tf + sha256sum over the same shards (bench_index.py: 3,000
+#                      ImageNet-like JPEGs with captions in 6 shards), on all cores and under taskset -c 0-(N-1)
+#                      for each N; needs webdataset (stage-dali 5 installs .carry/x2) [makes its own set]
 #   progressive        20% progressive JPEGs packed --jpeg keep / --jpeg baseline against all baseline, the loader
 #                      alone (bench_gpu.py --sections progressive; makes its own sets)
 #   detect             detection batches at 640 px, batch 64, to the GPU (DALI staged: the GPU path; else the CPU
@@ -66,7 +69,7 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/lib.sh
 
 STEPS=" stage-dali build data gpu-tests train-resnet50 train-resnet18 alone first-batch first-step photos photos-alone
-        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text progressive detect yolo-train
+        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect yolo-train
         profile abba "
 STEPS=$(echo $STEPS)  # one line, single spaces
 STEPS=" $STEPS "
@@ -156,6 +159,11 @@ run_step() {  # $1 = step, rest: its arguments
               CUDA_VISIBLE_DEVICES=0 timeout 120 python3 tools/odd_corpus_gpu.py 2>&1 | quiet > $OUT/odd-corpus-$tag.log
               tail -1 $OUT/odd-corpus-$tag.log
               grep "over threshold" $OUT/odd-corpus-$tag.log | sort | uniq -c | head -5 ;;
+  index) need native || return 1
+         for cores in 16 "$@"; do
+           timeout 300 taskset -c 0-$((cores - 1)) python3 benchmarks/bench_index.py --workdir $W/index \
+               --num-images 3000 --per-shard 500 --rounds 3 --json $OUT/index-$cores-$tag.json 2>&1 | tail -4
+         done ;;
   progressive) need native || return 1
                CUDA_VISIBLE_DEVICES=0 timeout 550 python3 $G/bench_gpu.py --workdir $W --sections progressive \
                    --json $OUT/progressive-$tag.json 2>&1 | quiet | grep -E "^\[|img/s" | tail -8 ;;
