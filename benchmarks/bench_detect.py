@@ -76,13 +76,13 @@ def ultralytics_loader(yolo: Path, batch: int, size: int, workers: int):
     return build_dataloader(dataset, batch, workers, shuffle=True)
 
 
-def fastfeed_loader(packed: Path, batch: int, size: int, device: str):
+def fastfeed_loader(packed: Path, batch: int, size: int, device: str, extra: dict | None = None):
     import torch
 
     import fastfeed
 
     dtype = torch.uint8 if device == "cpu" else torch.float16
-    return fastfeed.Loader(packed, batch_size=batch, image_size=size, device=device, dtype=dtype)
+    return fastfeed.Loader(packed, batch_size=batch, image_size=size, device=device, dtype=dtype, **(extra or {}))
 
 
 def to_device_ultralytics(batch: dict, device: str) -> int:
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     a, yolo, packed = start(__doc__, argv, device=True)
     run_rounds({"ultralytics": lambda: (ultralytics_loader(yolo, a.batch, a.size, a.workers),
                                         lambda b: to_device_ultralytics(b, a.device)),
-                "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size, a.device),
+                "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size, a.device, a.loader_kwargs),
                                      lambda b: to_device_fastfeed(b, a.device))}, a)
     return 0
 
@@ -146,6 +146,8 @@ def start(doc: str, argv, *, device: bool) -> tuple[argparse.Namespace, Path, Pa
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--loader-kwargs", type=json.loads, default={},
+                   help='more fastfeed.Loader arguments, as JSON: e.g. \'{"pipelines": 2}\'')
     if device:
         p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path)

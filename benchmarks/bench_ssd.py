@@ -64,20 +64,22 @@ def torchvision_loader(yolo: Path, batch: int, size: int, workers: int):
                                        persistent_workers=workers > 0)
 
 
-def fastfeed_loader(packed: Path, batch: int, size: int):
+def fastfeed_loader(packed: Path, batch: int, size: int, extra: dict):
     import torch
 
     import fastfeed
     from fastfeed.detect import DetectAugment
 
     aug = DetectAugment(mosaic=0.0, iou_crop=1.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
-    return fastfeed.Loader(packed, batch_size=batch, image_size=size, device="cpu", dtype=torch.uint8, augment=aug)
+    return fastfeed.Loader(packed, batch_size=batch, image_size=size, device="cpu", dtype=torch.uint8, augment=aug,
+                           **extra)
 
 
 def main(argv=None) -> int:
     a, yolo, packed = start(__doc__, argv, device=False)
     run_rounds({"torchvision": lambda: (torchvision_loader(yolo, a.batch, a.size, a.workers), lambda b: len(b[0])),
-                "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size), lambda b: len(b["images"]))}, a)
+                "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size, a.loader_kwargs),
+                                     lambda b: len(b["images"]))}, a)
     return 0
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@
 #                      alone (bench_gpu.py --sections progressive; makes its own sets)
 #   detect             detection batches at 640 px, batch 64, to the GPU (DALI staged: the GPU path; else the CPU
 #                      one): fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
-#                      ultralytics wheels), on 4 cores (taskset) and 16 [makes its own set]
+#                      ultralytics wheels), on 4 cores (taskset) and 16; FF_KWARGS='{"pipelines": 2}' passes more
+#                      Loader arguments [makes its own set]
 #   yolo-train [N...]  YOLOv8n training (yolo_train.py), batch 64, 640 px, bf16, under taskset -c 0-(N-1) for each N
 #                      (default 4): the resident-batch ceiling, ultralytics' loader, fastfeed (carry .carry/ul);
 #                      MODELS="yolov8n yolov8s" for other models, FEEDS="resident fastfeed" for fewer feeds
@@ -172,7 +173,8 @@ run_step() {  # $1 = step, rest: its arguments
           for cores in 4 16; do
             CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 240 taskset -c 0-$((cores - 1)) python3 \
                 benchmarks/bench_detect.py --workdir $W/detect --num-images 2000 --batch 64 --device cuda \
-                --seconds 25 --json $OUT/detect-$cores-$tag.json 2>&1 | grep -E "^round|^fastfeed /|images,"
+                --seconds 25 ${FF_KWARGS:+--loader-kwargs "$FF_KWARGS"} --json $OUT/detect-$cores-$tag.json 2>&1 \
+                | grep -E "^round|^fastfeed /|images,"
           done
           (cd $OUT && tar -czf detect-$tag.tar.gz detect-*-$tag.json && rm detect-*-$tag.json) ;;
   yolo-train) need native dali || return 1
