@@ -27,7 +27,6 @@ import mmap
 import os
 import posixpath
 import re
-import tarfile
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +35,8 @@ import numpy as np
 import xxhash
 
 from fastfeed.formats.fields import columns, value_kind
+from fastfeed.formats.tarwalk import walk_tar
+from fastfeed.image import transcode
 from fastfeed.pack.table import new_rows, rows_to_table, write_dataset
 from fastfeed.pack.validate import TRIMMED, Loaded, LoadOptions, check_for_pil, check_image
 from fastfeed.pack.wds import WdsWriter
@@ -172,6 +173,9 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
     _refuse_existing(out, overwrite, storage_options)
     opts = LoadOptions(scan_check=scan_check)
     workers = threads or min(8, os.cpu_count() or 1)
+    # Each shard's JPEGs are scan-checked in one native call: its threads share the cores among the shards read at
+    # once, so a few big shards still use every core.
+    scan_threads = max(1, -(-(os.cpu_count() or 1) // min(workers, len(rels))))
     # Shards at a URL are downloaded next to the dataset's files when those are local: a shard is up to gigabytes,
     # /tmp is often small. Local shards need no folder (theirs may be read-only).
     downloads = (tempfile.TemporaryDirectory(prefix=".fastfeed-index-", dir=None if is_url(out) else out)
@@ -181,11 +185,11 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
         def one(a):
             shard, rel = a
             if fs is None:
-                return _index_shard(os.path.join(root, rel), rel, shard, image_ext, opts)
+                return _index_shard(os.path.join(root, rel), rel, shard, image_ext, opts, scan_threads)
             local = os.path.join(tmp, f"{shard:08d}.tar")  # at most `workers` of them at a time
             retrying(lambda: fs.get_file(join(base, rel), local), f"download {root}/{rel}")
             try:
-                return _index_shard(local, rel, shard, image_ext, opts)
+                return _index_shard(local, rel, shard, image_ext, opts, scan_threads)
             finally:
                 os.remove(local)
 
@@ -254,7 +258,8 @@ def _table(rows: dict, per_sample: list[dict], names: list[str]) -> dict[str, np
     return table
 
 
-def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: LoadOptions) -> _ShardResult:
+def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: LoadOptions,
+                 scan_threads: int = 1) -> _ShardResult:
     res = _ShardResult()
     try:
         f = open(path, "rb")
@@ -269,11 +274,12 @@ def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: L
             return res
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             res.sha256 = hashlib.sha256(mm).hexdigest()  # releases the GIL: the shards hash side by side
-            samples, problem = _samples(f, size, rel, res.rejected)
+            samples, problem = _samples(mm, size, rel, res.rejected)
             view = memoryview(mm)
             try:
-                for s in samples:
-                    _add_sample(res, view, s, rel, shard, image_ext, opts)
+                facts = _jpeg_facts(view, samples, image_ext, opts, scan_threads)
+                for s, f in zip(samples, facts):
+                    _add_sample(res, view, s, rel, shard, image_ext, opts, f)
             finally:
                 view.release()
     if problem:
@@ -281,52 +287,83 @@ def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: L
     return res
 
 
-def _samples(f, size: int, rel: str, rejected: list) -> tuple[list[_Sample], str | None]:
+def _samples(buf, size: int, rel: str, rejected: list) -> tuple[list[_Sample], str | None]:
     """The shard's samples, grouped as webdataset groups them, and what stopped the walk early (a damaged header,
     a member cut short) or None."""
+    members, skipped, problem = walk_tar(buf, size)
+    for name, why in skipped:
+        rejected.append({"source": f"{rel}:{name}", "reason": why})
     samples: list[_Sample] = []
-    problem = None
-    try:
-        with tarfile.open(fileobj=f, mode="r:") as tar:
-            for ti in tar:
-                if not ti.isfile():
-                    continue
-                if ti.offset_data + ti.size > size:
-                    problem = f"member {ti.name} runs past the end of the file (truncated shard); the rest is lost"
-                    break
-                m = _KEY_EXT.match(ti.name)
-                if m is None:
-                    rejected.append({"source": f"{rel}:{ti.name}", "reason": "member name has no extension"})
-                    continue
-                key, ext = m.group(1), m.group(2).lower()
-                if samples and samples[-1].key == key:
-                    samples[-1].members.append((ext, ti.offset_data, ti.size, ti.name))
-                else:
-                    samples.append(_Sample(key, [(ext, ti.offset_data, ti.size, ti.name)]))
-    except (tarfile.TarError, EOFError) as e:
-        problem = f"damaged tar archive ({e}); the members after the last good one are lost"
+    for m in members:
+        parts = _KEY_EXT.match(m.name)
+        if parts is None:
+            rejected.append({"source": f"{rel}:{m.name}", "reason": "member name has no extension"})
+            continue
+        key, ext = parts.group(1), parts.group(2).lower()
+        if samples and samples[-1].key == key:
+            samples[-1].members.append((ext, m.offset, m.size, m.name))
+        else:
+            samples.append(_Sample(key, [(ext, m.offset, m.size, m.name)]))
     return samples, problem
 
 
-def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, rel: str, shard: int, image_ext: str | None,
-                opts: LoadOptions) -> None:
-    def reject(reason: str) -> None:
-        res.rejected.append({"source": f"{rel}:{s.key}", "key": s.key, "reason": reason})
-
+def _image_member(s: _Sample, image_ext: str | None) -> tuple | str:
+    """The sample's image member (ext, offset, size, name), or why it has none to adopt."""
     exts = [m[0] for m in s.members]
     dup = sorted({e for e in exts if exts.count(e) > 1})
     if dup:
-        return reject(f"duplicate member(s) {', '.join(s.key + '.' + e for e in dup)}")
+        return f"duplicate member(s) {', '.join(s.key + '.' + e for e in dup)}"
     members = {m[0]: m for m in s.members}
     wanted = (image_ext,) if image_ext else IMAGE_EXTS
     img_ext = next((e for e in wanted if e in members), None)
     if img_ext is None:
-        return reject(f"no image member (members: {', '.join(exts)})")
-    _, off, size, _ = members[img_ext]
+        return f"no image member (members: {', '.join(exts)})"
+    return members[img_ext]
+
+
+def _jpeg_facts(view: memoryview, samples: list[_Sample], image_ext: str | None, opts: LoadOptions,
+                threads: int) -> list:
+    """Per sample, what check_image's `facts` holds for a JPEG image the native header walk reads (its header
+    facts and, with the scan check on, the scan check's answer), else None. The scan checks of the shard run in
+    one native call on `threads` threads, the GIL released."""
+    facts: list = [None] * len(samples)
+    if not transcode.HAVE_SCAN_CHECK:  # a native core built without libjpeg, or none: check_image walks alone
+        return facts
+    from fastfeed import _native
+    jpegs = []  # (sample, offset, size)
+    for i, s in enumerate(samples):
+        img = _image_member(s, image_ext)
+        if isinstance(img, tuple) and bytes(view[img[1]:img[1] + 3]) == b"\xff\xd8\xff":
+            with view[img[1]:img[1] + img[2]] as data:
+                facts[i] = _native.probe_jpeg(data)
+            if facts[i] is not None:
+                jpegs.append((i, img[1], img[2]))
+    if opts.scan_check and jpegs:
+        spans = [view[off:off + size] for _, off, size in jpegs]
+        try:
+            answers = transcode.check_scans(spans, threads)
+        finally:
+            for v in spans:  # the shard's map closes only once no view of it is left
+                v.release()
+        for (i, _, _), err in zip(jpegs, answers):
+            facts[i] = (*facts[i][:6], err or "")
+    return facts
+
+
+def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, rel: str, shard: int, image_ext: str | None,
+                opts: LoadOptions, facts: tuple | None = None) -> None:
+    def reject(reason: str) -> None:
+        res.rejected.append({"source": f"{rel}:{s.key}", "key": s.key, "reason": reason})
+
+    img = _image_member(s, image_ext)
+    if isinstance(img, str):
+        return reject(img)
+    members = {m[0]: m for m in s.members}
+    img_ext, off, size, _ = img
     # A copy: a view of the shard's map kept alive by a checker's exception (traceback cycles wait for the
     # garbage collector) would keep the map from closing.
     data = bytes(view[off:off + size])
-    got = check_image(data, opts, name=img_ext)
+    got = check_image(data, opts, facts, name=img_ext)
     if isinstance(got, Loaded) and got.change not in (None, TRIMMED):  # pack would fix it; a shard is not changed
         fixed = got.change
         got = check_for_pil(data, opts)

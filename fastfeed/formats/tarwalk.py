@@ -1,0 +1,172 @@
+"""The members of a tar archive held in memory (an mmap of a shard): name, data offset and size, one pass over the
+headers without reading the data.
+
+Python's `tarfile` does the same with a TarInfo per header and every field parsed, which made it most of
+`fastfeed index`'s time (webdataset's ShardWriter writes a PAX header before each member: two headers per member).
+This reads only what adoption needs (name, size, type), follows what tarfile follows (ustar prefix, PAX `path` and
+`size`, global PAX headers, GNU long names, base-256 sizes) and checks every header's checksum at the end, in one
+numpy pass. Unlike tarfile, which ends the walk silently at a damaged header after the first, it says where the
+archive stops being readable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["TarMember", "walk_tar"]
+
+_BLOCK = 512
+_ZERO = bytes(_BLOCK)
+_FILE_TYPES = (b"0", b"\0", b"7")  # regular file (and its old and "contiguous" spellings): tarfile's isfile()
+_POSIX_MAGIC = b"ustar\x0000"
+
+
+@dataclass(frozen=True)
+class TarMember:
+    name: str
+    offset: int  # of its data
+    size: int
+
+
+class _Damaged(Exception):
+    pass
+
+
+def walk_tar(buf, size: int | None = None) -> tuple[list[TarMember], list[tuple[str, str]], str | None]:
+    """(regular-file members in archive order, [(name, why)] of members not read as files (a sparse file),
+    the reason the walk stopped early or None). `buf` supports slicing to bytes (an mmap, bytes); `size` its
+    length. Members whose data runs past the end are not listed; the reason says so."""
+    size = len(buf) if size is None else size
+    members: list[TarMember] = []
+    skipped: list[tuple[str, str]] = []
+    headers: list[int] = []  # every header's offset, for the checksum pass
+    stored: list[int] = []  # the checksum each header states
+    problem = None
+    pending: dict = {}  # PAX records (or a GNU long name) for the next header
+    global_pax: dict = {}
+    pos = 0
+    try:
+        while True:
+            if pos == size:  # tarfile calls this damaged too: a shard cut at a member's end looks like this
+                raise _Damaged("it ends without the end-of-archive marker: cut short after its last member?")
+            if pos + _BLOCK > size:
+                raise _Damaged(f"a header cut short at offset {pos}")
+            hdr = buf[pos:pos + _BLOCK]
+            if hdr == _ZERO:
+                break  # the end-of-archive marker
+            stored.append(_octal(hdr[148:156], pos, "checksum"))
+            headers.append(pos)
+            length = _size(hdr[124:136], pos)
+            kind = hdr[156:157]
+            data = pos + _BLOCK
+            if data + length > size:
+                name = pending.get("path") or _name(hdr)
+                raise _Damaged(f"member {name} runs past the end of the file (truncated shard)")
+            if kind in (b"x", b"g"):
+                records = _pax(buf[data:data + length], pos)
+                if kind == b"g":
+                    global_pax.update(records)
+                else:
+                    pending.update(records)
+            elif kind in (b"L", b"K"):
+                if kind == b"L":
+                    pending["path"] = bytes(buf[data:data + length]).split(b"\0", 1)[0].decode(
+                        "utf-8", "surrogateescape")
+            else:
+                info = {**global_pax, **pending}
+                pending = {}
+                name = info.get("path") or _name(hdr)
+                if "size" in info:
+                    length = _pax_size(info["size"], pos)
+                    if data + length > size:
+                        raise _Damaged(f"member {name} runs past the end of the file (truncated shard)")
+                if kind in _FILE_TYPES and not name.endswith("/"):
+                    members.append(TarMember(name, data, length))
+                elif kind == b"S":
+                    skipped.append((pos, name, "a GNU sparse member (its data is not stored as one extent)"))
+            pos = data + length + (-length % _BLOCK)
+    except _Damaged as e:
+        problem = f"damaged tar archive ({e}); the members after the last good one are lost"
+    bad = _first_bad_checksum(buf, size, headers, stored)
+    if bad is not None:
+        members = [m for m in members if m.offset < bad]
+        skipped = [s for s in skipped if s[0] < bad]
+        problem = (f"damaged tar archive (a header's checksum is wrong at offset {bad}); the members after the "
+                   "last good one are lost")
+    return members, [(name, why) for _, name, why in skipped], problem
+
+
+def _name(hdr: bytes) -> str:
+    name = hdr[:100].split(b"\0", 1)[0]
+    if hdr[257:265] == _POSIX_MAGIC:
+        prefix = hdr[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return name.decode("utf-8", "surrogateescape")
+
+
+def _octal(field: bytes, pos: int, what: str) -> int:
+    try:
+        return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        raise _Damaged(f"the header at offset {pos} has no valid {what}") from None
+
+
+def _size(field: bytes, pos: int) -> int:
+    if field[0] in (0x80, 0xFF):  # base-256 (GNU): big sizes
+        if field[0] == 0xFF:
+            raise _Damaged(f"the header at offset {pos} has a negative size")
+        return int.from_bytes(field[1:], "big")
+    return _octal(field, pos, "size")
+
+
+def _pax(data: bytes, pos: int) -> dict:
+    """PAX records ("LEN key=value\\n" each); only the keys adoption uses are kept."""
+    out = {}
+    data = bytes(data)
+    i = 0
+    while i < len(data) and data[i:i + 1] not in (b"\0", b""):
+        space = data.find(b" ", i)
+        try:
+            n = int(data[i:space])
+        except ValueError:
+            raise _Damaged(f"the PAX header at offset {pos} is malformed") from None
+        record = data[space + 1:i + n]
+        if n <= 0 or not record.endswith(b"\n") or b"=" not in record:
+            raise _Damaged(f"the PAX header at offset {pos} is malformed")
+        key, value = record[:-1].split(b"=", 1)
+        if key in (b"path", b"size"):
+            out[key.decode()] = value.decode("utf-8", "surrogateescape")
+        i += n
+    return out
+
+
+def _pax_size(value: str, pos: int) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise _Damaged(f"the PAX size before offset {pos} is not a number") from None
+    if n < 0:
+        raise _Damaged(f"the PAX size before offset {pos} is negative")
+    return n
+
+
+def _first_bad_checksum(buf, size: int, headers: list[int], stored: list[int]) -> int | None:
+    """The offset of the first header whose checksum (unsigned byte sum with the checksum field as spaces; tarfile
+    also accepts the signed sum) is wrong, or None."""
+    if not headers:
+        return None
+    # Headers start on 512-byte boundaries: pick them as rows of the archive seen as blocks (a copy of n x 512 bytes)
+    at = np.asarray(headers, dtype=np.int64)
+    blocks = np.frombuffer(buf, dtype=np.uint8, count=size // _BLOCK * _BLOCK).reshape(-1, _BLOCK)[at // _BLOCK]
+    field = blocks[:, 148:156]
+    unsigned = blocks.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 32
+    want = np.asarray(stored, dtype=np.int64)
+    ok = unsigned == want
+    if not ok.all():
+        signed = blocks.view(np.int8).sum(axis=1, dtype=np.int64) - field.view(np.int8).sum(axis=1, dtype=np.int64) \
+            + 8 * 32
+        ok |= signed == want
+    bad = np.flatnonzero(~ok)
+    return int(at[bad[0]]) if len(bad) else None

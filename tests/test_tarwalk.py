@@ -1,0 +1,117 @@
+"""formats/tarwalk.py against Python's tarfile on archives tarfile writes in each of its formats (long names, ustar
+prefixes, PAX and GNU headers, global PAX headers, directories and links among the files), and on damaged ones:
+the same members, names, data offsets and sizes, and a reason wherever the archive stops being readable."""
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastfeed.formats.tarwalk import walk_tar
+
+FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+
+
+def archive(entries, fmt, pax_headers=None) -> bytes:
+    """entries: (name, bytes | "dir" | "link")."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt, pax_headers=pax_headers or {}) as tar:
+        for name, data in entries:
+            ti = tarfile.TarInfo(name)
+            if data == "dir":
+                ti.type = tarfile.DIRTYPE
+                tar.addfile(ti)
+            elif data == "link":
+                ti.type, ti.linkname = tarfile.SYMTYPE, "elsewhere/" + "l" * 120
+                tar.addfile(ti)
+            else:
+                ti.size = len(data)
+                tar.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def tarfile_members(data: bytes) -> list[tuple[str, int, int]]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        return [(ti.name, ti.offset_data, ti.size) for ti in tar if ti.isfile()]
+
+
+def walked(data: bytes):
+    members, skipped, problem = walk_tar(data)
+    return [(m.name, m.offset, m.size) for m in members], skipped, problem
+
+
+names = st.one_of(
+    st.from_regex(r"[a-z0-9_]{1,12}/[a-z0-9]{1,20}\.(jpg|txt|json|cls)", fullmatch=True),
+    st.from_regex(r"[a-zé]{1,8}(/[a-z]{30,60}){2,4}\.[a-z]{2,4}", fullmatch=True),  # over 100 bytes: prefix/pax/GNU
+)
+entries = st.lists(st.tuples(names, st.one_of(st.binary(max_size=3000), st.just("dir"), st.just("link"))),
+                   min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(entries=entries, fmt=st.sampled_from(sorted(FORMATS)))
+def test_the_members_are_tarfiles(entries, fmt):
+    try:
+        data = archive(entries, FORMATS[fmt])
+    except ValueError:  # a name ustar cannot hold: tarfile refuses to write it
+        return
+    got, skipped, problem = walked(data)
+    assert problem is None and skipped == []
+    assert got == tarfile_members(data)
+
+
+def test_a_global_pax_header_and_utf8_names():
+    data = archive([("d/é" * 40 + ".txt", b"x" * 700), ("k.cls", b"3")], tarfile.PAX_FORMAT,
+                   pax_headers={"comment": "global"})
+    got, _, problem = walked(data)
+    assert problem is None and got == tarfile_members(data) and got[0][0].startswith("d/é")
+
+
+def test_a_base256_size_is_read():
+    """GNU writes sizes over 8 GiB in base-256; a small one written that way reads the same."""
+    data = bytearray(archive([("a.bin", b"y" * 1000)], tarfile.GNU_FORMAT))
+    data[124:136] = b"\x80" + (1000).to_bytes(11, "big")
+    data[148:156] = b"        "
+    data[148:156] = b"%06o\0 " % sum(data[:512])
+    data = bytes(data)
+    assert walked(data)[0] == tarfile_members(data) == [("a.bin", 512, 1000)]
+
+
+def three(fmt=tarfile.PAX_FORMAT) -> bytes:
+    return archive([(f"s/{i:03d}.jpg", bytes([i]) * (600 + i)) for i in range(3)], fmt)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_damaged_header_ends_the_walk_there_with_its_offset(fmt):
+    data = three(FORMATS[fmt])
+    good = walked(data)[0]
+    victim = good[1][1] - 512  # the second member's own header
+    damaged = bytearray(data)
+    damaged[victim + 20] ^= 0x01  # in its name
+    got, _, problem = walked(bytes(damaged))
+    assert got == good[:1]
+    assert f"checksum is wrong at offset {victim}" in problem
+
+
+def test_a_shard_cut_in_a_member_in_a_header_or_after_a_member_says_so():
+    data = three()
+    members = walked(data)[0]
+    cases = {
+        "runs past the end": data[:members[2][1] + 100],  # in the last member's data
+        "cut short at offset": data[:members[2][1] - 300],  # in the last member's header
+        "without the end-of-archive marker": data[:members[1][1] + 1024],  # right after the second member
+    }
+    for why, cut in cases.items():
+        got, _, problem = walked(cut)
+        assert problem is not None and why in problem, (why, problem)
+        assert got == members[:2], why
+    # where tarfile ends the walk without a word (a header cut short)
+    assert len(tarfile_members(cases["cut short at offset"])) == 2
+
+
+def test_an_archive_of_garbage_is_damaged_not_a_crash():
+    got, _, problem = walked(b"not a tar" * 200)
+    assert got == [] and "damaged" in problem
