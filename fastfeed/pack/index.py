@@ -175,7 +175,7 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
     workers = threads or min(8, os.cpu_count() or 1)
     # Each shard's JPEGs are scan-checked in one native call: its threads share the cores among the shards read at
     # once, so a few big shards still use every core.
-    scan_threads = max(1, -(-(os.cpu_count() or 1) // min(workers, len(rels))))
+    scan_threads = max(1, -(-(os.cpu_count() or 1) // max(1, min(workers, len(rels)))))
     # Shards at a URL are downloaded next to the dataset's files when those are local: a shard is up to gigabytes,
     # /tmp is often small. Local shards need no folder (theirs may be read-only).
     downloads = (tempfile.TemporaryDirectory(prefix=".fastfeed-index-", dir=None if is_url(out) else out)
