@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fastfeed.formats import tarwalk
 from fastfeed.formats.tarwalk import walk_tar
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
@@ -85,7 +86,9 @@ def three(fmt=tarfile.PAX_FORMAT) -> bytes:
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_a_damaged_header_ends_the_walk_there_with_its_offset(fmt):
+@pytest.mark.parametrize("chunk", [1, 2, 1 << 15])  # headers per checksum pass: the bad one in a later pass too
+def test_a_damaged_header_ends_the_walk_there_with_its_offset(fmt, chunk, monkeypatch):
+    monkeypatch.setattr(tarwalk, "_CHUNK", chunk)
     data = three(FORMATS[fmt])
     good = walked(data)[0]
     victim = good[1][1] - 512  # the second member's own header

@@ -20,6 +20,7 @@ _BLOCK = 512
 _ZERO = bytes(_BLOCK)
 _FILE_TYPES = (b"0", b"\0", b"7")  # regular file (and its old and "contiguous" spellings): tarfile's isfile()
 _POSIX_MAGIC = b"ustar\x0000"
+_CHUNK = 1 << 15  # headers checksummed per numpy pass: 16 MB of copies at most
 
 
 @dataclass(frozen=True)
@@ -157,16 +158,21 @@ def _first_bad_checksum(buf, size: int, headers: list[int], stored: list[int]) -
     also accepts the signed sum) is wrong, or None."""
     if not headers:
         return None
-    # Headers start on 512-byte boundaries: pick them as rows of the archive seen as blocks (a copy of n x 512 bytes)
-    at = np.asarray(headers, dtype=np.int64)
-    blocks = np.frombuffer(buf, dtype=np.uint8, count=size // _BLOCK * _BLOCK).reshape(-1, _BLOCK)[at // _BLOCK]
-    field = blocks[:, 148:156]
-    unsigned = blocks.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 32
-    want = np.asarray(stored, dtype=np.int64)
-    ok = unsigned == want
-    if not ok.all():
-        signed = blocks.view(np.int8).sum(axis=1, dtype=np.int64) - field.view(np.int8).sum(axis=1, dtype=np.int64) \
-            + 8 * 32
-        ok |= signed == want
-    bad = np.flatnonzero(~ok)
-    return int(at[bad[0]]) if len(bad) else None
+    # Headers start on 512-byte boundaries: pick them as rows of the archive seen as blocks, a bounded number at a
+    # time (each row is copied).
+    rows = np.frombuffer(buf, dtype=np.uint8, count=size // _BLOCK * _BLOCK).reshape(-1, _BLOCK)
+    at_all = np.asarray(headers, dtype=np.int64)
+    want_all = np.asarray(stored, dtype=np.int64)
+    for lo in range(0, len(at_all), _CHUNK):
+        at, want = at_all[lo:lo + _CHUNK], want_all[lo:lo + _CHUNK]
+        blocks = rows[at // _BLOCK]
+        field = blocks[:, 148:156]
+        ok = blocks.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 32 == want
+        if not ok.all():
+            signed = blocks.view(np.int8)
+            ok |= (signed.sum(axis=1, dtype=np.int64) - signed[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * 32
+                   == want)
+            bad = np.flatnonzero(~ok)
+            if len(bad):
+                return int(at[bad[0]])
+    return None
