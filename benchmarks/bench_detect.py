@@ -133,10 +133,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def start(doc: str, argv, *, device: bool) -> tuple[argparse.Namespace, Path, Path]:
+def start(doc: str, argv, *, device: bool, more=None) -> tuple[argparse.Namespace, Path, Path]:
     """The comparison scripts' common start (this one's and bench_ssd.py's): their arguments (`--device` when
     `device`), the data set made or found, its files read once so the page cache is warm for both sides, and the
-    header line. Returns (arguments, YOLO folder, packed folder)."""
+    header line; `more(parser)` adds the caller's own arguments. Returns (arguments, YOLO folder, packed folder)."""
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     p.add_argument("--num-images", type=int, default=1000)
@@ -151,6 +151,8 @@ def start(doc: str, argv, *, device: bool) -> tuple[argparse.Namespace, Path, Pa
     if device:
         p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path)
+    if more is not None:  # the caller's own arguments
+        more(p)
     a = p.parse_args(argv)
     yolo, packed = prepare_data(a.workdir, a.num_images)
     for f in [*yolo.rglob("*"), *packed.rglob("*")]:

@@ -54,6 +54,9 @@
 #                      one): fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
 #                      ultralytics wheels), on 4 cores (taskset) and 16; FF_KWARGS='{"pipelines": 2}' passes more
 #                      Loader arguments [makes its own set]
+#   ssd [N...]         SSD-style batches at 640 px, batch 64, to the GPU: fastfeed's IoU crop against DALI's SSD
+#                      pipeline (bench_ssd.py --device cuda: COCO reader, random_bbox_crop, the window decoded on
+#                      the GPU), on 16 cores and under taskset -c 0-(N-1) for each N [makes detect's set]
 #   yolo-train [N...]  YOLOv8n training (yolo_train.py), batch 64, 640 px, bf16, under taskset -c 0-(N-1) for each N
 #                      (default 4): the resident-batch ceiling, ultralytics' loader, fastfeed (carry .carry/ul);
 #                      MODELS="yolov8n yolov8s" for other models, FEEDS="resident fastfeed" for fewer feeds
@@ -70,7 +73,7 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/lib.sh
 
 STEPS=" stage-dali build data gpu-tests train-resnet50 train-resnet18 alone first-batch first-step photos photos-alone
-        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect yolo-train
+        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect ssd yolo-train
         profile abba "
 STEPS=$(echo $STEPS)  # one line, single spaces
 STEPS=" $STEPS "
@@ -177,6 +180,13 @@ run_step() {  # $1 = step, rest: its arguments
                 | grep -E "^round|^fastfeed /|images,"
           done
           (cd $OUT && tar -czf detect-$tag.tar.gz detect-*-$tag.json && rm detect-*-$tag.json) ;;
+  ssd) need native dali || return 1
+       for cores in 16 "$@"; do
+         CUDA_VISIBLE_DEVICES=0 timeout 240 taskset -c 0-$((cores - 1)) python3 benchmarks/bench_ssd.py \
+             --workdir $W/detect --num-images 2000 --batch 64 --device cuda --seconds 25 \
+             ${FF_KWARGS:+--loader-kwargs "$FF_KWARGS"} --json $OUT/ssd-$cores-$tag.json 2>&1 \
+             | grep -E "^round|^fastfeed /|images,"
+       done ;;
   yolo-train) need native dali || return 1
           [ -d .carry/ul ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/ul/*.whl
           for model in ${MODELS:-yolov8n}; do
