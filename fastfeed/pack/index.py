@@ -278,8 +278,8 @@ def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: L
             view = memoryview(mm)
             try:
                 facts = _jpeg_facts(view, samples, image_ext, opts, scan_threads)
-                for s, f in zip(samples, facts):
-                    _add_sample(res, view, s, rel, shard, image_ext, opts, f)
+                for s, known in zip(samples, facts):
+                    _add_sample(res, view, s, rel, shard, image_ext, opts, known)
             finally:
                 view.release()
     if problem:
@@ -330,6 +330,7 @@ def _jpeg_facts(view: memoryview, samples: list[_Sample], image_ext: str | None,
     if not transcode.HAVE_SCAN_CHECK:  # a native core built without libjpeg, or none: check_image walks alone
         return facts
     from fastfeed import _native
+
     jpegs = []  # (sample, offset, size)
     for i, s in enumerate(samples):
         img = _image_member(s, image_ext)
