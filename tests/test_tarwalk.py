@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastfeed.formats import tarwalk
-from fastfeed.formats.tarwalk import walk_tar
+from fastfeed.formats.tarwalk import read_header, walk_tar
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 
@@ -118,3 +118,17 @@ def test_a_shard_cut_in_a_member_in_a_header_or_after_a_member_says_so():
 def test_an_archive_of_garbage_is_damaged_not_a_crash():
     got, _, problem = walked(b"not a tar" * 200)
     assert got == [] and "damaged" in problem
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_one_header_read_on_its_own(fmt):
+    """read_header (verify's spot check): the member's name and size from its own header; None once damaged."""
+    data = archive([("s/a" * 20 + ".jpg", b"z" * 900), ("s/b.txt", b"hi")], FORMATS[fmt])
+    members = walked(data)[0]
+    name, off, size = members[1]
+    assert read_header(data[off - 512:off]) == (name, size)
+    first = read_header(data[members[0][1] - 512:members[0][1]])
+    assert first[1] == 900 and (first[0] == members[0][0] or fmt != "ustar")  # GNU/PAX: the long name is elsewhere
+    bad = bytearray(data[off - 512:off])
+    bad[3] ^= 0x20
+    assert read_header(bytes(bad)) is None and read_header(b"short") is None

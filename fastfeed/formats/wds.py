@@ -17,6 +17,7 @@ import numpy as np
 
 from fastfeed.formats.fields import FieldExtents, columns
 from fastfeed.formats.base import TableDataset, data_path, read_regular, shard_root
+from fastfeed.formats.tarwalk import read_header
 from fastfeed.types import ADOPTED_FORMAT_VERSION, DatasetError, Sample
 
 __all__ = ["WdsDataset"]
@@ -200,19 +201,19 @@ class WdsDataset(TableDataset):
             return self._adopted_tar_problem(fd, i)
         t = self._table
         key, off, size, label = str(t["key"][i]), int(t["offset"][i]), int(t["size"][i]), int(t["label"][i])
-        hdr = _tar_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
+        hdr = read_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
         if hdr is None or hdr[1] != size or not hdr[0].startswith(key + "."):
             return (f"tar header before offset {off} is {'damaged' if hdr is None else repr(hdr)}, samples.npz "
                     f"says {key}.* of {size} bytes")
         cls_at = off + size + (-size % 512)
-        chdr = _tar_header(os.pread(fd, 512, cls_at))
+        chdr = read_header(os.pread(fd, 512, cls_at))
         if chdr is None or chdr[0] != f"{key}.cls":
             return f"no intact {key}.cls member after the image"
         raw = os.pread(fd, min(chdr[1], 32), cls_at + 512)
         if raw.strip() != b"%d" % label:
             return f"{key}.cls holds {raw[:20]!r}, samples.npz says label {label}"
         for name, foff, fsize in self._field_members(i):  # a semantic pack's mask
-            hdr = _tar_header(os.pread(fd, 512, foff - 512)) if foff >= 512 else None
+            hdr = read_header(os.pread(fd, 512, foff - 512)) if foff >= 512 else None
             if hdr != (name, fsize):
                 return (f"tar header before offset {foff} is {'damaged' if hdr is None else repr(hdr)}, samples.npz "
                         f"says {name} of {fsize} bytes")
@@ -223,7 +224,7 @@ class WdsDataset(TableDataset):
         """Each member's tar header where the table says its data starts (the image's may be longer: trailing
         bytes after its end marker are outside its extent), and the `.cls` member against the label."""
         for n, (name, off, size) in enumerate(self._adopted_members(i)):
-            hdr = _tar_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
+            hdr = read_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
             named = hdr is not None and (hdr[0].lower() == name.lower() or len(name) >= 100)  # longer: a pax name
             if not named or (hdr[1] < size if n == 0 else hdr[1] != size):
                 return (f"tar header before offset {off} is {'damaged' if hdr is None else repr(hdr)}, samples.npz "
@@ -233,17 +234,3 @@ class WdsDataset(TableDataset):
                 if raw.strip() != b"%d" % int(self.labels[i]):
                     return f"{name} holds {raw[:20]!r}, samples.npz says label {self.labels[i]}"
         return None
-
-
-def _tar_header(block: bytes) -> tuple[str, int] | None:
-    """(member name, size) of a ustar header block, None when its checksum is wrong or a field is garbage."""
-    if len(block) != 512:
-        return None
-    try:
-        want = int(block[148:156].split(b"\0")[0].strip(), 8)
-        size = int(block[124:136].split(b"\0")[0].strip() or b"0", 8)
-    except ValueError:
-        return None
-    if sum(block[:148]) + 8 * 32 + sum(block[156:]) != want:
-        return None
-    return block[:100].split(b"\0")[0].decode("utf-8", "replace"), size
