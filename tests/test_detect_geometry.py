@@ -423,6 +423,26 @@ def test_hsv_is_ultralytics_random_hsv():
     assert np.array_equal(apply_hsv(rgb, (1.0, 1.0, 1.0)), rgb)
 
 
+def test_the_planar_hsv_pass_is_the_in_place_one_transposed():
+    """hsv_to_planar (the CPU renderer's last pass for NCHW batches): exactly apply_hsv_inplace's pixels, planar;
+    without gains (or gains of 1) exactly the input, planar; wrong layouts refused."""
+    from fastfeed.detect.hsv import apply_hsv_inplace, hsv_to_planar
+
+    rng = np.random.default_rng(3)
+    rgb = rng.integers(0, 256, (37, 29, 3), dtype=np.uint8)
+    out = np.empty((3, 37, 29), np.uint8)
+    for gains in [(1.01, 0.5, 1.3), (0.99, 1.6, 0.7), (1.0, 1.0, 1.0), None]:
+        want = rgb.copy()
+        if gains is not None:
+            apply_hsv_inplace(want, gains)
+        hsv_to_planar(rgb, gains, out)
+        assert np.array_equal(out, want.transpose(2, 0, 1)), gains
+    with pytest.raises(ValueError, match="output"):
+        hsv_to_planar(rgb, None, np.empty((37, 29, 3), np.uint8))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        hsv_to_planar(rgb[:, ::2], None, out)
+
+
 def test_render_applies_flip_and_hsv_after_the_geometry(data):
     aug = DetectAugment(fliplr=1.0, hsv_h=0.0, hsv_s=0.5, hsv_v=0.3)
     geometry, images, _ = batch_case(data, 4, 0, aug)

@@ -20,7 +20,7 @@ import torch
 from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IMAGE, Replaced, is_image,
                                   replaced_list, resolve_errors)
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
-from fastfeed.detect.hsv import apply_hsv_nhwc, apply_hsv_torch
+from fastfeed.detect.hsv import apply_hsv_nhwc, apply_hsv_torch, hsv_to_planar
 from fastfeed.detect.instances import has_masks, render_instances
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
 from fastfeed.detect.render import decode_image, render
@@ -198,15 +198,15 @@ class DetectDecoder:
 
     def _render(self, decoded, src, geometry, hsv: bool) -> torch.Tensor:
         """The outputs as uint8 [B, S, S, 3] (here on the CPU): position k's sources are decoded[src[...]]. For a
-        CPU batch in NCHW (the default layout) the memory is already NCHW, each output transposed by its own thread
-        (one pass over the batch on the consumer's side otherwise)."""
+        CPU batch in NCHW (the default layout) the memory is already NCHW: each output's HSV pass writes it planar,
+        on its own thread (one more pass over the batch on the consumer's side otherwise)."""
         images = [decoded[j] for j in src]
         S, B = self.image_size, len(src)
         if self.device.type == "cpu" and not self.channels_last:
             planar = np.empty((B, 3, S, S), dtype=np.uint8)
 
             def one(k: int):
-                planar[k] = render(images, geometry, k, hsv=hsv).transpose(2, 0, 1)
+                hsv_to_planar(render(images, geometry, k, hsv=False), geometry.hsv[k] if hsv else None, planar[k])
 
             list(self._pool.map(one, range(B)))
             return torch.from_numpy(planar).permute(0, 2, 3, 1)

@@ -16,48 +16,64 @@ from fastfeed.decode.numba_import import import_numba
 
 numba = import_numba()
 
-__all__ = ["apply_hsv_inplace", "apply_hsv_nhwc", "apply_hsv_torch"]
+__all__ = ["apply_hsv_inplace", "apply_hsv_nhwc", "apply_hsv_torch", "hsv_to_planar"]
 
 _F = np.float32
 _INV255 = _F(1.0 / 255.0)
 
 
 # Written without branches (selects only) and with numpy's error model (no division checks), so that LLVM
-# vectorises the loop: colorsys' arithmetic in float32, the GPU path's precision (twice the lanes of float64).
+# vectorises the loops that inline it: colorsys' arithmetic in float32, the GPU path's precision (twice the lanes of
+# float64).
+@numba.njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _hsv_pixel(r8, g8, b8, gh, gs, gv):
+    one, zero, six = _F(1.0), _F(0.0), _F(6.0)
+    r = _F(r8) * _INV255
+    g = _F(g8) * _INV255
+    b = _F(b8) * _INV255
+    mx = max(r, max(g, b))
+    d = mx - min(r, min(g, b))
+    coloured = d > zero
+    dd = d if coloured else one
+    s = d / (mx if coloured else one) if coloured else zero
+    # colorsys.rgb_to_hsv's hue
+    h = ((g - b) / dd) / six if mx == r else (((b - r) / dd + _F(2.0)) / six if mx == g else
+                                              ((r - g) / dd + _F(4.0)) / six)
+    h = h + one if h < zero else h
+    h = h * gh if coloured else zero  # gains lie in [0, 2]: one wrap at most
+    h = h - one if h >= one else h
+    s = min(s * gs, one)
+    v = min(mx * gv, one)
+    # colorsys.hsv_to_rgb: the sector i picks each channel from (v, p, q, t)
+    h6 = h * six
+    i = np.int32(h6)
+    f = h6 - _F(i)
+    p = v * (one - s)
+    q = v * (one - s * f)
+    t = v * (one - s * (one - f))
+    first = (i == 0) | (i == 6)
+    ro = v if (first | (i == 5)) else (q if i == 1 else (t if i == 4 else p))
+    go = t if first else (v if ((i == 1) | (i == 2)) else (q if i == 3 else p))
+    bo = p if (first | (i == 1)) else (t if i == 2 else (v if ((i == 3) | (i == 4)) else q))
+    return (np.uint8(np.int32(ro * _F(255.0) + _F(0.5))), np.uint8(np.int32(go * _F(255.0) + _F(0.5))),
+            np.uint8(np.int32(bo * _F(255.0) + _F(0.5))))
+
+
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def _hsv_flat(px, gh, gs, gv):
-    one, zero, six = _F(1.0), _F(0.0), _F(6.0)
     for x in range(px.shape[0] // 3):
-        r = _F(px[3 * x]) * _INV255
-        g = _F(px[3 * x + 1]) * _INV255
-        b = _F(px[3 * x + 2]) * _INV255
-        mx = max(r, max(g, b))
-        d = mx - min(r, min(g, b))
-        coloured = d > zero
-        dd = d if coloured else one
-        s = d / (mx if coloured else one) if coloured else zero
-        # colorsys.rgb_to_hsv's hue
-        h = ((g - b) / dd) / six if mx == r else (((b - r) / dd + _F(2.0)) / six if mx == g else
-                                                  ((r - g) / dd + _F(4.0)) / six)
-        h = h + one if h < zero else h
-        h = h * gh if coloured else zero  # gains lie in [0, 2]: one wrap at most
-        h = h - one if h >= one else h
-        s = min(s * gs, one)
-        v = min(mx * gv, one)
-        # colorsys.hsv_to_rgb: the sector i picks each channel from (v, p, q, t)
-        h6 = h * six
-        i = np.int32(h6)
-        f = h6 - _F(i)
-        p = v * (one - s)
-        q = v * (one - s * f)
-        t = v * (one - s * (one - f))
-        first = (i == 0) | (i == 6)
-        ro = v if (first | (i == 5)) else (q if i == 1 else (t if i == 4 else p))
-        go = t if first else (v if ((i == 1) | (i == 2)) else (q if i == 3 else p))
-        bo = p if (first | (i == 1)) else (t if i == 2 else (v if ((i == 3) | (i == 4)) else q))
-        px[3 * x] = np.uint8(np.int32(ro * _F(255.0) + _F(0.5)))
-        px[3 * x + 1] = np.uint8(np.int32(go * _F(255.0) + _F(0.5)))
-        px[3 * x + 2] = np.uint8(np.int32(bo * _F(255.0) + _F(0.5)))
+        px[3 * x], px[3 * x + 1], px[3 * x + 2] = _hsv_pixel(px[3 * x], px[3 * x + 1], px[3 * x + 2], gh, gs, gv)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _hsv_planar(px, out, gh, gs, gv, apply):
+    """px: a [h * w * 3] interleaved image; out: [3, h * w] planes, written with the gains applied (or, without
+    `apply`, as they are)."""
+    for x in range(out.shape[1]):
+        r, g, b = px[3 * x], px[3 * x + 1], px[3 * x + 2]
+        if apply:
+            r, g, b = _hsv_pixel(r, g, b, gh, gs, gv)
+        out[0, x], out[1, x], out[2, x] = r, g, b
 
 
 def apply_hsv_inplace(rgb: np.ndarray, gains) -> None:
@@ -66,6 +82,19 @@ def apply_hsv_inplace(rgb: np.ndarray, gains) -> None:
         raise ValueError(f"need a C-contiguous uint8 [h, w, 3] array, got {rgb.dtype} {rgb.shape}")
     gh, gs, gv = (np.float32(g) for g in gains)
     _hsv_flat(rgb.reshape(-1), gh, gs, gv)
+
+
+def hsv_to_planar(rgb: np.ndarray, gains, out: np.ndarray) -> None:
+    """`out` (uint8 [3, h, w], C-contiguous) = the C-contiguous uint8 [h, w, 3] `rgb` in planar layout, RandomHSV
+    with `gains` applied (None: no change): the CPU renderer's last pass for NCHW batches, the transpose fused in."""
+    h, w = rgb.shape[:2]
+    if rgb.dtype != np.uint8 or rgb.shape != (h, w, 3) or not rgb.flags.c_contiguous:
+        raise ValueError(f"need a C-contiguous uint8 [h, w, 3] array, got {rgb.dtype} {rgb.shape}")
+    if out.dtype != np.uint8 or out.shape != (3, h, w) or not out.flags.c_contiguous:
+        raise ValueError(f"need a C-contiguous uint8 [3, {h}, {w}] output, got {out.dtype} {out.shape}")
+    apply = gains is not None and bool((np.asarray(gains) != 1).any())
+    gh, gs, gv = (np.float32(g) for g in (gains if apply else (1, 1, 1)))
+    _hsv_planar(rgb.reshape(-1), out.reshape(3, -1), gh, gs, gv, apply)
 
 
 def apply_hsv_torch(images, gains):
