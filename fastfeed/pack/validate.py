@@ -50,7 +50,8 @@ __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "ch
 SUPPORTED_FORMATS = ("jpeg", "png")
 # The member extension a stored image gets, by _sniff's format name.
 EXTENSIONS = {"jpeg": "jpg", "png": "png", "gif": "gif", "bmp": "bmp", "tiff": "tif", "webp": "webp",
-              "jpeg2000": "jp2", "ppm": "ppm", "pgm": "pgm", "ico": "ico", "psd": "psd", "heif/avif": "heif"}
+              "jpeg2000": "jp2", "ppm": "ppm", "pgm": "pgm", "pbm": "pbm", "ico": "ico", "psd": "psd",
+              "heif/avif": "heif"}
 
 # Change codes on Loaded.change (the manifest counts them under "changes"); never rename one.
 TRIMMED = "trimmed_trailing_data"  # bytes after the JPEG EOI / PNG IEND dropped (pixels identical)
@@ -75,6 +76,7 @@ MAX_FILE_BYTES = 1 << 31  # keeps one sample far below any shard/LMDB limit
 _MAGIC = (
     (b"GIF87a", "gif"), (b"GIF89a", "gif"), (b"BM", "bmp"), (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"),
     (b"\x00\x00\x00\x0cjP  ", "jpeg2000"), (b"\xffO\xffQ", "jpeg2000"), (b"P6", "ppm"), (b"P5", "pgm"),
+    (b"P4", "pbm"), (b"P3", "ppm"), (b"P2", "pgm"), (b"P1", "pbm"),  # Netpbm: binary, then the ASCII forms
     (b"\x00\x00\x01\x00", "ico"), (b"8BPS", "psd"),
 )
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"

@@ -171,6 +171,17 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     acc("jpeg_1px_wide.jpg", _enc(Image.fromarray(photo(1, 300, seed=1), "RGB"), "JPEG", quality=90))
     acc("jpeg_1px_tall.jpg", _enc(Image.fromarray(photo(300, 1, seed=2), "RGB"), "JPEG", quality=90))
     acc("jpeg_tall_strip.jpg", _enc(big, "JPEG", quality=90))
+    acc("jpeg_1x1.jpg", _enc(Image.new("RGB", (1, 1), (200, 10, 30)), "JPEG", quality=90))
+    acc("jpeg_restart_markers.jpg", _enc(im, "JPEG", quality=90, restart_marker_blocks=4))
+    acc("jpeg_411.jpg", _enc(im, "JPEG", quality=90, subsampling="4:1:1"))
+    # What the header walks must step over: 0xFF fill bytes before a marker (the standard allows any number), a
+    # comment holding an end-of-image marker's bytes, an EXIF block holding a whole thumbnail JPEG.
+    dqt, sof = base.index(b"\xff\xdb"), base.index(b"\xff\xc0")
+    acc("jpeg_fill_bytes.jpg", base[:dqt] + b"\xff\xff\xff" + base[dqt:sof] + b"\xff" + base[sof:])
+    acc("jpeg_comment_with_eoi.jpg", base[:2] + _chunk_app(0xFE, b"a comment \xff\xd9 holding an EOI") + base[2:])
+    thumb = _enc(Image.fromarray(photo(16, 12, seed=9), "RGB"), "JPEG", quality=80)
+    acc("jpeg_exif_thumbnail.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x00" + thumb)
+        + base[2:])
     # -- JPEG losslessly fixed
     acc("jpeg_motion_photo_trailer.jpg",
         base + b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + bytes(range(256)) * 4 + b"\xff\xd9MotionPhoto",
@@ -205,6 +216,8 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     acc("png_palette.png", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=64), "PNG"))
     acc("png_1px_wide.png", _enc(Image.fromarray(photo(1, 300, seed=4), "RGB"), "PNG"))
     acc("png_1px_tall.png", _enc(Image.fromarray(photo(300, 1, seed=5), "RGB"), "PNG"))
+    acc("png_1x1.png", _enc(Image.new("RGB", (1, 1), (200, 10, 30)), "PNG"))
+    acc("png_gamma.png", _png(W, H, 8, 2, _rows(rgb), extra=[(b"gAMA", struct.pack(">I", 100000))]))  # ignored
     # -- PNG fixed, or only PIL reads them as the contract says
     acc("png_byte_after_iend.png", _enc(im, "PNG") + b"\x00", change="trimmed_trailing_data")
     g16 = (np.asarray(grey).astype(np.uint16) * 257 + np.arange(W, dtype=np.uint16)[None, :]).astype(">u2")
@@ -226,6 +239,12 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     grey_2bit = (np.asarray(grey) >> 6).astype(np.uint8)
     packed = np.packbits(np.unpackbits(grey_2bit[..., None], axis=-1)[..., 6:].reshape(H, -1), axis=1)
     acc("png_grey_2bit.png", _png(W, H, 2, 0, _rows(packed)), pil=True)
+    acc("png_1bit.png", _enc(grey.convert("1"), "PNG"), pil=True)
+    acc("png_palette_4bit.png", _enc(pal, "PNG", bits=4), pil=True)
+    acc("png_rgba16.png", _png(W, H, 16, 6, _rows((np.asarray(rgba).astype(np.uint16) * 257).astype(">u2"))),
+        pil=True)
+    la16 = np.stack([np.asarray(grey), alpha], axis=-1).astype(np.uint16) * 257
+    acc("png_la16.png", _png(W, H, 16, 4, _rows(la16.astype(">u2"))), pil=True)
     frames = [Image.fromarray(photo(W, H, seed=s), "RGB") for s in (10, 11, 12)]
     acc("png_apng.png", _enc(frames[0], "PNG", save_all=True, append_images=frames[1:], duration=100, loop=0),
         pil=True)
@@ -242,12 +261,21 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     acc("bmp_rgb.bmp", _enc(im, "BMP"), pil=True)
     acc("bmp_palette.bmp", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=256), "BMP"),
         pil=True)
+    acc("bmp_rgba32.bmp", _enc(rgba, "BMP"), pil=True)
+    acc("bmp_1bit.bmp", _enc(grey.convert("1"), "BMP"), pil=True)
+    acc("bmp_top_down.bmp", _bmp_top_down(_enc(im, "BMP")), pil=True)
+    acc("ico_rgba.ico", _enc(rgba, "ICO", sizes=[(64, 64)]), pil=True)
     acc("gif_static.gif", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=256), "GIF"),
         pil=True)
     gif_frames = [f.convert("P", palette=Image.ADAPTIVE, colors=256) for f in frames]
     acc("gif_animated.gif", _enc(gif_frames[0], "GIF", save_all=True, append_images=gif_frames[1:], duration=100,
                                  loop=0), pil=True)
     acc("gif_transparent.gif", _enc(pal, "GIF", transparency=3), pil=True)
+    acc("gif_interlaced.gif", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=256), "GIF", interlace=True),
+        pil=True)
+    acc("tiff_rgba.tif", _enc(rgba, "TIFF"), pil=True)
+    acc("tiff_palette.tif", _enc(im.convert("P", palette=Image.ADAPTIVE, colors=32), "TIFF"), pil=True)
+    acc("tiff_float.tif", _enc(Image.fromarray(np.asarray(grey).astype(np.float32) / 255), "TIFF"), pil=True)
     acc("tiff_rgb.tif", _enc(im, "TIFF"), pil=True)
     # PIL applies a TIFF's orientation tag while opening it (so does torchvision): the displayed size, no tag.
     acc("tiff_exif_orientation_5.tif", _enc(im, "TIFF", exif=_exif(5)), pil=True)
@@ -257,6 +285,12 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
         pil=True)
     acc("ppm_rgb.ppm", _enc(im, "PPM"), pil=True)
     acc("pgm_grey.pgm", _enc(grey, "PPM"), pil=True)
+    acc("pgm_grey16.pgm", _enc(Image.fromarray(np.asarray(grey).astype(np.uint16) * 257), "PPM"), pil=True)
+    acc("pbm_1bit.pbm", _enc(grey.convert("1"), "PPM"), pil=True)  # P4
+    small = np.asarray(grey)[:6, :5]  # Netpbm's ASCII forms (P1-P3), as some tools still write them
+    acc("pbm_ascii.pbm", _netpbm_ascii("P1", (small < 128).astype(int), None), pil=True)
+    acc("pgm_ascii.pgm", _netpbm_ascii("P2", small, 255), pil=True)
+    acc("ppm_ascii.ppm", _netpbm_ascii("P3", rgb[:6, :5].reshape(6, -1), 255), pil=True)
     if features.check("webp"):
         acc("webp_lossless.webp", _enc(im, "WEBP", lossless=True), pil=True)
     else:  # a real 1x1 lossless WebP; this PIL cannot decode it, so neither could torchvision here
@@ -284,6 +318,24 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     rej("jpeg_after_2kb_junk.jpg", bytes(2048) + base, "not an image")
     rej("empty.png", b"", "empty")
     return out
+
+
+def _netpbm_ascii(magic: str, rows: np.ndarray, maxval: int | None) -> bytes:
+    """A Netpbm file in its ASCII form: `rows` [h, w * channels] of values."""
+    w = rows.shape[1] // (3 if magic == "P3" else 1)
+    head = f"{magic}\n# written by hand\n{w} {rows.shape[0]}\n" + (f"{maxval}\n" if maxval else "")
+    return (head + "".join(" ".join(str(int(v)) for v in row) + "\n" for row in rows)).encode()
+
+
+def _bmp_top_down(bmp: bytes) -> bytes:
+    """The same 24-bit BMP stored top-down: rows in reading order and a negative height, as some writers do."""
+    b = bytearray(bmp)
+    off, w, h = struct.unpack("<I", b[10:14])[0], *struct.unpack("<ii", b[18:26])
+    stride = (w * 3 + 3) & ~3
+    rows = [bytes(b[off + r * stride:off + (r + 1) * stride]) for r in range(h)]
+    b[off:off + h * stride] = b"".join(reversed(rows))
+    b[22:26] = struct.pack("<i", -h)
+    return bytes(b)
 
 
 def _chunk_app(marker: int, body: bytes) -> bytes:
