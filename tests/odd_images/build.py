@@ -179,6 +179,8 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     dqt, sof = base.index(b"\xff\xdb"), base.index(b"\xff\xc0")
     acc("jpeg_fill_bytes.jpg", base[:dqt] + b"\xff\xff\xff" + base[dqt:sof] + b"\xff" + base[sof:])
     acc("jpeg_comment_with_eoi.jpg", base[:2] + _chunk_app(0xFE, b"a comment \xff\xd9 holding an EOI") + base[2:])
+    acc("jpeg_tables_after_sof.jpg", _tables_after_sof(base))  # legal, if unusual: DQT and an APP after the frame
+    acc("jpeg_zero_padding.jpg", base + bytes(100))  # zeros after EOI, as some writers pad to a block
     thumb = _enc(Image.fromarray(photo(16, 12, seed=9), "RGB"), "JPEG", quality=80)
     acc("jpeg_exif_thumbnail.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x00" + thumb)
         + base[2:])
@@ -199,6 +201,7 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     # -- JPEG rejected
     rej("jpeg_truncated.jpg", base[: len(base) // 2], "truncated")
     rej("jpeg_12bit_header.jpg", _sof_patch(base, marker=0xC1, precision=12), "12-bit")
+    acc("jpeg_extended_8bit.jpg", _sof_patch(base, marker=0xC1), pil=True)  # SOF1 (extended sequential), 8-bit
     rej("jpeg_bomb_header.jpg", _sof_patch(base, height=40000, width=40000), "decompression bomb")
     # The frame header claims 3x the rows the scan holds: libjpeg (PIL, DALI's CPU decoder) fills the rest with grey,
     # nvJPEG with other pixels (112/255 mean difference on an H200). Pack's scan check finds it and keeps the
@@ -325,6 +328,19 @@ def _netpbm_ascii(magic: str, rows: np.ndarray, maxval: int | None) -> bytes:
     w = rows.shape[1] // (3 if magic == "P3" else 1)
     head = f"{magic}\n# written by hand\n{w} {rows.shape[0]}\n" + (f"{maxval}\n" if maxval else "")
     return (head + "".join(" ".join(str(int(v)) for v in row) + "\n" for row in rows)).encode()
+
+
+def _tables_after_sof(jpeg: bytes) -> bytes:
+    """The same JPEG with its quantisation tables, and an APP5 segment, moved after the frame header (SOF0)."""
+    segments, rest = [], jpeg
+    while b"\xff\xdb" in rest[:rest.index(b"\xff\xda")]:
+        i = rest.index(b"\xff\xdb")
+        n = struct.unpack(">H", rest[i + 2:i + 4])[0]
+        segments.append(rest[i:i + 2 + n])
+        rest = rest[:i] + rest[i + 2 + n:]
+    sof = rest.index(b"\xff\xc0")
+    end = sof + 2 + struct.unpack(">H", rest[sof + 2:sof + 4])[0]
+    return rest[:end] + _chunk_app(0xE5, b"vendor data") + b"".join(segments) + rest[end:]
 
 
 def _bmp_top_down(bmp: bytes) -> bytes:
