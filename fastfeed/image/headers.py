@@ -211,10 +211,14 @@ class PngFacts:
     idat: list  # (offset, length) of each IDAT body
     trns: bool = False
     animated: bool = False
+    # Chunks whose CRC is wrong, by where the decoders care: PIL checks every chunk before the first IDAT and
+    # refuses the file; libpng refuses a critical chunk's (IHDR, PLTE, IDAT) and skips an ancillary one's.
+    bad_crc_before_idat: bytes | None = None  # the first such chunk's type
+    bad_crc_idat: bool = False
 
 
 def png_facts(data) -> PngFacts | str:
-    """Walk the chunks (no pixel work); a reason string when the structure is broken."""
+    """Walk the chunks (no pixel work but their CRCs); a reason string when the structure is broken."""
     n = len(data)
     pos = 8
     facts = None
@@ -224,13 +228,19 @@ def png_facts(data) -> PngFacts | str:
         nxt = body + length + 4
         if nxt > n:
             return "truncated PNG (a chunk runs past the end of the file)"
+        crc_ok = zlib.crc32(data[pos + 4:body + length]) == struct.unpack(">I", bytes(data[body + length:nxt]))[0]
+        if facts is not None and not crc_ok:
+            if kind == b"IDAT":
+                facts.bad_crc_idat = True
+            elif not facts.idat and facts.bad_crc_before_idat is None:
+                facts.bad_crc_before_idat = kind
         if facts is None:
             if kind != b"IHDR" or length != 13:
                 return "bad image header: PNG does not start with IHDR"
             w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", bytes(data[body : body + 13]))
             if w == 0 or h == 0 or ctype not in _PNG_CHANNELS:
                 return f"bad image header: PNG {w}x{h} colour type {ctype}"
-            facts = PngFacts(w, h, depth, ctype, interlace, 0, [])
+            facts = PngFacts(w, h, depth, ctype, interlace, 0, [], bad_crc_before_idat=None if crc_ok else kind)
         elif kind == b"IDAT":
             facts.idat.append((body, length))
         elif kind == b"tRNS":

@@ -259,6 +259,14 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     short = _rows(rgb[: H // 2])  # the header says H rows, the data holds H/2
     rej("png_header_lie.png", _png(W, H, 8, 2, short), "decode")
     rej("png_bomb_header.png", _png(30000, 30000, 8, 0, b"\x00" * 31), "decompression bomb")
+    # A wrong chunk CRC: PIL refuses any before the pixel data (so does libpng for IHDR), libpng refuses the pixel
+    # data's (PIL never checks it), and both skip one after it.
+    rej("png_bad_crc_ihdr.png", _bad_crc(good_png, b"IHDR"), "checksum")
+    text = _chunk(b"tEXt", b"Comment\x00hello")
+    rej("png_bad_crc_text_before_pixels.png", _bad_crc(good_png[:33] + text + good_png[33:], b"tEXt"), "checksum")
+    acc("png_bad_crc_idat.png", _bad_crc(good_png, b"IDAT"), pil=True)
+    iend = good_png.index(b"IEND") - 4
+    acc("png_bad_crc_text_after_pixels.png", _bad_crc(good_png[:iend] + text + good_png[iend:], b"tEXt"))
 
     # -- other formats torchvision's ImageFolder loads: stored as they are, for PIL
     acc("bmp_rgb.bmp", _enc(im, "BMP"), pil=True)
@@ -328,6 +336,17 @@ def _netpbm_ascii(magic: str, rows: np.ndarray, maxval: int | None) -> bytes:
     w = rows.shape[1] // (3 if magic == "P3" else 1)
     head = f"{magic}\n# written by hand\n{w} {rows.shape[0]}\n" + (f"{maxval}\n" if maxval else "")
     return (head + "".join(" ".join(str(int(v)) for v in row) + "\n" for row in rows)).encode()
+
+
+def _bad_crc(png: bytes, kind: bytes) -> bytes:
+    """The PNG with the CRC of its first `kind` chunk off by one bit."""
+    b, pos = bytearray(png), 8
+    while True:
+        length = struct.unpack(">I", b[pos:pos + 4])[0]
+        if b[pos + 4:pos + 8] == kind:
+            b[pos + 8 + length] ^= 1
+            return bytes(b)
+        pos += 12 + length
 
 
 def _tables_after_sof(jpeg: bytes) -> bytes:
