@@ -295,27 +295,31 @@ def png_raw_size(f: PngFacts) -> int:
     return total
 
 
-def png_data_ok(data, f: PngFacts) -> str | None:
-    """Inflate the pixel data in 1 MB steps (bounded memory) and compare its length with the header's promise."""
+_PNG_EXTRA_INFLATE = 64 << 20
+
+
+def png_data_ok(data, f: PngFacts) -> tuple[str | None, bool]:
+    """Inflate the pixel data in 1 MB steps (bounded memory) and compare its length with the header's promise:
+    (the reason it would fail to decode, or None; whether the compressed stream ends properly, its checksum
+    included). PIL decodes a stream that holds every row but stops short of its end; libpng does not."""
     need = png_raw_size(f)
     z = zlib.decompressobj()
     got = 0
+    limit = need + _PNG_EXTRA_INFLATE  # a stream that inflates far past its rows is not followed to its end
     try:
         for off, length in f.idat:
             chunk = bytes(data[off : off + length])
-            while chunk:
+            while chunk and not z.eof and got <= limit:
                 got += len(z.decompress(chunk, 1 << 20))
                 chunk = z.unconsumed_tail
-                if got > need:
-                    return None
-        while not z.eof and got <= need:
+        while not z.eof and got <= limit:
             more = z.decompress(b"", 1 << 20)
             if not more:
                 break
             got += len(more)
     except zlib.error as e:
-        return f"corrupt PNG pixel data ({e}); it would fail to decode"
+        return f"corrupt PNG pixel data ({e}); it would fail to decode", False
     if got < need:
         return (f"PNG pixel data shorter than its header says ({got} of {need} bytes: a header lie or a cut "
-                f"file); it would fail to decode")
-    return None
+                f"file); it would fail to decode"), False
+    return None, z.eof

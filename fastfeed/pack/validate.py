@@ -259,13 +259,16 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
     if f.bad_crc_before_idat is not None:
         kind = f.bad_crc_before_idat.decode("latin-1")
         return Rejected(f"damaged PNG: the checksum (CRC) of its {kind} chunk is wrong, and PIL refuses such a file")
-    err = png_data_ok(data, f)
+    err, stream_ends = png_data_ok(data, f)
     if err is not None:
         return Rejected(err)
-    if f.depth != 8 or f.ctype in (4, 6) or f.trns or f.animated or f.bad_crc_idat:
-        # (libpng refuses pixel data whose CRC is wrong; PIL does not check it, and decodes it.)
+    if f.depth != 8 or f.ctype in (4, 6) or f.trns or f.animated or f.bad_crc_idat or not stream_ends:
+        # (libpng refuses pixel data whose CRC is wrong, or whose compressed stream stops short of its end after
+        # the last row; PIL checks neither, and decodes such a file.)
         what = ("APNG" if f.animated else f"{f.depth}-bit PNG" if f.depth != 8 else
-                "PNG whose pixel data's CRC is wrong" if f.bad_crc_idat else "PNG with transparency")
+                "PNG whose pixel data's CRC is wrong" if f.bad_crc_idat else
+                "PNG whose compressed pixel data stops short of its end" if not stream_ends else
+                "PNG with transparency")
         return _keep_for_pil(data, "png", opts, change, what)
     info = jpeg.ImageInfo("png", f.width, f.height, jpeg.KIND_NOT_JPEG, None,
                           {0: "gray", 2: "rgb", 3: "palette"}[f.ctype], False, orientation=exif_orientation(data))

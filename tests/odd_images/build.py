@@ -265,6 +265,13 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     text = _chunk(b"tEXt", b"Comment\x00hello")
     rej("png_bad_crc_text_before_pixels.png", _bad_crc(good_png[:33] + text + good_png[33:], b"tEXt"), "checksum")
     acc("png_bad_crc_idat.png", _bad_crc(good_png, b"IDAT"), pil=True)
+    # The compressed pixel stream: without its checksum PIL decodes every row and libpng refuses the file; with a
+    # wrong one both refuse it; bytes after its end both ignore.
+    stream = zlib.compress(_rows(rgb), 6)
+    acc("png_stream_without_checksum.png", _png_stream(W, H, stream[:-4]), pil=True)
+    rej("png_stream_bad_checksum.png", _png_stream(W, H, stream[:-4] + bytes(b ^ 0xFF for b in stream[-4:])),
+        "corrupt")
+    acc("png_bytes_after_stream.png", _png_stream(W, H, stream + b"\x00 bytes after the stream"))
     iend = good_png.index(b"IEND") - 4
     acc("png_bad_crc_text_after_pixels.png", _bad_crc(good_png[:iend] + text + good_png[iend:], b"tEXt"))
 
@@ -336,6 +343,12 @@ def _netpbm_ascii(magic: str, rows: np.ndarray, maxval: int | None) -> bytes:
     w = rows.shape[1] // (3 if magic == "P3" else 1)
     head = f"{magic}\n# written by hand\n{w} {rows.shape[0]}\n" + (f"{maxval}\n" if maxval else "")
     return (head + "".join(" ".join(str(int(v)) for v in row) + "\n" for row in rows)).encode()
+
+
+def _png_stream(w: int, h: int, idat: bytes) -> bytes:
+    """An 8-bit RGB PNG whose one IDAT chunk holds `idat` as it is (a compressed stream made by the caller)."""
+    head = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+    return head + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
 
 
 def _bad_crc(png: bytes, kind: bytes) -> bytes:
