@@ -11,6 +11,8 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = ["STANDALONE_MARKERS", "tiff_orientation", "exif_orientation", "jpeg_end", "PngFacts", "png_facts",
            "png_raw_size", "png_data_ok", "png_text_over_limit", "without_png_text", "jpeg_without_junk_after_soi",
            "jpeg_without_junk_before_markers"]
@@ -215,6 +217,12 @@ class PngFacts:
     # refuses the file; libpng refuses a critical chunk's (IHDR, PLTE, IDAT) and skips an ancillary one's.
     bad_crc_before_idat: bytes | None = None  # the first such chunk's type
     bad_crc_idat: bool = False
+    # What the standard forbids and only some decoders forgive (pack/validate.py `_check_png` decides):
+    compression: int = 0  # IHDR's compression method (0 the only one)
+    filter_method: int = 0  # IHDR's filter method (0 the only one)
+    palettes: int = 0  # PLTE chunks
+    palette_ok: bool = True  # every PLTE holds 1-256 whole RGB entries, before the pixel data
+    idat_apart: bool = False  # another chunk between two IDATs
 
 
 def png_facts(data) -> PngFacts | str:
@@ -240,9 +248,16 @@ def png_facts(data) -> PngFacts | str:
             w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", bytes(data[body : body + 13]))
             if w == 0 or h == 0 or ctype not in _PNG_CHANNELS:
                 return f"bad image header: PNG {w}x{h} colour type {ctype}"
-            facts = PngFacts(w, h, depth, ctype, interlace, 0, [], bad_crc_before_idat=None if crc_ok else kind)
+            compression, filter_method = struct.unpack(">BB", bytes(data[body + 10:body + 12]))
+            facts = PngFacts(w, h, depth, ctype, interlace, 0, [], bad_crc_before_idat=None if crc_ok else kind,
+                             compression=compression, filter_method=filter_method)
         elif kind == b"IDAT":
+            if facts.idat and facts.idat[-1][0] + facts.idat[-1][1] + 4 != pos:
+                facts.idat_apart = True
             facts.idat.append((body, length))
+        elif kind == b"PLTE":
+            facts.palettes += 1
+            facts.palette_ok &= not facts.idat and 0 < length <= 768 and length % 3 == 0
         elif kind == b"tRNS":
             facts.trns = True
         elif kind == b"acTL":
@@ -280,6 +295,20 @@ def without_png_text(data) -> bytes:
     return b"".join(out)
 
 
+def _png_filter_offsets(f: PngFacts) -> np.ndarray:
+    """int64 offsets of every row's filter type byte in the inflated pixel stream (each Adam7 pass's rows in turn)."""
+    bits = _PNG_CHANNELS[f.ctype] * f.depth
+    passes = _ADAM7 if f.interlace else ((0, 0, 1, 1),)
+    out, at = [], 0
+    for x0, y0, dx, dy in passes:
+        w, h = (f.width - x0 + dx - 1) // dx, (f.height - y0 + dy - 1) // dy
+        if w and h:
+            stride = 1 + (w * bits + 7) // 8
+            out.append(at + stride * np.arange(h, dtype=np.int64))
+            at += stride * h
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
 def png_raw_size(f: PngFacts) -> int:
     """Bytes the inflated IDAT stream must hold: filter byte + packed samples per row (per Adam7 pass)."""
     bits = _PNG_CHANNELS[f.ctype] * f.depth
@@ -303,20 +332,36 @@ def png_data_ok(data, f: PngFacts) -> tuple[str | None, bool]:
     (the reason it would fail to decode, or None; whether the compressed stream ends properly, its checksum
     included). PIL decodes a stream that holds every row but stops short of its end; libpng does not."""
     need = png_raw_size(f)
+    filters = _png_filter_offsets(f)  # where each row's filter type byte lies in the inflated stream
     z = zlib.decompressobj()
     got = 0
     limit = need + _PNG_EXTRA_INFLATE  # a stream that inflates far past its rows is not followed to its end
+
+    def take(piece: bytes) -> str | None:
+        nonlocal got
+        lo, hi = np.searchsorted(filters, [got, got + len(piece)])
+        kinds = np.frombuffer(piece, np.uint8)[filters[lo:hi] - got]
+        got += len(piece)
+        if (kinds > 4).any():
+            row = int(lo + np.flatnonzero(kinds > 4)[0])
+            return f"corrupt PNG pixel data (row {row} has filter type {int(kinds.max())}, not 0-4)"
+        return None
+
     try:
         for off, length in f.idat:
             chunk = bytes(data[off : off + length])
             while chunk and not z.eof and got <= limit:
-                got += len(z.decompress(chunk, 1 << 20))
+                bad = take(z.decompress(chunk, 1 << 20))
+                if bad:
+                    return bad, False
                 chunk = z.unconsumed_tail
         while not z.eof and got <= limit:
             more = z.decompress(b"", 1 << 20)
             if not more:
                 break
-            got += len(more)
+            bad = take(more)
+            if bad:
+                return bad, False
     except zlib.error as e:
         return f"corrupt PNG pixel data ({e}); it would fail to decode", False
     if got < need:

@@ -259,15 +259,21 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
     if f.bad_crc_before_idat is not None:
         kind = f.bad_crc_before_idat.decode("latin-1")
         return Rejected(f"damaged PNG: the checksum (CRC) of its {kind} chunk is wrong, and PIL refuses such a file")
+    if f.filter_method != 0 or f.interlace > 1 or f.idat_apart:  # PIL and libpng both refuse these
+        return Rejected(f"damaged PNG: filter method {f.filter_method} (only 0 exists)" if f.filter_method else
+                        f"damaged PNG: interlace method {f.interlace} (only 0 and 1 exist)" if f.interlace > 1 else
+                        "damaged PNG: its pixel data chunks (IDAT) are not consecutive")
     err, stream_ends = png_data_ok(data, f)
     if err is not None:
         return Rejected(err)
-    if f.depth != 8 or f.ctype in (4, 6) or f.trns or f.animated or f.bad_crc_idat or not stream_ends:
-        # (libpng refuses pixel data whose CRC is wrong, or whose compressed stream stops short of its end after
-        # the last row; PIL checks neither, and decodes such a file.)
-        what = ("APNG" if f.animated else f"{f.depth}-bit PNG" if f.depth != 8 else
-                "PNG whose pixel data's CRC is wrong" if f.bad_crc_idat else
-                "PNG whose compressed pixel data stops short of its end" if not stream_ends else
+    # What libpng (DALI's CPU decoder) refuses and PIL decodes: decoded by PIL on every path.
+    libpng_refuses = ("PNG whose pixel data's CRC is wrong" if f.bad_crc_idat else
+                      "PNG whose compressed pixel data stops short of its end" if not stream_ends else
+                      f"PNG with compression method {f.compression}" if f.compression else
+                      "PNG with a missing, repeated, misplaced or malformed palette"
+                      if not f.palette_ok or f.palettes > 1 or (f.ctype == 3 and not f.palettes) else None)
+    if f.depth != 8 or f.ctype in (4, 6) or f.trns or f.animated or libpng_refuses:
+        what = ("APNG" if f.animated else f"{f.depth}-bit PNG" if f.depth != 8 else libpng_refuses or
                 "PNG with transparency")
         return _keep_for_pil(data, "png", opts, change, what)
     info = jpeg.ImageInfo("png", f.width, f.height, jpeg.KIND_NOT_JPEG, None,

@@ -272,6 +272,26 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     rej("png_stream_bad_checksum.png", _png_stream(W, H, stream[:-4] + bytes(b ^ 0xFF for b in stream[-4:])),
         "corrupt")
     acc("png_bytes_after_stream.png", _png_stream(W, H, stream + b"\x00 bytes after the stream"))
+    # What the standard forbids: both refuse a row filter type over 4, a filter method other than 0, IDATs with a
+    # chunk between them; PIL forgives (libpng does not) another compression method and palette mistakes.
+    rows = bytearray(_rows(rgb))
+    rows[5 * (1 + 3 * W)] = 7
+    rej("png_bad_filter_type.png", _png(W, H, 8, 2, bytes(rows)), "filter type")
+    rej("png_filter_method_1.png", _png_stream(W, H, stream, filter_method=1), "filter method")
+    rej("png_idat_apart.png", _png_stream(W, H, stream, text_between=True), "consecutive")
+    acc("png_compression_method_1.png", _png_stream(W, H, stream, compression=1), pil=True)
+    index = (np.arange(W)[None, :] // 8 % 4 + np.zeros((H, 1), int)).astype(np.uint8)
+    plte = bytes([10, 20, 30, 200, 100, 50, 0, 255, 0, 255, 255, 255])
+    acc("png_palette_missing.png", _png(W, H, 8, 3, _rows(index)), pil=True)
+    acc("png_palette_twice.png", _png(W, H, 8, 3, _rows(index), extra=[(b"PLTE", plte), (b"PLTE", plte)]), pil=True)
+    acc("png_palette_partial_entry.png", _png(W, H, 8, 3, _rows(index), extra=[(b"PLTE", plte + b"\x01")]),
+        pil=True)
+    after = _png(W, H, 8, 3, _rows(index))
+    end = after.index(b"IEND") - 4
+    acc("png_palette_after_pixels.png", after[:end] + _chunk(b"PLTE", plte) + after[end:], pil=True)
+    acc("png_palette_short.png", _png(W, H, 8, 3, _rows(index * 4), extra=[(b"PLTE", plte)]))  # indices past it
+    acc("png_icc_profile.png", _png(W, H, 8, 2, _rows(rgb), extra=[(b"iCCP", b"icc\x00\x00" + zlib.compress(
+        _fake_icc()))]))
     iend = good_png.index(b"IEND") - 4
     acc("png_bad_crc_text_after_pixels.png", _bad_crc(good_png[:iend] + text + good_png[iend:], b"tEXt"))
 
@@ -345,10 +365,16 @@ def _netpbm_ascii(magic: str, rows: np.ndarray, maxval: int | None) -> bytes:
     return (head + "".join(" ".join(str(int(v)) for v in row) + "\n" for row in rows)).encode()
 
 
-def _png_stream(w: int, h: int, idat: bytes) -> bytes:
-    """An 8-bit RGB PNG whose one IDAT chunk holds `idat` as it is (a compressed stream made by the caller)."""
-    head = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-    return head + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
+def _png_stream(w: int, h: int, idat: bytes, compression: int = 0, filter_method: int = 0,
+                text_between: bool = False) -> bytes:
+    """An 8-bit RGB PNG whose IDAT holds `idat` as it is (a compressed stream made by the caller), with the IHDR's
+    methods given; `text_between` splits it in two IDATs with a tEXt between them."""
+    head = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, compression, filter_method, 0))
+    cut = len(idat) // 2 if text_between else len(idat)
+    pixels = _chunk(b"IDAT", idat[:cut])
+    if text_between:
+        pixels += _chunk(b"tEXt", b"Comment\x00between") + _chunk(b"IDAT", idat[cut:])
+    return head + pixels + _chunk(b"IEND", b"")
 
 
 def _bad_crc(png: bytes, kind: bytes) -> bytes:
