@@ -181,6 +181,9 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     acc("jpeg_comment_with_eoi.jpg", base[:2] + _chunk_app(0xFE, b"a comment \xff\xd9 holding an EOI") + base[2:])
     acc("jpeg_tables_after_sof.jpg", _tables_after_sof(base))  # legal, if unusual: DQT and an APP after the frame
     acc("jpeg_zero_padding.jpg", base + bytes(100))  # zeros after EOI, as some writers pad to a block
+    # Motion-JPEG frames carry no Huffman tables (the standard ones are implied); camera files often no JFIF.
+    acc("jpeg_no_huffman_tables.jpg", _without_segments(base, 0xC4))
+    acc("jpeg_no_jfif.jpg", _without_segments(base, 0xE0))
     thumb = _enc(Image.fromarray(photo(16, 12, seed=9), "RGB"), "JPEG", quality=80)
     acc("jpeg_exif_thumbnail.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x00" + thumb)
         + base[2:])
@@ -386,6 +389,18 @@ def _bad_crc(png: bytes, kind: bytes) -> bytes:
             b[pos + 8 + length] ^= 1
             return bytes(b)
         pos += 12 + length
+
+
+def _without_segments(jpeg: bytes, marker: int) -> bytes:
+    """The JPEG without its header segments of `marker` (PIL writes the standard Huffman tables, so without DHT it
+    is what a Motion-JPEG frame is)."""
+    out, pos = [jpeg[:2]], 2
+    while jpeg[pos + 1] != 0xDA:
+        n = struct.unpack(">H", jpeg[pos + 2:pos + 4])[0]
+        if jpeg[pos + 1] != marker:
+            out.append(jpeg[pos:pos + 2 + n])
+        pos += 2 + n
+    return b"".join(out) + jpeg[pos:]
 
 
 def _tables_after_sof(jpeg: bytes) -> bytes:
