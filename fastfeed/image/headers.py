@@ -223,6 +223,8 @@ class PngFacts:
     palettes: int = 0  # PLTE chunks
     palette_ok: bool = True  # every PLTE holds 1-256 whole RGB entries, before the pixel data
     idat_apart: bool = False  # another chunk between two IDATs
+    unknown_critical: bytes | None = None  # a chunk type the standard does not define, marked critical (upper case)
+    after_pixels: bool = False  # chunks other than IEND after the last IDAT
 
 
 def png_facts(data) -> PngFacts | str:
@@ -258,6 +260,10 @@ def png_facts(data) -> PngFacts | str:
         elif kind == b"PLTE":
             facts.palettes += 1
             facts.palette_ok &= not facts.idat and 0 < length <= 768 and length % 3 == 0
+        if facts.idat and kind not in (b"IDAT", b"IEND"):
+            facts.after_pixels = True
+        if kind[:1].isupper() and kind not in _PNG_CRITICAL and facts.unknown_critical is None:
+            facts.unknown_critical = kind
         elif kind == b"tRNS":
             facts.trns = True
         elif kind == b"acTL":
@@ -270,6 +276,7 @@ def png_facts(data) -> PngFacts | str:
 
 
 _PNG_TEXT = (b"tEXt", b"zTXt", b"iTXt")
+_PNG_CRITICAL = (b"IHDR", b"PLTE", b"IDAT", b"IEND")
 
 
 def png_text_over_limit(exc: BaseException) -> bool:

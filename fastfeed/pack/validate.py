@@ -40,7 +40,8 @@ from dataclasses import dataclass, replace
 
 from fastfeed.image import jpeg, transcode
 from fastfeed.image.headers import (exif_orientation, jpeg_end, jpeg_without_junk_after_soi,
-                                    jpeg_without_junk_before_markers, png_data_ok, png_facts)
+                                    jpeg_without_junk_before_markers, png_data_ok, png_facts, png_text_over_limit,
+                                    without_png_text)
 
 __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "check_for_pil", "SUPPORTED_FORMATS",
            "DEFAULT_MAX_PIXELS",
@@ -266,10 +267,15 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
     err, stream_ends = png_data_ok(data, f)
     if err is not None:
         return Rejected(err)
+    err = _pil_reads_png_chunks(data, f)
+    if err is not None:
+        return Rejected(err)
     # What libpng (DALI's CPU decoder) refuses and PIL decodes: decoded by PIL on every path.
     libpng_refuses = ("PNG whose pixel data's CRC is wrong" if f.bad_crc_idat else
                       "PNG whose compressed pixel data stops short of its end" if not stream_ends else
                       f"PNG with compression method {f.compression}" if f.compression else
+                      f"PNG with an unknown critical chunk ({f.unknown_critical.decode('latin-1')})"
+                      if f.unknown_critical else
                       "PNG with a missing, repeated, misplaced or malformed palette"
                       if not f.palette_ok or f.palettes > 1 or (f.ctype == 3 and not f.palettes) else None)
     if f.depth != 8 or f.ctype in (4, 6) or f.trns or f.animated or libpng_refuses:
@@ -279,6 +285,32 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
     info = jpeg.ImageInfo("png", f.width, f.height, jpeg.KIND_NOT_JPEG, None,
                           {0: "gray", 2: "rgb", 3: "palette"}[f.ctype], False, orientation=exif_orientation(data))
     return _maybe_convert(data, "png", info, opts, change)
+
+
+def _pil_reads_png_chunks(data, f) -> str | None:
+    """Why PIL refuses the PNG's metadata chunks, or None. PIL parses every chunk before the pixel data when it opens
+    the file (cheap), and those after it as it finishes loading: a malformed one (a short pHYs, gAMA or cHRM, an
+    iCCP without its name) makes it refuse the whole file, which libpng decodes. So the file is opened, and loaded
+    whole only when chunks follow the pixel data."""
+    from PIL import Image, UnidentifiedImageError
+
+    def refusal(png: bytes) -> Exception | None:
+        try:
+            with Image.open(io.BytesIO(png), formats=["PNG"]) as im:
+                if f.after_pixels:
+                    im.load()
+        except Exception as e:  # noqa: BLE001 - any refusal is the reason, with PIL's words
+            return e
+        return None
+
+    e = refusal(bytes(data))
+    if e is not None and png_text_over_limit(e):  # the CPU paths decode it without its text (the contract)
+        e = refusal(without_png_text(data))
+    if e is None:
+        return None
+    # (PIL's "cannot identify" names the file object's address: the same file must give the same reason.)
+    said = "it cannot identify it" if isinstance(e, UnidentifiedImageError) else f"{type(e).__name__}: {e}"
+    return f"PIL refuses this PNG's metadata ({said}), so no CPU path could decode it"
 
 
 # ---- images only PIL reads as the contract says -------------------------------------------------------------

@@ -295,6 +295,16 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     acc("png_palette_short.png", _png(W, H, 8, 3, _rows(index * 4), extra=[(b"PLTE", plte)]))  # indices past it
     acc("png_icc_profile.png", _png(W, H, 8, 2, _rows(rgb), extra=[(b"iCCP", b"icc\x00\x00" + zlib.compress(
         _fake_icc()))]))
+    # Metadata chunks: PIL refuses the whole file over a malformed one libpng skips, before the pixels or after;
+    # libpng refuses a critical chunk it does not know, PIL skips it.
+    rej("png_short_phys.png", _png(W, H, 8, 2, _rows(rgb), extra=[(b"pHYs", b"\x00\x00")]), "PIL refuses")
+    rej("png_iccp_without_name_end.png", _png(W, H, 8, 2, _rows(rgb), extra=[(b"iCCP", b"profile" * 20)]),
+        "PIL refuses")
+    plain = _png(W, H, 8, 2, _rows(rgb))
+    end = plain.index(b"IEND") - 4
+    rej("png_short_phys_after_pixels.png", plain[:end] + _chunk(b"pHYs", b"\x00\x00") + plain[end:], "PIL refuses")
+    acc("png_text_after_pixels.png", plain[:end] + _chunk(b"tEXt", b"Comment\x00after") + plain[end:])
+    acc("png_unknown_critical_chunk.png", _png(W, H, 8, 2, _rows(rgb), extra=[(b"ABCD", b"data")]), pil=True)
     iend = good_png.index(b"IEND") - 4
     acc("png_bad_crc_text_after_pixels.png", _bad_crc(good_png[:iend] + text + good_png[iend:], b"tEXt"))
 
