@@ -63,6 +63,27 @@ int tiff_orientation(const std::uint8_t* t, std::size_t n) {
     return 1;
 }
 
+namespace {
+
+// jpeg.py `_pil_refuses`: a header segment PIL's JPEG reader fails on where libjpeg goes on.
+bool pil_refuses(int marker, const std::uint8_t* seg, std::size_t len, bool before_sof) {
+    const bool jfif = marker == 0xE0 && len >= 4 && std::memcmp(seg, "JFIF", 4) == 0;
+    const bool adobe = marker == 0xEE && len >= 5 && std::memcmp(seg, "Adobe", 5) == 0;
+    if ((jfif || adobe) && len < 7) return true;
+    if (marker == 0xE2 && before_sof && len >= 12 && std::memcmp(seg, "ICC_PROFILE\0", 12) == 0 && len < 14)
+        return true;
+    if (marker == 0xDB) {
+        for (std::size_t at = 0; at < len;) {
+            const std::size_t table = 1 + 64 * ((seg[at] >> 4) ? 2 : 1);
+            if (len - at < table) return true;
+            at += table;
+        }
+    }
+    return false;
+}
+
+}  // namespace
+
 bool probe_jpeg(const std::uint8_t* d, std::size_t n, JpegFacts& out) {
     out = JpegFacts{};
     if (n < 3 || d[0] != 0xFF || d[1] != 0xD8 || d[2] != 0xFF) return false;
@@ -81,6 +102,7 @@ bool probe_jpeg(const std::uint8_t* d, std::size_t n, JpegFacts& out) {
         const std::uint8_t* seg = d + pos + 2;
         const std::size_t seg_len = length - 2;
         pos += length;
+        if (pil_refuses(marker, seg, seg_len, !have_sof)) return false;
         if (marker == 0xE0 && seg_len >= 5 && std::memcmp(seg, "JFIF\0", 5) == 0) {
             out.jfif = true;
         } else if (marker == 0xE1 && seg_len >= 6 && std::memcmp(seg, "Exif\0\0", 6) == 0 && out.orientation == 1) {

@@ -165,6 +165,9 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
             raise ImageProbeError(f"JPEG: segment 0xFF{marker:02X} of length {length} overruns the data")
         segment = data[pos + 2 : pos + length]
         pos += length
+        refused = _pil_refuses(marker, segment, sof is None)
+        if refused:
+            raise ImageProbeError(f"JPEG: {refused}, which PIL refuses")
         if marker == 0xE0 and segment[:5] == b"JFIF\x00":
             jfif = True
         elif marker == 0xE1 and segment[:6] == b"Exif\x00\x00" and orientation == 1:
@@ -180,6 +183,24 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
     if sof is None:
         raise ImageProbeError("JPEG: scan before any frame header (SOF)")
     return jpeg_info(sof[0], sof[1], jfif, adobe_transform, orientation)
+
+
+def _pil_refuses(marker: int, segment: bytes, before_sof: bool) -> str | None:
+    """A header segment PIL's JPEG reader fails on, where libjpeg goes on (csrc/image_probe.cpp mirrors it): a JFIF
+    or Adobe segment too short for its version field, an ICC fragment before the frame header too short for its
+    sequence numbers, a quantisation table cut short."""
+    if (marker == 0xE0 and segment[:4] == b"JFIF" or marker == 0xEE and segment[:5] == b"Adobe") and len(segment) < 7:
+        return f"a {'JFIF' if marker == 0xE0 else 'Adobe'} segment of {len(segment)} bytes"
+    if marker == 0xE2 and before_sof and segment[:12] == b"ICC_PROFILE\x00" and len(segment) < 14:
+        return "an ICC profile fragment without its sequence numbers"
+    if marker == 0xDB:
+        at = 0
+        while at < len(segment):
+            table = 1 + 64 * (2 if segment[at] >> 4 else 1)
+            if len(segment) - at < table:
+                return "a quantisation table cut short"
+            at += table
+    return None
 
 
 def header_failures(samples) -> list[tuple[int, str]]:

@@ -184,6 +184,11 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     # Motion-JPEG frames carry no Huffman tables (the standard ones are implied); camera files often no JFIF.
     acc("jpeg_no_huffman_tables.jpg", _without_segments(base, 0xC4))
     acc("jpeg_no_jfif.jpg", _without_segments(base, 0xE0))
+    # Header segments PIL's reader fails on and libjpeg skips: rejected, since no CPU path could decode them.
+    bare = _without_segments(base, 0xE0)
+    rej("jpeg_short_jfif.jpg", bare[:2] + _chunk_app(0xE0, b"JFIF\x00\x01") + bare[2:], "PIL refuses")
+    rej("jpeg_short_icc_fragment.jpg", bare[:2] + _chunk_app(0xE2, b"ICC_PROFILE\x00") + bare[2:], "PIL refuses")
+    acc("jpeg_16bit_quant_tables.jpg", _wide_quant_tables(base))  # legal in baseline JPEG as in others
     thumb = _enc(Image.fromarray(photo(16, 12, seed=9), "RGB"), "JPEG", quality=80)
     acc("jpeg_exif_thumbnail.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x00" + thumb)
         + base[2:])
@@ -408,6 +413,22 @@ def _without_segments(jpeg: bytes, marker: int) -> bytes:
     while jpeg[pos + 1] != 0xDA:
         n = struct.unpack(">H", jpeg[pos + 2:pos + 4])[0]
         if jpeg[pos + 1] != marker:
+            out.append(jpeg[pos:pos + 2 + n])
+        pos += 2 + n
+    return b"".join(out) + jpeg[pos:]
+
+
+def _wide_quant_tables(jpeg: bytes) -> bytes:
+    """The same JPEG with its quantisation tables written with 16-bit entries (precision 1), values unchanged."""
+    out, pos = [jpeg[:2]], 2
+    while jpeg[pos + 1] != 0xDA:
+        n = struct.unpack(">H", jpeg[pos + 2:pos + 4])[0]
+        if jpeg[pos + 1] == 0xDB:
+            body, wide = jpeg[pos + 4:pos + 2 + n], b""
+            for at in range(0, len(body), 65):
+                wide += bytes([0x10 | body[at] & 0xF]) + struct.pack(">64H", *body[at + 1:at + 65])
+            out.append(b"\xff\xdb" + struct.pack(">H", len(wide) + 2) + wide)
+        else:
             out.append(jpeg[pos:pos + 2 + n])
         pos += 2 + n
     return b"".join(out) + jpeg[pos:]
