@@ -98,8 +98,10 @@ def test_rejections_name_the_reason(corpus):
     by_name = {c.name: c for c in corpus}
     r = load_image(by_name["jpeg_12bit_header.jpg"].path, LoadOptions())
     assert "12-bit JPEG" in r.reason and "PIL cannot decode it" in r.reason
-    r = load_image(by_name["png_header_lie.png"].path, LoadOptions())
-    assert "shorter than its header says" in r.reason
+    r = load_image(by_name["png_bad_filter_type.png"].path, LoadOptions())
+    assert "row 5 has filter type 7" in r.reason and "PIL cannot decode it" in r.reason
+    r = load_image(by_name["png_short_phys.png"].path, LoadOptions())
+    assert "PIL refuses this PNG's metadata" in r.reason and "pHYs" in r.reason
 
 
 def _decode_all(kind, stored, widths, heights, tags, policy, channels_last, train=False, seed=0, pil=None):

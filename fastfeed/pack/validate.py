@@ -265,8 +265,8 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
                         f"damaged PNG: interlace method {f.interlace} (only 0 and 1 exist)" if f.interlace > 1 else
                         "damaged PNG: its pixel data chunks (IDAT) are not consecutive")
     err, stream_ends = png_data_ok(data, f)
-    if err is not None:
-        return Rejected(err)
+    if err is not None:  # libpng refuses it; PIL, which stops once it has every row, may still decode it
+        return _keep_for_pil(data, "png", opts, change, err)
     err = _pil_reads_png_chunks(data, f)
     if err is not None:
         return Rejected(err)
