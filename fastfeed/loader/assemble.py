@@ -244,7 +244,10 @@ class BatchAssembler:
         if self.table.bad_checksums is not None:
             return {p: ("checksum", "its bytes do not match the checksum in the sample table")
                     for p in self.table.bad_checksums(indices, samples, digests=digests)}
-        return {p: (DECODE_ERROR, why) for p, why in jpeg.header_failures(samples)}
+        # `pil_only` samples go to PIL alone, which refuses bad bytes with an error: pack stored some that way on
+        # purpose (a PNG whose chunks only PIL reads, docs/decode-contract.md)
+        pil = self._pil(indices)
+        return {p: (DECODE_ERROR, why) for p, why in jpeg.header_failures(samples) if pil is None or not pil[p]}
 
     def _fill_from_epoch(self, plan, k, decoder, indices, exc: CorruptSampleError, bad):
         """Every sample of batch k is bad (skip mode): fill the batch with one good sample taken from the rest of

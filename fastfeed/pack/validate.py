@@ -250,8 +250,8 @@ def _worse(a: str | None, b: str | None) -> str | None:
 
 def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
     f = png_facts(data)
-    if isinstance(f, str):
-        return Rejected(f)
+    if isinstance(f, str):  # a chunk structure libpng refuses; PIL, which stops once it has every row, may not
+        return _keep_for_pil(data, "png", opts, None, f)
     if f.width * f.height > opts.max_pixels:
         return _bomb(f, opts)
     change = None

@@ -261,13 +261,17 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
         pil=True)
     acc("png_exif_orientation_6.png", _enc(im, "PNG", exif=_exif(6)), orientation=6)
     acc("png_rgba_exif_orientation_8.png", _enc(rgba, "PNG", exif=_exif(8)), pil=True, orientation=8)
-    # -- PNG rejected
+    # -- PNG rejected, or kept for PIL where only PIL reads it
     good_png = _enc(im, "PNG")
     rej("png_truncated.png", good_png[: len(good_png) // 2], "truncated")
     # The header says H rows, the data holds H/2: libpng refuses it, PIL fills the missing rows with black (as
     # libjpeg fills a JPEG's with grey): kept for PIL's decode, the same pixels on every path.
     short = _rows(rgb[: H // 2])
     acc("png_header_lie.png", _png(W, H, 8, 2, short), pil=True)
+    # An IDAT length that runs into the IEND chunk: libpng (and pack's chunk walk) stop there, PIL has its rows.
+    grown = bytearray(good_png)
+    grown[33:37] = struct.pack(">I", struct.unpack(">I", good_png[33:37])[0] + 8)
+    acc("png_idat_length_overruns.png", bytes(grown), pil=True)
     rej("png_bomb_header.png", _png(30000, 30000, 8, 0, b"\x00" * 31), "decompression bomb")
     # A wrong chunk CRC: PIL refuses any before the pixel data (so does libpng for IHDR), libpng refuses the pixel
     # data's (PIL never checks it), and both skip one after it.
