@@ -152,6 +152,8 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
             raise ImageProbeError("JPEG: truncated header (ends inside a marker)")
         marker = data[pos]
         pos += 1
+        if 0xD0 <= marker <= 0xD7:  # legal only inside the entropy-coded data: libjpeg reads past it, nvJPEG does not
+            raise ImageProbeError(f"JPEG: a restart marker (0xFF{marker:02X}) in the header")
         if marker in _STANDALONE:
             continue
         if marker == 0xD9:

@@ -183,7 +183,7 @@ def _check_jpeg(data, opts: LoadOptions, change: str | None, facts: tuple | None
 
 def _check_jpeg_unreadable(data, opts: LoadOptions, e: jpeg.ImageProbeError) -> Loaded | Rejected:
     """The header walk failed: junk between SOI and the first marker, or before a later marker, is dropped (the
-    scans are left as they are), else the file is rejected."""
+    scans are left as they are), else the file is kept for PIL's decode if that reads it, or rejected."""
     for fix in (jpeg_without_junk_after_soi, jpeg_without_junk_before_markers):
         fixed = fix(data)
         if fixed is None:
@@ -194,7 +194,8 @@ def _check_jpeg_unreadable(data, opts: LoadOptions, e: jpeg.ImageProbeError) -> 
             e = e2
             continue
         return _check_jpeg_info(fixed, opts, DROPPED_JUNK, info, None, None)
-    return Rejected(f"bad image header: {e}")
+    # No fix makes the header walk read it; PIL (libjpeg) reads past more than the GPU's decoders: its decode decides.
+    return _keep_for_pil(data, "jpeg", opts, None, f"bad image header: {e}")
 
 
 def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.ImageInfo, ends_with_eoi: bool | None,

@@ -189,6 +189,9 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     rej("jpeg_short_jfif.jpg", bare[:2] + _chunk_app(0xE0, b"JFIF\x00\x01") + bare[2:], "PIL refuses")
     rej("jpeg_short_icc_fragment.jpg", bare[:2] + _chunk_app(0xE2, b"ICC_PROFILE\x00") + bare[2:], "PIL refuses")
     acc("jpeg_16bit_quant_tables.jpg", _wide_quant_tables(base))  # legal in baseline JPEG as in others
+    # A restart marker between header segments: libjpeg reads past it, nvJPEG's parser refuses the file.
+    dqt = base.index(b"\xff\xdb")
+    acc("jpeg_restart_marker_in_header.jpg", base[:dqt] + b"\xff\xd3" + base[dqt:], pil=True)
     thumb = _enc(Image.fromarray(photo(16, 12, seed=9), "RGB"), "JPEG", quality=80)
     acc("jpeg_exif_thumbnail.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x00" + thumb)
         + base[2:])
