@@ -268,9 +268,6 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
     err, stream_ends = png_data_ok(data, f)
     if err is not None:  # libpng refuses it; PIL, which stops once it has every row, may still decode it
         return _keep_for_pil(data, "png", opts, change, err)
-    err = _pil_reads_png_chunks(data, f)
-    if err is not None:
-        return Rejected(err)
     # What libpng (DALI's CPU decoder) refuses and PIL decodes: decoded by PIL on every path.
     libpng_refuses = ("PNG whose pixel data's CRC is wrong" if f.bad_crc_idat else
                       "PNG whose compressed pixel data stops short of its end" if not stream_ends else
@@ -282,7 +279,10 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
     if f.depth != 8 or f.ctype in (4, 6) or f.trns or f.animated or libpng_refuses:
         what = ("APNG" if f.animated else f"{f.depth}-bit PNG" if f.depth != 8 else libpng_refuses or
                 "PNG with transparency")
-        return _keep_for_pil(data, "png", opts, change, what)
+        return _keep_for_pil(data, "png", opts, change, what)  # (PIL decodes it whole there, metadata included)
+    err = _pil_reads_png_chunks(data, f)
+    if err is not None:
+        return Rejected(err)
     info = jpeg.ImageInfo("png", f.width, f.height, jpeg.KIND_NOT_JPEG, None,
                           {0: "gray", 2: "rgb", 3: "palette"}[f.ctype], False, orientation=exif_orientation(data))
     return _maybe_convert(data, "png", info, opts, change)
