@@ -94,8 +94,7 @@ bool probe_jpeg(const std::uint8_t* d, std::size_t n, JpegFacts& out) {
         while (pos < n && d[pos] == 0xFF) ++pos;
         if (pos >= n) return false;
         const int marker = d[pos++];
-        if (marker >= 0xD0 && marker <= 0xD7) return false;  // a restart marker in the header (jpeg.py says why)
-        if (is_standalone(marker)) continue;
+        if (is_standalone(marker)) return false;  // RSTn or TEM in the header (jpeg.py says why)
         if (marker == 0xD9 || marker == 0x00 || marker == 0xD8) return false;
         if (pos + 2 > n) return false;
         const std::size_t length = (std::size_t(d[pos]) << 8) | d[pos + 1];

@@ -152,10 +152,10 @@ def _probe_jpeg(data: bytes) -> ImageInfo:
             raise ImageProbeError("JPEG: truncated header (ends inside a marker)")
         marker = data[pos]
         pos += 1
-        if 0xD0 <= marker <= 0xD7:  # legal only inside the entropy-coded data: libjpeg reads past it, nvJPEG does not
-            raise ImageProbeError(f"JPEG: a restart marker (0xFF{marker:02X}) in the header")
+        # A restart marker belongs inside the entropy-coded data, TEM nowhere in practice: libjpeg reads past either
+        # in a header, PIL refuses TEM and nvJPEG's parser both.
         if marker in _STANDALONE:
-            continue
+            raise ImageProbeError(f"JPEG: a parameterless marker (0xFF{marker:02X}) in the header")
         if marker == 0xD9:
             raise ImageProbeError("JPEG: end of image before any scan")
         if marker == 0x00 or marker == 0xD8:

@@ -208,8 +208,8 @@ def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.Ima
         ends_with_eoi = _tail(data).endswith(b"\xff\xd9")
     if not ends_with_eoi:
         end = jpeg_end(data)
-        if end is None:
-            return Rejected("truncated JPEG (no end-of-image marker)")
+        if end is None:  # cut short, or only its marker damaged: PIL's decode tells (it refuses a cut file)
+            return _keep_for_pil(data, "jpeg", opts, change, "truncated JPEG (no end-of-image marker)", info)
         data, change = data[:end], _worse(change, TRIMMED)
     if info.precision != 8 or info.jpeg_kind == jpeg.KIND_OTHER_JPEG or info.colorspace not in ("ycbcr", "gray"):
         # 12-bit, lossless, hierarchical, CMYK/YCCK, RGB colour: the GPU decoder cannot, or does not identically,

@@ -192,6 +192,9 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     # A restart marker between header segments: libjpeg reads past it, nvJPEG's parser refuses the file.
     dqt = base.index(b"\xff\xdb")
     acc("jpeg_restart_marker_in_header.jpg", base[:dqt] + b"\xff\xd3" + base[dqt:], pil=True)
+    rej("jpeg_tem_marker_in_header.jpg", base[:dqt] + b"\xff\x01" + base[dqt:], "parameterless marker")  # PIL too
+    # Every scan there but the end marker damaged: PIL decodes it (the GPU's decoders need the marker to trust it).
+    acc("jpeg_damaged_eoi.jpg", base[:-2] + b"\xff\xd1", pil=True)  # EOI (D9) became RST1 (D1)
     thumb = _enc(Image.fromarray(photo(16, 12, seed=9), "RGB"), "JPEG", quality=80)
     acc("jpeg_exif_thumbnail.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x00" + thumb)
         + base[2:])
