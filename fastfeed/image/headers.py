@@ -247,10 +247,10 @@ def png_facts(data) -> PngFacts | str:
         if facts is None:
             if kind != b"IHDR" or length != 13:
                 return "bad image header: PNG does not start with IHDR"
-            w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", bytes(data[body : body + 13]))
+            w, h, depth, ctype, compression, filter_method, interlace = struct.unpack(
+                ">IIBBBBB", bytes(data[body : body + 13]))
             if w == 0 or h == 0 or ctype not in _PNG_CHANNELS:
                 return f"bad image header: PNG {w}x{h} colour type {ctype}"
-            compression, filter_method = struct.unpack(">BB", bytes(data[body + 10:body + 12]))
             facts = PngFacts(w, h, depth, ctype, interlace, 0, [], bad_crc_before_idat=None if crc_ok else kind,
                              compression=compression, filter_method=filter_method)
         elif kind == b"IDAT":
@@ -260,10 +260,6 @@ def png_facts(data) -> PngFacts | str:
         elif kind == b"PLTE":
             facts.palettes += 1
             facts.palette_ok &= not facts.idat and 0 < length <= 768 and length % 3 == 0
-        if facts.idat and kind not in (b"IDAT", b"IEND"):
-            facts.after_pixels = True
-        if kind[:1].isupper() and kind not in _PNG_CRITICAL and facts.unknown_critical is None:
-            facts.unknown_critical = kind
         elif kind == b"tRNS":
             facts.trns = True
         elif kind == b"acTL":
@@ -271,6 +267,10 @@ def png_facts(data) -> PngFacts | str:
         elif kind == b"IEND":
             facts.end = nxt
             return facts if facts.idat else "bad image header: PNG without pixel data (no IDAT)"
+        elif kind[:1].isupper() and kind not in _PNG_CRITICAL and facts.unknown_critical is None:
+            facts.unknown_critical = kind
+        if facts.idat and kind != b"IDAT":
+            facts.after_pixels = True
         pos = nxt
     return "truncated PNG (no IEND chunk at the end)"
 
