@@ -76,10 +76,14 @@ def _hsv_planar(px, out, gh, gs, gv, apply):
         out[0, x], out[1, x], out[2, x] = r, g, b
 
 
-def apply_hsv_inplace(rgb: np.ndarray, gains) -> None:
-    """RandomHSV with gains (hue, saturation, value) on a C-contiguous uint8 [h, w, 3] RGB array, in place."""
+def _check_rgb(rgb: np.ndarray) -> None:
     if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or not rgb.flags.c_contiguous:
         raise ValueError(f"need a C-contiguous uint8 [h, w, 3] array, got {rgb.dtype} {rgb.shape}")
+
+
+def apply_hsv_inplace(rgb: np.ndarray, gains) -> None:
+    """RandomHSV with gains (hue, saturation, value) on a C-contiguous uint8 [h, w, 3] RGB array, in place."""
+    _check_rgb(rgb)
     gh, gs, gv = (np.float32(g) for g in gains)
     _hsv_flat(rgb.reshape(-1), gh, gs, gv)
 
@@ -87,9 +91,8 @@ def apply_hsv_inplace(rgb: np.ndarray, gains) -> None:
 def hsv_to_planar(rgb: np.ndarray, gains, out: np.ndarray) -> None:
     """`out` (uint8 [3, h, w], C-contiguous) = the C-contiguous uint8 [h, w, 3] `rgb` in planar layout, RandomHSV
     with `gains` applied (None: no change): the CPU renderer's last pass for NCHW batches, the transpose fused in."""
+    _check_rgb(rgb)
     h, w = rgb.shape[:2]
-    if rgb.dtype != np.uint8 or rgb.shape != (h, w, 3) or not rgb.flags.c_contiguous:
-        raise ValueError(f"need a C-contiguous uint8 [h, w, 3] array, got {rgb.dtype} {rgb.shape}")
     if out.dtype != np.uint8 or out.shape != (3, h, w) or not out.flags.c_contiguous:
         raise ValueError(f"need a C-contiguous uint8 [3, {h}, {w}] output, got {out.dtype} {out.shape}")
     apply = gains is not None and bool((np.asarray(gains) != 1).any())
