@@ -107,9 +107,7 @@ def read_header(block: bytes) -> tuple[str, int] | None:
         want, size = _octal(block[148:156], 0, "checksum"), _size(block[124:136], 0)
     except _Damaged:
         return None
-    unsigned = sum(block) - sum(block[148:156]) + 8 * 32
-    signed = unsigned - 256 * sum(1 for b in block if b >= 128) + 256 * sum(1 for b in block[148:156] if b >= 128)
-    if want not in (unsigned, signed):
+    if _first_bad_checksum(block, _BLOCK, [0], [want]) is not None:
         return None
     return _name(block), size
 
