@@ -277,9 +277,10 @@ def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: L
             samples, problem = _samples(mm, size, rel, res.rejected)
             view = memoryview(mm)
             try:
-                facts = _jpeg_facts(view, samples, image_ext, opts, scan_threads)
-                for s, known in zip(samples, facts):
-                    _add_sample(res, view, s, rel, shard, image_ext, opts, known)
+                images = [_image_member(s, image_ext) for s in samples]
+                facts = _jpeg_facts(view, images, opts, scan_threads)
+                for s, img, known in zip(samples, images, facts):
+                    _add_sample(res, view, s, img, rel, shard, opts, known)
             finally:
                 view.release()
     if problem:
@@ -321,19 +322,17 @@ def _image_member(s: _Sample, image_ext: str | None) -> tuple | str:
     return members[img_ext]
 
 
-def _jpeg_facts(view: memoryview, samples: list[_Sample], image_ext: str | None, opts: LoadOptions,
-                threads: int) -> list:
-    """Per sample, what check_image's `facts` holds for a JPEG image the native header walk reads (its header
+def _jpeg_facts(view: memoryview, images: list, opts: LoadOptions, threads: int) -> list:
+    """Per sample (its `_image_member`), what check_image's `facts` holds for a JPEG image the native header walk reads (its header
     facts and, with the scan check on, the scan check's answer), else None. The scan checks of the shard run in
     one native call on `threads` threads, the GIL released."""
-    facts: list = [None] * len(samples)
+    facts: list = [None] * len(images)
     if not transcode.HAVE_SCAN_CHECK:  # a native core built without libjpeg, or none: check_image walks alone
         return facts
     from fastfeed import _native
 
     jpegs = []  # (sample, offset, size)
-    for i, s in enumerate(samples):
-        img = _image_member(s, image_ext)
+    for i, img in enumerate(images):
         if isinstance(img, tuple) and bytes(view[img[1]:img[1] + 3]) == b"\xff\xd8\xff":
             with view[img[1]:img[1] + img[2]] as data:
                 facts[i] = _native.probe_jpeg(data)
@@ -351,12 +350,12 @@ def _jpeg_facts(view: memoryview, samples: list[_Sample], image_ext: str | None,
     return facts
 
 
-def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, rel: str, shard: int, image_ext: str | None,
+def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, img: tuple | str, rel: str, shard: int,
                 opts: LoadOptions, facts: tuple | None = None) -> None:
+    """`img`: the sample's `_image_member`."""
     def reject(reason: str) -> None:
         res.rejected.append({"source": f"{rel}:{s.key}", "key": s.key, "reason": reason})
 
-    img = _image_member(s, image_ext)
     if isinstance(img, str):
         return reject(img)
     members = {m[0]: m for m in s.members}
