@@ -423,24 +423,80 @@ def test_hsv_is_ultralytics_random_hsv():
     assert np.array_equal(apply_hsv(rgb, (1.0, 1.0, 1.0)), rgb)
 
 
-def test_the_planar_hsv_pass_is_the_in_place_one_transposed():
-    """hsv_to_planar (the CPU renderer's last pass for NCHW batches): exactly apply_hsv_inplace's pixels, planar;
-    without gains (or gains of 1) exactly the input, planar; wrong layouts refused."""
-    from fastfeed.detect.hsv import apply_hsv_inplace, hsv_to_planar
+def test_the_default_render_is_the_exact_one_to_a_level(monkeypatch):
+    """render's default (pillow-simd inside each tile, Pillow's fixed point on the edge rows and columns whose
+    source rectangle overhangs the image) against exact=True (Pillow's fixed point throughout, what the GPU
+    renderer draws to the bit): within a level, on random pixels, where a misplaced strip or a shifted filter would
+    show by many levels; mosaic, flipped, up- and downscaled. Without PIL's in-place paste, bit for bit."""
+    from fastfeed.detect import render as render_module
+
+    rng = np.random.default_rng(11)
+    sizes = np.array([(37, 91), (160, 120), (301, 77), (64, 64), (500, 333), (23, 19), (240, 250), (90, 400)])
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w, h in sizes]
+    overhangs = 0
+    for epoch in range(3):
+        g = plan_batch(np.arange(8) + 8 * epoch, sizes, S, epoch=epoch, seed=3, aug=DetectAugment(**NO_HSV))
+        for k in range(8):
+            exact = render(images, g, k, exact=True).astype(int)
+            assert np.abs(render(images, g, k).astype(int) - exact).max() <= 1, (epoch, k)
+            for t in g.tiles(k):
+                w, h = sizes[t.source]
+                x0, y0, x1, y1 = t.src_rect
+                overhangs += x0 < 0 or y0 < 0 or x1 > w or y1 > h
+    assert overhangs > 10  # the strips were drawn
+    monkeypatch.setattr(render_module, "_PIL_PASTE", False)
+    g = plan_batch(np.arange(8), sizes, S, epoch=0, seed=3)
+    for k in range(4):
+        assert np.array_equal(render(images, g, k), render(images, g, k, exact=True))
+
+
+def test_decode_rgbx_is_decode_image_in_rgbx():
+    """The native RGBX decode of RGB JPEGs (baseline and progressive, 4:2:0 and 4:4:4) is PIL's decode to the bit;
+    the other JPEGs (grey, CMYK) and formats go through PIL's: the same pixels either way."""
+    from fastfeed.detect.render import decode_rgbx
+
+    rng = np.random.default_rng(2)
+    rgb = Image.fromarray(rng.integers(0, 256, (61, 83, 3), dtype=np.uint8))
+    cases = []
+    for kwargs in ({"quality": 90}, {"quality": 75, "progressive": True}, {"quality": 95, "subsampling": 0}):
+        buf = io.BytesIO()
+        rgb.save(buf, "JPEG", **kwargs)
+        cases.append(buf.getvalue())
+    for mode, fmt in (("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG")):
+        buf = io.BytesIO()
+        rgb.convert(mode).save(buf, fmt)
+        cases.append(buf.getvalue())
+    for data in cases:
+        got = decode_rgbx(data)
+        assert got.shape == (61, 83, 4) and got.flags.c_contiguous
+        assert np.array_equal(got[..., :3], np.asarray(decode_image(data)))
+        assert np.array_equal(decode_rgbx(data, native=False)[..., :3], got[..., :3])
+    with pytest.raises(Exception):
+        decode_rgbx(cases[0][:len(cases[0]) // 2])
+
+
+def test_the_last_pass_is_the_in_place_hsv_mirrored_and_laid_out():
+    """finish (the CPU renderer's last pass): exactly apply_hsv_inplace's pixels of the canvas's RGB bytes, mirrored
+    when flipped, interleaved or planar; without gains (or gains of 1) exactly the input; wrong layouts refused."""
+    from fastfeed.detect.hsv import apply_hsv_inplace, finish
 
     rng = np.random.default_rng(3)
-    rgb = rng.integers(0, 256, (37, 29, 3), dtype=np.uint8)
-    out = np.empty((3, 37, 29), np.uint8)
+    rgbx = rng.integers(0, 256, (37, 29, 4), dtype=np.uint8)
     for gains in [(1.01, 0.5, 1.3), (0.99, 1.6, 0.7), (1.0, 1.0, 1.0), None]:
-        want = rgb.copy()
+        want = rgbx[..., :3].copy()
         if gains is not None:
             apply_hsv_inplace(want, gains)
-        hsv_to_planar(rgb, gains, out)
-        assert np.array_equal(out, want.transpose(2, 0, 1)), gains
+        for flip in (False, True):
+            mirrored = want[:, ::-1] if flip else want
+            planar, interleaved = np.empty((3, 37, 29), np.uint8), np.empty((37, 29, 3), np.uint8)
+            finish(rgbx, planar, gains, flip, planar=True)
+            finish(rgbx, interleaved, gains, flip, planar=False)
+            assert np.array_equal(planar, mirrored.transpose(2, 0, 1)), (gains, flip)
+            assert np.array_equal(interleaved, mirrored), (gains, flip)
     with pytest.raises(ValueError, match="output"):
-        hsv_to_planar(rgb, None, np.empty((37, 29, 3), np.uint8))
-    with pytest.raises(ValueError, match="C-contiguous"):
-        hsv_to_planar(rgb[:, ::2], None, out)
+        finish(rgbx, np.empty((37, 29, 3), np.uint8), None, False, planar=True)
+    with pytest.raises(ValueError, match="canvas"):
+        finish(rgbx[..., :3].copy(), np.empty((37, 29, 3), np.uint8), None, False, planar=False)
 
 
 def test_render_applies_flip_and_hsv_after_the_geometry(data):
@@ -493,7 +549,7 @@ def test_the_batched_hsv_for_the_gpu_is_the_cpu_one_to_a_level():
 
 def test_the_numba_resize_is_pils_to_a_level():
     """fastfeed/detect/resample.py against PIL's own `resize(size, BILINEAR, box=...)` (pillow-simd or Pillow: their
-    fixed-point rounding differs by a level), up and down, whole and partial boxes; flipped = mirrored."""
+    fixed-point rounding differs by a level), up and down, whole and partial boxes."""
     from fastfeed.detect.resample import resize_into
 
     rng = np.random.default_rng(7)
@@ -508,9 +564,6 @@ def test_the_numba_resize_is_pils_to_a_level():
         got = np.zeros((oh, ow, 3), np.uint8)
         resize_into(src, box, got)
         assert np.abs(got.astype(int) - want).max() <= 1, (h, w, ow, oh, box)
-        mirrored = np.zeros_like(got)
-        resize_into(src, box, mirrored, flip=True)
-        assert np.array_equal(mirrored, got[:, ::-1])
 
 
 @pytest.mark.parametrize("train,aug", [(True, DetectAugment()), (True, DetectAugment(mosaic=0.0)),

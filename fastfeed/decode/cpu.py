@@ -43,7 +43,7 @@ from fastfeed.decode.lut import make_lut, numpy_view
 from fastfeed.image.contract import TRANSPOSE, contract_image, orientation_tag, to_rgb
 from fastfeed.image.headers import png_text_over_limit, without_png_text
 
-__all__ = ["PilDecoder", "decode_rgb"]
+__all__ = ["PilDecoder", "decode_rgb", "whole_jpeg_rgbx"]
 
 _STAGING_BUFFERS = 2
 _MAX_RECYCLED = 8  # CPU output buffers kept for reuse: consumer + prefetch + pipelines in flight, with room
@@ -124,6 +124,20 @@ def _ends_with_eoi(sample) -> bool:
     window, so it would not notice a file cut short there, which PIL's full decode reports: such a record (or one
     with bytes after its EOI) is decoded whole."""
     return len(sample) >= 2 and sample[-2] == 0xFF and sample[-1] == 0xD9
+
+
+def whole_jpeg_rgbx(sample, img: Image.Image) -> np.ndarray | None:
+    """The stored pixels of an RGB JPEG that PIL has opened (`img`, not loaded) as uint8 [h, w, 4] RGBX, decoded by
+    the native core: libjpeg's pixels with PIL's settings, in PIL's own layout, so a PIL image can wrap them
+    (`Image.frombuffer`) where PIL's decode would need a copy out of its memory for numpy. None where that does not
+    apply (another format or mode, a record that does not end with its end marker, no native libjpeg) or the native
+    decode refuses the file: the caller decodes it with PIL, by the contract's rules."""
+    if not (_REGION_DECODE and img.format == "JPEG" and img.mode == "RGB" and _ends_with_eoi(sample)):
+        return None
+    got = _REGION_DECODE(sample, 0, 0, img.size[0], img.size[1])
+    if isinstance(got, str) or got[0].shape[:2] != img.size[::-1]:
+        return None
+    return got[0]
 
 
 def _resized_region(sample, box, image_size: int):

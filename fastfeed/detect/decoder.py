@@ -20,10 +20,10 @@ import torch
 from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IMAGE, Replaced, is_image,
                                   replaced_list, resolve_errors)
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
-from fastfeed.detect.hsv import apply_hsv_nhwc, apply_hsv_torch, hsv_to_planar
+from fastfeed.detect.hsv import apply_hsv_nhwc, apply_hsv_torch
 from fastfeed.detect.instances import has_masks, render_instances
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
-from fastfeed.detect.render import decode_image, render
+from fastfeed.detect.render import decode_rgbx, render
 from fastfeed.targets import Targets
 
 __all__ = ["DetectDecoder", "DetectRequest", "DetectResult"]
@@ -198,30 +198,24 @@ class DetectDecoder:
 
     def _render(self, decoded, src, geometry, hsv: bool) -> torch.Tensor:
         """The outputs as uint8 [B, S, S, 3] (here on the CPU): position k's sources are decoded[src[...]]. For a
-        CPU batch in NCHW (the default layout) the memory is already NCHW: each output's HSV pass writes it planar,
+        CPU batch in NCHW (the default layout) the memory is already NCHW: each output's last pass writes it planar,
         on its own thread (one more pass over the batch on the consumer's side otherwise)."""
         images = [decoded[j] for j in src]
         S, B = self.image_size, len(src)
-        if self.device.type == "cpu" and not self.channels_last:
-            planar = np.empty((B, 3, S, S), dtype=np.uint8)
-
-            def one(k: int):
-                hsv_to_planar(render(images, geometry, k, hsv=False), geometry.hsv[k] if hsv else None, planar[k])
-
-            list(self._pool.map(one, range(B)))
-            return torch.from_numpy(planar).permute(0, 2, 3, 1)
-        pixels = np.empty((B, S, S, 3), dtype=np.uint8)
-        list(self._pool.map(lambda k: render(images, geometry, k, hsv=hsv, out=pixels[k]), range(B)))
-        return torch.from_numpy(pixels)
+        planar = self.device.type == "cpu" and not self.channels_last
+        pixels = np.empty((B, 3, S, S) if planar else (B, S, S, 3), dtype=np.uint8)
+        list(self._pool.map(lambda k: render(images, geometry, k, hsv=hsv, out=pixels[k], planar=planar),
+                            range(B)))
+        return torch.from_numpy(pixels).permute(0, 2, 3, 1) if planar else torch.from_numpy(pixels)
 
     def _decode_all(self, samples, request: DetectRequest):
-        """Each sample decoded once (None where it fails), and {position: (code, detail)} of the failures. PIL
-        decodes every sample by the decode contract here, `request.pil` (for the GPU path) or not."""
+        """Each sample decoded once, as RGBX (None where it fails), and {position: (code, detail)} of the failures.
+        Every sample is decoded by the decode contract here, `request.pil` (for the GPU path) or not."""
         def decode(sample, pil_only):
             if not is_image(sample, pil_only):
                 return None, (NOT_IMAGE, "unknown file signature")
             try:  # as an array once here, not once per tile that shows it
-                return np.asarray(decode_image(sample)), None
+                return decode_rgbx(sample, native=not pil_only), None
             except Exception as e:  # noqa: BLE001 - any decoder failure is this sample's, reported by its key
                 return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")
 

@@ -3,7 +3,8 @@ value scaled and clipped, back to RGB, rounded. In floats rather than through ui
 OpenCV's 180-step hue): no hue quantisation, so a gain of 1 changes nothing; the result is colorsys' to rounding.
 
 Three implementations of the same arithmetic: `apply_hsv_inplace`, one numba pass over an image on the CPU (the GIL
-released, so the renderer's threads run it at once); `apply_hsv_nhwc`, one Triton pass over a uint8 NHWC batch on
+released, so the renderer's threads run it at once; `finish`, the renderer's last pass, is it fused with the flip
+and the output layout); `apply_hsv_nhwc`, one Triton pass over a uint8 NHWC batch on
 the GPU, in place (the GPU decoder's: it shares the GPU with the training step, and torch's form below makes some
 twenty passes over the batch); `apply_hsv_torch`, any device, torch operations. All three in float32; they agree
 with colorsys' float64 to a level, and with each other but for a level at a rounding tie.
@@ -16,7 +17,7 @@ from fastfeed.decode.numba_import import import_numba
 
 numba = import_numba()
 
-__all__ = ["apply_hsv_inplace", "apply_hsv_nhwc", "apply_hsv_torch", "hsv_to_planar"]
+__all__ = ["apply_hsv_inplace", "apply_hsv_nhwc", "apply_hsv_torch", "finish"]
 
 _F = np.float32
 _INV255 = _F(1.0 / 255.0)
@@ -66,14 +67,40 @@ def _hsv_flat(px, gh, gs, gv):
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def _hsv_planar(px, out, gh, gs, gv, apply):
-    """px: a [h * w * 3] interleaved image; out: [3, h * w] planes, written with the gains applied (or, without
-    `apply`, as they are)."""
-    for x in range(out.shape[1]):
-        r, g, b = px[3 * x], px[3 * x + 1], px[3 * x + 2]
-        if apply:
-            r, g, b = _hsv_pixel(r, g, b, gh, gs, gv)
-        out[0, x], out[1, x], out[2, x] = r, g, b
+def _finish(px, out, w, gh, gs, gv, apply, flip, planar):
+    """px: an RGBX image, flat [h * w * 4]; out: flat [3 * h * w], three planes or interleaved pixels; columns
+    mirrored when `flip`, the gains applied when `apply`. Each case has an inner loop of its own and a mirrored
+    row is reversed first as whole pixels (uint32): so every inner loop vectorises."""
+    px32 = px.view(np.uint32)
+    tmp32 = np.empty(w, np.uint32)
+    tmp = tmp32.view(np.uint8)
+    for y in range(px32.shape[0] // w):
+        o = y * w
+        if flip:
+            row32 = px32[o:o + w]
+            for x in range(w):
+                tmp32[x] = row32[w - 1 - x]
+            src = tmp
+        else:
+            src = px[4 * o:4 * (o + w)]
+        if planar:
+            n = px32.shape[0]
+            d0, d1, d2 = out[o:o + w], out[n + o:n + o + w], out[2 * n + o:2 * n + o + w]
+            if apply:
+                for x in range(w):
+                    d0[x], d1[x], d2[x] = _hsv_pixel(src[4 * x], src[4 * x + 1], src[4 * x + 2], gh, gs, gv)
+            else:
+                for x in range(w):
+                    d0[x], d1[x], d2[x] = src[4 * x], src[4 * x + 1], src[4 * x + 2]
+        else:
+            d = out[3 * o:3 * (o + w)]
+            if apply:
+                for x in range(w):
+                    d[3 * x], d[3 * x + 1], d[3 * x + 2] = _hsv_pixel(src[4 * x], src[4 * x + 1], src[4 * x + 2],
+                                                                      gh, gs, gv)
+            else:
+                for x in range(w):
+                    d[3 * x], d[3 * x + 1], d[3 * x + 2] = src[4 * x], src[4 * x + 1], src[4 * x + 2]
 
 
 def _check_rgb(rgb: np.ndarray) -> None:
@@ -88,16 +115,19 @@ def apply_hsv_inplace(rgb: np.ndarray, gains) -> None:
     _hsv_flat(rgb.reshape(-1), gh, gs, gv)
 
 
-def hsv_to_planar(rgb: np.ndarray, gains, out: np.ndarray) -> None:
-    """`out` (uint8 [3, h, w], C-contiguous) = the C-contiguous uint8 [h, w, 3] `rgb` in planar layout, RandomHSV
-    with `gains` applied (None: no change): the CPU renderer's last pass for NCHW batches, the transpose fused in."""
-    _check_rgb(rgb)
-    h, w = rgb.shape[:2]
-    if out.dtype != np.uint8 or out.shape != (3, h, w) or not out.flags.c_contiguous:
-        raise ValueError(f"need a C-contiguous uint8 [3, {h}, {w}] output, got {out.dtype} {out.shape}")
+def finish(rgbx: np.ndarray, out: np.ndarray, gains, flip: bool, planar: bool) -> None:
+    """The CPU renderer's last pass: `out` = the C-contiguous uint8 [h, w, 4] RGBX canvas as RGB, mirrored left to
+    right when `flip`, RandomHSV with `gains` applied (None: no change), written planar (uint8 [3, h, w]) or
+    interleaved (uint8 [h, w, 3]), C-contiguous."""
+    if rgbx.dtype != np.uint8 or rgbx.ndim != 3 or rgbx.shape[2] != 4 or not rgbx.flags.c_contiguous:
+        raise ValueError(f"need a C-contiguous uint8 [h, w, 4] canvas, got {rgbx.dtype} {rgbx.shape}")
+    h, w = rgbx.shape[:2]
+    shape = (3, h, w) if planar else (h, w, 3)
+    if out.dtype != np.uint8 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"need a C-contiguous uint8 {list(shape)} output, got {out.dtype} {out.shape}")
     apply = gains is not None and bool((np.asarray(gains) != 1).any())
     gh, gs, gv = (np.float32(g) for g in (gains if apply else (1, 1, 1)))
-    _hsv_planar(rgb.reshape(-1), out.reshape(3, -1), gh, gs, gv, apply)
+    _finish(rgbx.reshape(-1), out.reshape(-1), w, gh, gs, gv, apply, bool(flip), bool(planar))
 
 
 def apply_hsv_torch(images, gains):

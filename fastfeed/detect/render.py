@@ -1,36 +1,65 @@
 """The CPU renderer: executes a `BatchGeometry` (fastfeed/detect/geometry.py) on decoded images.
 
-Per output: a canvas of pad_value; each tile resampled ONCE from its source image through the tile's affine
-(source pixels -> output pixels, pixel edges at integers, as the boxes are transformed):
-  - axis-aligned (degrees = shear = 0, the default, and evaluation): PIL's antialiased bilinear
-    `resize(dst size, box=src_rect)`, computed by fastfeed/detect/resample.py straight into the whole-pixel
-    destination rectangle, off the GIL. A source rectangle may overhang the image by under half an output pixel
-    (the pixels whose centres lie inside are drawn): the filter reads the pixels inside, renormalised;
+Per output: a canvas of pad_value, RGBX (PIL's own layout for RGB, so PIL draws into it in place); each tile
+resampled ONCE from its source image through the tile's affine (source pixels -> output pixels, pixel edges at
+integers, as the boxes are transformed):
+  - axis-aligned (degrees = shear = 0, the default, and evaluation): the antialiased bilinear resize of the exact
+    source rectangle into the whole-pixel destination rectangle: pillow-simd's `resize(size, BILINEAR, box=...)`,
+    pasted in place, for the pixels whose filter window starts inside the image; Pillow's own fixed point
+    (fastfeed/detect/resample.py, numba) for the edge rows and columns whose source rectangle overhangs the image
+    (by under half an output pixel: the pixels whose centres lie inside are drawn; PIL refuses such a box), and
+    for the whole tile with `exact=True` (what the GPU renderer computes to the bit; pillow-simd rounds its
+    fixed point differently, by a level at most);
   - otherwise `Image.transform(AFFINE, BILINEAR)` of the tile's source crop (edges repeated, so bilinear never
     blends in a fill colour), reduced first by a whole factor where the affine shrinks it over 2x (transform has no
     antialiasing), and masked to the pixels whose centres lie in the tile's destination quadrilateral.
-Then the horizontal flip and ultralytics' RandomHSV. Encoded sources (bytes) are decoded here with JPEG `draft`
+Then one pass (fastfeed/detect/hsv.py `finish`) mirrors the canvas for the horizontal flip, applies ultralytics'
+RandomHSV and writes the output, interleaved or planar. Encoded sources (bytes) are decoded here with JPEG `draft`
 (DCT-domain downscaling) where every tile of that source keeps >= 2 source pixels per output pixel, as
-fastfeed/decode/cpu.py does for classification.
+fastfeed/decode/cpu.py does for classification; without draft, an RGB JPEG is decoded by the native core straight
+into RGBX (`decode_rgbx`).
 """
 from __future__ import annotations
 
 import io
 import math
+import threading
 
 import numpy as np
 from PIL import Image
 
+from fastfeed.decode.cpu import whole_jpeg_rgbx
 from fastfeed.detect.geometry import BatchGeometry
-from fastfeed.detect.hsv import apply_hsv_inplace
+from fastfeed.detect.hsv import apply_hsv_inplace, finish
 from fastfeed.detect.resample import resize_into
 from fastfeed.image.contract import to_rgb
 from fastfeed.image.headers import png_text_over_limit, without_png_text
 
-__all__ = ["render", "decode_image", "apply_hsv", "quad_inside", "DRAFT_MIN_SCALE"]
+__all__ = ["render", "decode_image", "decode_rgbx", "apply_hsv", "quad_inside", "DRAFT_MIN_SCALE"]
 
 # Draft only while every tile keeps at least this many source pixels per output pixel (decode/cpu.py's default).
 DRAFT_MIN_SCALE = 2.0
+
+
+def _paste_writes_the_buffer() -> bool:
+    """Whether a paste into a PIL image that wraps a numpy buffer (`Image.frombuffer`, RGBX: shared memory) writes
+    that buffer. It does in Pillow and pillow-simd (the core image points at the buffer; the core paste makes no
+    copy); were that to change, the renderer draws with numpy and numba alone (slower, the same pixels as exact)."""
+    buf = np.zeros((2, 2, 4), np.uint8)
+    try:
+        _wrap(buf).im.paste(Image.new("RGB", (1, 1), (1, 2, 3)).im, (1, 1, 2, 2))
+    except Exception:  # noqa: BLE001 - any failure means: do not rely on it
+        return False
+    return buf[1, 1, :3].tolist() == [1, 2, 3] and not buf[0].any()
+
+
+def _wrap(rgbx: np.ndarray) -> Image.Image:
+    """A PIL RGBX image sharing the memory of a C-contiguous uint8 [h, w, 4] array."""
+    return Image.frombuffer("RGBX", (rgbx.shape[1], rgbx.shape[0]), rgbx, "raw", "RGBX", 0, 1)
+
+
+_PIL_PASTE = _paste_writes_the_buffer()
+_CANVAS = threading.local()  # each renderer thread's canvas, reused output after output
 
 
 def decode_image(data, draft_size: tuple[int, int] | None = None) -> Image.Image:
@@ -41,19 +70,31 @@ def decode_image(data, draft_size: tuple[int, int] | None = None) -> Image.Image
     return _decode(data, draft_size)[0]
 
 
-def _decode(data, draft_size) -> tuple[Image.Image, float, tuple[int, int]]:
-    """(decode_image's image, the draft's scale: 1, 1/2, 1/4 or 1/8, the full-size image's size)."""
+def decode_rgbx(data, native: bool = True) -> np.ndarray:
+    """Encoded bytes -> uint8 [h, w, 4] RGBX (the fourth byte unused): `decode_image`'s pixels, an RGB JPEG decoded
+    by the native core straight into this layout unless `native` is False (a sample kept for PIL's decode alone).
+    Raises on bad data."""
+    return _to_rgbx(_decode(data, None, native=native)[0])
+
+
+def _decode(data, draft_size, native: bool = False) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
+    """(decode_image's image, or with `native` possibly its RGBX array; the draft's scale: 1, 1/2, 1/4 or 1/8; the
+    full-size image's size)."""
     try:
-        return _decode_as_is(data, draft_size)
+        return _decode_as_is(data, draft_size, native)
     except ValueError as e:  # PIL's text-chunk limit: the pixels decode without the text (image/headers.py)
         if not png_text_over_limit(e):
             raise
-        return _decode_as_is(without_png_text(data), draft_size)
+        return _decode_as_is(without_png_text(data), draft_size, native)
 
 
-def _decode_as_is(data, draft_size) -> tuple[Image.Image, float, tuple[int, int]]:
+def _decode_as_is(data, draft_size, native) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
     img = Image.open(io.BytesIO(memoryview(data)))
     scale, full = 1.0, img.size
+    if native and draft_size is None:
+        rgbx = whole_jpeg_rgbx(data, img)
+        if rgbx is not None:
+            return rgbx, scale, full
     if draft_size is not None and img.format == "JPEG":
         w0 = img.size[0]
         got = img.draft("RGB", draft_size)
@@ -65,14 +106,41 @@ def _decode_as_is(data, draft_size) -> tuple[Image.Image, float, tuple[int, int]
     return to_rgb(img), scale, full
 
 
-def render(images, geometry: BatchGeometry, k: int, hsv: bool = True, out: np.ndarray | None = None) -> np.ndarray:
-    """Output k of `geometry` as uint8 [S, S, 3] RGB, into `out` when given. images: the batch's sources by
-    position, each a decoded uint8 [h, w, 3] array or PIL image (by the contract, `decode_image`) or the encoded
-    bytes, decoded (with draft) by this call for this output alone: a batch whose outputs share sources (mosaic)
-    decodes once and passes the arrays. hsv=False leaves the HSV gains to the caller (a GPU does them for the whole
-    batch: fastfeed/detect/hsv.py)."""
+def _to_rgbx(image) -> np.ndarray:
+    """A decoded image (uint8 [h, w, 4] RGBX as it is, uint8 [h, w, 3], or a PIL image by the contract) as a
+    C-contiguous uint8 [h, w, 4] RGBX array."""
+    if isinstance(image, np.ndarray) and image.ndim == 3 and image.shape[2] == 4:
+        return np.ascontiguousarray(image)
+    img = to_rgb(image if isinstance(image, Image.Image) else Image.fromarray(np.ascontiguousarray(image)))
+    if not _PIL_PASTE:
+        return np.asarray(img.convert("RGBX"))
+    out = np.empty((img.size[1], img.size[0], 4), np.uint8)
+    _wrap(out).im.paste(img.im, (0, 0) + img.size)  # PIL's memory is RGBX already: a copy row by row
+    return out
+
+
+def _canvas(S: int) -> tuple[np.ndarray, Image.Image]:
+    """This thread's RGBX canvas [S, S, 4] and the PIL image that shares its memory (a fresh array per output
+    would page-fault on every first write)."""
+    c = getattr(_CANVAS, "c", None)
+    if c is None or c[0].shape[0] != S:
+        rgbx = np.empty((S, S, 4), np.uint8)
+        c = _CANVAS.c = (rgbx, _wrap(rgbx))
+    return c
+
+
+def render(images, geometry: BatchGeometry, k: int, hsv: bool = True, out: np.ndarray | None = None,
+           planar: bool = False, exact: bool = False) -> np.ndarray:
+    """Output k of `geometry` as uint8 [S, S, 3] RGB ([3, S, S] when `planar`), into `out` when given. images: the
+    batch's sources by position, each decoded (a PIL image by the contract, `decode_image`; a uint8 [h, w, 3] RGB or
+    [h, w, 4] RGBX array, `decode_rgbx`) or the encoded bytes, decoded (with draft) by this call for this output
+    alone: a batch whose outputs share sources (mosaic) decodes once and passes the arrays. hsv=False leaves the HSV
+    gains to the caller (a GPU does them for the whole batch: fastfeed/detect/hsv.py). exact: Pillow's fixed point
+    throughout (module docstring)."""
     S = geometry.image_size
-    canvas = np.empty((S, S, 3), dtype=np.uint8) if out is None else out
+    if out is None:
+        out = np.empty((3, S, S) if planar else (S, S, 3), dtype=np.uint8)
+    canvas, canvas_img = _canvas(S)
     canvas[...] = geometry.pad_value
     tiles = geometry.tiles(k)
     sources = {}
@@ -80,31 +148,52 @@ def render(images, geometry: BatchGeometry, k: int, hsv: bool = True, out: np.nd
         if t.source not in sources:
             sources[t.source] = _source(images[t.source], geometry.sizes[t.source],
                                         [u for u in tiles if u.source == t.source])
-    # The flip is done by the resize that paints each tile (mirrored place and columns): no pass of its own.
-    flip = bool(geometry.flip[k])
     for t in tiles:
-        img, fx, fy = sources[t.source]
+        rgbx, fx, fy = sources[t.source]
         X0, Y0, X1, Y1 = t.dst_rect
         if X1 <= X0 or Y1 <= Y0:
             continue
         if geometry.axis_aligned:
             x0, y0, x1, y1 = t.src_rect
-            dst = canvas[Y0:Y1, S - X1:S - X0] if flip else canvas[Y0:Y1, X0:X1]
-            resize_into(_array(img), (x0 * fx, y0 * fy, x1 * fx, y1 * fy), dst, flip)
+            _resize_tile(rgbx, (x0 * fx, y0 * fy, x1 * fx, y1 * fy), canvas, canvas_img, t.dst_rect, exact)
         else:
-            _warp_into(canvas, _pil(img), fx, fy, t, flip)
+            _warp_into(canvas, _wrap(rgbx), fx, fy, t)
     gains = geometry.hsv[k]
-    if hsv and (gains != 1).any():
-        apply_hsv_inplace(canvas, gains)
-    return canvas
+    finish(canvas, out, gains if hsv and (gains != 1).any() else None, bool(geometry.flip[k]), planar)
+    return out
 
 
-def _array(img) -> np.ndarray:
-    return img if isinstance(img, np.ndarray) else np.asarray(img)
-
-
-def _pil(img) -> Image.Image:
-    return Image.fromarray(img) if isinstance(img, np.ndarray) else img
+def _resize_tile(src: np.ndarray, box, canvas: np.ndarray, canvas_img: Image.Image, dst_rect, exact: bool) -> None:
+    """canvas[dst_rect] = the RGBX `src`'s box resized to the rectangle's size: pillow-simd for the pixels whose
+    box lies inside the image, Pillow's fixed point (resample.py) for the edge rows and columns whose box overhangs
+    it (each pixel's filter depends only on its centre and the scale: the two parts are one resize)."""
+    X0, Y0, X1, Y1 = dst_rect
+    x0, y0, x1, y1 = box
+    w, h = X1 - X0, Y1 - Y0
+    H, W = src.shape[:2]
+    sx, sy = (x1 - x0) / w, (y1 - y0) / h
+    # output columns/rows at each edge whose box starts outside the image
+    left = math.ceil(-x0 / sx) if x0 < 0 else 0
+    right = math.ceil((x1 - W) / sx) if x1 > W else 0
+    top = math.ceil(-y0 / sy) if y0 < 0 else 0
+    bottom = math.ceil((y1 - H) / sy) if y1 > H else 0
+    rgb = src[..., :3]
+    if exact or not _PIL_PASTE or left + right >= w or top + bottom >= h:
+        resize_into(rgb, box, canvas[Y0:Y1, X0:X1, :3])
+        return
+    ix0, ix1 = max(x0 + left * sx, 0.0), min(x1 - right * sx, float(W))
+    iy0, iy1 = max(y0 + top * sy, 0.0), min(y1 - bottom * sy, float(H))
+    inner = _wrap(src).resize((w - left - right, h - top - bottom), Image.BILINEAR, box=(ix0, iy0, ix1, iy1))
+    canvas_img.im.paste(inner.im, (X0 + left, Y0 + top, X1 - right, Y1 - bottom))
+    if left:
+        resize_into(rgb, (x0, y0, x0 + left * sx, y1), canvas[Y0:Y1, X0:X0 + left, :3])
+    if right:
+        resize_into(rgb, (x1 - right * sx, y0, x1, y1), canvas[Y0:Y1, X1 - right:X1, :3])
+    if top:
+        resize_into(rgb, (x0 + left * sx, y0, x1 - right * sx, y0 + top * sy), canvas[Y0:Y0 + top, X0 + left:X1 - right, :3])
+    if bottom:
+        resize_into(rgb, (x0 + left * sx, y1 - bottom * sy, x1 - right * sx, y1),
+                    canvas[Y1 - bottom:Y1, X0 + left:X1 - right, :3])
 
 
 def _zoom(tile) -> float:
@@ -112,26 +201,26 @@ def _zoom(tile) -> float:
     return float(np.linalg.svd(tile.affine[:, :2], compute_uv=False)[0])
 
 
-def _source(image, size, tiles) -> tuple[Image.Image | np.ndarray, float, float]:
-    """(image, fx, fy): the source decoded (bytes: with the draft every tile allows) and the factors from the
-    stored size's pixels, which the geometry is in, to this image's (a draft, or a header that disagreed)."""
+def _source(image, size, tiles) -> tuple[np.ndarray, float, float]:
+    """(rgbx, fx, fy): the source as uint8 [h, w, 4] RGBX (bytes decoded, with the draft every tile allows) and the
+    factors from the stored size's pixels, which the geometry is in, to this image's (a draft, or a header that
+    disagreed)."""
     W0, H0 = (int(v) for v in size)
-    if isinstance(image, np.ndarray):
-        return image, image.shape[1] / W0, image.shape[0] / H0
-    if isinstance(image, Image.Image):
-        img = to_rgb(image)
-        return img, img.size[0] / W0, img.size[1] / H0
+    if isinstance(image, (np.ndarray, Image.Image)):
+        rgbx = _to_rgbx(image)
+        return rgbx, rgbx.shape[1] / W0, rgbx.shape[0] / H0
     f = DRAFT_MIN_SCALE * max(_zoom(t) for t in tiles)
     draft = (max(1, math.ceil(W0 * f)), max(1, math.ceil(H0 * f))) if f < 1 else None
-    img, scale, (w, h) = _decode(image, draft)
+    img, scale, (w, h) = _decode(image, draft, native=True)
+    rgbx = _to_rgbx(img)
     if scale != 1:
-        return img, scale * w / W0, scale * h / H0
-    return img, img.size[0] / W0, img.size[1] / H0
+        return rgbx, scale * w / W0, scale * h / H0
+    return rgbx, rgbx.shape[1] / W0, rgbx.shape[0] / H0
 
 
-def _warp_into(canvas: np.ndarray, img: Image.Image, fx: float, fy: float, tile, flip: bool) -> None:
-    """Paint a rotated or sheared tile: the affine through `Image.transform`, masked to its quadrilateral (and
-    mirrored when the output is flipped)."""
+def _warp_into(canvas: np.ndarray, img: Image.Image, fx: float, fy: float, tile) -> None:
+    """Paint a rotated or sheared tile into the RGBX canvas: the affine through `Image.transform`, masked to its
+    quadrilateral."""
     X0, Y0, X1, Y1 = tile.dst_rect
     W, H = img.size
     rx0, ry0, rx1, ry1 = tile.region
@@ -145,19 +234,14 @@ def _warp_into(canvas: np.ndarray, img: Image.Image, fx: float, fy: float, tile,
     if n > 1:
         crop = crop.reduce(n)
     e = 2  # repeated edge pixels
-    arr = np.pad(np.asarray(crop), ((e, e), (e, e), (0, 0)), mode="edge")
+    arr = np.pad(np.asarray(crop)[..., :3], ((e, e), (e, e), (0, 0)), mode="edge")
     # output pixels -> padded crop pixels: inverse affine, then the stored-size -> image, crop, reduce, pad steps
     A = np.vstack([tile.affine, (0, 0, 1)])
     to_crop = np.array([[fx / n, 0, -cx0 / n + e], [0, fy / n, -cy0 / n + e], [0, 0, 1]])
     inv = to_crop @ np.linalg.inv(A) @ np.array([[1, 0, X0], [0, 1, Y0], [0, 0, 1]])
     w, h = X1 - X0, Y1 - Y0
     out = np.asarray(Image.fromarray(arr).transform((w, h), Image.AFFINE, tuple(inv[:2].ravel()), Image.BILINEAR))
-    inside = quad_inside(tile)
-    if flip:
-        S = canvas.shape[1]
-        np.copyto(canvas[Y0:Y1, S - X1:S - X0], out[:, ::-1], where=inside[:, ::-1, None])
-    else:
-        np.copyto(canvas[Y0:Y1, X0:X1], out, where=inside[:, :, None])
+    np.copyto(canvas[Y0:Y1, X0:X1, :3], out, where=quad_inside(tile)[:, :, None])
 
 
 def quad_inside(tile) -> np.ndarray:

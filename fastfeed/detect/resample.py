@@ -1,12 +1,13 @@
 """PIL's antialiased bilinear resize of a box of an image (`Image.resize(size, BILINEAR, box=...)`), in numba, written
-straight into its place in the output canvas (mirrored when the output is flipped), with the GIL released.
+straight into its place in the output canvas, with the GIL released.
 
 The same arithmetic as Pillow's Resample.c: per output pixel a triangle filter widened by the downscale factor,
 bounds rounded and clipped to the image, weights normalised, then fixed point with 22 fractional bits; a horizontal
 pass over the rows the vertical pass needs, rounded to uint8, then the vertical pass. A box that overhangs the image
 (the geometry allows under half an output pixel) reads only the pixels inside, renormalised, as Pillow's clipped
-bounds do at any image edge. The renderer's threads run it at once: PIL's own resize holds the GIL for the copies
-around it (fastfeed/detect/render.py).
+bounds do at any image edge. The CPU renderer (render.py) draws with it where PIL cannot or where the bits matter:
+the edge rows and columns of a box that overhangs the image (PIL refuses such a box), and everything under
+`exact=True` (what the GPU renderer computes to the bit); pillow-simd's resize, a level away, draws the rest.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def _coeffs(in_size, in0, in1, out_size):
 # int32 sums (Pillow's own: 8-bit values times weights summing to 2**22 stay under 2**31) and uint8 rows between
 # the passes, with numpy's error model: the vertical pass's contiguous loop then vectorises 8 lanes wide.
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def _resize_into(src, x0, y0, x1, y1, out, flip):
+def _resize_into(src, x0, y0, x1, y1, out):
     H, W = src.shape[0], src.shape[1]
     oh, ow = out.shape[0], out.shape[1]
     need_h = ow != W or x0 != 0.0 or x1 != ow
@@ -111,14 +112,14 @@ def _resize_into(src, x0, y0, x1, y1, out, flip):
         else:
             res[:] = tmp[yy]
         for xx in range(ow):
-            ox = ow - 1 - xx if flip else xx
-            out[yy, ox, 0] = res[3 * xx]
-            out[yy, ox, 1] = res[3 * xx + 1]
-            out[yy, ox, 2] = res[3 * xx + 2]
+            out[yy, xx, 0] = res[3 * xx]
+            out[yy, xx, 1] = res[3 * xx + 1]
+            out[yy, xx, 2] = res[3 * xx + 2]
 
 
-def resize_into(src: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray, flip: bool = False) -> None:
-    """`out[:] = Image.fromarray(src).resize(out's size, BILINEAR, box=box)` (columns mirrored when `flip`), for
-    uint8 [h, w, 3] `src` and a uint8 [oh, ow, 3] view `out` (a slice of the canvas). The box may overhang `src`."""
+def resize_into(src: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray) -> None:
+    """`out[:] = Image.fromarray(src).resize(out's size, BILINEAR, box=box)` for uint8 [h, w, 3] `src` and a uint8
+    [oh, ow, 3] view `out` (a slice of the canvas); either may be a view of RGBX memory. The box may overhang
+    `src`."""
     x0, y0, x1, y1 = (float(v) for v in box)
-    _resize_into(src, x0, y0, x1, y1, out, bool(flip))
+    _resize_into(src, x0, y0, x1, y1, out)
