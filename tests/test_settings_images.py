@@ -91,6 +91,17 @@ def test_dalis_cpu_backend_runs_two_pipelines_sharing_the_cores():
     assert settings_for(decoder="cpu-dali", pipelines=1).pipelines == 1  # given: kept
 
 
+def test_the_cpu_detection_decoder_runs_two_pipelines_sharing_the_cores():
+    """Its batch runs in steps that wait for their slowest thread (decode, then draw): a second pipeline fills the
+    waits (2 cores: 1.1x one pipeline of two threads, benchmarks/README.md)."""
+    from fastfeed.detect.geometry import DetectAugment
+
+    for task in ("detect", "semantic"):
+        s = settings_for(world=World(cpus=8), task=task, augment=DetectAugment(), num_threads="auto")
+        assert (s.decoder, s.pipelines, s.decode_threads) == ("cpu", 2, 4)
+    assert settings_for(task="detect", augment=DetectAugment(), pipelines=1).pipelines == 1  # given: kept
+
+
 def test_the_profile_comes_from_the_packed_table(tmp_path, pack_cli):
     src = tmp_path / "src" / "c0"
     src.mkdir(parents=True)

@@ -37,9 +37,10 @@ def _hsv_pixel(r8, g8, b8, gh, gs, gv):
     coloured = d > zero
     dd = d if coloured else one
     s = d / (mx if coloured else one) if coloured else zero
-    # colorsys.rgb_to_hsv's hue
-    h = ((g - b) / dd) / six if mx == r else (((b - r) / dd + _F(2.0)) / six if mx == g else
-                                              ((r - g) / dd + _F(4.0)) / six)
+    # colorsys.rgb_to_hsv's hue, its three cases selected before dividing (selects compute both sides: two
+    # divisions instead of six, the same values)
+    num = g - b if mx == r else (b - r if mx == g else r - g)
+    h = (num / dd + (zero if mx == r else (_F(2.0) if mx == g else _F(4.0)))) / six
     h = h + one if h < zero else h
     h = h * gh if coloured else zero  # gains lie in [0, 2]: one wrap at most
     h = h - one if h >= one else h

@@ -232,7 +232,10 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         if dali_cpu and decoder == "auto":  # one pipeline more, decoding on the GPU (see above)
             gpu_from, limit = limit, limit + 1
     else:
-        pipelines = pipelines or (DEFAULT_DALI_PIPELINES if dali else 1)
+        # The CPU detection decoder's batch runs in steps (decode every source, then draw every output) that wait
+        # for their slowest thread: a second pipeline's batch fills those waits (docs/detection.md#speed).
+        cpu_geometry = task in GEOMETRY_TASKS and kind == "cpu"
+        pipelines = pipelines or (DEFAULT_DALI_PIPELINES if dali or cpu_geometry else 1)
         threads_for = limit = floor = pipelines
         gpu_from = None
     if hw_decoder_load is not None:
