@@ -302,17 +302,20 @@ def test_detection_arguments_are_checked(yolo_pack):
 def test_on_the_gpu_the_batches_are_the_cpu_ones_normalised_there(yolo_pack, decoder):
     """device="cuda": the same geometry as on the CPU, the same pixels to a level (the HSV gains are applied on the
     GPU in float32, on the CPU in float64), scaled to [0, 1] on the GPU. With decoder="dali" (what "auto" picks)
-    DALI decodes these PNGs to the same pixels and the GPU renderer draws them to the bit."""
+    DALI decodes these PNGs to the same pixels and the GPU renderer draws them to the bit of Pillow's fixed point,
+    which the CPU renderer's pillow-simd resize rounds differently by a level at most (tests/test_detect_gpu_render.py):
+    two levels there."""
     out, _ = yolo_pack
     cpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu", seed=4)
     gpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.float32, device="cuda", seed=4,
                           decoder=decoder)
     assert gpu.settings.decoder == decoder
+    levels = 1 if decoder == "cpu" else 2
     n = 0
     for a, b in zip(cpu, gpu):
         assert b["images"].is_cuda and b["images"].dtype == torch.float32
         diff = (b["images"].cpu() * 255 - a["images"].float()).abs()
-        assert diff.max() <= 1 + 1e-3 and (diff > 0.5).float().mean() < 0.01
+        assert diff.max() <= levels + 1e-3 and (diff > 0.5).float().mean() < 0.01
         assert torch.equal(a["boxes"], b["boxes"].cpu()) and torch.equal(a["labels"], b["labels"].cpu())
         n += 1
     assert n == len(cpu)
