@@ -235,6 +235,28 @@ def test_same_seed_same_batches_and_a_resumed_epoch_is_the_rest(yolo_pack):
         loader.close()
 
 
+def test_batches_held_are_never_overwritten_and_released_ones_are_reused(yolo_pack):
+    """The CPU batches are written into the memory of earlier ones nobody holds any more (fresh pages cost more
+    than drawing into them): a batch, or a view of one, that the caller keeps stays as it was handed out."""
+    out, _ = yolo_pack
+    ref = fastfeed.Loader(out, batch_size=2, image_size=S, dtype=torch.uint8, device="cpu", seed=3)
+    want = [b["images"].clone() for b in ref]
+    ref.close()
+    loader = fastfeed.Loader(out, batch_size=2, image_size=S, dtype=torch.uint8, device="cpu", seed=3)
+    it = iter(loader)
+    held = next(it)["images"]
+    view = next(it)["images"][1:3]
+    ptrs = []
+    for b in it:
+        ptrs.append(b["images"].untyped_storage().data_ptr())
+        del b
+    loader.close()
+    assert len(ptrs) == len(want) - 2 >= 8
+    assert torch.equal(held, want[0]) and torch.equal(view, want[1][1:3])
+    assert held.untyped_storage().data_ptr() not in ptrs and view.untyped_storage().data_ptr() not in ptrs
+    assert len(set(ptrs)) < len(ptrs)  # released batches' memory is written again
+
+
 def test_the_client_helpers_give_each_stack_its_shapes(yolo_pack):
     out, _ = yolo_pack
     loader = fastfeed.Loader(out, batch_size=4, image_size=S, dtype=torch.uint8, device="cpu")

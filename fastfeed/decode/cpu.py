@@ -18,10 +18,8 @@ Per sample, on a thread pool, a few samples per task (PIL and the numba kernel b
      float16/bfloat16 need no float16 support in numba) and writes CHW or HWC straight into the batch tensor.
 
 Output buffers: with device="cpu" a batch is written into memory of an earlier batch only once nothing references
-that memory any more (no tensor, view or numpy array: torch's storage use count, the check torch's own CUDA graph
-trees make), else into a new tensor; so nothing handed out is ever overwritten. Recycling matters: a fresh
-multi-MB tensor is fresh mmap'd memory, whose page faults on first write cost the numba kernel several times its
-own work (docs/design/decoders.md#cpu-pil).
+that memory any more (fastfeed/decode/recycle.py), else into a new tensor; so nothing handed out is ever
+overwritten.
 With a CUDA device the batch is built in one of two pinned staging buffers and copied on torch's current stream;
 a staging buffer is reused only after the CUDA event recorded behind its copy has completed.
 """
@@ -40,24 +38,13 @@ from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_r
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
 from fastfeed.decode.kernels import emit_chw, emit_hwc
 from fastfeed.decode.lut import make_lut, numpy_view
+from fastfeed.decode.recycle import OutputBuffers
 from fastfeed.image.contract import TRANSPOSE, contract_image, orientation_tag, to_rgb
 from fastfeed.image.headers import png_text_over_limit, without_png_text
 
 __all__ = ["PilDecoder", "decode_rgb", "whole_jpeg_rgbx"]
 
 _STAGING_BUFFERS = 2
-_MAX_RECYCLED = 8  # CPU output buffers kept for reuse: consumer + prefetch + pipelines in flight, with room
-
-
-def _storage_users(t) -> int | None:
-    """How many tensors/arrays hold t's memory (with the temporary reference this call makes); None when this torch
-    has no such count, and then nothing is recycled."""
-    import torch
-
-    use_count = getattr(torch._C, "_storage_Use_Count", None)
-    if use_count is None:
-        return None
-    return int(use_count(t.untyped_storage()._cdata))
 
 
 def _draft_size(W: int, H: int, w: float, h: float, S: float) -> tuple[int, int]:
@@ -201,7 +188,7 @@ class PilDecoder:
         self._threads = int(num_threads)
         self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="fastfeed-decode")
         self._staging: list = []  # (pinned tensor, event or None) when the output goes to a CUDA device
-        self._recycle: list = []  # (CPU output tensor, its use count when only this list holds it)
+        self._recycle = OutputBuffers()
         self._next_staging = 0
         self._batch_size = int(batch_size)
         self._draft = float(draft_min_scale) if draft else None
@@ -217,14 +204,7 @@ class PilDecoder:
         return torch.empty(shape, dtype=self.dtype, pin_memory=pinned)
 
     def _cpu_output(self, n: int):
-        for t, idle in self._recycle:
-            if t.shape[0] >= n and _storage_users(t) == idle:
-                return t[:n]
-        t = self._alloc(max(n, self._batch_size), pinned=False)
-        idle = _storage_users(t)
-        if idle is not None and len(self._recycle) < _MAX_RECYCLED:
-            self._recycle.append((t, idle))
-        return t[:n]
+        return self._recycle.take(n, lambda: self._alloc(max(n, self._batch_size), pinned=False))
 
     def _host_buffer(self, n: int):
         if self.device.type == "cpu":
@@ -318,7 +298,7 @@ class PilDecoder:
             self._closed = True
             self._pool.shutdown(wait=True)
             self._staging = []
-            self._recycle = []
+            self._recycle.clear()
 
     def __enter__(self):
         return self

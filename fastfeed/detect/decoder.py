@@ -19,6 +19,7 @@ import torch
 
 from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IMAGE, Replaced, is_image,
                                   replaced_list, resolve_errors)
+from fastfeed.decode.recycle import OutputBuffers
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
 from fastfeed.detect.hsv import apply_hsv_nhwc, apply_hsv_torch
 from fastfeed.detect.instances import has_masks, render_instances
@@ -78,6 +79,7 @@ class DetectDecoder:
         self._mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self._std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="fastfeed-detect")
+        self._buffers = OutputBuffers()  # _render's batches (one layout and size per decoder)
 
     @classmethod
     def from_settings(cls, s, targets: Targets, widths, heights) -> "DetectDecoder":
@@ -203,10 +205,12 @@ class DetectDecoder:
         images = [decoded[j] for j in src]
         S, B = self.image_size, len(src)
         planar = self.device.type == "cpu" and not self.channels_last
-        pixels = np.empty((B, 3, S, S) if planar else (B, S, S, 3), dtype=np.uint8)
+        shape = (B, 3, S, S) if planar else (B, S, S, 3)
+        batch = self._buffers.take(B, lambda: torch.empty(shape, dtype=torch.uint8))
+        pixels = batch.numpy()
         list(self._pool.map(lambda k: render(images, geometry, k, hsv=hsv, out=pixels[k], planar=planar),
                             range(B)))
-        return torch.from_numpy(pixels).permute(0, 2, 3, 1) if planar else torch.from_numpy(pixels)
+        return batch.permute(0, 2, 3, 1) if planar else batch
 
     def _decode_all(self, samples, request: DetectRequest):
         """Each sample decoded once, as RGBX (None where it fails), and {position: (code, detail)} of the failures.
@@ -242,6 +246,7 @@ class DetectDecoder:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._buffers.clear()
 
     def __enter__(self):
         return self
