@@ -54,6 +54,8 @@
 #                      one): fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
 #                      ultralytics wheels), on 4 cores (taskset) and 16; FF_KWARGS='{"pipelines": 2}' passes more
 #                      Loader arguments [makes its own set]
+#   detect-sweep       the GPU detection loader alone under several Loader settings, side by side (detect_sweep.py;
+#                      SWEEP='[{...}, ...]' for other settings) [makes detect's set]
 #   ssd [N...]         SSD-style batches at 640 px, batch 64, to the GPU: fastfeed's IoU crop against DALI's SSD
 #                      pipeline (bench_ssd.py --device cuda: COCO reader, random_bbox_crop, the window decoded on
 #                      the GPU), on 16 cores and under taskset -c 0-(N-1) for each N [makes detect's set]
@@ -73,7 +75,7 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/lib.sh
 
 STEPS=" stage-dali build data gpu-tests train-resnet50 train-resnet18 alone first-batch first-step photos photos-alone
-        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect ssd yolo-train
+        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect detect-sweep ssd yolo-train
         profile abba "
 STEPS=$(echo $STEPS)  # one line, single spaces
 STEPS=" $STEPS "
@@ -180,6 +182,11 @@ run_step() {  # $1 = step, rest: its arguments
                 | grep -E "^round|^fastfeed /|images,"
           done
           (cd $OUT && tar -czf detect-$tag.tar.gz detect-*-$tag.json && rm detect-*-$tag.json) ;;
+  detect-sweep) need native dali || return 1
+          python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks')
+from bench_detect import prepare_data; prepare_data(Path('$W/detect'), 2000)"
+          CUDA_VISIBLE_DEVICES=0 timeout 500 python3 $G/detect_sweep.py $W/detect/wds ${SWEEP:+--configs "$SWEEP"} \
+              2>&1 | grep "img/s" ;;
   ssd) need native dali || return 1
        for cores in 16 "$@"; do
          CUDA_VISIBLE_DEVICES=0 timeout 240 taskset -c 0-$((cores - 1)) python3 benchmarks/bench_ssd.py \
