@@ -596,6 +596,59 @@ def test_the_batch_box_transform_is_the_per_output_one_to_the_bit(train, aug):
         assert np.array_equal(got_idx, np.concatenate([w[2] for w in want]))
 
 
+def _numpy_crop_window(rng, w0, h0, boxes):
+    """The IoU crop's sampler in numpy's array form (as it was first written): the reference the compiled one must
+    equal, window for window and draw for draw."""
+    from fastfeed.detect.iou_crop import ASPECT, MAX_DRAWS, OPTIONS, SCALE, TRIALS
+
+    if not len(boxes):
+        return 0, 0, w0, h0
+    cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    for _ in range(MAX_DRAWS):
+        least = OPTIONS[int(rng.integers(len(OPTIONS)))]
+        if least is None:
+            return 0, 0, w0, h0
+        u = rng.random((TRIALS, 4))
+        r = SCALE[0] + (SCALE[1] - SCALE[0]) * u[:, :2]
+        w, h = (w0 * r[:, 0]).astype(np.int64), (h0 * r[:, 1]).astype(np.int64)
+        left, top = ((w0 - w) * u[:, 2]).astype(np.int64), ((h0 - h) * u[:, 3]).astype(np.int64)
+        right, bottom = left + w, top + h
+        within = (left[:, None] < cx) & (cx < right[:, None]) & (top[:, None] < cy) & (cy < bottom[:, None])
+        iw = np.clip(np.minimum(right[:, None], boxes[:, 2]) - np.maximum(left[:, None], boxes[:, 0]), 0, None)
+        ih = np.clip(np.minimum(bottom[:, None], boxes[:, 3]) - np.maximum(top[:, None], boxes[:, 1]), 0, None)
+        inter = iw * ih
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iou = inter / ((w * h)[:, None] + area - inter)
+            aspect = w / np.maximum(h, 1)
+        ok = ((w > 0) & (h > 0) & (ASPECT[0] <= aspect) & (aspect <= ASPECT[1]) & within.any(axis=1)
+              & (np.where(within, iou, -1.0).max(axis=1) >= least))
+        hit = np.flatnonzero(ok)
+        if len(hit):
+            t = int(hit[0])
+            return int(left[t]), int(top[t]), int(w[t]), int(h[t])
+    return 0, 0, w0, h0
+
+
+def test_the_compiled_iou_crop_sampler_is_the_array_form_draw_for_draw():
+    """iou_crop.crop_window (numba, drawing from the sample's numpy Generator) against the array form above, on
+    images from 1 px to 2,000 px with 1-12 boxes (tiny, huge, on the edges): the same windows, and the generator left
+    in the same state (the next draw equal)."""
+    from fastfeed.detect.geometry import sample_rng
+    from fastfeed.detect.iou_crop import crop_window
+
+    rng = np.random.default_rng(7)
+    for i in range(3000):
+        w0, h0 = (int(v) for v in rng.integers(1, 2000, 2))
+        n = int(rng.integers(1, 13))
+        a = rng.uniform(0, 1, (n, 2)) * (w0, h0)
+        b = a + rng.uniform(0, 1, (n, 2)) ** 3 * (w0, h0)
+        boxes = np.concatenate([a, np.minimum(b, (w0, h0))], axis=1)
+        got_rng, want_rng = sample_rng(3, 1, i), sample_rng(3, 1, i)
+        assert crop_window(got_rng, w0, h0, boxes) == _numpy_crop_window(want_rng, w0, h0, boxes), i
+        assert got_rng.random() == want_rng.random()
+
+
 def test_iou_crop_windows_follow_the_ssd_sampler():
     """fastfeed/detect/iou_crop.py: every window lies in its image, keeps 30-100% of each side at an aspect ratio
     in [0.5, 2] and holds a box's centre; the whole image is kept when "no crop" is drawn (1 option in 7) before an
