@@ -596,6 +596,29 @@ def test_the_batch_box_transform_is_the_per_output_one_to_the_bit(train, aug):
         assert np.array_equal(got_idx, np.concatenate([w[2] for w in want]))
 
 
+def test_a_batchs_draws_are_each_samples_generator_to_the_bit():
+    """streams.first_draws / geometry.sample_draws (numpy's SeedSequence and PCG64, compiled) against numpy itself:
+    random entropy words of 0, 1 and 2 32-bit words (1-8 words a row, past SeedSequence's pool of 4), and a batch's
+    rows with negative or huge seeds and sample ids."""
+    from fastfeed.detect.geometry import sample_draws, sample_rng
+    from fastfeed.detect.streams import first_draws
+
+    rng = np.random.default_rng(11)
+    for words in (1, 2, 4, 5, 8):
+        choices = [0, 1, 2 ** 32 - 1, 2 ** 32, 2 ** 64 - 1]
+        rows = [[choices[int(rng.integers(len(choices)))] if rng.random() < 0.3
+                 else int(rng.integers(0, 2 ** 63)) * 2 + 1 for _ in range(words)] for _ in range(300)]
+        got = first_draws(np.array(rows, dtype=np.uint64), 23)
+        for row, g in zip(rows, got):
+            assert np.array_equal(g, np.random.default_rng(np.random.SeedSequence(row)).random(23)), row
+    ids = np.array([0, 1, 7, 2 ** 40 + 3, 2 ** 63 - 1, -5])
+    for seed, epoch in ((0, 0), (123, 9), (-1, 2 ** 64 + 5)):
+        want = np.stack([sample_rng(seed, epoch, int(i)).random(17) for i in ids])
+        assert np.array_equal(sample_draws(seed, epoch, ids, 17), want)
+    with pytest.raises(ValueError):
+        first_draws(np.array([[1, -2]]), 3)
+
+
 def _numpy_crop_window(rng, w0, h0, boxes):
     """The IoU crop's sampler in numpy's array form (as it was first written): the reference the compiled one must
     equal, window for window and draw for draw."""

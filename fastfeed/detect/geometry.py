@@ -24,6 +24,7 @@ import numpy as np
 
 from fastfeed.decode.numba_import import import_numba
 from fastfeed.detect import iou_crop
+from fastfeed.detect.streams import first_draws
 
 numba = import_numba()
 
@@ -149,6 +150,16 @@ def sample_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(entropy + [SALT]))
 
 
+def sample_draws(seed: int, epoch: int, sample_ids, n: int) -> np.ndarray:
+    """float64 [len(sample_ids), n]: each sample's first n draws of `sample_rng`, compiled for the whole batch
+    (fastfeed/detect/streams.py)."""
+    ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1).view(np.uint64)  # % 2**64, as sample_rng takes them
+    entropy = np.empty((len(ids), 4), np.uint64)
+    entropy[:, 0], entropy[:, 1] = int(seed) % 2 ** 64, int(epoch) % 2 ** 64
+    entropy[:, 2], entropy[:, 3] = ids, SALT
+    return first_draws(entropy, n)
+
+
 @numba.njit(cache=True)
 def long_side_size(w0: int, h0: int, S: int) -> tuple[int, int]:
     """ultralytics' `load_image` (rect_mode): the long side resized to S, the short one rounded up."""
@@ -253,8 +264,7 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
              quad=np.zeros((B, _MAX_TILES, 4, 2)), box_scale=np.ones((B, _MAX_TILES, 2)), flip=np.zeros(B, bool),
              hsv=np.ones((B, 3)), scale=np.zeros(B), pad=np.zeros((B, 2)))
     if train:
-        rngs = [sample_rng(seed, epoch, int(i)) for i in ids]
-        u = np.stack([rng.random(_DRAWS) for rng in rngs])
+        u = sample_draws(seed, epoch, ids, _DRAWS)
         mosaic = (u[:, _MOSAIC] < aug.mosaic) & mosaic_allowed
         _plan_train(u, mosaic, wh0, S, (-S) // 2, aug.degrees, aug.translate, aug.scale, aug.shear, axis_aligned,
                     g["n_tiles"], g["source"], g["affine"], g["region"], g["dst_rect"], g["src_rect"], g["quad"],
@@ -265,7 +275,9 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
         for k in cropped.tolist():
             boxes, start = objects[0], objects[2]
             w0, h0 = int(wh0[k, 0]), int(wh0[k, 1])
-            window = iou_crop.crop_window(rngs[k], w0, h0, boxes[start[ids[k]]:start[ids[k] + 1]])
+            rng = sample_rng(seed, epoch, int(ids[k]))
+            rng.random(_DRAWS)  # the window's draws follow the fixed ones
+            window = iou_crop.crop_window(rng, w0, h0, boxes[start[ids[k]]:start[ids[k] + 1]])
             iou_crop.fill_tile(g, k, window, w0, h0, S)
         g["flip"] = u[:, _FLIP] < aug.fliplr
         g["hsv"] = (2 * u[:, _HSV:_HSV + 3] - 1) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1

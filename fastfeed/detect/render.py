@@ -190,7 +190,8 @@ def _resize_tile(src: np.ndarray, box, canvas: np.ndarray, canvas_img: Image.Ima
     if right:
         resize_into(rgb, (x1 - right * sx, y0, x1, y1), canvas[Y0:Y1, X1 - right:X1, :3])
     if top:
-        resize_into(rgb, (x0 + left * sx, y0, x1 - right * sx, y0 + top * sy), canvas[Y0:Y0 + top, X0 + left:X1 - right, :3])
+        resize_into(rgb, (x0 + left * sx, y0, x1 - right * sx, y0 + top * sy),
+                    canvas[Y0:Y0 + top, X0 + left:X1 - right, :3])
     if bottom:
         resize_into(rgb, (x0 + left * sx, y1 - bottom * sy, x1 - right * sx, y1),
                     canvas[Y1 - bottom:Y1, X0 + left:X1 - right, :3])
