@@ -653,40 +653,54 @@ def _numpy_crop_window(rng, w0, h0, boxes):
     return 0, 0, w0, h0
 
 
-def test_the_compiled_iou_crop_sampler_is_the_array_form_draw_for_draw():
-    """iou_crop.crop_window (numba, drawing from the sample's numpy Generator) against the array form above, on
-    images from 1 px to 2,000 px with 1-12 boxes (tiny, huge, on the edges): the same windows, and the generator left
-    in the same state (the next draw equal)."""
-    from fastfeed.detect.geometry import sample_rng
-    from fastfeed.detect.iou_crop import crop_window
+def _window(seed, epoch, i, w0, h0, boxes, skip=0):
+    """iou_crop.crop_windows for one output: sample i's stream past `skip` draws."""
+    from fastfeed.detect.geometry import sample_entropy
+    from fastfeed.detect.iou_crop import crop_windows
+
+    got = crop_windows(sample_entropy(seed, epoch, [i]), skip, [(w0, h0)], boxes, [0, len(boxes)], [0])
+    return tuple(int(v) for v in got[0])
+
+
+def test_the_compiled_iou_crop_sampler_is_the_array_form_on_numpys_generator():
+    """iou_crop.crop_windows (numba, numpy's generator compiled: streams.py) against the array form above drawing
+    from the sample's own numpy Generator (geometry.sample_rng, past its 17 fixed draws), on images from 1 px to
+    2,000 px with 0-12 boxes (tiny, huge, on the edges): the same windows, several outputs in one call too."""
+    from fastfeed.detect.geometry import sample_entropy, sample_rng
+    from fastfeed.detect.iou_crop import crop_windows
 
     rng = np.random.default_rng(7)
+    cases = []
     for i in range(3000):
         w0, h0 = (int(v) for v in rng.integers(1, 2000, 2))
-        n = int(rng.integers(1, 13))
+        n = int(rng.integers(0, 13))
         a = rng.uniform(0, 1, (n, 2)) * (w0, h0)
         b = a + rng.uniform(0, 1, (n, 2)) ** 3 * (w0, h0)
         boxes = np.concatenate([a, np.minimum(b, (w0, h0))], axis=1)
-        got_rng, want_rng = sample_rng(3, 1, i), sample_rng(3, 1, i)
-        assert crop_window(got_rng, w0, h0, boxes) == _numpy_crop_window(want_rng, w0, h0, boxes), i
-        assert got_rng.random() == want_rng.random()
+        want_rng = sample_rng(3, 1, i)
+        want_rng.random(17)
+        want = _numpy_crop_window(want_rng, w0, h0, boxes)
+        assert _window(3, 1, i, w0, h0, boxes, skip=17) == want, i
+        cases.append((w0, h0, boxes, want))
+    picked = np.arange(0, 3000, 7)
+    start = np.cumsum([0] + [len(cases[i][2]) for i in picked])
+    got = crop_windows(sample_entropy(3, 1, picked), 17, [cases[i][:2] for i in picked],
+                       np.concatenate([cases[i][2] for i in picked]), start, np.arange(len(picked)))
+    assert [tuple(w) for w in got.tolist()] == [cases[i][3] for i in picked]
 
 
 def test_iou_crop_windows_follow_the_ssd_sampler():
     """fastfeed/detect/iou_crop.py: every window lies in its image, keeps 30-100% of each side at an aspect ratio
     in [0.5, 2] and holds a box's centre; the whole image is kept when "no crop" is drawn (1 option in 7) before an
     option a window meets; a window is a function of the sample's stream; an image without boxes is kept whole."""
-    from fastfeed.detect.geometry import sample_rng
-    from fastfeed.detect.iou_crop import crop_window
-
     rng = np.random.default_rng(0)
     whole, best = 0, []
     for i in range(400):
         w0, h0 = int(rng.integers(50, 800)), int(rng.integers(50, 800))
         xy = rng.uniform(0, 0.5, (int(rng.integers(1, 6)), 2)) * (w0, h0)
         boxes = np.concatenate([xy, xy + rng.uniform(0.1, 0.5, xy.shape) * (w0, h0)], axis=1)
-        L, T, W, H = crop_window(sample_rng(1, 0, i), w0, h0, boxes)
-        assert (L, T, W, H) == crop_window(sample_rng(1, 0, i), w0, h0, boxes)
+        L, T, W, H = _window(1, 0, i, w0, h0, boxes)
+        assert (L, T, W, H) == _window(1, 0, i, w0, h0, boxes)
         assert 0 <= L and 0 <= T and L + W <= w0 and T + H <= h0
         if (L, T, W, H) == (0, 0, w0, h0):
             whole += 1
@@ -701,7 +715,7 @@ def test_iou_crop_windows_follow_the_ssd_sampler():
         best.append(float((iw * ih / (W * H + area - iw * ih))[within].max()))
     assert 0.1 < whole / 400 < 0.4
     assert np.mean(np.array(best) >= 0.5) > 0.1  # the higher IoU options are met too, not only "any overlap"
-    assert crop_window(sample_rng(1, 0, 0), 300, 200, np.zeros((0, 4))) == (0, 0, 300, 200)
+    assert _window(1, 0, 0, 300, 200, np.zeros((0, 4))) == (0, 0, 300, 200)
     with pytest.raises(ValueError, match="objects="):
         plan_batch([0], [(300, 200)], 64, epoch=0, seed=0, aug=DetectAugment(mosaic=0.0, iou_crop=1.0))
     with pytest.raises(ValueError, match="iou_crop"):

@@ -150,14 +150,19 @@ def sample_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(entropy + [SALT]))
 
 
-def sample_draws(seed: int, epoch: int, sample_ids, n: int) -> np.ndarray:
-    """float64 [len(sample_ids), n]: each sample's first n draws of `sample_rng`, compiled for the whole batch
-    (fastfeed/detect/streams.py)."""
+def sample_entropy(seed: int, epoch: int, sample_ids) -> np.ndarray:
+    """uint64 [len(sample_ids), 4]: each sample's SeedSequence entropy, as `sample_rng` builds it."""
     ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1).view(np.uint64)  # % 2**64, as sample_rng takes them
     entropy = np.empty((len(ids), 4), np.uint64)
     entropy[:, 0], entropy[:, 1] = int(seed) % 2 ** 64, int(epoch) % 2 ** 64
     entropy[:, 2], entropy[:, 3] = ids, SALT
-    return first_draws(entropy, n)
+    return entropy
+
+
+def sample_draws(seed: int, epoch: int, sample_ids, n: int) -> np.ndarray:
+    """float64 [len(sample_ids), n]: each sample's first n draws of `sample_rng`, compiled for the whole batch
+    (fastfeed/detect/streams.py)."""
+    return first_draws(sample_entropy(seed, epoch, sample_ids), n)
 
 
 @numba.njit(cache=True)
@@ -272,13 +277,11 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
         cropped = np.flatnonzero(~mosaic & (u[:, _IOU_CROP] < aug.iou_crop))
         if len(cropped) and objects is None:
             raise ValueError("DetectAugment(iou_crop=...) draws windows around the boxes: pass objects=")
-        for k in cropped.tolist():
-            boxes, start = objects[0], objects[2]
-            w0, h0 = int(wh0[k, 0]), int(wh0[k, 1])
-            rng = sample_rng(seed, epoch, int(ids[k]))
-            rng.random(_DRAWS)  # the window's draws follow the fixed ones
-            window = iou_crop.crop_window(rng, w0, h0, boxes[start[ids[k]]:start[ids[k] + 1]])
-            iou_crop.fill_tile(g, k, window, w0, h0, S)
+        if len(cropped):
+            windows = iou_crop.crop_windows(sample_entropy(seed, epoch, ids[cropped]), _DRAWS, wh0[cropped],
+                                            objects[0], objects[2], ids[cropped])
+            for k, window in zip(cropped.tolist(), windows.tolist()):
+                iou_crop.fill_tile(g, k, window, int(wh0[k, 0]), int(wh0[k, 1]), S)
         g["flip"] = u[:, _FLIP] < aug.fliplr
         g["hsv"] = (2 * u[:, _HSV:_HSV + 3] - 1) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1
     else:

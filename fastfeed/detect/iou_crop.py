@@ -5,7 +5,7 @@ recipe do).
 The window is torchvision's `RandomIoUCrop` (SSD's sampler): draw a minimum IoU from OPTIONS (None: the whole
 image); try TRIALS windows of 30-100% of each side with an aspect ratio in [0.5, 2], at whole-pixel offsets; the
 first one that holds the centre of at least one box, and overlaps one of those boxes with at least that IoU, is it.
-The draws come from the sample's own stream (geometry.sample_rng, after its fixed draws), so the window is a
+The draws come from the sample's own stream (geometry.sample_rng's, after its fixed draws), so the window is a
 function of (seed, epoch, sample id); an image without boxes, or MAX_DRAWS draws without a window, keeps the whole
 image. The boxes then follow the one rule of every training output (geometry.box_candidates against the whole box
 at the output's scale), not SSD's centre rule: a box the window cuts to under 10% of its area is dropped, the rest
@@ -16,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from fastfeed.decode.numba_import import import_numba
+from fastfeed.detect.streams import STATE_WORDS, below, entropy_rows, next_double, seed_stream
 
 numba = import_numba()
 
-__all__ = ["crop_window", "fill_tile", "OPTIONS", "TRIALS", "MAX_DRAWS"]
+__all__ = ["crop_windows", "fill_tile", "OPTIONS", "TRIALS", "MAX_DRAWS"]
 
 OPTIONS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, None)  # minimum IoU; None: no crop (torchvision's 2.0)
 TRIALS = 40  # windows tried per drawn option
@@ -28,28 +29,52 @@ SCALE = (0.3, 1.0)  # of each side
 ASPECT = (0.5, 2.0)  # width / height
 
 
-def crop_window(rng: np.random.Generator, w0: int, h0: int, boxes: np.ndarray) -> tuple[int, int, int, int]:
-    """(left, top, width, height) in whole source pixels of an image w0 x h0 with `boxes` (XYXY source pixels)."""
+def crop_windows(entropy, skip: int, sizes, boxes, start, sources) -> np.ndarray:
+    """int64 [n, 4]: (left, top, width, height) in whole source pixels, per output to crop: its sample's stream
+    (entropy [n, words], streams.py, past its first `skip` draws), its image's size (sizes [n, 2]: w0, h0) and its
+    boxes (XYXY source pixels), boxes[start[s]:start[s + 1]] for its sample s = sources[i]."""
+    e = entropy_rows(entropy)
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64).reshape(-1, 2)
     boxes = np.ascontiguousarray(boxes, dtype=np.float64).reshape(-1, 4)
-    if not len(boxes):
-        return 0, 0, w0, h0
-    return tuple(int(v) for v in _crop_window(rng, int(w0), int(h0), boxes))
+    start = np.ascontiguousarray(start, dtype=np.int64)
+    sources = np.ascontiguousarray(sources, dtype=np.int64).reshape(-1)
+    if not len(e) == len(sizes) == len(sources):
+        raise ValueError(f"need one stream, size and sample per output: {len(e)}, {len(sizes)}, {len(sources)}")
+    return _crop_windows(e, int(skip), sizes, boxes, start, sources)
 
 
-# numba draws from a numpy Generator exactly as numpy does (the same values, the same state after): the windows are a
-# function of the sample's stream alone, whichever form draws them. Compiled, because a batch of 64 drawn with numpy's
-# small-array operations held the GIL for several milliseconds.
+# The draws are numpy's (streams.py): a window is a function of its sample's stream alone, as if drawn with the
+# sample's numpy Generator (tests/test_detect_geometry.py draws them so). Compiled, because a batch of 64 drawn with
+# numpy's small-array operations held the GIL for several milliseconds.
 _LEAST = np.array([-1.0 if v is None else v for v in OPTIONS])  # -1: no crop
 
 
 @numba.njit(cache=True, nogil=True)
-def _crop_window(rng, w0, h0, boxes):
+def _crop_windows(entropy, skip, sizes, boxes, start, sources):
+    out = np.empty((len(sources), 4), np.int64)
+    state = np.empty(STATE_WORDS, np.uint64)
+    for k in range(len(sources)):
+        seed_stream(entropy[k], state)
+        for _ in range(skip):
+            next_double(state)
+        s = sources[k]
+        out[k] = _crop_window(state, sizes[k, 0], sizes[k, 1], boxes[start[s]:start[s + 1]])
+    return out
+
+
+@numba.njit(cache=True)
+def _crop_window(state, w0, h0, boxes):
     n = boxes.shape[0]
+    if n == 0:
+        return np.array((0, 0, w0, h0), np.int64)
+    u = np.empty((TRIALS, 4))
     for _ in range(MAX_DRAWS):
-        least = _LEAST[rng.integers(0, len(_LEAST))]
+        least = _LEAST[below(state, len(_LEAST))]
         if least < 0:
             break
-        u = rng.random((TRIALS, 4))
+        for t in range(TRIALS):
+            for c in range(4):
+                u[t, c] = next_double(state)
         for t in range(TRIALS):
             w = np.int64(w0 * (SCALE[0] + (SCALE[1] - SCALE[0]) * u[t, 0]))
             h = np.int64(h0 * (SCALE[0] + (SCALE[1] - SCALE[0]) * u[t, 1]))
@@ -67,8 +92,8 @@ def _crop_window(rng, w0, h0, boxes):
                     area = (boxes[i, 2] - boxes[i, 0]) * (boxes[i, 3] - boxes[i, 1])
                     best = max(best, inter / (w * h + area - inter))
             if best >= least:  # best stays -1 (below every least) unless a box centre lies inside
-                return left, top, w, h
-    return 0, 0, w0, h0
+                return np.array((left, top, w, h), np.int64)
+    return np.array((0, 0, w0, h0), np.int64)
 
 
 def fill_tile(g: dict, k: int, window: tuple[int, int, int, int], w0: int, h0: int, S: int) -> None:
