@@ -280,8 +280,7 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
         if len(cropped):
             windows = iou_crop.crop_windows(sample_entropy(seed, epoch, ids[cropped]), _DRAWS, wh0[cropped],
                                             objects[0], objects[2], ids[cropped])
-            for k, window in zip(cropped.tolist(), windows.tolist()):
-                iou_crop.fill_tile(g, k, window, int(wh0[k, 0]), int(wh0[k, 1]), S)
+            iou_crop.fill_tiles(g, cropped, windows, wh0[cropped], S)
         g["flip"] = u[:, _FLIP] < aug.fliplr
         g["hsv"] = (2 * u[:, _HSV:_HSV + 3] - 1) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1
     else:

@@ -20,7 +20,7 @@ from fastfeed.detect.streams import STATE_WORDS, below, entropy_rows, next_doubl
 
 numba = import_numba()
 
-__all__ = ["crop_windows", "fill_tile", "OPTIONS", "TRIALS", "MAX_DRAWS"]
+__all__ = ["crop_windows", "fill_tiles", "OPTIONS", "TRIALS", "MAX_DRAWS"]
 
 OPTIONS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, None)  # minimum IoU; None: no crop (torchvision's 2.0)
 TRIALS = 40  # windows tried per drawn option
@@ -96,21 +96,34 @@ def _crop_window(state, w0, h0, boxes):
     return np.array((0, 0, w0, h0), np.int64)
 
 
-def fill_tile(g: dict, k: int, window: tuple[int, int, int, int], w0: int, h0: int, S: int) -> None:
-    """Make output k of plan_batch's arrays `g` the window stretched to S x S: one tile of its own image. Its region
-    is the whole image (what the box rule clips to before weighing what the window keeps; the rotated renderer
-    draws it through the affine and the output's edges cut the window out)."""
-    L, T, W, H = window
-    sx, sy = S / W, S / H
-    g["n_tiles"][k] = 1
-    g["source"][k] = -1
-    g["source"][k, 0] = k
-    g["affine"][k, 0] = ((sx, 0.0, -L * sx), (0.0, sy, -T * sy))
-    g["region"][k, 0] = (0, 0, w0, h0)
-    g["dst_rect"][k, 0] = (0, 0, S, S)
-    g["src_rect"][k, 0] = (L, T, L + W, T + H)
-    corners = np.array(((0, 0), (w0, 0), (w0, h0), (0, h0)), dtype=np.float64)
-    g["quad"][k, 0] = corners * (sx, sy) + (-L * sx, -T * sy)
-    g["box_scale"][k, 0] = (sx, sy)
-    g["scale"][k] = sx
-    g["pad"][k] = (-L * sx, -T * sy)
+def fill_tiles(g: dict, outputs, windows, sizes, S: int) -> None:
+    """Make each output k of plan_batch's arrays `g` (outputs [n]) its window (windows [n, 4]: left, top, width,
+    height) of its image (sizes [n, 2]) stretched to S x S: one tile of its own image. Its region is the whole image
+    (what the box rule clips to before weighing what the window keeps; the rotated renderer draws it through the
+    affine and the output's edges cut the window out)."""
+    _fill_tiles(np.asarray(outputs, np.int64), np.asarray(windows, np.int64), np.asarray(sizes, np.int64), int(S),
+                g["n_tiles"], g["source"], g["affine"], g["region"], g["dst_rect"], g["src_rect"], g["quad"],
+                g["box_scale"], g["scale"], g["pad"])
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_tiles(outputs, windows, sizes, S, n_tiles, source, affine, region, dst_rect, src_rect, quad, box_scale,
+                scale, pad):
+    for i in range(len(outputs)):
+        k = outputs[i]
+        L, T, W, H = windows[i, 0], windows[i, 1], windows[i, 2], windows[i, 3]
+        w0, h0 = sizes[i, 0], sizes[i, 1]
+        sx, sy = S / W, S / H
+        n_tiles[k] = 1
+        source[k, :] = -1
+        source[k, 0] = k
+        affine[k, 0, 0, 0], affine[k, 0, 0, 1], affine[k, 0, 0, 2] = sx, 0.0, -L * sx
+        affine[k, 0, 1, 0], affine[k, 0, 1, 1], affine[k, 0, 1, 2] = 0.0, sy, -T * sy
+        region[k, 0, 0], region[k, 0, 1], region[k, 0, 2], region[k, 0, 3] = 0, 0, w0, h0
+        dst_rect[k, 0, 0], dst_rect[k, 0, 1], dst_rect[k, 0, 2], dst_rect[k, 0, 3] = 0, 0, S, S
+        src_rect[k, 0, 0], src_rect[k, 0, 1], src_rect[k, 0, 2], src_rect[k, 0, 3] = L, T, L + W, T + H
+        for c, (x, y) in enumerate(((0, 0), (w0, 0), (w0, h0), (0, h0))):
+            quad[k, 0, c, 0], quad[k, 0, c, 1] = x * sx + -L * sx, y * sy + -T * sy
+        box_scale[k, 0, 0], box_scale[k, 0, 1] = sx, sy
+        scale[k] = sx
+        pad[k, 0], pad[k, 1] = -L * sx, -T * sy
