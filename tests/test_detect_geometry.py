@@ -597,10 +597,10 @@ def test_the_batch_box_transform_is_the_per_output_one_to_the_bit(train, aug):
 
 
 def test_a_batchs_draws_are_each_samples_generator_to_the_bit():
-    """streams.first_draws / geometry.sample_draws (numpy's SeedSequence and PCG64, compiled) against numpy itself:
+    """streams.first_draws (numpy's SeedSequence and PCG64, compiled) against numpy itself:
     random entropy words of 0, 1 and 2 32-bit words (1-8 words a row, past SeedSequence's pool of 4), and a batch's
     rows with negative or huge seeds and sample ids."""
-    from fastfeed.detect.geometry import sample_draws, sample_rng
+    from fastfeed.detect.geometry import sample_entropy, sample_rng
     from fastfeed.detect.streams import first_draws
 
     rng = np.random.default_rng(11)
@@ -614,7 +614,7 @@ def test_a_batchs_draws_are_each_samples_generator_to_the_bit():
     ids = np.array([0, 1, 7, 2 ** 40 + 3, 2 ** 63 - 1, -5])
     for seed, epoch in ((0, 0), (123, 9), (-1, 2 ** 64 + 5)):
         want = np.stack([sample_rng(seed, epoch, int(i)).random(17) for i in ids])
-        assert np.array_equal(sample_draws(seed, epoch, ids, 17), want)
+        assert np.array_equal(first_draws(sample_entropy(seed, epoch, ids), 17), want)
     with pytest.raises(ValueError):
         first_draws(np.array([[1, -2]]), 3)
 

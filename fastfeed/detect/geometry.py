@@ -151,18 +151,13 @@ def sample_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:
 
 
 def sample_entropy(seed: int, epoch: int, sample_ids) -> np.ndarray:
-    """uint64 [len(sample_ids), 4]: each sample's SeedSequence entropy, as `sample_rng` builds it."""
+    """uint64 [len(sample_ids), 4]: each sample's SeedSequence entropy, as `sample_rng` builds it: the streams of
+    fastfeed/detect/streams.py draw what those generators draw, for a whole batch in one compiled call."""
     ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1).view(np.uint64)  # % 2**64, as sample_rng takes them
     entropy = np.empty((len(ids), 4), np.uint64)
     entropy[:, 0], entropy[:, 1] = int(seed) % 2 ** 64, int(epoch) % 2 ** 64
     entropy[:, 2], entropy[:, 3] = ids, SALT
     return entropy
-
-
-def sample_draws(seed: int, epoch: int, sample_ids, n: int) -> np.ndarray:
-    """float64 [len(sample_ids), n]: each sample's first n draws of `sample_rng`, compiled for the whole batch
-    (fastfeed/detect/streams.py)."""
-    return first_draws(sample_entropy(seed, epoch, sample_ids), n)
 
 
 @numba.njit(cache=True)
@@ -269,7 +264,8 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
              quad=np.zeros((B, _MAX_TILES, 4, 2)), box_scale=np.ones((B, _MAX_TILES, 2)), flip=np.zeros(B, bool),
              hsv=np.ones((B, 3)), scale=np.zeros(B), pad=np.zeros((B, 2)))
     if train:
-        u = sample_draws(seed, epoch, ids, _DRAWS)
+        entropy = sample_entropy(seed, epoch, ids)
+        u = first_draws(entropy, _DRAWS)
         mosaic = (u[:, _MOSAIC] < aug.mosaic) & mosaic_allowed
         _plan_train(u, mosaic, wh0, S, (-S) // 2, aug.degrees, aug.translate, aug.scale, aug.shear, axis_aligned,
                     g["n_tiles"], g["source"], g["affine"], g["region"], g["dst_rect"], g["src_rect"], g["quad"],
@@ -278,8 +274,8 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
         if len(cropped) and objects is None:
             raise ValueError("DetectAugment(iou_crop=...) draws windows around the boxes: pass objects=")
         if len(cropped):
-            windows = iou_crop.crop_windows(sample_entropy(seed, epoch, ids[cropped]), _DRAWS, wh0[cropped],
-                                            objects[0], objects[2], ids[cropped])
+            windows = iou_crop.crop_windows(entropy[cropped], _DRAWS, wh0[cropped], objects[0], objects[2],
+                                            ids[cropped])
             iou_crop.fill_tiles(g, cropped, windows, wh0[cropped], S)
         g["flip"] = u[:, _FLIP] < aug.fliplr
         g["hsv"] = (2 * u[:, _HSV:_HSV + 3] - 1) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1
