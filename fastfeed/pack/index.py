@@ -28,6 +28,7 @@ import os
 import posixpath
 import re
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -182,14 +183,19 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
                  if is_url(root) else contextlib.nullcontext())
     fs, base = url_to_fs(root, storage_options) if is_url(root) else (None, root)  # one client for every shard
     with downloads as tmp:
+        # A shard's tar walk and header probes hold the GIL; its hash and scan check do not. One shard at a time,
+        # each shard's scan starts as soon as its own walk ends and runs beside the next shard's walk: side by side,
+        # the walks would share the GIL and every scan would wait for all of them.
+        python_steps = threading.Lock()
+
         def one(a):
             shard, rel = a
             if fs is None:
-                return _index_shard(os.path.join(root, rel), rel, shard, image_ext, opts, scan_threads)
+                return _index_shard(os.path.join(root, rel), rel, shard, image_ext, opts, scan_threads, python_steps)
             local = os.path.join(tmp, f"{shard:08d}.tar")  # at most `workers` of them at a time
             retrying(lambda: fs.get_file(join(base, rel), local), f"download {root}/{rel}")
             try:
-                return _index_shard(local, rel, shard, image_ext, opts, scan_threads)
+                return _index_shard(local, rel, shard, image_ext, opts, scan_threads, python_steps)
             finally:
                 os.remove(local)
 
@@ -259,7 +265,7 @@ def _table(rows: dict, per_sample: list[dict], names: list[str]) -> dict[str, np
 
 
 def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: LoadOptions,
-                 scan_threads: int = 1) -> _ShardResult:
+                 scan_threads: int = 1, python_steps=contextlib.nullcontext()) -> _ShardResult:
     res = _ShardResult()
     try:
         f = open(path, "rb")
@@ -274,11 +280,14 @@ def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: L
             return res
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             res.sha256 = hashlib.sha256(mm).hexdigest()  # releases the GIL: the shards hash side by side
-            samples, problem = _samples(mm, size, rel, res.rejected)
             view = memoryview(mm)
             try:
-                images = [_image_member(s, image_ext) for s in samples]
-                facts = _jpeg_facts(view, images, opts, scan_threads)
+                with python_steps:
+                    samples, problem = _samples(mm, size, rel, res.rejected)
+                    images = [_image_member(s, image_ext) for s in samples]
+                    facts, jpegs = _jpeg_headers(view, images)
+                if opts.scan_check:
+                    _scan_jpegs(view, jpegs, facts, scan_threads)
                 for s, img, known in zip(samples, images, facts):
                     _add_sample(res, view, s, img, rel, shard, opts, known)
             finally:
@@ -322,32 +331,37 @@ def _image_member(s: _Sample, image_ext: str | None) -> tuple | str:
     return members[img_ext]
 
 
-def _jpeg_facts(view: memoryview, images: list, opts: LoadOptions, threads: int) -> list:
-    """Per sample (its `_image_member`), what check_image's `facts` holds for a JPEG image the native header walk reads (its header
-    facts and, with the scan check on, the scan check's answer), else None. The scan checks of the shard run in
-    one native call on `threads` threads, the GIL released."""
+def _jpeg_headers(view: memoryview, images: list) -> tuple[list, list]:
+    """(per sample (its `_image_member`), what check_image's `facts` holds for a JPEG image the native header walk
+    reads, else None; the (sample, offset, size) of those JPEGs, for `_scan_jpegs`)."""
     facts: list = [None] * len(images)
+    jpegs: list = []
     if not transcode.HAVE_SCAN_CHECK:  # a native core built without libjpeg, or none: check_image walks alone
-        return facts
+        return facts, jpegs
     from fastfeed import _native
 
-    jpegs = []  # (sample, offset, size)
     for i, img in enumerate(images):
         if isinstance(img, tuple) and bytes(view[img[1]:img[1] + 3]) == b"\xff\xd8\xff":
             with view[img[1]:img[1] + img[2]] as data:
                 facts[i] = _native.probe_jpeg(data)
             if facts[i] is not None:
                 jpegs.append((i, img[1], img[2]))
-    if opts.scan_check and jpegs:
-        spans = [view[off:off + size] for _, off, size in jpegs]
-        try:
-            answers = transcode.check_scans(spans, threads)
-        finally:
-            for v in spans:  # the shard's map closes only once no view of it is left
-                v.release()
-        for (i, _, _), err in zip(jpegs, answers):
-            facts[i] = (*facts[i][:6], err or "")
-    return facts
+    return facts, jpegs
+
+
+def _scan_jpegs(view: memoryview, jpegs: list, facts: list, threads: int) -> None:
+    """The scan check's answers into `facts` (`_jpeg_headers`'), for the whole shard in one native call on
+    `threads` threads, the GIL released."""
+    if not jpegs:
+        return
+    spans = [view[off:off + size] for _, off, size in jpegs]
+    try:
+        answers = transcode.check_scans(spans, threads)
+    finally:
+        for v in spans:  # the shard's map closes only once no view of it is left
+            v.release()
+    for (i, _, _), err in zip(jpegs, answers):
+        facts[i] = (*facts[i][:6], err or "")
 
 
 def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, img: tuple | str, rel: str, shard: int,
