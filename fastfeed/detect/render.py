@@ -158,8 +158,7 @@ def render(images, geometry: BatchGeometry, k: int, hsv: bool = True, out: np.nd
             _resize_tile(rgbx, (x0 * fx, y0 * fy, x1 * fx, y1 * fy), canvas, canvas_img, t.dst_rect, exact)
         else:
             _warp_into(canvas, _wrap(rgbx), fx, fy, t)
-    gains = geometry.hsv[k]
-    finish(canvas, out, gains if hsv and (gains != 1).any() else None, bool(geometry.flip[k]), planar)
+    finish(canvas, out, geometry.hsv[k] if hsv else None, bool(geometry.flip[k]), planar)
     return out
 
 

@@ -233,7 +233,8 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
             gpu_from, limit = limit, limit + 1
     else:
         # The CPU detection decoder's batch runs in steps (decode every source, then draw every output) that wait
-        # for their slowest thread: a second pipeline's batch fills those waits (docs/detection.md#speed).
+        # for their slowest thread: a second pipeline's batch fills those waits
+        # (benchmarks/README.md#detection-batches-on-the-cpu).
         cpu_geometry = task in GEOMETRY_TASKS and kind == "cpu"
         pipelines = pipelines or (DEFAULT_DALI_PIPELINES if dali or cpu_geometry else 1)
         threads_for = limit = floor = pipelines
