@@ -56,6 +56,9 @@
 #                      Loader arguments [makes its own set]
 #   detect-sweep       the GPU detection loader alone under several Loader settings, side by side (detect_sweep.py;
 #                      SWEEP='[{...}, ...]' for other settings) [makes detect's set]
+#   detect-ceiling     where the GPU detection path's ceiling is: DALI's whole-image decode alone and GpuDetectDecoder
+#                      with its steps timed, 1-4 pipelines (detect_ceiling.py); with py-spy carried (.carry/spy) the
+#                      Loader's threads and the GIL sampled [makes detect's set]
 #   ssd [N...]         SSD-style batches at 640 px, batch 64, to the GPU: fastfeed's IoU crop against DALI's SSD
 #                      pipeline (bench_ssd.py --device cuda: COCO reader, random_bbox_crop, the window decoded on
 #                      the GPU), on 16 cores and under taskset -c 0-(N-1) for each N [makes detect's set]
@@ -75,7 +78,7 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/lib.sh
 
 STEPS=" stage-dali build data gpu-tests train-resnet50 train-resnet18 alone first-batch first-step photos photos-alone
-        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect detect-sweep ssd yolo-train
+        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect detect-sweep detect-ceiling ssd yolo-train
         profile abba "
 STEPS=$(echo $STEPS)  # one line, single spaces
 STEPS=" $STEPS "
@@ -187,6 +190,24 @@ run_step() {  # $1 = step, rest: its arguments
 from bench_detect import prepare_data; prepare_data(Path('$W/detect'), 2000)"
           CUDA_VISIBLE_DEVICES=0 timeout 500 python3 $G/detect_sweep.py $W/detect/wds ${SWEEP:+--configs "$SWEEP"} \
               2>&1 | grep "img/s" ;;
+  detect-ceiling) need native dali || return 1
+          python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks')
+from bench_detect import prepare_data; prepare_data(Path('$W/detect'), 2000)"
+          nvidia-smi dmon -s u -o T > $OUT/dmon.txt 2>&1 &  # the GPU's SM and JPEG-engine utilisation, each second
+          local dmon=$!
+          CUDA_VISIBLE_DEVICES=0 timeout 300 python3 $G/detect_ceiling.py $W/detect/wds 2>&1 | grep -E "img/s|images in"
+          if [ -x .carry/spy/py-spy ]; then  # where the Loader's threads spend their time, and who holds the GIL
+            CUDA_VISIBLE_DEVICES=0 timeout 100 python3 $G/detect_sweep.py $W/detect/wds --seconds 60 \
+                --configs '[{"pipelines": 4}]' > $OUT/spy-loader.log 2>&1 &
+            local loader=$!
+            sleep 20
+            local pid=$(pgrep -f "^python3 .*detect_sweep.py" | head -1)
+            .carry/spy/py-spy record --pid $pid -d 8 -r 250 -f raw --threads --nonblocking -o $OUT/spy-all.txt 2>&1 | tail -1
+            .carry/spy/py-spy record --pid $pid -d 8 -r 250 -f raw --gil --nonblocking -o $OUT/spy-gil.txt 2>&1 | tail -1
+            wait $loader; grep img/s $OUT/spy-loader.log
+          fi
+          kill $dmon
+          (cd $OUT && tar -czf detect-ceiling-$tag.tar.gz dmon.txt spy-* 2>/dev/null; rm -f dmon.txt spy-*) ;;
   ssd) need native dali || return 1
        for cores in 16 "$@"; do
          CUDA_VISIBLE_DEVICES=0 timeout 240 taskset -c 0-$((cores - 1)) python3 benchmarks/bench_ssd.py \
