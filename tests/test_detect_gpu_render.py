@@ -80,7 +80,7 @@ def test_the_gpu_renderer_refuses_rotated_tiles():
 HSV_SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np, torch
-    from fastfeed.detect.hsv import apply_hsv_inplace, apply_hsv_nhwc, apply_hsv_torch
+    from fastfeed.detect.hsv import apply_hsv_inplace, apply_hsv_nhwc, apply_hsv_torch, finish_nhwc
 
     rng = np.random.default_rng(1)
     x = rng.integers(0, 256, (4, 48, 40, 3), dtype=np.uint8)
@@ -94,9 +94,26 @@ HSV_SCRIPT = textwrap.dedent("""
     got = got.cpu()
     ops = apply_hsv_torch(torch.from_numpy(x).permute(0, 3, 1, 2), torch.from_numpy(gains)).permute(0, 2, 3, 1)
     diff = np.abs(got.numpy().astype(int) - cpu)
+    # finish_nhwc: the same levels (the oracle: this kernel's own in-place ones, so rounding ties cannot differ),
+    # normalised as torch does it, in each output dtype and layout; and without gains, x itself normalised
+    mean = torch.tensor([0.485, 0.456, 0.406]) * 255
+    std = torch.tensor([0.229, 0.224, 0.225]) * 255
+    finish_differ = 0
+    for dtype in (torch.float16, torch.float32, torch.uint8):
+        for fmt in (torch.contiguous_format, torch.channels_last):
+            for g, levels in ((gains, got), (None, torch.from_numpy(x))):
+                out = torch.empty((4, 3, 48, 40), dtype=dtype, device=sys.argv[1], memory_format=fmt)
+                norm = dtype != torch.uint8
+                finish_nhwc(torch.from_numpy(x).to(sys.argv[1]), g, out=out, mean=mean if norm else None,
+                            std=std if norm else None)
+                want = levels.permute(0, 3, 1, 2)
+                if norm:
+                    want = ((want.float() - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)).to(dtype)
+                finish_differ += int((out.cpu() != want).sum()) + int(out.is_contiguous(memory_format=fmt) is False)
     print(json.dumps({"max": int(diff.max()), "share": float((diff > 0).mean()),
                       "ops_differ": int((ops.numpy() != got.numpy()).sum()),
-                      "gain_one_unchanged": bool(np.array_equal(got[2].numpy(), x[2]))}))
+                      "gain_one_unchanged": bool(np.array_equal(got[2].numpy(), x[2])),
+                      "finish_differ": finish_differ}))
 """)
 
 
@@ -109,12 +126,13 @@ def _hsv_check(device: str, env: dict) -> dict:
 
 def _hsv_ok(got: dict, ops_differ: int) -> bool:
     return (got["max"] <= 1 and got["share"] < 0.02 and got["ops_differ"] <= ops_differ
-            and got["gain_one_unchanged"])
+            and got["gain_one_unchanged"] and got["finish_differ"] == 0)
 
 
 def test_the_one_pass_gpu_hsv_is_torchs_and_the_cpus_to_a_level():
     """apply_hsv_nhwc (the GPU decoder's Triton pass) under Triton's interpreter: torch's float32 form exactly, the
-    CPU's one to a level, and a gain of 1 changes nothing."""
+    CPU's one to a level, and a gain of 1 changes nothing; finish_nhwc (the same pass normalising into the Loader's
+    dtype and layout) gives those levels normalised as torch normalises them, to the bit."""
     got = _hsv_check("cpu", dict(os.environ, TRITON_INTERPRET="1"))
     assert _hsv_ok(got, ops_differ=0), got
 

@@ -21,7 +21,7 @@ from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IM
                                   replaced_list, resolve_errors)
 from fastfeed.decode.recycle import OutputBuffers
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
-from fastfeed.detect.hsv import apply_hsv_nhwc, apply_hsv_torch
+from fastfeed.detect.hsv import apply_hsv_torch, finish_nhwc
 from fastfeed.detect.instances import has_masks, render_instances
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
 from fastfeed.detect.render import decode_rgbx, render
@@ -233,15 +233,19 @@ class DetectDecoder:
         t = pixels
         if t.device.type != self.device.type:
             t = t.pin_memory().to(self.device, non_blocking=True)
-        fused = hsv_gains is not None and t.is_cuda and t.is_contiguous() and _HAVE_TRITON
-        if fused:  # one pass, in place: the batch is this decoder's own
-            apply_hsv_nhwc(t, torch.from_numpy(hsv_gains))
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        gains = None if hsv_gains is None else torch.from_numpy(hsv_gains.astype(np.float32))
+        if t.is_cuda and t.is_contiguous() and _HAVE_TRITON:  # one pass (hsv.finish_nhwc)
+            out = torch.empty((t.shape[0], 3, t.shape[1], t.shape[2]), dtype=self.dtype, device=t.device,
+                              memory_format=fmt)
+            norm = self.dtype != torch.uint8
+            return finish_nhwc(t, gains, out=out, mean=self._mean.view(3) if norm else None,
+                               std=self._std.view(3) if norm else None)
         t = t.permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels_last already
-        if hsv_gains is not None and not fused:
-            t = apply_hsv_torch(t, torch.from_numpy(hsv_gains))
+        if gains is not None:
+            t = apply_hsv_torch(t, gains)
         if self.dtype != torch.uint8:
             t = ((t.float() - self._mean.to(t.device)) / self._std.to(t.device)).to(self.dtype)
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         return t.contiguous(memory_format=fmt)
 
     def close(self) -> None:

@@ -29,16 +29,17 @@ __all__ = ["render_batch", "plan_tiles"]
 _IMG_OFF, _SRC_W, _OW, _FIRST, _TMP_OFF, _H_OFF, _V_OFF, _OUT, _X0, _Y0, _FLIP = range(11)
 _NCOL = 11
 _BLOCK = 256
+_ALIGN = 4  # int32s: 16 bytes
 
 
 @numba.njit(nogil=True, cache=True)
 def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
     """Everything the kernels read, for tiles of source size (W, H), source box (source pixels), output size
     (ow, oh) at (X0, Y0) of output `out_at` (element offset), mirrored where `flip`: the tile table int64 [T, 11],
-    and one int32 buffer holding, in order, Pillow's coefficients of both passes (h_start [sum ow], h_weights
-    [sum ow, kh], v_start [sum oh], v_weights [sum oh, kv]) and the (tile, row) jobs of both passes (pass 1 makes
-    the source rows the vertical filter reads, pass 2 the output rows). Returns (table, ints, section lengths,
-    kh, kv, tmp bytes)."""
+    and one int32 buffer holding, in order, each from a multiple of _ALIGN, Pillow's coefficients of both passes
+    (h_start [sum ow], h_weights [sum ow, kh], v_start [sum oh], v_weights [sum oh, kv]) and the (tile, row) jobs
+    of both passes (pass 1 makes the source rows the vertical filter reads, pass 2 the output rows). Returns (table, ints, the sections' starts
+    (and the end), their lengths, kh, kv, tmp bytes)."""
     T = len(W)
     kh = kv = 1
     for t in range(T):
@@ -55,12 +56,16 @@ def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
         rows_of[t] = vb[oh[t] - 1, 0] + vb[oh[t] - 1, 1] - vb[0, 0]
     rows_total = rows_of.sum()
     lens = np.array([sw, sw * kh, sh, sh * kv, 2 * rows_total, 2 * sh], np.int64)
-    ints = np.zeros(lens.sum(), np.int32)
+    # Each section starts on 16 bytes: Triton compiles a kernel per alignment of its pointers, so unaligned starts
+    # would cost a compilation for each new combination met.
     at = np.zeros(7, np.int64)
-    at[1:] = np.cumsum(lens)
-    h_start, h_w = ints[at[0]:at[1]], ints[at[1]:at[2]].reshape(sw, kh)
-    v_start, v_w = ints[at[2]:at[3]], ints[at[3]:at[4]].reshape(sh, kv)
-    jobs1, jobs2 = ints[at[4]:at[5]].reshape(rows_total, 2), ints[at[5]:at[6]].reshape(sh, 2)
+    for i in range(6):
+        at[i + 1] = (at[i] + lens[i] + _ALIGN - 1) // _ALIGN * _ALIGN
+    ints = np.zeros(at[6], np.int32)
+    end = at[:6] + lens
+    h_start, h_w = ints[at[0]:end[0]], ints[at[1]:end[1]].reshape(sw, kh)
+    v_start, v_w = ints[at[2]:end[2]], ints[at[3]:end[3]].reshape(sh, kv)
+    jobs1, jobs2 = ints[at[4]:end[4]].reshape(rows_total, 2), ints[at[5]:end[5]].reshape(sh, 2)
     ho = vo = j1 = 0
     tmp = 0
     for t in range(T):
@@ -82,12 +87,12 @@ def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
         j1 += rows
         ho += ow[t]
         vo += oh[t]
-    return table, ints, lens, kh, kv, tmp
+    return table, ints, at, lens, kh, kv, tmp
 
 
 class TilePlan:
     """What the kernels of one batch read, on the host: `table` int64 [T, 11] (see the column names above), and
-    `ints` int32, the coefficients and the (tile, row) job lists of both passes (`sections` their lengths)."""
+    `ints` int32, the coefficients and the (tile, row) job lists of both passes (`sections` their (start, length))."""
 
     def __init__(self, geometry: BatchGeometry, image_off, image_size):
         S = geometry.image_size
@@ -103,9 +108,9 @@ class TilePlan:
         box = np.ascontiguousarray(g.src_rect[k, t] * np.stack([fx, fy, fx, fy], axis=1))
         X0, Y0, X1, Y1 = (np.ascontiguousarray(rect[k, t, i]) for i in range(4))
         ow = self.ow = X1 - X0
-        self.table, self.ints, sections, self.kh, self.kv, self.tmp_bytes = _plan(
+        self.table, self.ints, at, lens, self.kh, self.kv, self.tmp_bytes = _plan(
             W, H, box, ow, Y1 - Y0, image_off[src], k * S * S * 3, X0, Y0, g.flip[k].astype(np.int64))
-        self.sections = tuple(int(v) for v in sections)
+        self.sections = tuple((int(a), int(n)) for a, n in zip(at, lens))
         self.max_row = int(ow.max() * 3) if len(k) else 0
 
 
@@ -128,7 +133,7 @@ def render_batch(flat: torch.Tensor, image_off, image_size, geometry: BatchGeome
     host, table = torch.from_numpy(plan.ints), torch.from_numpy(plan.table)
     if dev.type == "cuda":
         host, table = host.pin_memory().to(dev, non_blocking=True), table.pin_memory().to(dev, non_blocking=True)
-    hs, hw, vs, vw, jobs1, jobs2 = torch.split(host, plan.sections)
+    hs, hw, vs, vw, jobs1, jobs2 = (host[a:a + n] for a, n in plan.sections)
     tmp = torch.empty(max(plan.tmp_bytes, 1), dtype=torch.uint8, device=dev)
     kernels = _kernels()
     blocks = triton_cdiv(plan.max_row, _BLOCK)

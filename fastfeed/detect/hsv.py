@@ -4,9 +4,10 @@ OpenCV's 180-step hue): no hue quantisation, so a gain of 1 changes nothing; the
 
 Three implementations of the same arithmetic: `apply_hsv_inplace`, one numba pass over an image on the CPU (the GIL
 released, so the renderer's threads run it at once; `finish`, the renderer's last pass, is it fused with the flip
-and the output layout); `apply_hsv_nhwc`, one Triton pass over a uint8 NHWC batch on
-the GPU, in place (the GPU decoder's: it shares the GPU with the training step, and torch's form below makes some
-twenty passes over the batch); `apply_hsv_torch`, any device, torch operations. All three in float32; they agree
+and the output layout); `finish_nhwc`, one Triton pass over a uint8 NHWC batch on the GPU that also normalises
+and writes the Loader's dtype and layout (the GPU path's last pass: it shares the GPU with the training step, and
+torch's form below makes some twenty passes over the batch; `apply_hsv_nhwc` is it in place);
+`apply_hsv_torch`, any device, torch operations. All three in float32; they agree
 with colorsys' float64 to a level, and with each other but for a level at a rounding tie.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from fastfeed.decode.numba_import import import_numba
 
 numba = import_numba()
 
-__all__ = ["apply_hsv_inplace", "apply_hsv_nhwc", "apply_hsv_torch", "finish"]
+__all__ = ["apply_hsv_inplace", "apply_hsv_nhwc", "apply_hsv_torch", "finish", "finish_nhwc"]
 
 _F = np.float32
 _INV255 = _F(1.0 / 255.0)
@@ -163,17 +164,42 @@ def apply_hsv_torch(images, gains):
 def apply_hsv_nhwc(images, gains) -> None:
     """RandomHSV in place on a contiguous uint8 [B, H, W, 3] batch on a CUDA device (or on the CPU under Triton's
     interpreter, TRITON_INTERPRET=1), with per-image gains [B, 3] (hue, saturation, value): apply_hsv_torch's
-    float32 arithmetic, one pass."""
+    float32 arithmetic, one pass (`finish_nhwc` writing over its input)."""
+    finish_nhwc(images, gains, out=images.permute(0, 3, 1, 2))
+
+
+def finish_nhwc(images, gains, *, out=None, mean=None, std=None):
+    """The GPU path's last pass over a contiguous uint8 [B, H, W, 3] batch on a CUDA device (or on the CPU under
+    Triton's interpreter): RandomHSV with per-image `gains` [B, 3] (None: none), then, when `mean` and `std` (float32
+    [3], in 0..255 units) are given, (value - mean) / std, written into `out` [B, 3, H, W] (any dtype the values
+    cast to, any strides: NCHW or channels_last memory; it may be the input's own memory seen as NCHW). One read
+    and one write of the batch, where torch's operations make a float32 copy per step; the same values as
+    `(apply_hsv_torch(x).float() - mean) / std` cast to out's dtype (IEEE division; rounding to nearest even)."""
     import torch
 
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[3] != 3 or not images.is_contiguous():
         raise ValueError(f"need a contiguous uint8 [B, H, W, 3] batch, got {images.dtype} {tuple(images.shape)}")
     B, H, W, _ = images.shape
-    g = torch.as_tensor(gains, dtype=torch.float32).to(images.device).contiguous()
-    if g.shape != (B, 3):
-        raise ValueError(f"need gains [{B}, 3], got {tuple(g.shape)}")
+    if out is None or tuple(out.shape) != (B, 3, H, W) or out.device != images.device:
+        raise ValueError(f"need an output [B, 3, H, W] = {[B, 3, H, W]} on {images.device}")
+    if out.stride(3) * W != out.stride(2):
+        raise ValueError("the output's rows must be whole (NCHW or channels_last memory)")
+    hsv = gains is not None
+    if hsv:
+        g = torch.as_tensor(gains, dtype=torch.float32)
+        if g.shape != (B, 3):
+            raise ValueError(f"need gains [{B}, 3], got {tuple(g.shape)}")
+        if g.device != images.device:  # page-locked, so the copy does not wait for the batch's kernels
+            g = g.pin_memory().to(images.device, non_blocking=True) if images.is_cuda else g.to(images.device)
+    else:
+        g = images  # not read
+    norm = mean is not None
+    m = [float(v) for v in (mean if norm else (0, 0, 0))]
+    d = [float(v) for v in (std if norm else (1, 1, 1))]
     n = H * W
-    _kernel()[(B, -(-n // _BLOCK))](images, g, n, BLOCK=_BLOCK)
+    _kernel()[(B, -(-n // _BLOCK))](images, out, g, n, out.stride(0), out.stride(1), out.stride(3), *m, *d,
+                                    HSV=hsv, NORM=norm, BLOCK=_BLOCK)
+    return out
 
 
 _BLOCK = 1024
@@ -189,43 +215,53 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def hsv(px, gains, n, BLOCK: tl.constexpr):
+    def finish(px, out, gains, n, sb, sc, sp, m0, m1, m2, d0, d1, d2, HSV: tl.constexpr, NORM: tl.constexpr,
+               BLOCK: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = p < n
         at = px + (b * n + p) * 3
-        r = tl.load(at, mask=inside, other=0).to(tl.float32) / 255.0
-        g = tl.load(at + 1, mask=inside, other=0).to(tl.float32) / 255.0
-        bl = tl.load(at + 2, mask=inside, other=0).to(tl.float32) / 255.0
-        gh = tl.load(gains + b * 3)
-        gs = tl.load(gains + b * 3 + 1)
-        gv = tl.load(gains + b * 3 + 2)
-        mx = tl.maximum(r, tl.maximum(g, bl))
-        d = mx - tl.minimum(r, tl.minimum(g, bl))
-        coloured = d > 0
-        safe = tl.where(coloured, d, 1.0)
-        h = tl.where(mx == r, (g - bl) / safe, tl.where(mx == g, (bl - r) / safe + 2.0, (r - g) / safe + 4.0)) / 6.0
-        h = tl.where(coloured, h - tl.floor(h), 0.0)
-        s = tl.where(coloured, d / tl.where(mx > 0, mx, 1.0), 0.0)
-        h = h * gh
-        h = h - tl.floor(h)
-        s = tl.minimum(s * gs, 1.0)
-        v = tl.minimum(mx * gv, 1.0)
-        i = tl.floor(h * 6.0)
-        f = h * 6.0 - i
-        sector = i.to(tl.int32) % 6
-        pp = v * (1.0 - s)
-        q = v * (1.0 - s * f)
-        t = v * (1.0 - s * (1.0 - f))
-        # colorsys.hsv_to_rgb's six sectors: which of (v, p, q, t) each channel takes
-        ro = tl.where((sector == 0) | (sector == 5), v, tl.where(sector == 1, q, tl.where(sector == 4, t, pp)))
-        go = tl.where(sector == 0, t, tl.where((sector == 1) | (sector == 2), v, tl.where(sector == 3, q, pp)))
-        bo = tl.where((sector == 0) | (sector == 1), pp, tl.where(sector == 2, t,
-                                                                  tl.where((sector == 3) | (sector == 4), v, q)))
+        r8 = tl.load(at, mask=inside, other=0).to(tl.float32)
+        g8 = tl.load(at + 1, mask=inside, other=0).to(tl.float32)
+        b8 = tl.load(at + 2, mask=inside, other=0).to(tl.float32)
+        if HSV:
+            r, g, bl = r8 / 255.0, g8 / 255.0, b8 / 255.0
+            gh = tl.load(gains + b * 3)
+            gs = tl.load(gains + b * 3 + 1)
+            gv = tl.load(gains + b * 3 + 2)
+            mx = tl.maximum(r, tl.maximum(g, bl))
+            dd = mx - tl.minimum(r, tl.minimum(g, bl))
+            coloured = dd > 0
+            safe = tl.where(coloured, dd, 1.0)
+            h = tl.where(mx == r, (g - bl) / safe, tl.where(mx == g, (bl - r) / safe + 2.0, (r - g) / safe + 4.0))
+            h = h / 6.0
+            h = tl.where(coloured, h - tl.floor(h), 0.0)
+            s = tl.where(coloured, dd / tl.where(mx > 0, mx, 1.0), 0.0)
+            h = h * gh
+            h = h - tl.floor(h)
+            s = tl.minimum(s * gs, 1.0)
+            v = tl.minimum(mx * gv, 1.0)
+            i = tl.floor(h * 6.0)
+            f = h * 6.0 - i
+            sector = i.to(tl.int32) % 6
+            pp = v * (1.0 - s)
+            q = v * (1.0 - s * f)
+            t = v * (1.0 - s * (1.0 - f))
+            # colorsys.hsv_to_rgb's six sectors: which of (v, p, q, t) each channel takes
+            ro = tl.where((sector == 0) | (sector == 5), v, tl.where(sector == 1, q, tl.where(sector == 4, t, pp)))
+            go = tl.where(sector == 0, t, tl.where((sector == 1) | (sector == 2), v, tl.where(sector == 3, q, pp)))
+            bo = tl.where((sector == 0) | (sector == 1), pp, tl.where(sector == 2, t,
+                                                                      tl.where((sector == 3) | (sector == 4), v, q)))
+            r8 = tl.minimum(tl.maximum(tl.floor(ro * 255.0 + 0.5), 0.0), 255.0)
+            g8 = tl.minimum(tl.maximum(tl.floor(go * 255.0 + 0.5), 0.0), 255.0)
+            b8 = tl.minimum(tl.maximum(tl.floor(bo * 255.0 + 0.5), 0.0), 255.0)
+        if NORM:
+            r8, g8, b8 = tl.math.div_rn(r8 - m0, d0), tl.math.div_rn(g8 - m1, d1), tl.math.div_rn(b8 - m2, d2)
         # Three stores written out: Triton's compiler takes no loop over a tuple of tensors (its interpreter does).
-        tl.store(at, tl.minimum(tl.maximum(tl.floor(ro * 255.0 + 0.5), 0.0), 255.0).to(tl.uint8), mask=inside)
-        tl.store(at + 1, tl.minimum(tl.maximum(tl.floor(go * 255.0 + 0.5), 0.0), 255.0).to(tl.uint8), mask=inside)
-        tl.store(at + 2, tl.minimum(tl.maximum(tl.floor(bo * 255.0 + 0.5), 0.0), 255.0).to(tl.uint8), mask=inside)
+        o = out + b * sb + p * sp
+        tl.store(o, r8.to(out.dtype.element_ty), mask=inside)
+        tl.store(o + sc, g8.to(out.dtype.element_ty), mask=inside)
+        tl.store(o + 2 * sc, b8.to(out.dtype.element_ty), mask=inside)
 
-    _KERNEL = hsv
+    _KERNEL = finish
     return _KERNEL
