@@ -23,6 +23,7 @@ SCRIPT = textwrap.dedent("""
     from fastfeed.detect.render import render
     from fastfeed.detect.gpu_render import render_batch
 
+    dev = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     rng = np.random.default_rng(0)
     B, S = 4, 24
     sizes = np.array([(11, 17), (70, 36), (20, 72), (9, 40)])
@@ -36,7 +37,7 @@ SCRIPT = textwrap.dedent("""
         g = plan_batch(np.arange(B) + 7 * epoch, sizes, S, epoch=epoch, seed=2, aug=aug, train=train)
         ref = np.stack([render(imgs, g, k, hsv=False, exact=True) for k in range(B)])
         fast = np.stack([render(imgs, g, k, hsv=False) for k in range(B)])
-        got = render_batch(flat, off, sizes, g).numpy()
+        got = render_batch(flat.to(dev), off, sizes, g).cpu().numpy()
         report.append({"train": train, "tiles": int(g.n_tiles.sum()), "flipped": int(g.flip.sum()),
                        "differ": int((ref != got).sum()), "shape": list(got.shape),
                        "simd_levels": int(np.abs(fast.astype(int) - ref).max())})
@@ -45,17 +46,17 @@ SCRIPT = textwrap.dedent("""
     small = [rng.integers(0, 256, (15, 30, 3), dtype=np.uint8) for _ in range(2)]
     ref = np.stack([render(small, g, k, hsv=False, exact=True) for k in range(2)])
     fast = np.stack([render(small, g, k, hsv=False) for k in range(2)])
-    got = render_batch(torch.from_numpy(np.concatenate([s.ravel() for s in small])), np.array([0, 1350]),
-                       np.array([(30, 15), (30, 15)]), g).numpy()
+    got = render_batch(torch.from_numpy(np.concatenate([s.ravel() for s in small])).to(dev), np.array([0, 1350]),
+                       np.array([(30, 15), (30, 15)]), g).cpu().numpy()
     report.append({"train": False, "tiles": 2, "flipped": 0, "differ": int((ref != got).sum()),
                    "shape": list(got.shape), "simd_levels": int(np.abs(fast.astype(int) - ref).max())})
     print(json.dumps(report))
 """)
 
 
-def test_gpu_renderer_draws_the_cpu_renderers_pixels_to_the_bit():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+def _render_check(device: str, env: dict) -> None:
+    done = subprocess.run([sys.executable, "-c", SCRIPT, device], env=env, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(report) == 4
@@ -64,6 +65,17 @@ def test_gpu_renderer_draws_the_cpu_renderers_pixels_to_the_bit():
     for case in report:
         assert case["differ"] == 0 and case["simd_levels"] <= 1, case
         assert case["shape"][1:] == [24, 24, 3]
+
+
+def test_gpu_renderer_draws_the_cpu_renderers_pixels_to_the_bit():
+    _render_check("cpu", dict(os.environ, TRITON_INTERPRET="1"))
+
+
+@pytest.mark.gpu
+def test_compiled_the_gpu_renderer_still_draws_them_to_the_bit():
+    """The same on a GPU, compiled: the kernels compute Pillow's float64 coefficients themselves, so a fused
+    multiply-add or an approximate division there would move pixels."""
+    _render_check("cuda", dict(os.environ))
 
 
 def test_the_gpu_renderer_refuses_rotated_tiles():
