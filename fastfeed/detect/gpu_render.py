@@ -213,7 +213,7 @@ def _kernels():
         center = y0 + (yy.to(tl.float64) + 0.5) * scale
         ymin = tl.maximum((center - support + 0.5).to(tl.int64), 0)
         count = tl.maximum(tl.minimum((center + support + 0.5).to(tl.int64), H) - ymin, 0)
-        ww = 0.0
+        ww = y0 * 0.0  # float64: a loop-carried value keeps its type
         for k in range(KV):
             d = tl.abs(((k + ymin).to(tl.float64) - center + 0.5) * ss)
             ww += tl.where((k < count) & (d < 1.0), 1.0 - d, 0.0)
