@@ -30,24 +30,24 @@ __all__ = ["render_batch", "plan_tiles"]
 # Columns of the per-tile table the kernels read (int64; the kernels name them by number): where its source is and
 # its size, its output size, the first source row the vertical filter reads and how many, where its rows go in the
 # scratch buffer and in the batch, whether it is mirrored, and the number of its first job in each pass.
-(_IMG_OFF, _SRC_W, _SRC_H, _OW, _OH, _FIRST, _ROWS, _TMP_OFF, _OUT, _X0, _Y0, _FLIP, _JOB1, _JOB2) = range(14)
-_NCOL = 14
+(_IMG_OFF, _SRC_W, _SRC_H, _OW, _OH, _FIRST, _ROWS, _TMP_OFF, _OUT, _X0, _Y0, _FLIP, _JOB1, _JOB2,
+ _H_OFF) = range(15)
+_NCOL = 15
 # Columns of the float64 table: the source box (x0, y0) and the scales (source pixels per output pixel).
 _BX0, _BY0, _SCALE_X, _SCALE_Y = range(4)
-_BLOCK = 256  # values a program of the vertical pass writes
-_PIXELS = 128  # output columns a program of the horizontal pass makes
+_BLOCK = 256  # values (or coefficient rows) a program makes
 
 
 @numba.njit(nogil=True, cache=True)
 def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
     """The tile tables for tiles of source size (W, H), source box (source pixels), output size (ow, oh) at
-    (X0, Y0) of output `out_at` (element offset), mirrored where `flip`: (table int64 [T, 14], box float64 [T, 4],
-    kh, kv (the longest filters), jobs of pass 1, jobs of pass 2, scratch bytes)."""
+    (X0, Y0) of output `out_at` (element offset), mirrored where `flip`: (table int64 [T, 15], box float64 [T, 4],
+    kh, kv (the longest filters), jobs of pass 1, jobs of pass 2 (= output rows), output columns, scratch bytes)."""
     T = len(W)
-    table = np.empty((T, 14), np.int64)
+    table = np.empty((T, 15), np.int64)
     fbox = np.empty((T, 4), np.float64)
     kh = kv = 1
-    tmp = j1 = j2 = 0
+    tmp = j1 = j2 = h = 0
     for t in range(T):
         sx = (boxes[t, 2] - boxes[t, 0]) / ow[t]
         sy = (boxes[t, 3] - boxes[t, 1]) / oh[t]
@@ -61,15 +61,17 @@ def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
         table[t, 0], table[t, 1], table[t, 2], table[t, 3], table[t, 4] = image_off[t], W[t], H[t], ow[t], oh[t]
         table[t, 5], table[t, 6], table[t, 7], table[t, 8] = first, rows, tmp, out_at[t]
         table[t, 9], table[t, 10], table[t, 11], table[t, 12], table[t, 13] = X0[t], Y0[t], flip[t], j1, j2
+        table[t, 14] = h
         fbox[t, 0], fbox[t, 1], fbox[t, 2], fbox[t, 3] = boxes[t, 0], boxes[t, 1], sx, sy
         tmp += rows * ow[t] * 3
         j1 += rows
         j2 += oh[t]
-    return table, fbox, kh, kv, j1, j2, tmp
+        h += ow[t]
+    return table, fbox, kh, kv, j1, j2, h, tmp
 
 
 class TilePlan:
-    """What the kernels of one batch read, on the host: `table` int64 [T, 14] and `box` float64 [T, 4] (see the
+    """What the kernels of one batch read, on the host: `table` int64 [T, 15] and `box` float64 [T, 4] (see the
     column names above), the longest filters (kh, kv), each pass's number of jobs and the scratch buffer's size."""
 
     def __init__(self, geometry: BatchGeometry, image_off, image_size):
@@ -86,7 +88,7 @@ class TilePlan:
         box = np.ascontiguousarray(g.src_rect[k, t] * np.stack([fx, fy, fx, fy], axis=1))
         X0, Y0, X1, Y1 = (np.ascontiguousarray(rect[k, t, i]) for i in range(4))
         ow = X1 - X0
-        self.table, self.box, self.kh, self.kv, self.jobs1, self.jobs2, self.tmp_bytes = _plan(
+        self.table, self.box, self.kh, self.kv, self.jobs1, self.jobs2, self.columns, self.tmp_bytes = _plan(
             W, H, box, ow, Y1 - Y0, image_off[src], k * S * S * 3, X0, Y0, g.flip[k].astype(np.int64))
         self.max_ow = int(ow.max()) if len(k) else 0
 
@@ -111,14 +113,22 @@ def render_batch(flat: torch.Tensor, image_off, image_size, geometry: BatchGeome
     if dev.type == "cuda":  # page-locked, so the copies do not wait for the GPU
         table, box = table.pin_memory().to(dev, non_blocking=True), box.pin_memory().to(dev, non_blocking=True)
     tmp = torch.empty(max(plan.tmp_bytes, 1), dtype=torch.uint8, device=dev)
-    kernels = _kernels()
-    steps = len(plan.table).bit_length()  # of the binary search for a job's tile
+    n, steps = len(plan.table), len(plan.table).bit_length()  # steps: of the binary search for a job's tile
+    h_start = torch.empty(plan.columns, dtype=torch.int32, device=dev)
+    h_w = torch.empty(plan.columns * plan.kh, dtype=torch.int32, device=dev)
+    v_start = torch.empty(plan.jobs2, dtype=torch.int32, device=dev)
+    v_w = torch.empty(plan.jobs2 * plan.kv, dtype=torch.int32, device=dev)
+    coeffs, horizontal, vertical = _kernels()
     # Pillow's float64 arithmetic to the bit: no multiply-add fused into one rounding.
     exact = {} if _interpreted() else {"enable_fp_fusion": False}
-    kernels[0][(plan.jobs1, triton_cdiv(plan.max_ow, _PIXELS))](flat, tmp, table, box, len(plan.table), steps,
-                                                               plan.kh, PIXELS=_PIXELS, **exact)
-    kernels[1][(plan.jobs2, triton_cdiv(plan.max_ow * 3, _BLOCK))](tmp, out, table, box, len(plan.table), steps,
-                                                                  plan.kv, S, BLOCK=_BLOCK, **exact)
+    # each output column's and row's coefficients, once (columns: source x, width, box x0, scale x)
+    coeffs[(triton_cdiv(plan.columns, _BLOCK),)](table, box, n, steps, plan.columns, plan.kh, h_start, h_w,
+                                                 OFF=14, SIZE=1, BOX=0, BLOCK=_BLOCK, **exact)
+    coeffs[(triton_cdiv(plan.jobs2, _BLOCK),)](table, box, n, steps, plan.jobs2, plan.kv, v_start, v_w,
+                                               OFF=13, SIZE=2, BOX=1, BLOCK=_BLOCK, **exact)
+    blocks = triton_cdiv(plan.max_ow * 3, _BLOCK)
+    horizontal[(plan.jobs1, blocks)](flat, tmp, table, n, steps, h_start, h_w, plan.kh, BLOCK=_BLOCK)
+    vertical[(plan.jobs2, blocks)](tmp, out, table, n, steps, v_start, v_w, plan.kv, S, BLOCK=_BLOCK)
     return out
 
 
@@ -145,90 +155,93 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def horizontal(src, tmp, table, box, n_tiles, steps, KH, PIXELS: tl.constexpr):
+    def coeffs(table, box, n_tiles, steps, total, K, starts, weights, OFF: tl.constexpr, SIZE: tl.constexpr,
+               BOX: tl.constexpr, BLOCK: tl.constexpr):
+        # resample.py's _coeffs for output columns (or rows) j of the batch, numbered across its tiles: the first
+        # input pixel in starts[j], the K weights in weights[j * K:], zero past the pixels read
+        j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = j < total
+        lo = tl.zeros([BLOCK], tl.int64)
+        hi = tl.zeros([BLOCK], tl.int64) + n_tiles
+        for _ in range(steps):  # each j's tile: the last whose first column (table column OFF) is at most j
+            mid = (lo + hi) // 2
+            ok = tl.load(table + mid * 15 + OFF, mask=inside, other=0) <= j
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+        xx = j - tl.load(table + lo * 15 + OFF, mask=inside, other=0)
+        size = tl.load(table + lo * 15 + SIZE, mask=inside, other=1)
+        x0 = tl.load(box + lo * 4 + BOX, mask=inside, other=0.0)
+        scale = tl.load(box + lo * 4 + BOX + 2, mask=inside, other=1.0)
+        support = tl.maximum(scale, 1.0)
+        ss = 1.0 / support
+        center = x0 + (xx.to(tl.float64) + 0.5) * scale
+        xmin = tl.maximum((center - support + 0.5).to(tl.int64), 0)
+        count = tl.maximum(tl.minimum((center + support + 0.5).to(tl.int64), size) - xmin, 0)
+        ww = tl.zeros([BLOCK], tl.float64)
+        for k in range(K):
+            d = tl.abs(((k + xmin).to(tl.float64) - center + 0.5) * ss)
+            ww += tl.where((k < count) & (d < 1.0), 1.0 - d, 0.0)
+        for k in range(K):
+            d = tl.abs(((k + xmin).to(tl.float64) - center + 0.5) * ss)
+            w = tl.where((k < count) & (d < 1.0), 1.0 - d, 0.0)
+            w = tl.where(ww != 0.0, w / ww, w)
+            tl.store(weights + j * K + k, (0.5 + w * 4194304.0).to(tl.int32), mask=inside)  # 2 ** 22: Pillow's
+        tl.store(starts + j, xmin.to(tl.int32), mask=inside)
+
+    @triton.jit
+    def horizontal(src, tmp, table, n_tiles, steps, h_start, h_w, KH, BLOCK: tl.constexpr):
         job = tl.program_id(0).to(tl.int64)
         # the job's tile: the last whose first job (column 12) is at most `job` (Triton's jit functions can call
-        # only module-level ones, so this search is written in both kernels)
+        # only module-level ones, so this search is written in each kernel)
         lo = 0
         hi = n_tiles
         for _ in range(steps):
             mid = (lo + hi) // 2
-            ok = tl.load(table + mid * 14 + 12) <= job
+            ok = tl.load(table + mid * 15 + 12) <= job
             lo = tl.where(ok, mid, lo)
             hi = tl.where(ok, hi, mid)
-        t = lo.to(tl.int64)
-        row = table + t * 14
+        row = table + lo.to(tl.int64) * 15
         W = tl.load(row + 1)
         ow = tl.load(row + 3)
         r = job - tl.load(row + 12)
         y = tl.load(row + 5) + r
-        x0 = tl.load(box + t * 4)
-        scale = tl.load(box + t * 4 + 2)
-        support = tl.maximum(scale, 1.0)
-        ss = 1.0 / support
-        # a [pixels, channels] block: each output column's weights computed once for its three channels
-        xx = tl.program_id(1) * PIXELS + tl.arange(0, PIXELS)
-        ch = tl.arange(0, 4)[None, :]
-        inside = (xx < ow)[:, None] & (ch < 3)
-        # resample.py's _coeffs and _span for output column xx
-        center = x0 + (xx.to(tl.float64) + 0.5) * scale
-        xmin = tl.maximum((center - support + 0.5).to(tl.int64), 0)
-        count = tl.maximum(tl.minimum((center + support + 0.5).to(tl.int64), W) - xmin, 0)
-        ww = tl.zeros([PIXELS], tl.float64)
+        e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = e < ow * 3
+        xx = e // 3
+        c = e - xx * 3
+        coef = tl.load(row + 14) + xx
+        a = tl.load(h_start + coef, mask=inside, other=0).to(tl.int64)
+        base = tl.load(row + 0) + y * W * 3 + c
+        acc = tl.full([BLOCK], 1 << 21, tl.int32)
         for k in range(KH):
-            d = tl.abs(((k + xmin).to(tl.float64) - center + 0.5) * ss)
-            ww += tl.where((k < count) & (d < 1.0), 1.0 - d, 0.0)
-        base = tl.load(row + 0) + y * W * 3 + ch
-        acc = tl.full([PIXELS, 4], 1 << 21, tl.int32)
-        for k in range(KH):
-            d = tl.abs(((k + xmin).to(tl.float64) - center + 0.5) * ss)
-            w = tl.where((k < count) & (d < 1.0), 1.0 - d, 0.0)
-            w = tl.where(ww != 0.0, w / ww, w)
-            wi = (0.5 + w * 4194304.0).to(tl.int32)  # 2 ** 22, Pillow's precision
-            v = tl.load(src + base + ((xmin + k) * 3)[:, None], mask=inside & (wi != 0)[:, None], other=0)
-            acc += v.to(tl.int32) * wi[:, None]
+            w = tl.load(h_w + coef * KH + k, mask=inside, other=0)
+            v = tl.load(src + base + (a + k) * 3, mask=inside & (w != 0), other=0)
+            acc += v.to(tl.int32) * w
         v8 = tl.minimum(tl.maximum(acc >> 22, 0), 255)
-        tl.store(tmp + tl.load(row + 7) + r * ow * 3 + (xx * 3)[:, None] + ch, v8.to(tl.uint8), mask=inside)
+        tl.store(tmp + tl.load(row + 7) + r * ow * 3 + e, v8.to(tl.uint8), mask=inside)
 
     @triton.jit
-    def vertical(tmp, out, table, box, n_tiles, steps, KV, S, BLOCK: tl.constexpr):
+    def vertical(tmp, out, table, n_tiles, steps, v_start, v_w, KV, S, BLOCK: tl.constexpr):
         job = tl.program_id(0).to(tl.int64)
-        # the job's tile: the last whose first job (column 13) is at most `job`, as in horizontal
-        lo = 0
+        lo = 0  # the job's tile, as in horizontal (column 13: the tile's first output row)
         hi = n_tiles
         for _ in range(steps):
             mid = (lo + hi) // 2
-            ok = tl.load(table + mid * 14 + 13) <= job
+            ok = tl.load(table + mid * 15 + 13) <= job
             lo = tl.where(ok, mid, lo)
             hi = tl.where(ok, hi, mid)
-        t = lo.to(tl.int64)
-        row = table + t * 14
-        H = tl.load(row + 2)
+        row = table + lo.to(tl.int64) * 15
         ow = tl.load(row + 3)
         yy = job - tl.load(row + 13)
-        y0 = tl.load(box + t * 4 + 1)
-        scale = tl.load(box + t * 4 + 3)
-        support = tl.maximum(scale, 1.0)
-        ss = 1.0 / support
-        center = y0 + (yy.to(tl.float64) + 0.5) * scale
-        ymin = tl.maximum((center - support + 0.5).to(tl.int64), 0)
-        count = tl.maximum(tl.minimum((center + support + 0.5).to(tl.int64), H) - ymin, 0)
-        ww = y0 * 0.0  # float64: a loop-carried value keeps its type
-        for k in range(KV):
-            d = tl.abs(((k + ymin).to(tl.float64) - center + 0.5) * ss)
-            ww += tl.where((k < count) & (d < 1.0), 1.0 - d, 0.0)
-        a = ymin - tl.load(row + 5)
+        a = tl.load(v_start + job).to(tl.int64) - tl.load(row + 5)
         e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = e < ow * 3
         base = tl.load(row + 7) + e
         acc = tl.full([BLOCK], 1 << 21, tl.int32)
         for k in range(KV):
-            d = tl.abs(((k + ymin).to(tl.float64) - center + 0.5) * ss)
-            w = tl.where((k < count) & (d < 1.0), 1.0 - d, 0.0)
-            w = tl.where(ww != 0.0, w / ww, w)
-            wi = (0.5 + w * 4194304.0).to(tl.int32)
-            v = tl.load(tmp + base + (a + k) * ow * 3, mask=inside & (wi != 0), other=0)
-            acc += v.to(tl.int32) * wi
+            w = tl.load(v_w + job * KV + k)
+            v = tl.load(tmp + base + (a + k) * ow * 3, mask=inside & (w != 0), other=0)
+            acc += v.to(tl.int32) * w
         v8 = tl.minimum(tl.maximum(acc >> 22, 0), 255)
         xx = e // 3
         c = e - xx * 3
@@ -237,5 +250,5 @@ def _kernels():
         dst = tl.load(row + 8) + ((tl.load(row + 10) + yy) * S + col) * 3 + c
         tl.store(out + dst, v8.to(tl.uint8), mask=inside)
 
-    _KERNELS = (horizontal, vertical)
+    _KERNELS = (coeffs, horizontal, vertical)
     return _KERNELS
