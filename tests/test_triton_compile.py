@@ -1,0 +1,53 @@
+"""Every Triton kernel of the package compiled for the GPUs it runs on (Hopper and Ampere), here, without one.
+
+Triton's interpreter (how the other tests run the kernels on the CPU) executes code its compiler refuses: a loop
+over a tuple of tensors, a loop-carried value whose type changes. Each reached a GPU host before it failed there.
+Compiling to a cubin needs no GPU or driver (the wheel brings ptxas), so the refusal shows here first. The
+signatures are the kernels' launches (hsv.finish_nhwc, gpu_render.render_batch): a kernel whose arguments change
+fails here until its line below changes with it.
+"""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+triton = pytest.importorskip("triton")
+
+TARGETS = [("cuda", 90, 32), ("cuda", 80, 32)]  # H100/H200, A100
+
+
+def _compile(fn, signature: dict, constexprs: dict, target, **options):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = dict(signature, **{name: "constexpr" for name in constexprs})
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget(*target),
+                          options=options or None)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t[1]}")
+@pytest.mark.parametrize("out", ["*fp16", "*bf16", "*fp32", "*u8"])
+@pytest.mark.parametrize("hsv", [True, False], ids=["hsv", "no-hsv"])
+def test_the_last_pass_compiles(target, out, hsv):
+    from fastfeed.detect.hsv import _BLOCK, _kernel
+
+    norm = out != "*u8"
+    signature = {"px": "*u8", "out": out, "gains": "*fp32", "n": "i32", "sb": "i64", "sc": "i64", "sp": "i64",
+                 **{name: "fp32" for name in ("m0", "m1", "m2", "d0", "d1", "d2")}}
+    done = _compile(_kernel(), signature, {"HSV": hsv, "NORM": norm, "BLOCK": _BLOCK}, target)
+    assert done.asm["cubin"]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t[1]}")
+def test_the_renderers_kernels_compile(target):
+    from fastfeed.detect.gpu_render import _BLOCK, _kernels
+
+    horizontal, vertical = _kernels()
+    ints = {"table": "*i64", "jobs": "*i32"}
+    done = [_compile(horizontal, {"src": "*u8", "tmp": "*u8", "table": ints["table"], "h_start": "*i32",
+                                  "h_w": "*i32", "jobs": ints["jobs"], "KH": "i32"}, {"BLOCK": _BLOCK}, target),
+            _compile(vertical, {"tmp": "*u8", "out": "*u8", "table": ints["table"], "v_start": "*i32",
+                                "v_w": "*i32", "jobs": ints["jobs"], "KV": "i32", "S": "i32"}, {"BLOCK": _BLOCK},
+                     target)]
+    assert all(d.asm["cubin"] for d in done)
