@@ -53,7 +53,7 @@
 #   detect             detection batches at 640 px, batch 64, to the GPU (DALI staged: the GPU path; else the CPU
 #                      one): fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
 #                      ultralytics wheels), on 4 cores (taskset) and 16; FF_KWARGS='{"pipelines": 2}' passes more
-#                      Loader arguments [makes its own set]
+#                      Loader arguments, MODE=val compares the evaluation batches [makes its own set]
 #   detect-sweep       the GPU detection loader alone under several Loader settings, side by side (detect_sweep.py;
 #                      SWEEP='[{...}, ...]' for other settings) [makes detect's set]
 #   detect-ceiling     where the GPU detection path's ceiling is: DALI's whole-image decode alone and GpuDetectDecoder
@@ -181,7 +181,8 @@ run_step() {  # $1 = step, rest: its arguments
           for cores in 4 16; do
             CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 240 taskset -c 0-$((cores - 1)) python3 \
                 benchmarks/bench_detect.py --workdir $W/detect --num-images 2000 --batch 64 --device cuda \
-                --seconds 25 ${FF_KWARGS:+--loader-kwargs "$FF_KWARGS"} --json $OUT/detect-$cores-$tag.json 2>&1 \
+                --seconds 25 --mode ${MODE:-train} ${FF_KWARGS:+--loader-kwargs "$FF_KWARGS"} \
+                --json $OUT/detect-$cores-$tag.json 2>&1 \
                 | grep -E "^round|^fastfeed /|images,"
           done
           (cd $OUT && tar -czf detect-$tag.tar.gz detect-*-$tag.json && rm detect-*-$tag.json) ;;
