@@ -3,14 +3,15 @@ loader, same images, same augmentation, same cores, same run.
 
     python benchmarks/bench_detect.py [--workdir DIR] [--num-images 1000] [--batch 32] [--size 640]
                                       [--seconds 40] [--warmup 4] [--workers N] [--rounds 1] [--device cpu]
-                                      [--json FILE]
+                                      [--mode train|val] [--json FILE]
 
 Data: `fastfeed.demo_data.make_dataset` renders ImageNet-like JPEGs (300-800 px) into WORKDIR/yolo/images, each given
 1-8 random boxes in WORKDIR/yolo/labels (YOLO text, 4 classes) and a data.yaml; the real CLI packs the folder
 (`fastfeed pack WORKDIR/yolo WORKDIR/wds`). ultralytics reads the folder, fastfeed the shards.
 
 Both loaders do ultralytics' default training augmentation (default.yaml: mosaic 1.0, translate 0.1, scale 0.5,
-fliplr 0.5, HSV 0.015/0.7/0.4; mixup, copy-paste and rotation off, as there) at `--size` px and batch `--batch`, and
+fliplr 0.5, HSV 0.015/0.7/0.4; mixup, copy-paste and rotation off, as there) at `--size` px and batch `--batch`
+(`--mode val`: their evaluation batches instead, each image letterboxed to a square, in order), and
 hand over uint8 [B, 3, S, S] images on the CPU with their boxes: ultralytics' `build_yolo_dataset` +
 `build_dataloader` with `--workers` workers (default: the usable cores; `cache=False`, its default) and fastfeed's
 `Loader(device="cpu", dtype=torch.uint8)` with its defaults (its threads = the usable cores). Each runs `--warmup`
@@ -66,14 +67,16 @@ def prepare_data(workdir: Path, num_images: int) -> tuple[Path, Path]:
     return yolo, packed
 
 
-def ultralytics_loader(yolo: Path, batch: int, size: int, workers: int):
+def ultralytics_loader(yolo: Path, batch: int, size: int, workers: int, mode: str = "train"):
+    """ultralytics' train loader, or with mode "val" its evaluation one (LetterBox to size x size, no augmentation,
+    in order; rect=False, so its batches are square like fastfeed's)."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data import build_dataloader, build_yolo_dataset
 
     cfg = get_cfg(overrides={"imgsz": size, "cache": False, "workers": workers})
     data = {"names": dict(enumerate(NAMES)), "nc": len(NAMES), "channels": 3}
-    dataset = build_yolo_dataset(cfg, str(yolo / "images"), batch, data, mode="train", stride=32)
-    return build_dataloader(dataset, batch, workers, shuffle=True)
+    dataset = build_yolo_dataset(cfg, str(yolo / "images"), batch, data, mode=mode, rect=False, stride=32)
+    return build_dataloader(dataset, batch, workers, shuffle=mode == "train")
 
 
 def fastfeed_loader(packed: Path, batch: int, size: int, device: str, extra: dict | None = None):
@@ -125,10 +128,14 @@ def measure(loader, images_of, warmup: int, seconds: float) -> dict:
 
 
 def main(argv=None) -> int:
-    a, yolo, packed = start(__doc__, argv, device=True)
-    run_rounds({"ultralytics": lambda: (ultralytics_loader(yolo, a.batch, a.size, a.workers),
+    a, yolo, packed = start(__doc__, argv, device=True, more=lambda p: p.add_argument(
+        "--mode", choices=("train", "val"), default="train",
+        help="val: evaluation batches (letterbox, no augmentation, in order) on both sides"))
+    train = a.mode == "train"
+    extra = a.loader_kwargs if train else dict(a.loader_kwargs, train=False)
+    run_rounds({"ultralytics": lambda: (ultralytics_loader(yolo, a.batch, a.size, a.workers, a.mode),
                                         lambda b: to_device_ultralytics(b, a.device)),
-                "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size, a.device, a.loader_kwargs),
+                "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size, a.device, extra),
                                      lambda b: to_device_fastfeed(b, a.device))}, a)
     return 0
 

@@ -172,6 +172,7 @@ def test_another_epoch_or_a_loaded_state_replaces_the_early_decode(wds_path, dec
 
 def test_a_failed_decoder_build_closes_the_ring_it_started(wds_path, monkeypatch):
     import fastfeed.loader.loader
+    import fastfeed.loader.parts
     from fastfeed.loader.ring import PrefetchRing, RingClosedError
 
     rings = []  # held here, so only the Loader's own close() can have closed it
@@ -184,7 +185,7 @@ def test_a_failed_decoder_build_closes_the_ring_it_started(wds_path, monkeypatch
         raise RuntimeError("no decoder today")
 
     monkeypatch.setattr(fastfeed.loader.loader, "PrefetchRing", recorded)
-    monkeypatch.setattr(fastfeed.loader.loader, "build_decoder", broken)
+    monkeypatch.setattr(fastfeed.loader.parts, "build_decoder", broken)
     with pytest.raises(RuntimeError, match="no decoder today"):
         make_loader(wds_path)
     assert len(rings) == 1

@@ -37,6 +37,8 @@ def test_the_last_pass_compiles(target, out, hsv):
                  **{name: "fp32" for name in ("m0", "m1", "m2", "d0", "d1", "d2")}}
     done = _compile(_kernel(), signature, {"HSV": hsv, "NORM": norm, "BLOCK": _BLOCK}, target)
     assert done.asm["cubin"]
+    if norm:  # torch's normalisation to the bit: an IEEE division, not the approximate one Triton's `/` makes
+        assert "div.rn.f32" in done.asm["ptx"]
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t[1]}")

@@ -53,12 +53,15 @@
 #   detect             detection batches at 640 px, batch 64, to the GPU (DALI staged: the GPU path; else the CPU
 #                      one): fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
 #                      ultralytics wheels), on 4 cores (taskset) and 16; FF_KWARGS='{"pipelines": 2}' passes more
-#                      Loader arguments [makes its own set]
+#                      Loader arguments, MODE=val compares the evaluation batches [makes its own set]
 #   detect-sweep       the GPU detection loader alone under several Loader settings, side by side (detect_sweep.py;
 #                      SWEEP='[{...}, ...]' for other settings) [makes detect's set]
 #   detect-ceiling     where the GPU detection path's ceiling is: DALI's whole-image decode alone and GpuDetectDecoder
 #                      with its steps timed, 1-4 pipelines (detect_ceiling.py); with py-spy carried (.carry/spy) the
 #                      Loader's threads and the GIL sampled [makes detect's set]
+#   detect-abba        the detection loader alone (detect_sweep.py, SWEEP or 4 pipelines and the defaults, EACH
+#                      seconds a row) in this tree and the one in .carry/old, A B B A, each in its own process
+#                      (carry .carry/old: OLD=<commit> prepare_carry.sh) [makes detect's set]
 #   ssd [N...]         SSD-style batches at 640 px, batch 64, to the GPU: fastfeed's IoU crop against DALI's SSD
 #                      pipeline (bench_ssd.py --device cuda: COCO reader, random_bbox_crop, the window decoded on
 #                      the GPU), on 16 cores and under taskset -c 0-(N-1) for each N [makes detect's set]
@@ -78,7 +81,7 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/lib.sh
 
 STEPS=" stage-dali build data gpu-tests train-resnet50 train-resnet18 alone first-batch first-step photos photos-alone
-        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect detect-sweep detect-ceiling ssd yolo-train
+        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect detect-sweep detect-ceiling detect-abba ssd yolo-train
         profile abba "
 STEPS=$(echo $STEPS)  # one line, single spaces
 STEPS=" $STEPS "
@@ -181,7 +184,8 @@ run_step() {  # $1 = step, rest: its arguments
           for cores in 4 16; do
             CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 240 taskset -c 0-$((cores - 1)) python3 \
                 benchmarks/bench_detect.py --workdir $W/detect --num-images 2000 --batch 64 --device cuda \
-                --seconds 25 ${FF_KWARGS:+--loader-kwargs "$FF_KWARGS"} --json $OUT/detect-$cores-$tag.json 2>&1 \
+                --seconds 25 --mode ${MODE:-train} ${FF_KWARGS:+--loader-kwargs "$FF_KWARGS"} \
+                --json $OUT/detect-$cores-$tag.json 2>&1 \
                 | grep -E "^round|^fastfeed /|images,"
           done
           (cd $OUT && tar -czf detect-$tag.tar.gz detect-*-$tag.json && rm detect-*-$tag.json) ;;
@@ -208,6 +212,20 @@ from bench_detect import prepare_data; prepare_data(Path('$W/detect'), 2000)"
           fi
           kill $dmon
           (cd $OUT && tar -czf detect-ceiling-$tag.tar.gz dmon.txt spy-* 2>/dev/null; rm -f dmon.txt spy-*) ;;
+  detect-abba) need native dali || return 1
+          local old
+          old=$(ls .carry/old/tree-*.tar.gz 2>/dev/null | head -1)
+          [ -n "$old" ] || { echo "detect-abba: carry .carry/old (OLD=<commit> bash benchmarks/gpu/prepare_carry.sh)" >&2; return 1; }
+          unpack_old "$old" || return 1
+          python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks')
+from bench_detect import prepare_data; prepare_data(Path('$W/detect'), 2000)"
+          local configs=${SWEEP:-'[{"pipelines": 4}, {}]'}
+          local tree label
+          for tree in $PWD $OLD_TREE $OLD_TREE $PWD; do  # each its own process, its own fastfeed first on the path
+            label=old; [ $tree = $PWD ] && label=this
+            (cd $tree && PYTHONPATH=/tmp/site:$tree CUDA_VISIBLE_DEVICES=0 timeout 150 python3 $G/detect_sweep.py \
+                $W/detect/wds --seconds ${EACH:-20} --configs "$configs" 2>&1 | grep "img/s" | sed "s|^|$label |")
+          done ;;
   ssd) need native dali || return 1
        for cores in 16 "$@"; do
          CUDA_VISIBLE_DEVICES=0 timeout 240 taskset -c 0-$((cores - 1)) python3 benchmarks/bench_ssd.py \

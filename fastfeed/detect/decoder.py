@@ -62,6 +62,14 @@ class DetectResult:
     replaced: list[Replaced]
 
 
+def _one_pass(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the GPU's last pass is hsv.finish_nhwc (Triton): with Triton, and for bfloat16 output on a GPU that
+    stores it natively (compute capability 8 or more); else torch's operations."""
+    if not _HAVE_TRITON:
+        return False
+    return dtype != torch.bfloat16 or torch.cuda.get_device_capability(device)[0] >= 8
+
+
 class DetectDecoder:
     def __init__(self, *, targets: Targets, widths, heights, image_size: int, augment, train: bool, seed: int,
                  epochs: int | None, device, dtype, channels_last: bool, mean, std, num_threads: int,
@@ -235,7 +243,7 @@ class DetectDecoder:
             t = t.pin_memory().to(self.device, non_blocking=True)
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         gains = None if hsv_gains is None else torch.from_numpy(hsv_gains.astype(np.float32))
-        if t.is_cuda and t.is_contiguous() and _HAVE_TRITON:  # one pass (hsv.finish_nhwc)
+        if t.is_cuda and t.is_contiguous() and _one_pass(t.device, self.dtype):
             out = torch.empty((t.shape[0], 3, t.shape[1], t.shape[2]), dtype=self.dtype, device=t.device,
                               memory_format=fmt)
             norm = self.dtype != torch.uint8

@@ -53,18 +53,15 @@ import threading
 import numpy as np
 import torch
 
-from fastfeed import sampling
 from fastfeed.datasets import open_dataset
-from fastfeed.decode import GPU_DECODERS, build_decoder, oriented_size
+from fastfeed.decode import GPU_DECODERS
 from fastfeed.decode.crop import DEFAULT_ORIENTATION
-from fastfeed.detect.decoder import DetectDecoder
-from fastfeed.detect.gpu import GpuDetectDecoder
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX
-from fastfeed.formats import integrity, read_targets
 from fastfeed.loader import lifecycle
-from fastfeed.loader.assemble import LoaderError, SampleTable
+from fastfeed.loader.assemble import LoaderError
 from fastfeed.loader.compat import AccelerateState, EpochSampler, seeded_call
 from fastfeed.loader.epoch import EpochRun
+from fastfeed.loader.parts import decoder_factory, epoch_planner, sample_table, shard_fetcher
 from fastfeed.loader.fields import pick_mask, plan_fields
 from fastfeed.loader.ring import PrefetchRing, auto_slot_bytes
 from fastfeed.loader.settings import LoaderSettings, ring_budget_bytes, resolve_settings
@@ -72,7 +69,7 @@ from fastfeed.loader.stats import StageStats
 from fastfeed.tuning.climber import ShareClimber
 from fastfeed.tuning.pace import ConsumerPace
 from fastfeed.tuning.pipelines import PipelineTuner
-from fastfeed.targets import BOX_TASKS, GEOMETRY_TASKS, build_targets
+from fastfeed.targets import GEOMETRY_TASKS
 from fastfeed.world import World
 
 __all__ = ["Loader", "LoaderError"]
@@ -199,7 +196,7 @@ class Loader:
             if s.task in GEOMETRY_TASKS and "cls" in s.fields:
                 raise ValueError(f"fields=['cls'] is a classification label; a {s.task} batch has none")
             extents, fields = plan_fields(self.dataset, members)
-        self._table = self._sample_table(extents, fields)
+        self._table = sample_table(self.dataset, s, extents, fields)
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
         self._pace = ConsumerPace()  # the loop's pace, which both tuners measure (fastfeed/tuning/)
         # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
@@ -528,26 +525,6 @@ class Loader:
             pass
 
     # ------------------------------------------------------------------ internals
-    def _sample_table(self, extents, fields) -> SampleTable:
-        ds = self.dataset
-        check = None
-        if self.settings.verify_checksums and getattr(ds, "checksums", None) is not None:
-            def check(indices, samples, digests=None):
-                return integrity.bad_checksums(ds, indices, samples, digests=digests)
-        widths, heights = oriented_size(ds.widths, ds.heights, getattr(ds, "orientations", None),
-                                        self.settings.orientation)
-        task = self.settings.task
-        targets = read_targets(ds) if task in BOX_TASKS else None
-        if task == "semantic":  # the detection geometry, no objects: the masks are read with the images
-            targets = build_targets([None] * len(ds), ds.widths, ds.heights)
-        read = lambda i: ds.read(i, check=False)  # noqa: E731 - the epoch checks checksums, to count a mismatch
-        if fields is not None:  # what the ring would have read: the span of the image and its members
-            read = lambda i: ds.read_range(i, int(extents.offset[i]), int(extents.size[i]))  # noqa: E731
-        return SampleTable(labels=torch.from_numpy(np.ascontiguousarray(ds.labels, dtype=np.int64)),
-                           widths=np.asarray(widths), heights=np.asarray(heights), keys=ds.keys, read=read,
-                           bad_checksums=check, targets=targets, fields=fields,
-                           pil_only=np.asarray(getattr(ds, "pil_only", np.zeros(len(ds), dtype=bool)), dtype=bool))
-
     def _build_decoders(self) -> list:
         """One decoder per starting pipeline (a run's workers build more with `_new_decoder` when the tuner asks)."""
         new = self._new_decoder
@@ -557,20 +534,8 @@ class Loader:
 
     @property
     def _new_decoder(self):
-        """new(index) -> pipeline number `index`'s decoder for this Loader, holding no reference to it (a run's
-        workers call it). Each one built is counted in `pipelines_built`: fastfeed bench notes a build inside its timed
-        steps."""
-        settings, climber, stats, table = self.settings, self._climber, self._stats, self._table
-
-        def new(index: int):
-            if settings.task in GEOMETRY_TASKS:
-                kind = GpuDetectDecoder if settings.decoder == "dali" else DetectDecoder
-                decoder = kind.from_settings(settings, table.targets, table.widths, table.heights)
-            else:
-                decoder = build_decoder(settings, index=index, climber=climber)
-            stats.add("pipelines_built")
-            return decoder
-        return new
+        """new(index) -> pipeline number `index`'s decoder for this Loader (parts.decoder_factory)."""
+        return decoder_factory(self.settings, self._table, self._climber, self._stats)
 
     @property
     def _fetched_per_epoch(self) -> bool:
@@ -613,10 +578,7 @@ class Loader:
         """For a dataset at a URL: what keeps the ring's read-ahead window in the local cache; None for a folder."""
         if not self._fetched_per_epoch:
             return None
-        from fastfeed.remote import epoch_fetch
-
-        ds, batch, slots = self.dataset, self.settings.batch_size, self._ring.num_slots
-        return lambda indices, stop: epoch_fetch(ds, indices, batch, slots, stop)
+        return shard_fetcher(self.dataset, self.settings.batch_size, self._ring.num_slots)
 
     def _publish_settings(self) -> None:
         info = self.settings.describe()
@@ -635,12 +597,5 @@ class Loader:
 
     @property
     def _planner(self):
-        """plan(epoch, resume) for this Loader, holding no reference to it (a run's workers call it)."""
-        n, s, world, shard_of = len(self.dataset), self.settings, self.world, self._shard_of
-
-        def plan(epoch: int, resume: dict | None):
-            return sampling.plan_epoch(n, seed=s.seed, epoch=epoch, world=world, batch_size=s.batch_size,
-                                       drop_last=s.drop_last, shuffle=s.shuffle, order=s.order, shard_of=shard_of,
-                                       resume=resume)
-        return plan
-
+        """plan(epoch, resume) for this Loader (parts.epoch_planner)."""
+        return epoch_planner(len(self.dataset), self.settings, self.world, self._shard_of)
