@@ -38,8 +38,8 @@ def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
     (ow, oh) at (X0, Y0) of output `out_at` (element offset), mirrored where `flip`: the tile table int64 [T, 11],
     and one int32 buffer holding, in order, each from a multiple of _ALIGN, Pillow's coefficients of both passes
     (h_start [sum ow], h_weights [sum ow, kh], v_start [sum oh], v_weights [sum oh, kv]) and the (tile, row) jobs
-    of both passes (pass 1 makes the source rows the vertical filter reads, pass 2 the output rows). Returns (table, ints, the sections' starts
-    (and the end), their lengths, kh, kv, tmp bytes)."""
+    of both passes (pass 1 makes the source rows the vertical filter reads, pass 2 the output rows). Returns
+    (table, ints, the sections' starts (and the end), their lengths, kh, kv, tmp bytes)."""
     T = len(W)
     kh = kv = 1
     for t in range(T):
