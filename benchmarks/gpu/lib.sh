@@ -110,6 +110,10 @@ summary() {  # $1 = fastfeed row, $2 = baseline row (a prefix: the best matching
 
 # -- this tree against an earlier one, in the same call ------------------------------------------------------------
 OLD_TREE=/tmp/old  # the tree before, unpacked from .carry/old (prepare_carry.sh OLD=<commit>)
+detect_set() {  # the detection steps' set, $W/detect (bench_detect.py's: 2,000 photos with boxes), made when missing
+  python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks')
+from bench_detect import prepare_data; prepare_data(Path('$W/detect'), 2000)"
+}
 unpack_old() {  # $1 = the carried tarball: the tree before into $OLD_TREE, with this tree's native build
   rm -rf $OLD_TREE && mkdir -p $OLD_TREE && tar -xzf "$1" -C $OLD_TREE \
       && cp /tmp/ffnative/_native*.so $OLD_TREE/fastfeed/ && echo "old tree: $(ls $OLD_TREE)"

@@ -190,13 +190,11 @@ run_step() {  # $1 = step, rest: its arguments
           done
           (cd $OUT && tar -czf detect-$tag.tar.gz detect-*-$tag.json && rm detect-*-$tag.json) ;;
   detect-sweep) need native dali || return 1
-          python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks')
-from bench_detect import prepare_data; prepare_data(Path('$W/detect'), 2000)"
+          detect_set
           CUDA_VISIBLE_DEVICES=0 timeout 500 python3 $G/detect_sweep.py $W/detect/wds ${SWEEP:+--configs "$SWEEP"} \
               2>&1 | grep "img/s" ;;
   detect-ceiling) need native dali || return 1
-          python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks')
-from bench_detect import prepare_data; prepare_data(Path('$W/detect'), 2000)"
+          detect_set
           nvidia-smi dmon -s u -o T > $OUT/dmon.txt 2>&1 &  # the GPU's SM and JPEG-engine utilisation, each second
           local dmon=$!
           CUDA_VISIBLE_DEVICES=0 timeout 300 python3 $G/detect_ceiling.py $W/detect/wds 2>&1 | grep -E "img/s|images in"
@@ -217,8 +215,7 @@ from bench_detect import prepare_data; prepare_data(Path('$W/detect'), 2000)"
           old=$(ls .carry/old/tree-*.tar.gz 2>/dev/null | head -1)
           [ -n "$old" ] || { echo "detect-abba: carry .carry/old (OLD=<commit> bash benchmarks/gpu/prepare_carry.sh)" >&2; return 1; }
           unpack_old "$old" || return 1
-          python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks')
-from bench_detect import prepare_data; prepare_data(Path('$W/detect'), 2000)"
+          detect_set
           local configs=${SWEEP:-'[{"pipelines": 4}, {}]'}
           local tree label
           for tree in $PWD $OLD_TREE $OLD_TREE $PWD; do  # each its own process, its own fastfeed first on the path
