@@ -214,7 +214,7 @@ def test_check_image_on_a_memoryview_trims_without_copying_the_rest(corpus):
 def test_whole_image_dali_pipeline_matches_the_cropped_one(accepted, policy, monkeypatch):
     """The pipeline the GPU path builds (whole image decoded, the window cut by resize's ROI,
     decode/dali.py chroma_mode "full") gives the same pixels as the cropped decode, run on DALI's CPU backend."""
-    from fastfeed.decode.dali import chroma_mode
+    from fastfeed.decode.dali_graph import chroma_mode
 
     stored = [bytes(r.data) for _, _, r in accepted]
     dims = (np.array([r.width for _, _, r in accepted]), np.array([r.height for _, _, r in accepted]),

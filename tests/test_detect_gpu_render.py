@@ -156,3 +156,18 @@ def test_the_one_pass_hsv_compiles_and_agrees_on_the_gpu():
     values on the H100): at most 0.5% of them here."""
     got = _hsv_check("cuda", dict(os.environ))
     assert _hsv_ok(got, ops_differ=115), got
+
+
+def test_bfloat16_batches_take_the_one_pass_only_where_the_gpu_stores_that_type(monkeypatch):
+    import torch
+
+    from fastfeed.detect import decoder
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(decoder, "_HAVE_TRITON", True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))  # a V100
+    assert decoder._one_pass(gpu, torch.float16) and not decoder._one_pass(gpu, torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100
+    assert decoder._one_pass(gpu, torch.bfloat16)
+    monkeypatch.setattr(decoder, "_HAVE_TRITON", False)  # torch's operations, whatever the GPU
+    assert not decoder._one_pass(gpu, torch.float16)

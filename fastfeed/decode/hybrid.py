@@ -6,7 +6,7 @@ cores idle: every image the CPU decodes is one the training GPU does not. How ma
 each batch) is the Loader's `tuning.climber.ShareClimber`, shared by all its pipelines.
 
 Exactness: the CPU part decodes with libjpeg-turbo (exact), the GPU part within the decode contract's tolerance
-(decode/dali.py, chroma_mode); both are normalised with the same constants. Corrupt records: the parts always
+(decode/dali_graph.py, chroma_mode); both are normalised with the same constants. Corrupt records: the parts always
 raise (`on_error="raise"`), and this class applies the batch's policy over the whole batch, so a bad record is
 replaced by the next good one of the *batch* (decode/base.py), as on every other path, and its label follows.
 """
