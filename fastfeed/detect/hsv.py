@@ -168,7 +168,7 @@ def apply_hsv_nhwc(images, gains) -> None:
     finish_nhwc(images, gains, out=images.permute(0, 3, 1, 2))
 
 
-def finish_nhwc(images, gains, *, out=None, mean=None, std=None):
+def finish_nhwc(images, gains, *, out, mean=None, std=None):
     """The GPU path's last pass over a contiguous uint8 [B, H, W, 3] batch on a CUDA device (or on the CPU under
     Triton's interpreter): RandomHSV with per-image `gains` [B, 3] (None: none), then, when `mean` and `std` (float32
     [3], in 0..255 units) are given, (value - mean) / std, written into `out` [B, 3, H, W] (any dtype the values
@@ -180,7 +180,7 @@ def finish_nhwc(images, gains, *, out=None, mean=None, std=None):
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[3] != 3 or not images.is_contiguous():
         raise ValueError(f"need a contiguous uint8 [B, H, W, 3] batch, got {images.dtype} {tuple(images.shape)}")
     B, H, W, _ = images.shape
-    if out is None or tuple(out.shape) != (B, 3, H, W) or out.device != images.device:
+    if tuple(out.shape) != (B, 3, H, W) or out.device != images.device:
         raise ValueError(f"need an output [B, 3, H, W] = {[B, 3, H, W]} on {images.device}")
     if out.stride(3) * W != out.stride(2):
         raise ValueError("the output's rows must be whole (NCHW or channels_last memory)")
