@@ -2,12 +2,14 @@
 
 It computes what the CPU renderer (render.py + resample.py) computes, to the bit: per tile, Pillow's antialiased
 bilinear resize of the tile's source rectangle into its destination rectangle (mirrored when the output is
-flipped), in Pillow's fixed point. The coefficients are Pillow's own (resample.py `_coeffs`, on the CPU: a few
-hundred bytes per output row); two Triton kernels apply them over every tile of the batch at once:
+flipped), in Pillow's fixed point. The host plans only each tile (a row of numbers: where its source is, its source
+box and scale, where it goes); two Triton kernels compute Pillow's coefficients (resample.py `_coeffs`, in float64
+with no fused multiply-adds, so to the bit) and apply them over every tile of the batch at once:
   1. horizontal: for each tile, each source row its vertical filter reads -> a uint8 row of the tile's output width;
   2. vertical: each output row of each tile from those rows -> its place in the [B, S, S, 3] canvas.
-So a batch decoded on the GPU differs from the CPU path only by its decoder (within the decode contract), and the
-boxes, which never see pixels, are the same. Rotated or sheared tiles are the CPU renderer's (settings.py routes
+Each kernel's rows are numbered across the batch; a program finds its tile by a binary search of the tiles' first
+rows. So a batch decoded on the GPU differs from the CPU path only by its decoder (within the decode contract), and
+the boxes, which never see pixels, are the same. Rotated or sheared tiles are the CPU renderer's (settings.py routes
 such an augmentation there).
 
 Triton kernels run on CPU tensors under TRITON_INTERPRET=1, which is how the tests check them without a GPU.
@@ -19,80 +21,58 @@ import torch
 
 from fastfeed.decode.numba_import import import_numba
 from fastfeed.detect.geometry import BatchGeometry
-from fastfeed.detect.resample import _coeffs
+from fastfeed.detect.resample import _span
 
 numba = import_numba()
 
 __all__ = ["render_batch", "plan_tiles"]
 
-# Columns of the per-tile table the kernels read (int64): where its source is, its sizes, where its rows go.
-_IMG_OFF, _SRC_W, _OW, _FIRST, _TMP_OFF, _H_OFF, _V_OFF, _OUT, _X0, _Y0, _FLIP = range(11)
-_NCOL = 11
-_BLOCK = 256
-_ALIGN = 4  # int32s: 16 bytes
+# Columns of the per-tile table the kernels read (int64; the kernels name them by number): where its source is and
+# its size, its output size, the first source row the vertical filter reads and how many, where its rows go in the
+# scratch buffer and in the batch, whether it is mirrored, and the number of its first job in each pass.
+(_IMG_OFF, _SRC_W, _SRC_H, _OW, _OH, _FIRST, _ROWS, _TMP_OFF, _OUT, _X0, _Y0, _FLIP, _JOB1, _JOB2,
+ _H_OFF) = range(15)
+_NCOL = 15
+# Columns of the float64 table: the source box (x0, y0) and the scales (source pixels per output pixel).
+_BX0, _BY0, _SCALE_X, _SCALE_Y = range(4)
+_BLOCK = 256  # values (or coefficient rows) a program makes
 
 
 @numba.njit(nogil=True, cache=True)
 def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
-    """Everything the kernels read, for tiles of source size (W, H), source box (source pixels), output size
-    (ow, oh) at (X0, Y0) of output `out_at` (element offset), mirrored where `flip`: the tile table int64 [T, 11],
-    and one int32 buffer holding, in order, each from a multiple of _ALIGN, Pillow's coefficients of both passes
-    (h_start [sum ow], h_weights [sum ow, kh], v_start [sum oh], v_weights [sum oh, kv]) and the (tile, row) jobs
-    of both passes (pass 1 makes the source rows the vertical filter reads, pass 2 the output rows). Returns
-    (table, ints, the sections' starts (and the end), their lengths, kh, kv, tmp bytes)."""
+    """The tile tables for tiles of source size (W, H), source box (source pixels), output size (ow, oh) at
+    (X0, Y0) of output `out_at` (element offset), mirrored where `flip`: (table int64 [T, 15], box float64 [T, 4],
+    kh, kv (the longest filters), jobs of pass 1, jobs of pass 2 (= output rows), output columns, scratch bytes)."""
     T = len(W)
+    table = np.empty((T, 15), np.int64)
+    fbox = np.empty((T, 4), np.float64)
     kh = kv = 1
+    tmp = j1 = j2 = h = 0
     for t in range(T):
-        kh = max(kh, int(np.ceil(max((boxes[t, 2] - boxes[t, 0]) / ow[t], 1.0))) * 2 + 1)
-        kv = max(kv, int(np.ceil(max((boxes[t, 3] - boxes[t, 1]) / oh[t], 1.0))) * 2 + 1)
-    sw, sh = ow.sum(), oh.sum()
-    table = np.empty((T, _NCOL), np.int64)
-    vcoef = []
-    rows_of = np.empty(T, np.int64)
-    for t in range(T):
-        vb, vk = _coeffs(H[t], boxes[t, 1], boxes[t, 3], oh[t])
-        vcoef.append((vb, vk))
-        table[t, _FIRST] = vb[0, 0]
-        rows_of[t] = vb[oh[t] - 1, 0] + vb[oh[t] - 1, 1] - vb[0, 0]
-    rows_total = rows_of.sum()
-    lens = np.array([sw, sw * kh, sh, sh * kv, 2 * rows_total, 2 * sh], np.int64)
-    # Each section starts on 16 bytes: Triton compiles a kernel per alignment of its pointers, so unaligned starts
-    # would cost a compilation for each new combination met.
-    at = np.zeros(7, np.int64)
-    for i in range(6):
-        at[i + 1] = (at[i] + lens[i] + _ALIGN - 1) // _ALIGN * _ALIGN
-    ints = np.zeros(at[6], np.int32)
-    end = at[:6] + lens
-    h_start, h_w = ints[at[0]:end[0]], ints[at[1]:end[1]].reshape(sw, kh)
-    v_start, v_w = ints[at[2]:end[2]], ints[at[3]:end[3]].reshape(sh, kv)
-    jobs1, jobs2 = ints[at[4]:end[4]].reshape(rows_total, 2), ints[at[5]:end[5]].reshape(sh, 2)
-    ho = vo = j1 = 0
-    tmp = 0
-    for t in range(T):
-        hb, hk = _coeffs(W[t], boxes[t, 0], boxes[t, 2], ow[t])
-        vb, vk = vcoef[t]
-        h_start[ho:ho + ow[t]] = hb[:, 0]
-        h_w[ho:ho + ow[t], :hk.shape[1]] = hk
-        v_start[vo:vo + oh[t]] = vb[:, 0]
-        v_w[vo:vo + oh[t], :vk.shape[1]] = vk
-        rows = rows_of[t]
-        for r in range(rows):
-            jobs1[j1 + r, 0], jobs1[j1 + r, 1] = t, r
-        for r in range(oh[t]):
-            jobs2[vo + r, 0], jobs2[vo + r, 1] = t, r
-        table[t, _IMG_OFF], table[t, _SRC_W], table[t, _OW] = image_off[t], W[t], ow[t]
-        table[t, _TMP_OFF], table[t, _H_OFF], table[t, _V_OFF] = tmp, ho, vo
-        table[t, _OUT], table[t, _X0], table[t, _Y0], table[t, _FLIP] = out_at[t], X0[t], Y0[t], flip[t]
+        sx = (boxes[t, 2] - boxes[t, 0]) / ow[t]
+        sy = (boxes[t, 3] - boxes[t, 1]) / oh[t]
+        kh = max(kh, int(np.ceil(max(sx, 1.0))) * 2 + 1)
+        kv = max(kv, int(np.ceil(max(sy, 1.0))) * 2 + 1)
+        # the source rows the vertical filter reads: from its first output row's first to its last one's end
+        support = max(sy, 1.0)
+        first, _ = _span(H[t], boxes[t, 1] + 0.5 * sy, support)
+        last, count = _span(H[t], boxes[t, 1] + (oh[t] - 1 + 0.5) * sy, support)
+        rows = last + count - first
+        table[t, 0], table[t, 1], table[t, 2], table[t, 3], table[t, 4] = image_off[t], W[t], H[t], ow[t], oh[t]
+        table[t, 5], table[t, 6], table[t, 7], table[t, 8] = first, rows, tmp, out_at[t]
+        table[t, 9], table[t, 10], table[t, 11], table[t, 12], table[t, 13] = X0[t], Y0[t], flip[t], j1, j2
+        table[t, 14] = h
+        fbox[t, 0], fbox[t, 1], fbox[t, 2], fbox[t, 3] = boxes[t, 0], boxes[t, 1], sx, sy
         tmp += rows * ow[t] * 3
         j1 += rows
-        ho += ow[t]
-        vo += oh[t]
-    return table, ints, at, lens, kh, kv, tmp
+        j2 += oh[t]
+        h += ow[t]
+    return table, fbox, kh, kv, j1, j2, h, tmp
 
 
 class TilePlan:
-    """What the kernels of one batch read, on the host: `table` int64 [T, 11] (see the column names above), and
-    `ints` int32, the coefficients and the (tile, row) job lists of both passes (`sections` their (start, length))."""
+    """What the kernels of one batch read, on the host: `table` int64 [T, 15] and `box` float64 [T, 4] (see the
+    column names above), the longest filters (kh, kv), each pass's number of jobs and the scratch buffer's size."""
 
     def __init__(self, geometry: BatchGeometry, image_off, image_size):
         S = geometry.image_size
@@ -107,11 +87,10 @@ class TilePlan:
         fx, fy = W / g.sizes[src, 0], H / g.sizes[src, 1]
         box = np.ascontiguousarray(g.src_rect[k, t] * np.stack([fx, fy, fx, fy], axis=1))
         X0, Y0, X1, Y1 = (np.ascontiguousarray(rect[k, t, i]) for i in range(4))
-        ow = self.ow = X1 - X0
-        self.table, self.ints, at, lens, self.kh, self.kv, self.tmp_bytes = _plan(
+        ow = X1 - X0
+        self.table, self.box, self.kh, self.kv, self.jobs1, self.jobs2, self.columns, self.tmp_bytes = _plan(
             W, H, box, ow, Y1 - Y0, image_off[src], k * S * S * 3, X0, Y0, g.flip[k].astype(np.int64))
-        self.sections = tuple((int(a), int(n)) for a, n in zip(at, lens))
-        self.max_row = int(ow.max() * 3) if len(k) else 0
+        self.max_ow = int(ow.max()) if len(k) else 0
 
 
 def plan_tiles(geometry: BatchGeometry, image_off, image_size) -> TilePlan:
@@ -130,15 +109,26 @@ def render_batch(flat: torch.Tensor, image_off, image_size, geometry: BatchGeome
     out = torch.full((B, S, S, 3), geometry.pad_value, dtype=torch.uint8, device=dev)
     if not len(plan.table):
         return out
-    host, table = torch.from_numpy(plan.ints), torch.from_numpy(plan.table)
-    if dev.type == "cuda":
-        host, table = host.pin_memory().to(dev, non_blocking=True), table.pin_memory().to(dev, non_blocking=True)
-    hs, hw, vs, vw, jobs1, jobs2 = (host[a:a + n] for a, n in plan.sections)
+    table, box = torch.from_numpy(plan.table), torch.from_numpy(plan.box)
+    if dev.type == "cuda":  # page-locked, so the copies do not wait for the GPU
+        table, box = table.pin_memory().to(dev, non_blocking=True), box.pin_memory().to(dev, non_blocking=True)
     tmp = torch.empty(max(plan.tmp_bytes, 1), dtype=torch.uint8, device=dev)
-    kernels = _kernels()
-    blocks = triton_cdiv(plan.max_row, _BLOCK)
-    kernels[0][(len(jobs1) // 2, blocks)](flat, tmp, table, hs, hw, jobs1, plan.kh, BLOCK=_BLOCK)
-    kernels[1][(len(jobs2) // 2, blocks)](tmp, out, table, vs, vw, jobs2, plan.kv, S, BLOCK=_BLOCK)
+    n, steps = len(plan.table), len(plan.table).bit_length()  # steps: of the binary search for a job's tile
+    h_start = torch.empty(plan.columns, dtype=torch.int32, device=dev)
+    h_w = torch.empty(plan.columns * plan.kh, dtype=torch.int32, device=dev)
+    v_start = torch.empty(plan.jobs2, dtype=torch.int32, device=dev)
+    v_w = torch.empty(plan.jobs2 * plan.kv, dtype=torch.int32, device=dev)
+    coeffs, horizontal, vertical = _kernels()
+    # Pillow's float64 arithmetic to the bit: no multiply-add fused into one rounding.
+    exact = {} if _interpreted() else {"enable_fp_fusion": False}
+    # each output column's and row's coefficients, once (columns: source x, width, box x0, scale x)
+    coeffs[(triton_cdiv(plan.columns, _BLOCK),)](table, box, n, steps, plan.columns, plan.kh, h_start, h_w,
+                                                 OFF=14, SIZE=1, BOX=0, BLOCK=_BLOCK, **exact)
+    coeffs[(triton_cdiv(plan.jobs2, _BLOCK),)](table, box, n, steps, plan.jobs2, plan.kv, v_start, v_w,
+                                               OFF=13, SIZE=2, BOX=1, BLOCK=_BLOCK, **exact)
+    blocks = triton_cdiv(plan.max_ow * 3, _BLOCK)
+    horizontal[(plan.jobs1, blocks)](flat, tmp, table, n, steps, h_start, h_w, plan.kh, BLOCK=_BLOCK)
+    vertical[(plan.jobs2, blocks)](tmp, out, table, n, steps, v_start, v_w, plan.kv, S, BLOCK=_BLOCK)
     return out
 
 
@@ -146,12 +136,18 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _interpreted() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 _KERNELS = None
 
 
 def _kernels():
     """The two Triton kernels, defined on first use (importing Triton costs a second; TRITON_INTERPRET is read when
-    they are defined)."""
+    they are defined). Table columns by number: see _IMG_OFF... and _BX0... above."""
     global _KERNELS
     if _KERNELS is not None:
         return _KERNELS
@@ -159,54 +155,100 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def horizontal(src, tmp, table, h_start, h_w, jobs, KH, BLOCK: tl.constexpr):
-        job = tl.program_id(0)
-        t = tl.load(jobs + 2 * job)
-        r = tl.load(jobs + 2 * job + 1).to(tl.int64)
-        row = table + t.to(tl.int64) * 11
+    def coeffs(table, box, n_tiles, steps, total, K, starts, weights, OFF: tl.constexpr, SIZE: tl.constexpr,
+               BOX: tl.constexpr, BLOCK: tl.constexpr):
+        # resample.py's _coeffs for output columns (or rows) j of the batch, numbered across its tiles: the first
+        # input pixel in starts[j], the K weights in weights[j * K:], zero past the pixels read
+        j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = j < total
+        lo = tl.zeros([BLOCK], tl.int64)
+        hi = tl.zeros([BLOCK], tl.int64) + n_tiles
+        for _ in range(steps):  # each j's tile: the last whose first column (table column OFF) is at most j
+            mid = (lo + hi) // 2
+            ok = tl.load(table + mid * 15 + OFF, mask=inside, other=0) <= j
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+        xx = j - tl.load(table + lo * 15 + OFF, mask=inside, other=0)
+        size = tl.load(table + lo * 15 + SIZE, mask=inside, other=1)
+        x0 = tl.load(box + lo * 4 + BOX, mask=inside, other=0.0)
+        scale = tl.load(box + lo * 4 + BOX + 2, mask=inside, other=1.0)
+        support = tl.maximum(scale, 1.0)
+        ss = 1.0 / support
+        center = x0 + (xx.to(tl.float64) + 0.5) * scale
+        xmin = tl.maximum((center - support + 0.5).to(tl.int64), 0)
+        count = tl.maximum(tl.minimum((center + support + 0.5).to(tl.int64), size) - xmin, 0)
+        ww = tl.zeros([BLOCK], tl.float64)
+        for k in range(K):
+            d = tl.abs(((k + xmin).to(tl.float64) - center + 0.5) * ss)
+            ww += tl.where((k < count) & (d < 1.0), 1.0 - d, 0.0)
+        for k in range(K):
+            d = tl.abs(((k + xmin).to(tl.float64) - center + 0.5) * ss)
+            w = tl.where((k < count) & (d < 1.0), 1.0 - d, 0.0)
+            w = tl.where(ww != 0.0, w / ww, w)
+            tl.store(weights + j * K + k, (0.5 + w * 4194304.0).to(tl.int32), mask=inside)  # 2 ** 22: Pillow's
+        tl.store(starts + j, xmin.to(tl.int32), mask=inside)
+
+    @triton.jit
+    def horizontal(src, tmp, table, n_tiles, steps, h_start, h_w, KH, BLOCK: tl.constexpr):
+        job = tl.program_id(0).to(tl.int64)
+        # the job's tile: the last whose first job (column 12) is at most `job` (Triton's jit functions can call
+        # only module-level ones, so this search is written in each kernel)
+        lo = 0
+        hi = n_tiles
+        for _ in range(steps):
+            mid = (lo + hi) // 2
+            ok = tl.load(table + mid * 15 + 12) <= job
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+        row = table + lo.to(tl.int64) * 15
         W = tl.load(row + 1)
-        ow = tl.load(row + 2)
-        y = tl.load(row + 3) + r
+        ow = tl.load(row + 3)
+        r = job - tl.load(row + 12)
+        y = tl.load(row + 5) + r
         e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = e < ow * 3
         xx = e // 3
         c = e - xx * 3
-        coef = tl.load(row + 5) + xx
+        coef = tl.load(row + 14) + xx
         a = tl.load(h_start + coef, mask=inside, other=0).to(tl.int64)
         base = tl.load(row + 0) + y * W * 3 + c
         acc = tl.full([BLOCK], 1 << 21, tl.int32)
         for k in range(KH):
             w = tl.load(h_w + coef * KH + k, mask=inside, other=0)
-            ok = inside & (w != 0)
-            v = tl.load(src + base + (a + k) * 3, mask=ok, other=0)
+            v = tl.load(src + base + (a + k) * 3, mask=inside & (w != 0), other=0)
             acc += v.to(tl.int32) * w
         v8 = tl.minimum(tl.maximum(acc >> 22, 0), 255)
-        tl.store(tmp + tl.load(row + 4) + r * ow * 3 + e, v8.to(tl.uint8), mask=inside)
+        tl.store(tmp + tl.load(row + 7) + r * ow * 3 + e, v8.to(tl.uint8), mask=inside)
 
     @triton.jit
-    def vertical(tmp, out, table, v_start, v_w, jobs, KV, S, BLOCK: tl.constexpr):
-        job = tl.program_id(0)
-        t = tl.load(jobs + 2 * job)
-        yy = tl.load(jobs + 2 * job + 1).to(tl.int64)
-        row = table + t.to(tl.int64) * 11
-        ow = tl.load(row + 2)
-        coef = tl.load(row + 6) + yy
-        a = tl.load(v_start + coef).to(tl.int64) - tl.load(row + 3)
+    def vertical(tmp, out, table, n_tiles, steps, v_start, v_w, KV, S, BLOCK: tl.constexpr):
+        job = tl.program_id(0).to(tl.int64)
+        lo = 0  # the job's tile, as in horizontal (column 13: the tile's first output row)
+        hi = n_tiles
+        for _ in range(steps):
+            mid = (lo + hi) // 2
+            ok = tl.load(table + mid * 15 + 13) <= job
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+        row = table + lo.to(tl.int64) * 15
+        ow = tl.load(row + 3)
+        yy = job - tl.load(row + 13)
+        a = tl.load(v_start + job).to(tl.int64) - tl.load(row + 5)
         e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = e < ow * 3
-        base = tl.load(row + 4) + e
+        base = tl.load(row + 7) + e
         acc = tl.full([BLOCK], 1 << 21, tl.int32)
         for k in range(KV):
-            w = tl.load(v_w + coef * KV + k)
+            w = tl.load(v_w + job * KV + k)
             v = tl.load(tmp + base + (a + k) * ow * 3, mask=inside & (w != 0), other=0)
             acc += v.to(tl.int32) * w
         v8 = tl.minimum(tl.maximum(acc >> 22, 0), 255)
         xx = e // 3
         c = e - xx * 3
-        col = tl.load(row + 8) + xx
-        col = tl.where(tl.load(row + 10) != 0, S - 1 - col, col)
-        dst = tl.load(row + 7) + ((tl.load(row + 9) + yy) * S + col) * 3 + c
+        col = tl.load(row + 9) + xx
+        col = tl.where(tl.load(row + 11) != 0, S - 1 - col, col)
+        dst = tl.load(row + 8) + ((tl.load(row + 10) + yy) * S + col) * 3 + c
         tl.store(out + dst, v8.to(tl.uint8), mask=inside)
 
-    _KERNELS = (horizontal, vertical)
+    _KERNELS = (coeffs, horizontal, vertical)
     return _KERNELS

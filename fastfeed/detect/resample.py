@@ -24,6 +24,22 @@ __all__ = ["resize_into"]
 _PRECISION_BITS = 32 - 8 - 2
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _span(in_size, center, support):
+    """The input pixels an output pixel centred at `center` reads: (first, count). gpu_render.py's kernels compute
+    it the same way."""
+    xmin = int(center - support + 0.5)  # C's cast: toward zero
+    if xmin < 0:
+        xmin = 0
+    xmax = int(center + support + 0.5)
+    if xmax > in_size:
+        xmax = in_size
+    xmax -= xmin
+    if xmax < 0:
+        xmax = 0
+    return xmin, xmax
+
+
 @numba.njit(nogil=True, cache=True)
 def _coeffs(in_size, in0, in1, out_size):
     """Pillow's precompute_coeffs + normalize_coeffs_8bpc for the bilinear filter: (bounds int64 [out, 2] = first
@@ -39,15 +55,7 @@ def _coeffs(in_size, in0, in1, out_size):
     for xx in range(out_size):
         center = in0 + (xx + 0.5) * scale
         ss = 1.0 / filterscale
-        xmin = int(center - support + 0.5)  # C's cast: toward zero
-        if xmin < 0:
-            xmin = 0
-        xmax = int(center + support + 0.5)
-        if xmax > in_size:
-            xmax = in_size
-        xmax -= xmin
-        if xmax < 0:
-            xmax = 0
+        xmin, xmax = _span(in_size, center, support)
         ww = 0.0
         for x in range(xmax):
             t = abs((x + xmin - center + 0.5) * ss)
