@@ -4,7 +4,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "IMAGENET_MEAN", "IMAGENET_STD", "IGNORE_INDEX", "DTYPE_NAMES", "ORIENTATIONS",
-           "DEFAULT_ORIENTATION", "DEFAULT_HW_DECODER_LOAD", "DEFAULT_DALI_THREADS", "DEFAULT_DALI_PIPELINES", "DALI_CPU_SHARE_FOR_MORE_THREADS"]
+           "DEFAULT_ORIENTATION", "DEFAULT_ANNOTATION_ORIENTATION", "DEFAULT_HW_DECODER_LOAD", "DEFAULT_DALI_THREADS",
+           "DEFAULT_DALI_PIPELINES", "DALI_CPU_SHARE_FOR_MORE_THREADS"]
 
 # torchvision's ImageNet normalisation, in [0, 1] units.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -21,6 +22,9 @@ IGNORE_INDEX = -100
 # shows JPEGs as a photo viewer does.
 ORIENTATIONS = ("ignore", "exif")
 DEFAULT_ORIENTATION = "ignore"
+# The frame detection annotations are in unless `fastfeed pack --orientation` says otherwise: the image as displayed
+# (EXIF orientation applied), as labelling tools show it and ultralytics and detectron2 read it.
+DEFAULT_ANNOTATION_ORIENTATION = "exif"
 
 # Output dtypes a decoder can write (torch names).
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "uint8")

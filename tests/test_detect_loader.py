@@ -6,6 +6,7 @@ output image, and every coloured area must lie in a box of its class.
 from __future__ import annotations
 
 import colorsys
+import json
 import math
 import re
 
@@ -204,6 +205,142 @@ def test_evaluation_letterboxes_every_image_once_with_exact_boxes(yolo_pack):
     assert len(seen) == len(truth)
 
 
+# An EXIF tag's PIL operation undone: the stored pixels of an image that the tag displays as the scene.
+_UNDO = {Image.Transpose.ROTATE_270: Image.Transpose.ROTATE_90, Image.Transpose.ROTATE_90: Image.Transpose.ROTATE_270}
+
+
+@pytest.fixture(scope="module")
+def exif_yolo(tmp_path_factory):
+    """make_yolo's scenes as JPEGs, most stored turned and tagged with the EXIF orientation (2-8) that displays them
+    as the scene, whose labels describe it (what labelling tools show and ultralytics reads); packed with the
+    default frame (the displayed image) and with --orientation ignore."""
+    from conftest import run_pack
+    from fastfeed.image.contract import TRANSPOSE
+
+    root = tmp_path_factory.mktemp("yolo-exif")
+    truth = make_yolo(root / "src", n=16)
+    for k, path in enumerate(sorted((root / "src" / "images").glob("*.png"))):
+        pixels = np.asarray(Image.open(path).convert("RGB")).copy()
+        pixels[(pixels == pixels[..., :1]).all(-1)] = 128  # a flat background: JPEG turns grey noise into colour
+        scene, tag = Image.fromarray(pixels), 1 + k % 8
+        exif = Image.Exif()
+        if tag > 1:
+            op = TRANSPOSE[tag]
+            scene = scene.transpose(_UNDO.get(op, op))
+            exif[0x0112] = tag
+        scene.save(path.with_suffix(".jpg"), quality=95, subsampling=0, exif=exif)  # 4:4:4: sharp colour edges
+        path.unlink()
+    run_pack(root / "src", root / "out", "--format", "wds")
+    run_pack(root / "src", root / "stored", "--format", "wds", "--orientation", "ignore")
+    return root, truth
+
+
+def test_exif_rotated_images_load_as_displayed_with_their_boxes(exif_yolo):
+    """YOLO labels of EXIF-tagged photos are fractions of the displayed image: packed in that frame by default, the
+    Loader decodes each image as displayed, so the boxes are the scene's (evaluation: exactly, its letterbox) and
+    the oracle holds on every batch, training ones included. Packed as stored, the same labels miss their pixels."""
+    root, truth = exif_yolo
+    manifest = json.loads((root / "out" / "fastfeed.json").read_text())
+    assert manifest["options"]["orientation"] == "exif" and manifest["rejected"] == 0
+    loader = fastfeed.Loader(root / "out", batch_size=4, train=False, image_size=S, dtype=torch.uint8, device="cpu")
+    assert loader.settings.orientation == "exif"
+    tags = set()
+    for batch in loader:
+        check_boxes_against_pixels(batch)
+        for k in range(len(batch["images"])):
+            i = int(batch["ids"][k])
+            number = int(re.search(r"im(\d+)\.jpg$", str(loader.dataset.sources[i])).group(1))
+            tags.add(int(loader.dataset.orientations[i]))
+            src = truth[number]
+            h, w = batch["orig_size"][k].tolist()
+            assert (w, h) == src["size"]
+            (sx, sy), (px, py) = batch["scale"][k].tolist(), batch["pad"][k].tolist()
+            want = np.array(src["boxes"], np.float64).reshape(-1, 4) * [sx, sy, sx, sy] + [px, py, px, py]
+            assert np.allclose(batch["boxes"][batch["batch_idx"] == k].numpy(), want, atol=1e-3)
+    assert tags == set(range(1, 9))
+    loader.close()
+    train = fastfeed.Loader(root / "out", batch_size=4, image_size=S, dtype=torch.uint8, device="cpu", seed=2)
+    assert sum(check_boxes_against_pixels(b) for b in train) > 0
+    with pytest.raises(ValueError, match="orientation must be 'exif'"):
+        fastfeed.Loader(root / "out", batch_size=4, device="cpu", orientation="ignore")
+    train.close()
+
+    stored = fastfeed.Loader(root / "stored", batch_size=16, train=False, image_size=S, dtype=torch.uint8,
+                             device="cpu")
+    assert stored.settings.orientation == "ignore"
+    with pytest.raises(AssertionError):
+        for batch in stored:
+            check_boxes_against_pixels(batch)
+    stored.close()
+
+
+def test_an_image_decoded_in_another_frame_is_a_reported_skip(exif_yolo, monkeypatch):
+    """A decoder that does not turn the tagged images (as one reading another EXIF tag would): those whose axes the
+    tag swaps come out at a size other than the table's, and are skipped and reported (replaced, with their boxes,
+    by another sample), never drawn under boxes of the other frame."""
+    import fastfeed.detect.decoder as decoder
+
+    monkeypatch.setattr(decoder, "displayed", lambda pixels, tag: pixels)
+    root, _ = exif_yolo
+    loader = fastfeed.Loader(root / "out", batch_size=4, train=False, image_size=S, dtype=torch.uint8, device="cpu")
+    ds = loader.dataset
+    swapped = set(np.flatnonzero((ds.orientations >= 5) & (ds.widths != ds.heights)).tolist())
+    scored = set()
+    for batch in loader:
+        scored |= set(batch["ids"][batch["valid"]].tolist())
+    assert swapped and not swapped & scored and len(scored) == len(ds) - len(swapped)
+    assert loader.stats()["skipped"]["total"] == len(swapped)
+    loader.close()
+
+
+def test_dalis_whole_decode_displays_each_tag_as_the_cpu_path(exif_yolo):
+    """The GPU path's decode (DaliDecoder.decode_whole, here on DALI's CPU backend) under orientation "exif": each
+    stored image of the pack comes back in the displayed size the sample table says and with the CPU path's pixels
+    (`displayed` of the stored decode)."""
+    pytest.importorskip("nvidia.dali")
+    from fastfeed.decode.dali import DaliDecoder
+    from fastfeed.detect.render import decode_rgbx, displayed
+
+    root, _ = exif_yolo
+    loader = fastfeed.Loader(root / "out", batch_size=4, train=False, image_size=S, device="cpu")
+    ds, (widths, heights) = loader.dataset, loader.image_sizes
+    samples = [np.frombuffer(ds.read(i), np.uint8) for i in range(len(ds))]
+    with DaliDecoder(device_id=None, whole_images=True, batch_size=len(samples), num_threads=2,
+                     orientation="exif") as d:
+        got = d.decode_whole(samples)
+    assert not got.bad and set(ds.orientations.tolist()) == set(range(1, 9))
+    flat = got.flat.numpy()
+    for i, data in enumerate(samples):
+        w, h = got.size[i]
+        assert (w, h) == (widths[i], heights[i])
+        img = flat[got.offset[i]:got.offset[i] + w * h * 3].reshape(h, w, 3).astype(np.int16)
+        ref = displayed(decode_rgbx(bytes(data)), ds.orientations[i])[..., :3].astype(np.int16)
+        assert np.abs(img - ref).mean() < 0.5, i
+    loader.close()
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_exif_rotated_images_are_the_cpu_ones(exif_yolo):
+    """DALI displays each tagged JPEG by its EXIF orientation on the GPU: the CPU path's boxes exactly, its pixels
+    within the decode contract, the oracle on the GPU's own pixels."""
+    root, _ = exif_yolo
+    for train in (False, True):
+        kw = dict(batch_size=4, image_size=S, dtype=torch.uint8, seed=3, train=train,
+                  augment=DetectAugment(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0) if train else None)
+        cpu = fastfeed.Loader(root / "out", device="cpu", **kw)
+        gpu = fastfeed.Loader(root / "out", device="cuda", **kw)
+        assert gpu.settings.decoder == "dali" and gpu.settings.orientation == "exif"
+        for a, b in zip(cpu, gpu):
+            for key in ("boxes", "labels", "batch_idx", "scale", "pad"):
+                assert torch.equal(a[key], b[key].cpu()), key
+            diff = (a["images"].float() - b["images"].cpu().float()).abs().mean(dim=(1, 2, 3))
+            assert diff.max() < 2.0, diff
+            check_boxes_against_pixels({k: v.cpu() for k, v in b.items() if torch.is_tensor(v)})
+        assert gpu.stats()["skipped"]["total"] == 0  # no image's decoded size was off the table's
+        cpu.close()
+        gpu.close()
+
+
 def _source_number(ds, i: int) -> int:
     """The number in sample i's source file name (images/imNNN.png)."""
     return int(re.search(r"im(\d+)\.png$", str(ds.sources[i])).group(1))
@@ -311,8 +448,10 @@ def test_detection_arguments_are_checked(yolo_pack):
     cpu = fastfeed.Loader(out, batch_size=4, device="cpu")
     assert cpu.settings.decoder == "cpu"
     cpu.close()
-    with pytest.raises(ValueError, match="orientation"):
-        fastfeed.Loader(out, batch_size=4, device="cpu", orientation="exif")
+    with pytest.raises(ValueError, match="orientation must be 'exif'"):  # the boxes' frame: packed by default
+        fastfeed.Loader(out, batch_size=4, device="cpu", orientation="ignore")
+    with pytest.raises(ValueError, match="orientation must be one of"):
+        fastfeed.Loader(out, batch_size=4, device="cpu", orientation="rotate")
     with pytest.raises(ValueError, match="augment="):
         fastfeed.Loader(out, batch_size=4, device="cpu", task="classify", augment=DetectAugment())
     with pytest.raises(ValueError, match="mosaic"):

@@ -335,9 +335,49 @@ def test_classification_manifest_has_no_detection_fields(tmp_path):
         image(src / c / "0.jpg", 16, 16)
     m = pack(src, tmp_path / "out")
     assert m["version"] == 2 and "task" not in m and "objects" not in m
-    assert not {"annotations", "classes_file", "split"} & set(m["options"])
+    assert not {"annotations", "classes_file", "split", "orientation"} & set(m["options"])
     with fastfeed.open_dataset(tmp_path / "out") as ds:
         assert ds.manifest.task == "classify"
+
+
+def tagged_jpeg(path: Path, w: int, h: int, tag: int) -> Path:
+    """A w x h JPEG (as stored) with EXIF orientation `tag`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    exif = Image.Exif()
+    exif[0x0112] = tag
+    Image.new("RGB", (w, h), (90, 90, 90)).save(path, exif=exif)
+    return path
+
+
+def test_annotations_are_in_the_displayed_frame_unless_told_otherwise(tmp_path):
+    """A YOLO label of a photo stored 40x10 and turned by EXIF tag 6 is a fraction of the displayed 10x40 image
+    (ultralytics': OpenCV rotates, `exif_size` swaps): its pixels are in that frame, and the manifest says so; with
+    --orientation ignore, in the stored one. COCO's stated size is checked against the frame's, with a hint when it
+    is the other frame's. The option is refused where nothing has a frame to give."""
+    src = tmp_path / "yolo"
+    tagged_jpeg(src / "images" / "a.jpg", 40, 10, 6)
+    write(src / "labels" / "a.txt", "0 0.5 0.5 0.5 0.5\n")
+    m = pack(src, tmp_path / "shown")
+    assert m["options"]["orientation"] == "exif" and m["rejected"] == 0
+    assert_boxes(stored(tmp_path / "shown")["images/a.jpg"]["boxes"], [[2.5, 10, 7.5, 30]])
+    m = pack(src, tmp_path / "as-stored", "--orientation", "ignore")
+    assert m["options"]["orientation"] == "ignore" and m["rejected"] == 0
+    assert_boxes(stored(tmp_path / "as-stored")["images/a.jpg"]["boxes"], [[10, 2.5, 30, 7.5]])
+
+    imgs = tmp_path / "coco"
+    tagged_jpeg(imgs / "a.jpg", 40, 10, 6)
+    ann = write(tmp_path / "instances.json", json.dumps({
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 40, "height": 10}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [1, 1, 4, 4]}],
+        "categories": [{"id": 3, "name": "cat"}]}))
+    pack(imgs, tmp_path / "coco-shown", "--annotations", str(ann))
+    (rec,) = rejected(tmp_path / "coco-shown")
+    assert "displayed image is 10x40" in rec["reason"] and "--orientation ignore" in rec["reason"]
+    pack(imgs, tmp_path / "coco-stored", "--annotations", str(ann), "--orientation", "ignore")
+    assert rejected(tmp_path / "coco-stored") == []
+
+    with pytest.raises(RuntimeError, match="--orientation applies to detection sources"):
+        pack(imgs, tmp_path / "classes", "--orientation", "exif")
 
 
 def test_inspect_and_summary_say_what_a_detection_dataset_holds(coco, tmp_path, capsys):

@@ -123,7 +123,7 @@ class _Sampler:
 
 class _Labels:
     """The dataset side the trainer reads: its length and, per image, "cls" [n, 1] and "bboxes" [n, 4] (normalised
-    centre x, centre y, width, height of the stored image) for its label statistics."""
+    centre x, centre y, width, height of the image in its boxes' frame) for its label statistics."""
 
     def __init__(self, loader):
         self._loader = loader
@@ -135,11 +135,11 @@ class _Labels:
     @property
     def labels(self) -> list[dict]:
         if self._labels is None:
-            ds, targets = self._loader.dataset, self._loader.targets
+            targets, (widths, heights) = self._loader.targets, self._loader.image_sizes
             out = []
-            for i in range(len(ds)):
+            for i in range(len(widths)):
                 b, c = targets.of(i)
-                wh = torch.tensor([ds.widths[i], ds.heights[i]] * 2, dtype=torch.float32)
+                wh = torch.tensor([widths[i], heights[i]] * 2, dtype=torch.float32)
                 xywh = _centre_xywh(torch.from_numpy(b.copy())) / wh
                 out.append({"cls": c.astype("float32").reshape(-1, 1), "bboxes": xywh.numpy()})
             self._labels = out

@@ -24,7 +24,7 @@ from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transfor
 from fastfeed.detect.hsv import apply_hsv_torch, finish_nhwc
 from fastfeed.detect.instances import has_masks, render_instances
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
-from fastfeed.detect.render import decode_rgbx, render
+from fastfeed.detect.render import decode_rgbx, displayed, render
 from fastfeed.targets import Targets
 
 __all__ = ["DetectDecoder", "DetectRequest", "DetectResult"]
@@ -73,8 +73,12 @@ def _one_pass(device: torch.device, dtype: torch.dtype) -> bool:
 class DetectDecoder:
     def __init__(self, *, targets: Targets, widths, heights, image_size: int, augment, train: bool, seed: int,
                  epochs: int | None, device, dtype, channels_last: bool, mean, std, num_threads: int,
-                 on_error: str, ignore_index: int = DEFAULT_IGNORE_INDEX, instances: bool = False):
+                 on_error: str, ignore_index: int = DEFAULT_IGNORE_INDEX, instances: bool = False,
+                 orientations=None):
         self.targets = targets
+        # uint8 [N] EXIF tags when the annotations are in the displayed frame (widths/heights are then displayed
+        # sizes): each image is decoded as displayed. None: as stored.
+        self.orientations = None if orientations is None else np.asarray(orientations, np.uint8)
         self._objects = targets.trainable()
         self.widths, self.heights = np.asarray(widths, np.int64), np.asarray(heights, np.int64)
         self.image_size, self.augment, self.train, self.seed, self.epochs = image_size, augment, train, seed, epochs
@@ -90,14 +94,16 @@ class DetectDecoder:
         self._buffers = OutputBuffers()  # _render's batches (one layout and size per decoder)
 
     @classmethod
-    def from_settings(cls, s, targets: Targets, widths, heights) -> "DetectDecoder":
-        """The decoder of a Loader with LoaderSettings `s` over a dataset with `targets` and stored sizes."""
-        return cls(**cls.settings_kwargs(s, targets, widths, heights))
+    def from_settings(cls, s, targets: Targets, widths, heights, orientations=None) -> "DetectDecoder":
+        """The decoder of a Loader with LoaderSettings `s` over a dataset with `targets`, the images' sizes in the
+        annotations' frame and their EXIF tags when that frame is the displayed one."""
+        return cls(**cls.settings_kwargs(s, targets, widths, heights, orientations))
 
     @staticmethod
-    def settings_kwargs(s, targets: Targets, widths, heights) -> dict:
+    def settings_kwargs(s, targets: Targets, widths, heights, orientations=None) -> dict:
         """DetectDecoder's arguments from LoaderSettings `s` (subclasses add their own)."""
-        return dict(targets=targets, widths=widths, heights=heights, image_size=s.image_size, augment=s.augment,
+        return dict(targets=targets, widths=widths, heights=heights, orientations=orientations,
+                    image_size=s.image_size, augment=s.augment,
                     train=s.train, seed=s.seed, epochs=s.epochs, device=s.device, dtype=s.dtype,
                     channels_last=s.channels_last, mean=s.mean, std=s.std, num_threads=s.decode_threads,
                     on_error=s.on_error, ignore_index=s.ignore_index, instances=s.task == "segment")
@@ -107,6 +113,7 @@ class DetectDecoder:
         if n != len(request):
             raise ValueError(f"{n} samples but {len(request)} sample ids")
         decoded, bad = self._decode_all(samples, request)
+        bad.update(self._other_size(decoded, request.ids, bad))
         masks = None
         if request.masks is not None:
             masks, mask_bad = self._decode_masks(request)
@@ -223,17 +230,38 @@ class DetectDecoder:
     def _decode_all(self, samples, request: DetectRequest):
         """Each sample decoded once, as RGBX (None where it fails), and {position: (code, detail)} of the failures.
         Every sample is decoded by the decode contract here, `request.pil` (for the GPU path) or not."""
-        def decode(sample, pil_only):
+        tags = (np.ones(len(samples), np.uint8) if self.orientations is None
+                else self.orientations[np.asarray(request.ids, np.int64)])
+
+        def decode(sample, pil_only, tag):
             if not is_image(sample, pil_only):
                 return None, (NOT_IMAGE, "unknown file signature")
             try:  # as an array once here, not once per tile that shows it
-                return decode_rgbx(sample, native=not pil_only), None
+                return displayed(decode_rgbx(sample, native=not pil_only), tag), None
             except Exception as e:  # noqa: BLE001 - any decoder failure is this sample's, reported by its key
                 return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")
 
         pil = request.pil if request.pil is not None else np.zeros(len(samples), dtype=bool)
-        results = list(self._pool.map(decode, samples, pil.tolist()))
+        results = list(self._pool.map(decode, samples, pil.tolist(), tags.tolist()))
         return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
+
+    def _decoded_sizes(self, decoded) -> np.ndarray:
+        """(width, height) int64 [n, 2] of each decoded position (anything for the failed ones)."""
+        return np.array([(0, 0) if a is None else (a.shape[1], a.shape[0]) for a in decoded], np.int64).reshape(-1, 2)
+
+    def _other_size(self, decoded, ids, bad) -> dict:
+        """{position: (code, detail)} of the decoded images whose size is not the sample table's: the geometry and
+        the boxes are drawn on that size, so such an image (a decoder that read another EXIF tag, say) is a bad
+        sample, never a batch with boxes off its pixels."""
+        got = self._decoded_sizes(decoded)
+        ids = np.asarray(ids, np.int64)
+        want = np.stack([self.widths[ids], self.heights[ids]], axis=1)
+        out = {}
+        for p in np.flatnonzero((got != want).any(axis=1)).tolist():
+            if p not in bad:
+                out[p] = (DECODE_ERROR, f"decoded {got[p, 0]}x{got[p, 1]}, the sample table says "
+                                        f"{want[p, 0]}x{want[p, 1]}")
+        return out
 
     def _to_device(self, pixels: torch.Tensor, hsv_gains: np.ndarray | None = None) -> torch.Tensor:
         """[B, S, S, 3] uint8 (NHWC memory, or NCHW memory seen as NHWC: `_render`) -> [B, 3, S, S] in the Loader's

@@ -26,18 +26,23 @@ class GpuDetectDecoder(DetectDecoder):
         if not self.augment.axis_aligned and self.train:
             raise ValueError("rotated or sheared tiles (degrees, shear) are drawn by the CPU renderer")
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        # DALI displays each image by the EXIF tag it reads itself; DetectDecoder checks the size that gives
         self._dali = DaliDecoder(device_id=index, batch_size=batch_size, num_threads=common["num_threads"],
                                  hw_decoder_load=hw_decoder_load, on_error=self.on_error, pinned_input=pinned_input,
-                                 preallocate=preallocate, whole_images=True)
+                                 preallocate=preallocate, whole_images=True,
+                                 orientation="ignore" if self.orientations is None else "exif")
 
     @classmethod
-    def from_settings(cls, s, targets, widths, heights) -> "GpuDetectDecoder":
-        return cls(**cls.settings_kwargs(s, targets, widths, heights), batch_size=s.batch_size,
+    def from_settings(cls, s, targets, widths, heights, orientations=None) -> "GpuDetectDecoder":
+        return cls(**cls.settings_kwargs(s, targets, widths, heights, orientations), batch_size=s.batch_size,
                    hw_decoder_load=s.hw_decoder_load, pinned_input=s.pinned_input, preallocate=s.preallocate)
 
     def _decode_all(self, samples, request):
         whole = self._dali.decode_whole(samples, request.pil)
         return whole, whole.bad
+
+    def _decoded_sizes(self, decoded):
+        return decoded.size
 
     def _render(self, decoded, src, geometry, hsv: bool) -> torch.Tensor:
         # `hsv` is never asked for here: on a CUDA device __call__ applies the gains to the whole batch

@@ -35,7 +35,7 @@ from fastfeed.detect.resample import resize_into
 from fastfeed.image.contract import to_rgb
 from fastfeed.image.headers import png_text_over_limit, without_png_text
 
-__all__ = ["render", "decode_image", "decode_rgbx", "apply_hsv", "quad_inside", "DRAFT_MIN_SCALE"]
+__all__ = ["displayed", "render", "decode_image", "decode_rgbx", "apply_hsv", "quad_inside", "DRAFT_MIN_SCALE"]
 
 # Draft only while every tile keeps at least this many source pixels per output pixel (decode/cpu.py's default).
 DRAFT_MIN_SCALE = 2.0
@@ -75,6 +75,19 @@ def decode_rgbx(data, native: bool = True) -> np.ndarray:
     by the native core straight into this layout unless `native` is False (a sample kept for PIL's decode alone).
     Raises on bad data."""
     return _to_rgbx(_decode(data, None, native=native)[0])
+
+
+# EXIF orientation tag -> the view of an [h, w, C] array that displays it (contract.TRANSPOSE's PIL operations).
+_DISPLAY = {2: lambda a: a[:, ::-1], 3: lambda a: a[::-1, ::-1], 4: lambda a: a[::-1],
+            5: lambda a: a.transpose(1, 0, 2), 6: lambda a: a[::-1].transpose(1, 0, 2),
+            7: lambda a: a[::-1, ::-1].transpose(1, 0, 2), 8: lambda a: a[:, ::-1].transpose(1, 0, 2)}
+
+
+def displayed(pixels: np.ndarray, tag: int) -> np.ndarray:
+    """A decoded [h, w, C] image as its EXIF orientation `tag` displays it (C-contiguous; as it is for tag 1 or an
+    unknown tag, as the decode contract treats one)."""
+    view = _DISPLAY.get(int(tag))
+    return pixels if view is None else np.ascontiguousarray(view(pixels))
 
 
 def _decode(data, draft_size, native: bool = False) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:

@@ -75,6 +75,8 @@ class SampleTable:
     # bool [N]: the samples only the decode contract's PIL decode reads as stored (samples.npz `pil_only`); the
     # decoders get them with each batch's windows or request and route them there
     pil_only: np.ndarray | None = None
+    # uint8 [N]: the EXIF orientation each detection sample is displayed by (orientation "exif"), None otherwise
+    orientations: np.ndarray | None = None
 
 
 class BatchAssembler:

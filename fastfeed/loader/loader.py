@@ -55,7 +55,6 @@ import torch
 
 from fastfeed.datasets import open_dataset
 from fastfeed.decode import GPU_DECODERS
-from fastfeed.decode.crop import DEFAULT_ORIENTATION
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX
 from fastfeed.loader import lifecycle
 from fastfeed.loader.assemble import LoaderError
@@ -64,7 +63,7 @@ from fastfeed.loader.epoch import EpochRun
 from fastfeed.loader.parts import decoder_factory, epoch_planner, sample_table, shard_fetcher
 from fastfeed.loader.fields import pick_mask, plan_fields
 from fastfeed.loader.ring import PrefetchRing, auto_slot_bytes
-from fastfeed.loader.settings import LoaderSettings, ring_budget_bytes, resolve_settings
+from fastfeed.loader.settings import LoaderSettings, annotation_frame, ring_budget_bytes, resolve_settings
 from fastfeed.loader.stats import StageStats
 from fastfeed.tuning.climber import ShareClimber
 from fastfeed.tuning.pace import ConsumerPace
@@ -113,7 +112,9 @@ class Loader:
             (2 for "cpu-dali"). Given, it is fixed.
         on_error: "skip" replaces a bad record by another sample (counted in `stats()`, logged once per sample);
             "raise" raises naming the sample.
-        orientation: "ignore" (torchvision's ImageFolder) or "exif"; see docs/decode-contract.md.
+        orientation: "ignore" (torchvision's ImageFolder; the default) or "exif"; see docs/decode-contract.md. A
+            detection dataset's is the frame its boxes were packed in (`fastfeed pack --orientation`), left out or
+            equal to it.
         verify_checksums: check each sample's bytes against the checksum `pack` stored (datasets that have one);
             the ring's reader threads hash them without the GIL, the check compares (docs/design/ring.md#checksums).
             Bytes left unchecked get the header check that keeps broken JPEGs and PNGs from DALI (assemble.py
@@ -152,7 +153,7 @@ class Loader:
                  world_size: int | None = None, local_rank: int | None = None,
                  num_threads: int | str | None = "auto", reader_threads: int | None = None,
                  prefetch: int | None = None, hw_decoder_load: float | None = None, pipelines: int | None = None,
-                 on_error: str = "skip", orientation: str = DEFAULT_ORIENTATION, verify_checksums: bool = True,
+                 on_error: str = "skip", orientation: str | None = None, verify_checksums: bool = True,
                  batch_transform=None, log_every: int | None = None, storage_options: dict | None = None,
                  cache_dir: str | None = None, cache_size: int | None = None, task: str | None = None,
                  augment=None, epochs: int | None = None, fields=None, mask: str | None = None,
@@ -181,7 +182,8 @@ class Loader:
         # count depend on it (fastfeed/loader/settings.py).
         self._images = self.dataset.image_profile()  # a median over every sample: once
         args["task"] = task or getattr(self.dataset.manifest, "task", "classify")  # default: what the pack holds
-        self.settings = resolve_settings(**args, images=self._images)
+        self.settings = resolve_settings(**args, images=self._images,
+                                         frame=annotation_frame(self.dataset.manifest))
         if self.settings.task == "semantic" and self.settings.mask is None:
             self.settings = self.settings.replace(mask=pick_mask(self.dataset))
         s = self.settings
@@ -270,6 +272,12 @@ class Loader:
     @property
     def num_threads(self) -> int:
         return self.settings.decode_threads
+
+    @property
+    def image_sizes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(widths, heights) of every sample as the batches see it: the stored size, or the displayed one under
+        orientation "exif" (what boxes and crop windows are in)."""
+        return self._table.widths, self._table.heights
 
     @property
     def targets(self):

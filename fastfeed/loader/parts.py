@@ -24,9 +24,10 @@ def sample_table(ds, settings, extents, fields) -> SampleTable:
     if settings.verify_checksums and getattr(ds, "checksums", None) is not None:
         def check(indices, samples, digests=None):
             return integrity.bad_checksums(ds, indices, samples, digests=digests)
-    widths, heights = oriented_size(ds.widths, ds.heights, getattr(ds, "orientations", None), settings.orientation)
+    tags = getattr(ds, "orientations", None)
+    widths, heights = oriented_size(ds.widths, ds.heights, tags, settings.orientation)
     task = settings.task
-    targets = read_targets(ds) if task in BOX_TASKS else None
+    targets = read_targets(ds, widths, heights) if task in BOX_TASKS else None
     if task == "semantic":  # the detection geometry, no objects: the masks are read with the images
         targets = build_targets([None] * len(ds), ds.widths, ds.heights)
     read = lambda i: ds.read(i, check=False)  # noqa: E731 - the epoch checks checksums, to count a mismatch
@@ -35,7 +36,8 @@ def sample_table(ds, settings, extents, fields) -> SampleTable:
     return SampleTable(labels=torch.from_numpy(np.ascontiguousarray(ds.labels, dtype=np.int64)),
                        widths=np.asarray(widths), heights=np.asarray(heights), keys=ds.keys, read=read,
                        bad_checksums=check, targets=targets, fields=fields,
-                       pil_only=np.asarray(getattr(ds, "pil_only", np.zeros(len(ds), dtype=bool)), dtype=bool))
+                       pil_only=np.asarray(getattr(ds, "pil_only", np.zeros(len(ds), dtype=bool)), dtype=bool),
+                       orientations=None if settings.orientation != "exif" or tags is None else np.asarray(tags))
 
 
 def decoder_factory(settings, table: SampleTable, climber, stats):
@@ -44,7 +46,7 @@ def decoder_factory(settings, table: SampleTable, climber, stats):
     def new(index: int):
         if settings.task in GEOMETRY_TASKS:
             kind = GpuDetectDecoder if settings.decoder == "dali" else DetectDecoder
-            decoder = kind.from_settings(settings, table.targets, table.widths, table.heights)
+            decoder = kind.from_settings(settings, table.targets, table.widths, table.heights, table.orientations)
         else:
             decoder = build_decoder(settings, index=index, climber=climber)
         stats.add("pipelines_built")

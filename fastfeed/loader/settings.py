@@ -23,7 +23,7 @@ from fastfeed.constants import (DALI_CPU_SHARE_FOR_MORE_THREADS, DEFAULT_DALI_PI
 from fastfeed.decode import KINDS as DECODERS
 from fastfeed.decode import resolve_kind
 from fastfeed.decode.base import ON_ERROR
-from fastfeed.decode.crop import ORIENTATIONS
+from fastfeed.decode.crop import DEFAULT_ORIENTATION, ORIENTATIONS
 from fastfeed.detect.geometry import DetectAugment
 from fastfeed.formats.fields import value_kind
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX
@@ -169,10 +169,11 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
                      pipelines, on_error, orientation, verify_checksums, log_every, task="classify", augment=None,
                      epochs=None, fields=None, mask=None, ignore_index=DEFAULT_IGNORE_INDEX,
                      dataloader_kwargs: dict | None = None,
-                     images: ImageProfile | None = None) -> LoaderSettings:
+                     images: ImageProfile | None = None, frame: str | None = None) -> LoaderSettings:
     """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults.
     `images`: what the dataset's table says about its images, once it is open; decoder="auto" and the DALI thread
-    count depend on it (resolve_kind, _default_decode_threads)."""
+    count depend on it (resolve_kind, _default_decode_threads). `frame`: the EXIF policy a detection dataset's
+    annotations were packed in (`annotation_frame`), once it is open."""
     batch_size = _int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
     train = _bool("train", train)
     image_size = _int("image_size", image_size, 1, MAX_IMAGE_SIZE)
@@ -183,7 +184,8 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         raise ValueError(f"order must be one of {sorted(sampling.ORDERS)}, got {order!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of torch.float32/float16/bfloat16/uint8, got {dtype!r}")
-    task, augment, epochs, decoder = _resolve_task(task, augment, epochs, decoder, orientation)
+    task, augment, epochs, decoder = _resolve_task(task, augment, epochs, decoder)
+    orientation = _resolve_orientation(task, orientation, frame)
     # Defaults per task: ImageNet's normalisation for classification and segmentation (ToTensor + Normalize, what
     # torchvision's backbones take); pixels in [0, 1] for detection, what YOLO-style and torchvision's detection
     # models take.
@@ -194,8 +196,6 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
         raise ValueError(f"std must be > 0, got {std}")
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    if orientation not in ORIENTATIONS:
-        raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
     if log_every is not None:
@@ -297,7 +297,7 @@ def _fields(fields) -> tuple[str, ...]:
     return fields
 
 
-def _resolve_task(task, augment, epochs, decoder, orientation):
+def _resolve_task(task, augment, epochs, decoder):
     """(task, augment, epochs, decoder) checked; detection's decoder is chosen by `_detect_kind` once the device is
     known."""
     if task not in TASKS:
@@ -316,10 +316,31 @@ def _resolve_task(task, augment, epochs, decoder, orientation):
         raise ValueError(f"augment must be a fastfeed.detect.DetectAugment, got {type(augment).__name__}")
     if decoder not in DETECT_DECODERS:
         raise ValueError(f"task={task!r} decodes with one of {DETECT_DECODERS}, got decoder={decoder!r}")
-    if orientation != "ignore":
-        raise ValueError(f"task={task!r} reads boxes and masks in the stored image's pixels: orientation must be "
-                         "'ignore'")
     return task, augment, epochs, decoder
+
+
+def annotation_frame(manifest) -> str:
+    """The EXIF policy a detection dataset's boxes are in: `fastfeed pack --orientation`, recorded in the
+    manifest's options ("ignore", the stored pixels, for packs made before the option)."""
+    return (getattr(manifest, "options", None) or {}).get("orientation") or "ignore"
+
+
+def _resolve_orientation(task: str, orientation: str | None, frame: str | None) -> str:
+    """The EXIF policy: classification's is the one asked (None: DEFAULT_ORIENTATION); a detection batch's is the
+    frame its dataset's boxes are in (`frame`, None until the dataset is open), a semantic one's the stored pixels its
+    masks are in. Asking for another is an error: boxes would not match their pixels."""
+    if orientation is not None and orientation not in ORIENTATIONS:
+        raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
+    if task == "classify":
+        return orientation or DEFAULT_ORIENTATION
+    want = frame if task in BOX_TASKS else "ignore"
+    if want is None:
+        return orientation or "ignore"
+    if orientation is not None and orientation != want:
+        what = "boxes are in the pixels of each image as displayed (EXIF orientation applied)" if want == "exif" \
+            else f"{'boxes' if task in BOX_TASKS else 'masks'} are in the stored pixels"
+        raise ValueError(f"task={task!r}: this dataset's {what}: orientation must be {want!r} or left out")
+    return want
 
 
 DETECT_DECODERS = ("auto", "dali", "cpu", "cpu-pil")

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from fastfeed.constants import __version__
+from fastfeed.constants import DEFAULT_ANNOTATION_ORIENTATION, ORIENTATIONS, __version__
 from fastfeed.formats.integrity import checksum
 from fastfeed.image import transcode as _transcode
 from fastfeed.pack import table as tbl
@@ -78,7 +78,9 @@ class PackOptions:
     num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN. Detection sources
     (fastfeed/pack/annotations/): annotations is a COCO instances JSON, classes_file a names file (VOC, YOLO),
     split the YOLO/VOC/ADE20K split to pack; YOLO, VOC and ADE20K folders are recognised under source_kind 'auto'.
-    Segmentation sources: masks is the masks folder of an image folder (fastfeed/pack/annotations/masks.py)."""
+    orientation is the frame detection annotations are in: "exif" (the default: each image as displayed) or "ignore"
+    (as stored); the manifest records it and the Loader decodes the images in that frame. Segmentation sources: masks
+    is the masks folder of an image folder (fastfeed/pack/annotations/masks.py)."""
 
     format: str = "wds"
     shard_size: int = 1 << 30
@@ -99,10 +101,11 @@ class PackOptions:
     classes_file: str | None = None
     split: str | None = None
     masks: str | None = None
+    orientation: str | None = None
 
 
 # Options a classification pack leaves unset: left out of its manifest, whose bytes stay those of earlier versions.
-_ANNOTATION_OPTIONS = ("annotations", "classes_file", "split", "masks")
+_ANNOTATION_OPTIONS = ("annotations", "classes_file", "split", "masks", "orientation")
 
 
 def _manifest_options(o: PackOptions) -> dict:
@@ -194,9 +197,14 @@ def _check_options(o: PackOptions) -> None:
         raise PackError(f"--max-side must be >= 16, got {o.max_side}")
     if o.resume and o.overwrite:
         raise PackError("--resume and --overwrite contradict each other")
+    if o.orientation is not None and o.orientation not in ORIENTATIONS:
+        raise PackError(f"--orientation must be one of {', '.join(ORIENTATIONS)}, got {o.orientation!r}")
 
 
 def _check_annotated(src: Source, o: PackOptions) -> None:
+    if src.task != "detect" and o.orientation is not None:
+        # A mask is a second image whose frame nothing states; classification takes the Loader's own policy.
+        raise PackError(f"--orientation applies to detection sources (YOLO, COCO, VOC), not to {src.kind} ones")
     if src.task != "classify" and o.max_side is not None:
         # Re-encoding at a smaller size would need every box (and polygon) scaled with it, or every mask stored
         # byte for byte resized: not done.
@@ -287,8 +295,11 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     t0 = time.perf_counter()
     o = replace(o, **{k: os.path.abspath(getattr(o, k)) for k in ("annotations", "classes_file", "masks")
                       if getattr(o, k) is not None})
-    src = scan_source(src_path, o.source_kind, o.annotations, o.classes_file, o.split, o.masks)
+    src = scan_source(src_path, o.source_kind, o.annotations, o.classes_file, o.split, o.masks,
+                      o.orientation or DEFAULT_ANNOTATION_ORIENTATION)
     _check_annotated(src, o)
+    if src.task == "detect":  # the frame is recorded: the Loader decodes the images in it
+        o = replace(o, orientation=o.orientation or DEFAULT_ANNOTATION_ORIENTATION)
     folder = part_folder(out, o.part) if o.num_parts > 1 else os.path.abspath(out)
     if o.num_parts > 1 and os.path.exists(os.path.join(out, MANIFEST_NAME)):  # merged already: parts are gone
         raise PackError(f"{os.path.abspath(out)} already holds a packed dataset; a part cannot be added to it "
@@ -421,7 +432,8 @@ class _Writer:
         if self.task == "detect":
             # What the Loader will clip or drop, known now that the stored size is: in plan order, in this
             # sample's commit, so parts merge (and resumes finish) to the same rejected.jsonl as one pack.
-            self.rejected.extend(sample_issues(entry, res.width, res.height))
+            self.rejected.extend(sample_issues(entry, res.width, res.height, int(getattr(res, "orientation", 1) or 1),
+                                               self.o.orientation))
         self.bytes_in += size
         # `orientation` and `change` come from the validator (pack/validate.py); older validators lack them.
         change = getattr(res, "change", None)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import os
 
+from fastfeed.constants import DEFAULT_ANNOTATION_ORIENTATION
+
 # The layout modules import common.py, never this package: __init__ sits on top of them, so there is no cycle.
 from fastfeed.pack.annotations.coco import scan_coco
 from fastfeed.pack.annotations.common import _has_file, read_names
@@ -40,11 +42,13 @@ ALL_KINDS = SOURCE_KINDS + DETECT_KINDS + SEMANTIC_KINDS + ("img2dataset",)
 
 
 def scan(src: str, kind: str = "auto", annotations: str | None = None, classes: str | None = None,
-         split: str | None = None, masks: str | None = None) -> Source:
+         split: str | None = None, masks: str | None = None,
+         orientation: str = DEFAULT_ANNOTATION_ORIENTATION) -> Source:
     """Any source `fastfeed pack` reads: a detection layout (`kind` in DETECT_KINDS, or recognised under 'auto'),
     a semantic segmentation one (SEMANTIC_KINDS; `masks` the masks folder of kind 'masks'), img2dataset's `files`
     output (fastfeed/pack/img2dataset.py) or, otherwise, fastfeed.pack.sources.scan_source's classification
-    sources."""
+    sources. `orientation`: the frame of a detection source's annotations, "exif" (each image as displayed) or
+    "ignore" (as stored); YOLO's fractions are turned into pixels of that frame."""
     if kind not in ALL_KINDS:
         raise ValueError(f"source kind must be one of {ALL_KINDS}, got {kind!r}")
     root = os.path.abspath(src)
@@ -85,7 +89,7 @@ def scan(src: str, kind: str = "auto", annotations: str | None = None, classes: 
                              "with its annotations file)")
         return scan_coco(root, annotations)
     if kind == "yolo":
-        return scan_yolo(root, split, classes)
+        return scan_yolo(root, split, classes, orientation)
     return scan_voc(root, split, classes)
 
 
@@ -104,15 +108,22 @@ def detect_layout(root: str, split: str | None = None) -> str | None:
 # ---- after storing: what the Loader will make of each annotation, and the manifest's numbers ---------------------
 
 
-def sample_issues(entry: SourceEntry, width: int, height: int) -> list[dict]:
-    """rejected.jsonl records for one stored detection sample of width x height: a size other than the one the
-    annotations were made for, and each box the Loader clips or drops (fastfeed.targets.annotation_issues). The
-    stored annotation itself stays as the source gave it."""
+def sample_issues(entry: SourceEntry, width: int, height: int, tag: int = 1,
+                  orientation: str = DEFAULT_ANNOTATION_ORIENTATION) -> list[dict]:
+    """rejected.jsonl records for one stored detection sample of width x height, EXIF orientation `tag`, whose
+    annotations are in the `orientation` frame ("exif": as displayed, "ignore": as stored): a size other than the
+    one the annotations were made for, and each box the Loader clips or drops (fastfeed.targets.annotation_issues),
+    against the image in that frame. The stored annotation itself stays as the source gave it."""
+    if orientation == "exif" and 5 <= tag <= 8:
+        width, height = height, width
     out = []
     if entry.size is not None and tuple(entry.size) != (width, height):
-        out.append({"path": entry.rel, "reason": f"stored image is {width}x{height}, the annotations were made for "
-                                                 f"{entry.size[0]}x{entry.size[1]}: boxes may not match "
-                                                 f"(an EXIF rotation?)"})
+        frame = "displayed" if orientation == "exif" else "stored"
+        hint = (f"; they fit the image as {'stored' if frame == 'displayed' else 'displayed'}: pack with "
+                f"--orientation {'ignore' if frame == 'displayed' else 'exif'}"
+                if 5 <= tag <= 8 and tuple(entry.size) == (height, width) else "")
+        out.append({"path": entry.rel, "reason": f"the {frame} image is {width}x{height}, the annotations were made "
+                                                 f"for {entry.size[0]}x{entry.size[1]}: boxes may not match{hint}"})
     for j, why in annotation_issues(entry.metadata, width, height):
         out.append({"path": entry.rel, "reason": why, "object": j})
     return out

@@ -2,12 +2,16 @@
 `--split`; Roboflow's `ROOT/train/images` + `ROOT/train/labels` too). Class names from `data.yaml` (`names:` a list or
 a {id: name} map), else `--classes FILE`, else `classes.txt`, else "0", "1", ... Label lines `cls cx cy w h`
 (normalised) or `cls x1 y1 x2 y2 ...` (a normalised polygon: its bounds are the box, the polygon is kept), turned into
-pixels with the image's size read from its header (no decode). Pixels are rounded to 1e-6 px (float noise), and a
-value past the image edge by less than 1e-6 of its side is the edge (6-decimal label files overshoot it)."""
+pixels with the image's size read from its header (no decode): the displayed size under orientation "exif" (axes
+swapped for EXIF tags 5-8, as ultralytics reads its labels against the image OpenCV rotates), else the stored one.
+Pixels are rounded to 1e-6 px (float noise), and a value past the image edge by less than 1e-6 of its side is the
+edge (6-decimal label files overshoot it)."""
 from __future__ import annotations
 
 import math
 import os
+
+from fastfeed.constants import DEFAULT_ANNOTATION_ORIENTATION
 
 from fastfeed.pack.annotations.common import _add, _has_file, _probe_sizes, read_names
 from fastfeed.pack.sources import Source, SourceEntry, _count_link, _listdir, _walk_files
@@ -160,7 +164,8 @@ def _yolo_names(root: str, classes: str | None) -> list[str] | None:
 # ---- YOLO ---------------------------------------------------------------------------------------------------
 
 
-def scan_yolo(root: str, split: str | None = None, classes: str | None = None) -> Source:
+def scan_yolo(root: str, split: str | None = None, classes: str | None = None,
+              orientation: str = DEFAULT_ANNOTATION_ORIENTATION) -> Source:
     root = os.path.abspath(root)
     dirs = _yolo_dirs(root, split, need_labels=False)  # --source yolo: a set of negatives only is fine too
     if dirs is None:
@@ -224,12 +229,10 @@ def scan_yolo(root: str, split: str | None = None, classes: str | None = None) -
             src.rejected.append({"path": path, "reason": f"image size unreadable ({size}): its labels cannot be "
                                                          f"converted to pixels; image not packed"})
             continue
-        w, h, orientation = size
+        w, h, tag = size
+        if orientation == "exif" and 5 <= tag <= 8:
+            w, h = h, w
         ann = _yolo_annotation(got, w, h, len(names), label, rel, src)
-        if orientation != 1:
-            src.rejected.append({"path": label, "image": rel, "reason": (
-                f"image has EXIF orientation {orientation}: boxes are in the stored (unrotated) {w}x{h} pixels, as "
-                f"the Loader decodes it; YOLO tools usually label the rotated view: check them")})
         _add(src, SourceEntry(path, rel, -1, ann, (w, h)), path)
     return src
 
