@@ -376,7 +376,7 @@ def test_annotations_are_in_the_displayed_frame_unless_told_otherwise(tmp_path):
     pack(imgs, tmp_path / "coco-stored", "--annotations", str(ann), "--orientation", "ignore")
     assert rejected(tmp_path / "coco-stored") == []
 
-    with pytest.raises(RuntimeError, match="--orientation applies to detection sources"):
+    with pytest.raises(RuntimeError, match="--orientation applies to detection and segmentation"):
         pack(imgs, tmp_path / "classes", "--orientation", "exif")
 
 

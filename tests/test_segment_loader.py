@@ -7,13 +7,14 @@ show: an object's class under its colour, 0 under the background's grey, the ign
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_detect_loader import CLASS_HUES, colour_classes
+from test_detect_loader import _UNDO, CLASS_HUES, colour_classes
 
 import fastfeed
 from fastfeed.detect import DetectAugment
@@ -223,6 +224,44 @@ def test_a_bad_mask_is_a_replaced_sample_named_with_its_reason(tmp_path):
     with pytest.raises(fastfeed.LoaderError, match="b3.*no .seg.png member"):
         list(strict)
     strict.close()
+
+
+def test_masks_of_exif_rotated_photos_are_in_the_displayed_frame(tmp_path):
+    """An image folder of JPEGs stored turned with the EXIF tag (2-8) that displays each scene, and its masks drawn
+    on the displayed scene (as labelling tools draw them): packed with --masks in the default frame, each image
+    loads as displayed under its mask, and the oracle holds; packed with --orientation ignore, the masks whose sides
+    the tag swaps are rejected with that hint."""
+    from conftest import run_pack
+    from fastfeed.image.contract import TRANSPOSE
+
+    rng = np.random.default_rng(3)
+    swapped = 0
+    for i in range(16):
+        w, h = int(rng.integers(60, 200)), int(rng.integers(60, 200))
+        img, mask = make_scene(rng, w, h)
+        tag, exif = 1 + i % 8, Image.Exif()
+        stored = Image.fromarray(img)
+        if tag > 1:
+            op = TRANSPOSE[tag]
+            stored, exif[0x0112] = stored.transpose(_UNDO.get(op, op)), tag
+        swapped += tag >= 5 and w != h
+        (tmp_path / "img").mkdir(exist_ok=True)
+        (tmp_path / "masks").mkdir(exist_ok=True)
+        stored.save(tmp_path / "img" / f"{i:02d}.jpg", quality=95, subsampling=0, exif=exif)
+        (tmp_path / "masks" / f"{i:02d}.png").write_bytes(_png(mask))
+    run_pack(tmp_path / "img", tmp_path / "out", "--masks", str(tmp_path / "masks"))
+    for train in (False, True):
+        loader = fastfeed.Loader(tmp_path / "out", batch_size=4, image_size=S, dtype=torch.uint8, device="cpu",
+                                 train=train, augment=DetectAugment(mosaic=0.0, **NO_HSV) if train else None)
+        assert loader.settings.task == "semantic" and loader.settings.orientation == "exif"
+        assert len(loader.dataset) == 16 and set(loader.dataset.orientations.tolist()) == set(range(1, 9))
+        assert sum(check_masks_against_pixels(b) for b in loader) > 10_000
+        loader.close()
+
+    run_pack(tmp_path / "img", tmp_path / "stored", "--masks", str(tmp_path / "masks"), "--orientation", "ignore")
+    rejected = [json.loads(line) for line in (tmp_path / "stored" / "rejected.jsonl").read_text().splitlines()]
+    assert swapped and len(rejected) == swapped
+    assert all("pack with --orientation exif" in r["reason"] for r in rejected)
 
 
 def test_arguments_are_checked(seg_set):

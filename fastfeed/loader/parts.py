@@ -29,7 +29,7 @@ def sample_table(ds, settings, extents, fields) -> SampleTable:
     task = settings.task
     targets = read_targets(ds, widths, heights) if task in BOX_TASKS else None
     if task == "semantic":  # the detection geometry, no objects: the masks are read with the images
-        targets = build_targets([None] * len(ds), ds.widths, ds.heights)
+        targets = build_targets([None] * len(ds), widths, heights)
     read = lambda i: ds.read(i, check=False)  # noqa: E731 - the epoch checks checksums, to count a mismatch
     if fields is not None:  # what the ring would have read: the span of the image and its members
         read = lambda i: ds.read_range(i, int(extents.offset[i]), int(extents.size[i]))  # noqa: E731

@@ -320,27 +320,27 @@ def _resolve_task(task, augment, epochs, decoder):
 
 
 def annotation_frame(manifest) -> str:
-    """The EXIF policy a detection dataset's boxes are in: `fastfeed pack --orientation`, recorded in the
-    manifest's options ("ignore", the stored pixels, for packs made before the option)."""
+    """The EXIF policy a dataset's annotations (boxes, polygons, masks) are in: `fastfeed pack --orientation`,
+    recorded in the manifest's options ("ignore", the stored pixels, for packs made before the option)."""
     return (getattr(manifest, "options", None) or {}).get("orientation") or "ignore"
 
 
 def _resolve_orientation(task: str, orientation: str | None, frame: str | None) -> str:
-    """The EXIF policy: classification's is the one asked (None: DEFAULT_ORIENTATION); a detection batch's is the
-    frame its dataset's boxes are in (`frame`, None until the dataset is open), a semantic one's the stored pixels its
-    masks are in. Asking for another is an error: boxes would not match their pixels."""
+    """The EXIF policy: classification's is the one asked (None: DEFAULT_ORIENTATION); a detection or segmentation
+    batch's is the frame its dataset's annotations are in (`frame`, None until the dataset is open). Asking for
+    another is an error: boxes and masks would not match their pixels."""
     if orientation is not None and orientation not in ORIENTATIONS:
         raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
     if task == "classify":
         return orientation or DEFAULT_ORIENTATION
-    want = frame if task in BOX_TASKS else "ignore"
-    if want is None:
+    if frame is None:
         return orientation or "ignore"
-    if orientation is not None and orientation != want:
-        what = "boxes are in the pixels of each image as displayed (EXIF orientation applied)" if want == "exif" \
-            else f"{'boxes' if task in BOX_TASKS else 'masks'} are in the stored pixels"
-        raise ValueError(f"task={task!r}: this dataset's {what}: orientation must be {want!r} or left out")
-    return want
+    if orientation is not None and orientation != frame:
+        what = ("the pixels of each image as displayed (EXIF orientation applied)" if frame == "exif"
+                else "the stored pixels")
+        raise ValueError(f"task={task!r}: this dataset's annotations are in {what}: orientation must be {frame!r} "
+                         "or left out")
+    return frame
 
 
 DETECT_DECODERS = ("auto", "dali", "cpu", "cpu-pil")

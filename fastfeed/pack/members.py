@@ -75,13 +75,20 @@ def _mask_size(data: bytes) -> tuple[int, int] | Rejected:
     return size
 
 
-def members_problem(members: list[MemberData] | Rejected, width: int, height: int) -> str | None:
-    """Why the sample of an accepted width x height image is still rejected for its members, or None."""
+def members_problem(members: list[MemberData] | Rejected, width: int, height: int, tag: int = 1,
+                    orientation: str = "ignore") -> str | None:
+    """Why the sample of an accepted width x height image with EXIF orientation `tag` is still rejected for its
+    members, or None. A mask must have its image's size in the `orientation` frame ("exif": as displayed)."""
     if isinstance(members, Rejected):
         return members.reason
+    swap = orientation == "exif" and 5 <= tag <= 8
+    frame = (height, width) if swap else (width, height)
     for m in members:
-        if m.size is not None and m.size != (width, height):
-            return f"the mask is {m.size[0]}x{m.size[1]}, its image {width}x{height}"
+        if m.size is not None and m.size != frame:
+            what = "displayed image" if orientation == "exif" and tag != 1 else "image"
+            hint = (f"; it fits the image as {'stored' if swap else 'displayed'}: pack with --orientation "
+                    f"{'ignore' if swap else 'exif'}" if 5 <= tag <= 8 and m.size == frame[::-1] else "")
+            return f"the mask is {m.size[0]}x{m.size[1]}, its {what} {frame[0]}x{frame[1]}{hint}"
     return None
 
 

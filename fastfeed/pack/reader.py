@@ -86,7 +86,8 @@ def read_batch(items: list[BatchItem], opts: LoadOptions, pool: BufferPool) -> B
             out.append((err, None))
             continue
         res = check_image(view, opts, name=it.path)
-        why = None if isinstance(res, Rejected) else members_problem(extra, res.width, res.height)
+        why = None if isinstance(res, Rejected) else members_problem(extra, res.width, res.height, res.orientation,
+                                                                     opts.orientation)
         if why is not None:
             res = Rejected(why)
         if isinstance(res, Rejected):

@@ -78,9 +78,9 @@ class PackOptions:
     num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN. Detection sources
     (fastfeed/pack/annotations/): annotations is a COCO instances JSON, classes_file a names file (VOC, YOLO),
     split the YOLO/VOC/ADE20K split to pack; YOLO, VOC and ADE20K folders are recognised under source_kind 'auto'.
-    orientation is the frame detection annotations are in: "exif" (the default: each image as displayed) or "ignore"
-    (as stored); the manifest records it and the Loader decodes the images in that frame. Segmentation sources: masks
-    is the masks folder of an image folder (fastfeed/pack/annotations/masks.py)."""
+    orientation is the frame annotations (boxes, polygons, masks) are in: "exif" (the default: each image as
+    displayed) or "ignore" (as stored); the manifest records it and the Loader decodes the images in that frame.
+    Segmentation sources: masks is the masks folder of an image folder (fastfeed/pack/annotations/masks.py)."""
 
     format: str = "wds"
     shard_size: int = 1 << 30
@@ -202,9 +202,8 @@ def _check_options(o: PackOptions) -> None:
 
 
 def _check_annotated(src: Source, o: PackOptions) -> None:
-    if src.task != "detect" and o.orientation is not None:
-        # A mask is a second image whose frame nothing states; classification takes the Loader's own policy.
-        raise PackError(f"--orientation applies to detection sources (YOLO, COCO, VOC), not to {src.kind} ones")
+    if src.task == "classify" and o.orientation is not None:  # a label has no frame: the Loader's policy decides
+        raise PackError(f"--orientation applies to detection and segmentation sources, not to {src.kind} ones")
     if src.task != "classify" and o.max_side is not None:
         # Re-encoding at a smaller size would need every box (and polygon) scaled with it, or every mask stored
         # byte for byte resized: not done.
@@ -298,7 +297,7 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     src = scan_source(src_path, o.source_kind, o.annotations, o.classes_file, o.split, o.masks,
                       o.orientation or DEFAULT_ANNOTATION_ORIENTATION)
     _check_annotated(src, o)
-    if src.task == "detect":  # the frame is recorded: the Loader decodes the images in it
+    if src.task != "classify":  # the frame is recorded: the Loader decodes the images in it
         o = replace(o, orientation=o.orientation or DEFAULT_ANNOTATION_ORIENTATION)
     folder = part_folder(out, o.part) if o.num_parts > 1 else os.path.abspath(out)
     if o.num_parts > 1 and os.path.exists(os.path.join(out, MANIFEST_NAME)):  # merged already: parts are gone
@@ -324,7 +323,7 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
 
     native = use_native(o.format)
     writer = _Writer(folder, o, journal, len(shards), native, src.task, src.fields)
-    load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels, o.scan_check)
+    load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels, o.scan_check, o.orientation or "ignore")
     bar = _progress(len(plan), start, o.progress)
     workers = o.workers or os.cpu_count() or 1
     # Small batches keep the bytes in cache between read, write and hash (larger ones cost wall time:

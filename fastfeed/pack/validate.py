@@ -91,6 +91,7 @@ class LoadOptions:
     max_side: int | None = None  # re-encode images whose longer side exceeds this
     max_pixels: int = DEFAULT_MAX_PIXELS
     scan_check: bool = True  # run the JPEG scan check (when the native core has libjpeg: transcode.HAVE_SCAN_CHECK)
+    orientation: str = "ignore"  # the frame a sample's mask is in: "exif" is checked against the displayed size
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,8 @@ def _pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, ba
                 if j >= deferred:
                     return _DEFER
                 res = check_image(data, opts, facts, name=todo[j][1].path)
-                why = None if isinstance(res, Rejected) else members_problem(extras[j], res.width, res.height)
+                why = None if isinstance(res, Rejected) else members_problem(
+                    extras[j], res.width, res.height, res.orientation, opts.orientation)
                 if why is not None:
                     res = Rejected(why)
                 if isinstance(res, Rejected):

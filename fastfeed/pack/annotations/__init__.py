@@ -118,11 +118,12 @@ def sample_issues(entry: SourceEntry, width: int, height: int, tag: int = 1,
         width, height = height, width
     out = []
     if entry.size is not None and tuple(entry.size) != (width, height):
-        frame = "displayed" if orientation == "exif" else "stored"
-        hint = (f"; they fit the image as {'stored' if frame == 'displayed' else 'displayed'}: pack with "
-                f"--orientation {'ignore' if frame == 'displayed' else 'exif'}"
+        frame = "image" if tag == 1 else "displayed image" if orientation == "exif" else "stored image"
+        shown = orientation == "exif"
+        hint = (f"; they fit the image as {'stored' if shown else 'displayed'}: pack with "
+                f"--orientation {'ignore' if shown else 'exif'}"
                 if 5 <= tag <= 8 and tuple(entry.size) == (height, width) else "")
-        out.append({"path": entry.rel, "reason": f"the {frame} image is {width}x{height}, the annotations were made "
+        out.append({"path": entry.rel, "reason": f"the {frame} is {width}x{height}, the annotations were made "
                                                  f"for {entry.size[0]}x{entry.size[1]}: boxes may not match{hint}"})
     for j, why in annotation_issues(entry.metadata, width, height):
         out.append({"path": entry.rel, "reason": why, "object": j})
