@@ -119,9 +119,11 @@ def sample_issues(entry: SourceEntry, width: int, height: int, tag: int = 1,
     out = []
     if entry.size is not None and tuple(entry.size) != (width, height):
         frame = "image" if tag == 1 else "displayed image" if orientation == "exif" else "stored image"
-        shown = orientation == "exif"
-        hint = (f"; they fit the image as {'stored' if shown else 'displayed'}: pack with "
-                f"--orientation {'ignore' if shown else 'exif'}"
+        # Some exporters (Label Studio's COCO) state the stored size of an image whose boxes they drew displayed:
+        # the size alone cannot tell the frame, so the hint names both.
+        other = "ignore" if orientation == "exif" else "exif"
+        hint = (f"; the stated size is the image's as {'stored' if other == 'ignore' else 'displayed'}: if the "
+                f"annotations are in that frame, pack with --orientation {other}"
                 if 5 <= tag <= 8 and tuple(entry.size) == (height, width) else "")
         out.append({"path": entry.rel, "reason": f"the {frame} is {width}x{height}, the annotations were made "
                                                  f"for {entry.size[0]}x{entry.size[1]}: boxes may not match{hint}"})
