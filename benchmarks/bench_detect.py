@@ -1,13 +1,14 @@
 """Detection training batches per second: `fastfeed.Loader(task="detect")` against ultralytics' own YOLO train
 loader, same images, same augmentation, same cores, same run.
 
-    python benchmarks/bench_detect.py [--workdir DIR] [--num-images 1000] [--batch 32] [--size 640]
+    python benchmarks/bench_detect.py [--workdir DIR] [--num-images 1000] [--photo-scale 1] [--batch 32] [--size 640]
                                       [--seconds 40] [--warmup 4] [--workers N] [--rounds 1] [--device cpu]
                                       [--mode train|val] [--json FILE]
 
 Data: `fastfeed.demo_data.make_dataset` renders ImageNet-like JPEGs (300-800 px) into WORKDIR/yolo/images, each given
 1-8 random boxes in WORKDIR/yolo/labels (YOLO text, 4 classes) and a data.yaml; the real CLI packs the folder
-(`fastfeed pack WORKDIR/yolo WORKDIR/wds`). ultralytics reads the folder, fastfeed the shards.
+(`fastfeed pack WORKDIR/yolo WORKDIR/wds`). ultralytics reads the folder, fastfeed the shards. `--photo-scale K`
+enlarges every photo K times per side first (into WORKDIR/xK): phone-camera sizes.
 
 Both loaders do ultralytics' default training augmentation (default.yaml: mosaic 1.0, translate 0.1, scale 0.5,
 fliplr 0.5, HSV 0.015/0.7/0.4; mixup, copy-paste and rotation off, as there) at `--size` px and batch `--batch`
@@ -36,8 +37,11 @@ DEFAULT_WORKDIR = Path(os.environ.get("TMPDIR", "/tmp")) / "fastfeed-bench" / "b
 NAMES = ("a", "b", "c", "d")
 
 
-def prepare_data(workdir: Path, num_images: int) -> tuple[Path, Path]:
-    """(YOLO folder, packed WebDataset folder) under `workdir`, made only when missing."""
+def prepare_data(workdir: Path, num_images: int, photo_scale: int = 1) -> tuple[Path, Path]:
+    """(YOLO folder, packed WebDataset folder) under `workdir`, made only when missing; `photo_scale` > 1 enlarges
+    each photo that many times per side (bicubic, JPEG quality 90): phone-camera sizes, under workdir/xK."""
+    if photo_scale > 1:
+        return _enlarged(workdir, num_images, photo_scale)
     import numpy as np
     from PIL import Image
 
@@ -62,6 +66,26 @@ def prepare_data(workdir: Path, num_images: int) -> tuple[Path, Path]:
             cx, cy = rng.uniform(bw / 2, 1 - bw / 2), rng.uniform(bh / 2, 1 - bh / 2)
             lines.append(f"{int(rng.integers(0, len(NAMES)))} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}\n")
         (yolo / "labels" / f"{i:06d}.txt").write_text("".join(lines))
+    subprocess.run([sys.executable, "-m", "fastfeed.cli", "pack", str(yolo), str(packed), "--shard-size", "64MB",
+                    "--overwrite", "--quiet"], check=True)
+    return yolo, packed
+
+
+def _enlarged(workdir: Path, num_images: int, k: int) -> tuple[Path, Path]:
+    from PIL import Image
+
+    small, _ = prepare_data(workdir, num_images)
+    yolo, packed = workdir / f"x{k}" / "yolo", workdir / f"x{k}" / "wds"
+    if (packed / "fastfeed.json").exists() and len(list((yolo / "labels").iterdir())) == num_images:
+        return yolo, packed
+    for sub in ("images", "labels"):
+        (yolo / sub).mkdir(parents=True, exist_ok=True)
+    (yolo / "data.yaml").write_bytes((small / "data.yaml").read_bytes())
+    for src in sorted((small / "images").iterdir()):
+        img = Image.open(src)
+        img.resize((img.width * k, img.height * k), Image.BICUBIC).save(yolo / "images" / src.name, quality=90)
+        label = small / "labels" / (src.stem + ".txt")
+        (yolo / "labels" / label.name).write_bytes(label.read_bytes())
     subprocess.run([sys.executable, "-m", "fastfeed.cli", "pack", str(yolo), str(packed), "--shard-size", "64MB",
                     "--overwrite", "--quiet"], check=True)
     return yolo, packed
@@ -147,6 +171,8 @@ def start(doc: str, argv, *, device: bool, more=None) -> tuple[argparse.Namespac
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     p.add_argument("--num-images", type=int, default=1000)
+    p.add_argument("--photo-scale", type=int, default=1,
+                   help="enlarge each photo K times per side (K=6: 2-12 MP, phone-camera sizes)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--size", type=int, default=640)
     p.add_argument("--seconds", type=float, default=40)
@@ -161,7 +187,7 @@ def start(doc: str, argv, *, device: bool, more=None) -> tuple[argparse.Namespac
     if more is not None:  # the caller's own arguments
         more(p)
     a = p.parse_args(argv)
-    yolo, packed = prepare_data(a.workdir, a.num_images)
+    yolo, packed = prepare_data(a.workdir, a.num_images, a.photo_scale)
     for f in [*yolo.rglob("*"), *packed.rglob("*")]:
         if f.is_file():
             f.read_bytes()

@@ -280,7 +280,9 @@ def test_an_image_decoded_in_another_frame_is_a_reported_skip(exif_yolo, monkeyp
     by another sample), never drawn under boxes of the other frame."""
     import fastfeed.detect.decoder as decoder
 
-    monkeypatch.setattr(decoder, "displayed", lambda pixels, tag: pixels)
+    untagged = decoder.decode_for
+    monkeypatch.setattr(decoder, "decode_for", lambda data, size, zoom, tag=1, native=True:
+                        untagged(data, size, zoom, 1, native))
     root, _ = exif_yolo
     loader = fastfeed.Loader(root / "out", batch_size=4, train=False, image_size=S, dtype=torch.uint8, device="cpu")
     ds = loader.dataset
@@ -291,6 +293,51 @@ def test_an_image_decoded_in_another_frame_is_a_reported_skip(exif_yolo, monkeyp
     assert swapped and not swapped & scored and len(scored) == len(ds) - len(swapped)
     assert loader.stats()["skipped"]["total"] == len(swapped)
     loader.close()
+
+
+def test_large_photos_decode_at_a_draft_with_the_full_decodes_pixels(tmp_path, monkeypatch):
+    """Photos eight times larger than the output: the CPU path decodes each JPEG at a DCT-scaled draft that keeps
+    two source pixels per output pixel for its largest tile, the batches pass the oracle, and they are the full-size
+    decode's within the decode contract (2/255 on average)."""
+    from conftest import run_pack
+
+    import fastfeed.detect.decoder as decoder
+
+    make_yolo(tmp_path / "src", n=8, negatives=0)
+    for path in sorted((tmp_path / "src" / "images").glob("*.png")):
+        pixels = np.asarray(Image.open(path).convert("RGB")).copy()
+        pixels[(pixels == pixels[..., :1]).all(-1)] = 128  # a flat background: JPEG turns grey noise into colour
+        big = Image.fromarray(pixels).resize((pixels.shape[1] * 8, pixels.shape[0] * 8), Image.NEAREST)
+        big.save(path.with_suffix(".jpg"), quality=95, subsampling=0)
+        path.unlink()
+    run_pack(tmp_path / "src", tmp_path / "out", "--format", "wds")
+
+    seen = []  # each decode's factor from the geometry's pixels to the decoded ones: the draft's scale
+    decode_for = decoder.decode_for
+
+    def recorded(*args, **kwargs):
+        d = decode_for(*args, **kwargs)
+        seen.append(d.fx)
+        return d
+
+    monkeypatch.setattr(decoder, "decode_for", recorded)
+    kw = dict(batch_size=4, image_size=S, dtype=torch.uint8, device="cpu", seed=4)
+    for train in (False, True):
+        seen.clear()
+        with fastfeed.Loader(tmp_path / "out", train=train, **kw) as loader:
+            drafted = list(loader)
+        assert min(seen) <= 0.25
+        assert sum(check_boxes_against_pixels(b) for b in drafted) > 0
+        seen.clear()
+        with monkeypatch.context() as m:
+            m.setattr(decoder, "source_zooms", lambda g: np.ones(len(g)))  # no draft: the full decode
+            with fastfeed.Loader(tmp_path / "out", train=train, **kw) as loader:
+                full = list(loader)
+        assert min(seen) == 1.0
+        for a, b in zip(drafted, full):
+            assert torch.equal(a["boxes"], b["boxes"])
+            diff = (a["images"].float() - b["images"].float()).abs().mean(dim=(1, 2, 3))
+            assert diff.max() < 2.0, diff
 
 
 def test_dalis_whole_decode_displays_each_tag_as_the_cpu_path(exif_yolo):

@@ -24,7 +24,7 @@ from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transfor
 from fastfeed.detect.hsv import apply_hsv_torch, finish_nhwc
 from fastfeed.detect.instances import has_masks, render_instances
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
-from fastfeed.detect.render import decode_rgbx, displayed, render
+from fastfeed.detect.render import DRAFT_MIN_SCALE, decode_for, render, source_zooms
 from fastfeed.targets import Targets
 
 __all__ = ["DetectDecoder", "DetectRequest", "DetectResult"]
@@ -122,9 +122,9 @@ class DetectDecoder:
         repl = resolve_errors(bad, n, self.on_error)  # raises under "raise", or when nothing in the batch decodes
         src = np.array([repl.get(k, k) for k in range(n)], dtype=np.int64)
         ids = np.asarray(request.ids, dtype=np.int64)[src]
-        sizes = np.stack([self.widths[ids], self.heights[ids]], axis=1)
-        geometry = plan_batch(ids, sizes, self.image_size, epoch=request.epoch, seed=self.seed, aug=self.augment,
-                              train=self.train, epochs=self.epochs, objects=self._objects)
+        geometry = self._plan(ids, request.epoch)
+        if repl:  # a replacement may show a source larger than its own position did, which its draft was for
+            self._redecode_where_short(decoded, samples, request, src, geometry)
         # On a GPU the HSV gains are one batched pass there (fastfeed/detect/hsv.py): a third of the CPU's work.
         gpu_hsv = self.device.type == "cuda" and bool((geometry.hsv != 1).any())
         pixels = self._render(decoded, src, geometry, hsv=not gpu_hsv)
@@ -227,27 +227,48 @@ class DetectDecoder:
                             range(B)))
         return batch.permute(0, 2, 3, 1) if planar else batch
 
+    def _plan(self, ids: np.ndarray, epoch: int):
+        sizes = np.stack([self.widths[ids], self.heights[ids]], axis=1)
+        return plan_batch(ids, sizes, self.image_size, epoch=epoch, seed=self.seed, aug=self.augment,
+                          train=self.train, epochs=self.epochs, objects=self._objects)
+
     def _decode_all(self, samples, request: DetectRequest):
-        """Each sample decoded once, as RGBX (None where it fails), and {position: (code, detail)} of the failures.
-        Every sample is decoded by the decode contract here, `request.pil` (for the GPU path) or not."""
-        tags = (np.ones(len(samples), np.uint8) if self.orientations is None
-                else self.orientations[np.asarray(request.ids, np.int64)])
-
-        def decode(sample, pil_only, tag):
-            if not is_image(sample, pil_only):
-                return None, (NOT_IMAGE, "unknown file signature")
-            try:  # as an array once here, not once per tile that shows it
-                return displayed(decode_rgbx(sample, native=not pil_only), tag), None
-            except Exception as e:  # noqa: BLE001 - any decoder failure is this sample's, reported by its key
-                return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")
-
+        """Each sample decoded once for every tile that shows it (render.Decoded; None where it fails), and
+        {position: (code, detail)} of the failures. The batch's geometry as drawn says how far each source is
+        shrunk, so a JPEG shrunk enough decodes at a DCT-scaled draft. Every sample is decoded by the decode
+        contract here, `request.pil` (for the GPU path) or not."""
+        ids = np.asarray(request.ids, np.int64)
+        zooms = source_zooms(self._plan(ids, request.epoch))
         pil = request.pil if request.pil is not None else np.zeros(len(samples), dtype=bool)
-        results = list(self._pool.map(decode, samples, pil.tolist(), tags.tolist()))
+        results = list(self._pool.map(self._decode_one, samples, ids.tolist(), zooms.tolist(), pil.tolist()))
         return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
 
+    def _decode_one(self, sample, i: int, zoom: float, pil_only: bool = False):
+        """(render.Decoded, None) or (None, (code, detail)) for sample id `i`'s bytes, its tiles magnifying it by at
+        most `zoom`."""
+        if not is_image(sample, pil_only):
+            return None, (NOT_IMAGE, "unknown file signature")
+        tag = 1 if self.orientations is None else int(self.orientations[i])
+        try:
+            return decode_for(sample, (self.widths[i], self.heights[i]), zoom, tag, native=not pil_only), None
+        except Exception as e:  # noqa: BLE001 - any decoder failure is this sample's, reported by its key
+            return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")
+
+    def _redecode_where_short(self, decoded, samples, request, src, geometry) -> None:
+        """Decode again, at the draft `geometry` needs, each source whose draft was for a smaller zoom (a replaced
+        position shows its replacement with its own draws)."""
+        zooms = source_zooms(geometry)
+        pil = request.pil if request.pil is not None else np.zeros(len(samples), dtype=bool)
+        for j in sorted(set(src.tolist())):
+            need = zooms[src == j].max()
+            d = decoded[j]
+            if d is not None and min(d.fx, d.fy) < min(1.0, DRAFT_MIN_SCALE * need):
+                i = int(request.ids[j])
+                decoded[j] = self._decode_one(samples[j], i, need, bool(pil[j]))[0] or d
+
     def _decoded_sizes(self, decoded) -> np.ndarray:
-        """(width, height) int64 [n, 2] of each decoded position (anything for the failed ones)."""
-        return np.array([(0, 0) if a is None else (a.shape[1], a.shape[0]) for a in decoded], np.int64).reshape(-1, 2)
+        """(width, height) int64 [n, 2] of each decoded position's full-size image (anything for the failed ones)."""
+        return np.array([(0, 0) if d is None else (d.width, d.height) for d in decoded], np.int64).reshape(-1, 2)
 
     def _other_size(self, decoded, ids, bad) -> dict:
         """{position: (code, detail)} of the decoded images whose size is not the sample table's: the geometry and

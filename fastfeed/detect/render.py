@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -35,7 +36,7 @@ from fastfeed.detect.resample import resize_into
 from fastfeed.image.contract import to_rgb
 from fastfeed.image.headers import png_text_over_limit, without_png_text
 
-__all__ = ["displayed", "render", "decode_image", "decode_rgbx", "apply_hsv", "quad_inside", "DRAFT_MIN_SCALE"]
+__all__ = ["Decoded", "decode_for", "source_zooms", "displayed", "render", "decode_image", "decode_rgbx", "apply_hsv", "quad_inside", "DRAFT_MIN_SCALE"]
 
 # Draft only while every tile keeps at least this many source pixels per output pixel (decode/cpu.py's default).
 DRAFT_MIN_SCALE = 2.0
@@ -88,6 +89,47 @@ def displayed(pixels: np.ndarray, tag: int) -> np.ndarray:
     unknown tag, as the decode contract treats one)."""
     view = _DISPLAY.get(int(tag))
     return pixels if view is None else np.ascontiguousarray(view(pixels))
+
+
+class Decoded(NamedTuple):
+    """A batch source decoded once for all the tiles that show it: RGBX pixels (a JPEG maybe at a DCT-scaled draft),
+    the factors from the geometry's pixels to these (fx, fy), and the full-size image's (width, height) as the
+    decoder displays it, which must be the sample table's."""
+
+    rgbx: np.ndarray
+    fx: float
+    fy: float
+    width: int
+    height: int
+
+
+def source_zooms(geometry: BatchGeometry) -> np.ndarray:
+    """float64 [B]: for each batch position, the most output pixels one of its source pixels becomes in any tile that
+    shows it (the tiles' affines' largest singular values; 0 for a position no tile shows)."""
+    used = np.arange(geometry.source.shape[1])[None, :] < geometry.n_tiles[:, None]
+    linear = geometry.affine[used][:, :, :2]
+    zoom = np.linalg.svd(linear, compute_uv=False)[:, 0] if len(linear) else np.zeros(0)
+    out = np.zeros(len(geometry), np.float64)
+    np.maximum.at(out, geometry.source[used], zoom)
+    return out
+
+
+def decode_for(data, size: tuple[int, int], zoom: float, tag: int = 1, native: bool = True) -> Decoded:
+    """`data` decoded for tiles that magnify it by at most `zoom` (output px per pixel of the geometry, whose image is
+    `size` (width, height) as displayed): a JPEG at the smallest DCT scale that keeps DRAFT_MIN_SCALE source pixels
+    per output pixel (as `render` drafts encoded sources), shown by its EXIF `tag` (`displayed`). Raises on bad
+    data."""
+    W0, H0 = (int(v) for v in size)
+    f = DRAFT_MIN_SCALE * zoom
+    draft = None
+    if f < 1:
+        sw, sh = (H0, W0) if 5 <= tag <= 8 else (W0, H0)  # the draft is asked of the stored image
+        draft = (max(1, math.ceil(sw * f)), max(1, math.ceil(sh * f)))
+    img, scale, (w, h) = _decode(data, draft, native=native)
+    rgbx = displayed(_to_rgbx(img), tag)
+    if 5 <= tag <= 8:
+        w, h = h, w
+    return Decoded(rgbx, scale * w / W0, scale * h / H0, w, h)
 
 
 def _decode(data, draft_size, native: bool = False) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
@@ -218,6 +260,8 @@ def _source(image, size, tiles) -> tuple[np.ndarray, float, float]:
     """(rgbx, fx, fy): the source as uint8 [h, w, 4] RGBX (bytes decoded, with the draft every tile allows) and the
     factors from the stored size's pixels, which the geometry is in, to this image's (a draft, or a header that
     disagreed)."""
+    if isinstance(image, Decoded):
+        return image.rgbx, image.fx, image.fy
     W0, H0 = (int(v) for v in size)
     if isinstance(image, (np.ndarray, Image.Image)):
         rgbx = _to_rgbx(image)
