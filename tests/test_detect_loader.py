@@ -649,10 +649,12 @@ def test_on_the_gpu_images_only_pil_reads_are_decoded_by_pil_to_the_bit(odd_yolo
     gpu.close()
 
 
-def test_a_bad_record_is_replaced_by_a_copy_of_another_with_its_boxes(yolo_pack, tmp_path):
-    """A sample whose bytes no longer match their checksum: under on_error="skip" its position holds an exact copy
-    of another sample of the batch (pixels and boxes), marked not valid and counted; under "raise" the error names
-    the sample."""
+@pytest.mark.parametrize("device, verify", [("cpu", True), ("cpu", False),
+                                            pytest.param("cuda", False, marks=pytest.mark.gpu)])
+def test_a_bad_record_is_replaced_by_a_copy_of_another_with_its_boxes(yolo_pack, tmp_path, device, verify):
+    """A sample whose bytes no longer match their checksum (or, unchecked, no longer decode): under on_error="skip"
+    its position holds an exact copy of another sample of the batch (pixels and boxes), marked not valid and
+    counted; under "raise" the error names the sample."""
     import shutil
 
     src, _ = yolo_pack
@@ -666,9 +668,11 @@ def test_a_bad_record_is_replaced_by_a_copy_of_another_with_its_boxes(yolo_pack,
         f.seek(int(ext.offset[victim]) + int(ext.size[victim]) // 2)
         f.write(b"\x00" * 16)
     ds.close()
-    loader = fastfeed.Loader(out, batch_size=8, train=False, image_size=S, dtype=torch.uint8, device="cpu")
+    loader = fastfeed.Loader(out, batch_size=8, train=False, image_size=S, dtype=torch.uint8, device=device,
+                             verify_checksums=verify)
     seen = 0
     for batch in loader:
+        batch = {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()}
         ids = batch["ids"].tolist()
         for k in np.nonzero(~batch["valid"].numpy())[0]:
             j = next(j for j in range(len(ids)) if j != k and ids[j] == ids[k] and batch["valid"][j])
@@ -677,9 +681,10 @@ def test_a_bad_record_is_replaced_by_a_copy_of_another_with_its_boxes(yolo_pack,
             seen += 1
         assert victim not in ids
     assert seen == 1
-    assert loader.stats()["skipped"]["by_reason"] == {"checksum": 1}
+    assert loader.stats()["skipped"]["by_reason"] == {"checksum" if verify else "decode_error": 1}
     loader.close()
-    strict = fastfeed.Loader(out, batch_size=8, train=False, image_size=S, device="cpu", on_error="raise")
+    strict = fastfeed.Loader(out, batch_size=8, train=False, image_size=S, device=device, on_error="raise",
+                             verify_checksums=verify)
     with pytest.raises(fastfeed.LoaderError, match=re.escape(key)):
         for _ in strict:
             pass

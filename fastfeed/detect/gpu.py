@@ -44,6 +44,9 @@ class GpuDetectDecoder(DetectDecoder):
     def _decoded_sizes(self, decoded):
         return decoded.size
 
+    def _redecode_where_short(self, decoded, samples, request, src, geometry) -> None:
+        """Nothing to do: DALI decodes every image whole, never at a draft."""
+
     def _render(self, decoded, src, geometry, hsv: bool) -> torch.Tensor:
         # `hsv` is never asked for here: on a CUDA device __call__ applies the gains to the whole batch
         return render_batch(decoded.flat, decoded.offset[src], decoded.size[src], geometry)
