@@ -35,7 +35,7 @@ TASKS = ("classify", "detect", "segment", "semantic")
 GEOMETRY_TASKS = ("detect", "segment", "semantic")
 # The tasks whose batches carry the samples' objects (boxes, labels; "segment" their polygons drawn as masks).
 BOX_TASKS = ("detect", "segment")
-ANNOTATION_KEYS = ("boxes", "labels", "iscrowd", "polygons", "rle", "difficult")
+ANNOTATION_KEYS = ("boxes", "labels", "iscrowd", "polygons", "rle", "difficult", "keypoints")
 _EMPTY_BOXES = np.zeros((0, 4), dtype=np.float32)
 
 
@@ -110,6 +110,9 @@ def check_annotation(ann, num_classes: int) -> str | None:
         if not isinstance(obj, list) or not all(isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0
                                                 and all(_finite(v) for v in p) for p in obj):
             return "a polygon is not a list of at least three x, y pairs"
+    for kp in ann.get("keypoints", []):
+        if not (isinstance(kp, list) and all(_finite(v) for v in kp)):
+            return f"an object's keypoints are not a list of finite numbers: {kp!r:.80}"
     for j, mask in enumerate(ann.get("rle", [])):
         if mask is not None:
             try:

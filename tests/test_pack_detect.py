@@ -17,7 +17,7 @@ from fastfeed.cli import main
 from fastfeed.formats import read_targets
 from fastfeed.pack import merge
 from fastfeed.pack.annotations import parse_yaml_names
-from fastfeed.pack.annotations.yolo import _tiny_yaml_names
+from fastfeed.pack.annotations.yolo import _tiny_yaml_names, _tiny_yaml_value
 
 FORMATS = ["wds", "lmdb"]
 
@@ -338,6 +338,28 @@ def test_classification_manifest_has_no_detection_fields(tmp_path):
     assert not {"annotations", "classes_file", "split", "orientation"} & set(m["options"])
     with fastfeed.open_dataset(tmp_path / "out") as ds:
         assert ds.manifest.task == "classify"
+
+
+def test_a_pose_sets_lines_are_boxes_with_keypoints(tmp_path):
+    """A YOLO pose set (data.yaml `kpt_shape: [2, 3]`): each line is a box and two keypoints (x, y, visibility). Its
+    ten values would read as a five-point polygon, whose bounds are not the box; with kpt_shape they are the box,
+    and the keypoints are kept in pixels. A line of another length is named; the Loader reads the set."""
+    src = tmp_path / "pose"
+    write(src / "data.yaml", "kpt_shape: [2, 3]  # two keypoints\nnames: [person]\n")
+    image(src / "images" / "a.jpg", 100, 50)
+    write(src / "labels" / "a.txt", "0 0.5 0.5 0.4 0.6 0.4 0.3 2 0.6 0.7 1\n0 0.5 0.5 0.4 0.6 0.4 0.3\n")
+    m = pack(src, tmp_path / "out")
+    a = stored(tmp_path / "out")["images/a.jpg"]
+    assert_boxes(a["boxes"], [[30, 10, 70, 40]])
+    np.testing.assert_allclose(a["keypoints"], [[40, 15, 2, 60, 35, 1]])
+    (rec,) = rejected(tmp_path / "out")
+    assert rec["path"].endswith("a.txt:2") and "2 keypoints of 3 values (kpt_shape)" in rec["reason"]
+    assert m["rejected"] == 1
+    assert _tiny_yaml_value("names: [a]\nkpt_shape: [17, 3]  # COCO\n", "kpt_shape") == [17, 3]  # without PyYAML
+    loader = fastfeed.Loader(tmp_path / "out", batch_size=1, train=False, image_size=64, device="cpu")
+    batch = next(iter(loader))
+    np.testing.assert_allclose(batch["boxes"].numpy(), [[19.2, 6.4 + 16, 44.8, 25.6 + 16]], atol=1e-4)
+    loader.close()
 
 
 def tagged_jpeg(path: Path, w: int, h: int, tag: int) -> Path:

@@ -36,20 +36,36 @@ def _yolo_dirs(root: str, split: str | None, need_labels: bool = True) -> tuple[
 
 
 
-def parse_yaml_names(text: str, where: str = "data.yaml") -> list[str] | None:
-    """`names:` of a YOLO data.yaml as a list in class order (a {id: name} map becomes a list; missing ids get
-    their number as name), or None when it has none. PyYAML when installed, else a small subset of YAML (block
+def _yaml_value(text: str, key: str, where: str):
+    """A top-level key's value in a YOLO data.yaml, or None. PyYAML when installed, else a small subset of YAML (block
     and flow lists and maps of scalars: what data.yaml files hold); pyyaml is not a fastfeed dependency."""
     try:
         import yaml
     except ImportError:
-        raw = _tiny_yaml_names(text)
-    else:
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ValueError(f"{where}: not valid YAML ({e})") from None
-        raw = doc.get("names") if isinstance(doc, dict) else None
+        return _tiny_yaml_value(text, key)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where}: not valid YAML ({e})") from None
+    return doc.get(key) if isinstance(doc, dict) else None
+
+
+def parse_yaml_kpt_shape(text: str, where: str = "data.yaml") -> tuple[int, int] | None:
+    """`kpt_shape: [K, D]` of a YOLO pose data.yaml (K keypoints of D values: x, y and, with D = 3, visibility), or
+    None when it has none."""
+    raw = _yaml_value(text, "kpt_shape", where)
+    if raw is None:
+        return None
+    if not (isinstance(raw, list) and len(raw) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                             for v in raw) and raw[0] > 0 and raw[1] in (2, 3)):
+        raise ValueError(f"{where}: kpt_shape must be [keypoints, 2 or 3], got {raw!r}")
+    return raw[0], raw[1]
+
+
+def parse_yaml_names(text: str, where: str = "data.yaml") -> list[str] | None:
+    """`names:` of a YOLO data.yaml as a list in class order (a {id: name} map becomes a list; missing ids get
+    their number as name), or None when it has none."""
+    raw = _yaml_value(text, "names", where)
     if raw is None:
         return None
     if isinstance(raw, dict):
@@ -66,11 +82,15 @@ def parse_yaml_names(text: str, where: str = "data.yaml") -> list[str] | None:
 
 
 def _tiny_yaml_names(text: str):
+    return _tiny_yaml_value(text, "names")
+
+
+def _tiny_yaml_value(text: str, key: str):
     lines = [_strip_comment(line) for line in text.splitlines()]
     for n, line in enumerate(lines):
-        if not line.startswith("names:"):  # top level only: no indentation
+        if not line.startswith(key + ":"):  # top level only: no indentation
             continue
-        inline = line[len("names:"):].strip()
+        inline = line[len(key) + 1:].strip()
         if inline:
             return _flow(inline)
         items: list = []
@@ -141,10 +161,10 @@ def _scalar(s: str):
     return s
 
 
-def _yolo_names(root: str, classes: str | None) -> list[str] | None:
-    if classes is not None:
-        return read_names(classes)
-    # data.yaml in ROOT, or in its parent when ROOT is a split folder of a Roboflow export
+def _yolo_names(root: str, classes: str | None) -> tuple[list[str] | None, tuple[int, int] | None]:
+    """(class names, kpt_shape): names from `classes`, else the dataset's data.yaml (in ROOT, or in its parent when
+    ROOT is a split folder of a Roboflow export), else darknet's classes.txt; kpt_shape from that data.yaml."""
+    names = read_names(classes) if classes is not None else None
     for folder in (root, os.path.dirname(root)):
         for name in ("data.yaml", "dataset.yaml", "data.yml"):
             path = os.path.join(folder, name)
@@ -154,11 +174,11 @@ def _yolo_names(root: str, classes: str | None) -> list[str] | None:
                         text = f.read()
                 except (OSError, UnicodeDecodeError) as e:
                     raise ValueError(f"{path}: unreadable ({e})") from None
-                names = parse_yaml_names(text, path)
-                if names is not None:
-                    return names
+                found = parse_yaml_names(text, path)
+                if found is not None or names is not None:
+                    return names or found, parse_yaml_kpt_shape(text, path)
     path = os.path.join(root, "classes.txt")  # darknet's names file
-    return read_names(path) if os.path.isfile(path) else None
+    return names or (read_names(path) if os.path.isfile(path) else None), None
 
 
 # ---- YOLO ---------------------------------------------------------------------------------------------------
@@ -179,7 +199,7 @@ def scan_yolo(root: str, split: str | None = None, classes: str | None = None,
         splits = [n for n, is_dir in top if is_dir]
         if splits and all(is_dir for _, is_dir in top):
             raise ValueError(f"{root}: the YOLO images are split into {', '.join(splits)}: pass --split NAME")
-    names = _yolo_names(root, classes)
+    names, kpt_shape = _yolo_names(root, classes)
     images = _walk_files(img_dir, src)
     label_files = {p[len(lab_dir) + 1:]: p for p, _ in _walk_files(lab_dir, src) if p.endswith(".txt")}
     used: set[str] = set()
@@ -232,7 +252,7 @@ def scan_yolo(root: str, split: str | None = None, classes: str | None = None,
         w, h, tag = size
         if orientation == "exif" and 5 <= tag <= 8:
             w, h = h, w
-        ann = _yolo_annotation(got, w, h, len(names), label, rel, src)
+        ann = _yolo_annotation(got, w, h, len(names), label, rel, src, kpt_shape)
         _add(src, SourceEntry(path, rel, -1, ann, (w, h)), path)
     return src
 
@@ -257,8 +277,12 @@ def _class_id(tok: str) -> int | None:
     return int(v) if math.isfinite(v) and v >= 0 and v == int(v) else None  # some exporters write "3.0"
 
 
-def _yolo_annotation(lines, w: int, h: int, num_classes: int, label_path: str, rel: str, src: Source) -> dict:
-    boxes, labels, polys = [], [], []
+def _yolo_annotation(lines, w: int, h: int, num_classes: int, label_path: str, rel: str, src: Source,
+                     kpt_shape: tuple[int, int] | None = None) -> dict:
+    """One label file's objects in pixels. With `kpt_shape` (K, D) (a pose set's data.yaml) every line is a box and
+    K keypoints of D values (x, y normalised, then visibility), kept as the object's `keypoints` in pixels: read as
+    a polygon, they would make a wrong box."""
+    boxes, labels, polys, points = [], [], [], []
 
     def bad(n: int, why: str) -> None:
         src.rejected.append({"path": f"{label_path}:{n}", "image": rel, "reason": f"line {n}: {why}"})
@@ -269,16 +293,20 @@ def _yolo_annotation(lines, w: int, h: int, num_classes: int, label_path: str, r
             vals = [float(t) for t in toks[1:]]
         except ValueError:
             vals = None
-        if c is None or vals is None or not all(math.isfinite(v) for v in vals) or \
-                not (len(vals) == 4 or (len(vals) >= 6 and len(vals) % 2 == 0)):
-            bad(n, f"malformed (expected 'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...', normalised): "
-                   f"{' '.join(toks)[:80]!r}")
+        if kpt_shape is not None:
+            shape_ok = vals is not None and len(vals) == 4 + kpt_shape[0] * kpt_shape[1]
+            expected = f"'class cx cy w h' and {kpt_shape[0]} keypoints of {kpt_shape[1]} values (kpt_shape)"
+        else:
+            shape_ok = vals is not None and (len(vals) == 4 or (len(vals) >= 6 and len(vals) % 2 == 0))
+            expected = "'class cx cy w h' or 'class x1 y1 x2 y2 x3 y3 ...'"
+        if c is None or not shape_ok or not all(math.isfinite(v) for v in vals):
+            bad(n, f"malformed (expected {expected}, normalised): {' '.join(toks)[:80]!r}")
             continue
         if c >= num_classes:
             bad(n, f"unknown class id {c} ({num_classes} classes)")
             continue
-        if len(vals) == 4:
-            cx, cy, bw, bh = vals
+        if len(vals) == 4 or kpt_shape is not None:
+            cx, cy, bw, bh = vals[:4]
             if bw <= 0 or bh <= 0:
                 bad(n, f"box of zero size (w {bw}, h {bh})")
                 continue
@@ -293,9 +321,14 @@ def _yolo_annotation(lines, w: int, h: int, num_classes: int, label_path: str, r
         boxes.append(box)
         labels.append(c)
         polys.append([poly] if poly is not None else [])
+        if kpt_shape is not None:
+            d = kpt_shape[1]
+            points.append([_px(v, w if k % d == 0 else h) if k % d < 2 else v for k, v in enumerate(vals[4:])])
     ann = {"boxes": boxes, "labels": labels}
     if any(polys):
         ann["polygons"] = polys
+    if kpt_shape is not None:
+        ann["keypoints"] = points
     return ann
 
 
