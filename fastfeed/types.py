@@ -135,6 +135,12 @@ class Manifest:
     data_root: str = ""
     pil_only: int = 0
 
+    @property
+    def annotation_frame(self) -> str:
+        """The EXIF policy the annotations (boxes, polygons, masks) are in: `fastfeed pack --orientation`, kept in
+        the options ("ignore", the stored pixels, for packs made before the option and for classification)."""
+        return (self.options or {}).get("orientation") or "ignore"
+
     def to_json(self) -> str:
         d = asdict(self)
         if self.task == "classify":

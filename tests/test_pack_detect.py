@@ -411,7 +411,7 @@ def test_inspect_and_summary_say_what_a_detection_dataset_holds(coco, tmp_path, 
     assert main(["inspect", str(tmp_path / "o")]) == 0
     text = capsys.readouterr().out
     assert "task:        detect" in text and "3 images with objects, 6 without" in text
-    assert "format version 3" in text
+    assert "format version 3" in text and "frame:       each image as displayed" in text
 
 
 def test_interrupted_detection_pack_resumes_to_the_same_files(coco, tmp_path, monkeypatch):

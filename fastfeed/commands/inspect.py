@@ -57,6 +57,10 @@ def summarize(m) -> str:
         lines.insert(1, _detect_lines(m))
     elif getattr(m, "task", "classify") == "semantic":
         lines.insert(1, f"task:        semantic (each image's class-id mask in its .{', .'.join(m.fields)} member)")
+    if getattr(m, "task", "classify") != "classify":
+        lines.insert(2, "frame:       " + ("each image as displayed (its EXIF orientation applied)"
+                                          if m.annotation_frame == "exif" else "the stored pixels (EXIF ignored)")
+                     + ": the annotations' and the Loader's (fastfeed pack --orientation)")
     return "\n".join(lines)
 
 

@@ -63,7 +63,7 @@ from fastfeed.loader.epoch import EpochRun
 from fastfeed.loader.parts import decoder_factory, epoch_planner, sample_table, shard_fetcher
 from fastfeed.loader.fields import pick_mask, plan_fields
 from fastfeed.loader.ring import PrefetchRing, auto_slot_bytes
-from fastfeed.loader.settings import LoaderSettings, annotation_frame, ring_budget_bytes, resolve_settings
+from fastfeed.loader.settings import LoaderSettings, ring_budget_bytes, resolve_settings
 from fastfeed.loader.stats import StageStats
 from fastfeed.tuning.climber import ShareClimber
 from fastfeed.tuning.pace import ConsumerPace
@@ -183,7 +183,7 @@ class Loader:
         self._images = self.dataset.image_profile()  # a median over every sample: once
         args["task"] = task or getattr(self.dataset.manifest, "task", "classify")  # default: what the pack holds
         self.settings = resolve_settings(**args, images=self._images,
-                                         frame=annotation_frame(self.dataset.manifest))
+                                         frame=getattr(self.dataset.manifest, "annotation_frame", "ignore"))
         if self.settings.task == "semantic" and self.settings.mask is None:
             self.settings = self.settings.replace(mask=pick_mask(self.dataset))
         s = self.settings

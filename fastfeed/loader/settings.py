@@ -173,7 +173,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     """Validate every Loader argument (clear messages, up front) and derive the machine-dependent defaults.
     `images`: what the dataset's table says about its images, once it is open; decoder="auto" and the DALI thread
     count depend on it (resolve_kind, _default_decode_threads). `frame`: the EXIF policy a detection dataset's
-    annotations were packed in (`annotation_frame`), once it is open."""
+    annotations were packed in (`Manifest.annotation_frame`), once it is open."""
     batch_size = _int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
     train = _bool("train", train)
     image_size = _int("image_size", image_size, 1, MAX_IMAGE_SIZE)
@@ -317,12 +317,6 @@ def _resolve_task(task, augment, epochs, decoder):
     if decoder not in DETECT_DECODERS:
         raise ValueError(f"task={task!r} decodes with one of {DETECT_DECODERS}, got decoder={decoder!r}")
     return task, augment, epochs, decoder
-
-
-def annotation_frame(manifest) -> str:
-    """The EXIF policy a dataset's annotations (boxes, polygons, masks) are in: `fastfeed pack --orientation`,
-    recorded in the manifest's options ("ignore", the stored pixels, for packs made before the option)."""
-    return (getattr(manifest, "options", None) or {}).get("orientation") or "ignore"
 
 
 def _resolve_orientation(task: str, orientation: str | None, frame: str | None) -> str:
