@@ -230,7 +230,8 @@ def test_masks_of_exif_rotated_photos_are_in_the_displayed_frame(tmp_path):
     """An image folder of JPEGs stored turned with the EXIF tag (2-8) that displays each scene, and its masks drawn
     on the displayed scene (as labelling tools draw them): packed with --masks in the default frame, each image
     loads as displayed under its mask, and the oracle holds; packed with --orientation ignore, the masks whose sides
-    the tag swaps are rejected with that hint."""
+    the tag swaps are rejected with that hint. The same samples in shards adopted by `fastfeed index`: as displayed
+    with its orientation="exif", else as stored (the swapped-size masks then skipped and reported)."""
     from conftest import run_pack
     from fastfeed.image.contract import TRANSPOSE
 
@@ -262,6 +263,23 @@ def test_masks_of_exif_rotated_photos_are_in_the_displayed_frame(tmp_path):
     rejected = [json.loads(line) for line in (tmp_path / "stored" / "rejected.jsonl").read_text().splitlines()]
     assert swapped and len(rejected) == swapped
     assert all("pack with --orientation exif" in r["reason"] for r in rejected)
+
+    # The same samples as someone else's shards, adopted in place: in the stored frame unless index is told
+    write_shards(tmp_path / "shards", [(p.stem, {"jpg": p.read_bytes(), "seg.png": (tmp_path / "masks" /
+                                                                                   f"{p.stem}.png").read_bytes()})
+                                       for p in sorted((tmp_path / "img").glob("*.jpg"))], per_shard=8)
+    index_shards(str(tmp_path / "shards"), orientation="exif")
+    with fastfeed.Loader(tmp_path / "shards", task="semantic", batch_size=4, train=False, image_size=S,
+                         dtype=torch.uint8, device="cpu") as loader:
+        assert loader.settings.orientation == "exif"
+        assert sum(check_masks_against_pixels(b) for b in loader) > 10_000
+        assert loader.stats()["skipped"]["total"] == 0
+    index_shards(str(tmp_path / "shards"), overwrite=True)
+    with fastfeed.Loader(tmp_path / "shards", task="semantic", batch_size=4, train=False, image_size=S,
+                         dtype=torch.uint8, device="cpu") as loader:
+        assert loader.settings.orientation == "ignore"
+        list(loader)
+        assert loader.stats()["skipped"]["total"] == swapped  # masks of the displayed size, images as stored
 
 
 def test_arguments_are_checked(seg_set):

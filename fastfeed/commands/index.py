@@ -22,6 +22,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-scan-check", action="store_true",
                    help="skip the JPEG scan check (faster; a JPEG whose scans leave pixels uncoded is then kept)")
     p.add_argument("--overwrite", action="store_true", help="index again where a dataset already is")
+    p.add_argument("--orientation", choices=("exif", "ignore"), default=None,
+                   help="the frame the samples' masks are in (semantic segmentation): exif, each image as displayed "
+                        "by its EXIF orientation; default: as stored")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         report = index_shards(args.shards, args.out, image_ext=args.image_ext, threads=args.threads,
-                              scan_check=not args.no_scan_check, overwrite=args.overwrite)
+                              scan_check=not args.no_scan_check, overwrite=args.overwrite,
+                              orientation=args.orientation)
     except (DatasetError, ValueError, OSError) as e:
         print(f"fastfeed index: error: {e}", file=sys.stderr)
         return 2

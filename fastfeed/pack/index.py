@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
+from fastfeed.constants import ORIENTATIONS
 from fastfeed.formats.fields import columns, value_kind
 from fastfeed.formats.tarwalk import walk_tar
 from fastfeed.image import transcode
@@ -158,14 +159,21 @@ def _braces(pattern: str) -> list[str]:
 
 
 def index_shards(src: str, out: str | None = None, *, image_ext: str | None = None, threads: int | None = None,
-                 scan_check: bool = True, overwrite: bool = False,
-                 storage_options: dict | None = None) -> IndexReport:
+                 scan_check: bool = True, overwrite: bool = False, storage_options: dict | None = None,
+                 orientation: str | None = None) -> IndexReport:
     """Adopt the shards `src` names (find_shards) as a fastfeed dataset written to `out` (default: the shards'
     folder). Shards at a URL are read once each (downloaded to a temporary file, indexed, removed); `out` is then
-    a local folder or a URL (written locally, then uploaded, its manifest last). Raises DatasetError when no
-    sample is usable or `out` already holds a dataset (unless `overwrite`)."""
+    a local folder or a URL (written locally, then uploaded, its manifest last). `orientation`: the frame the
+    samples' masks are in ("exif": each image as displayed), recorded when given; without it, as stored (the
+    shards are someone else's: nothing says how their masks were drawn). Raises DatasetError when no sample is
+    usable or `out` already holds a dataset (unless `overwrite`)."""
     if image_ext is not None and image_ext not in IMAGE_EXTS:
         raise ValueError(f"image_ext must be one of {IMAGE_EXTS}, got {image_ext!r}")
+    if orientation is not None and orientation not in ORIENTATIONS:
+        raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
+    options = {"image_ext": image_ext, "scan_check": scan_check}
+    if orientation is not None:
+        options["orientation"] = orientation
     root, rels = find_shards(src, storage_options)
     out = root if not out else out.rstrip("/") if is_url(out) else os.path.abspath(out)
     if is_url(out) and not is_url(root):
@@ -202,7 +210,7 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastfeed-index") as pool:
             results = list(pool.map(one, enumerate(rels)))
         folder = os.path.join(tmp, "out") if is_url(out) else out
-        manifest, rejected = _write(folder, src, root, rels, results, image_ext, scan_check,
+        manifest, rejected = _write(folder, src, root, rels, results, options,
                                     data_root="" if out == root else root)
         if is_url(out):
             from fastfeed.pack.remote import upload_dataset
@@ -223,8 +231,8 @@ def _refuse_existing(out: str, overwrite: bool, storage_options: dict | None) ->
                            "index again", path=out)
 
 
-def _write(out: str, src: str, root: str, rels: list[str], results: list, image_ext: str | None,
-           scan_check: bool, data_root: str) -> tuple[Manifest, list]:
+def _write(out: str, src: str, root: str, rels: list[str], results: list, options: dict,
+           data_root: str) -> tuple[Manifest, list]:
     """The dataset's files into the local folder `out`, the manifest last: (the manifest, the rejections)."""
     os.makedirs(out, exist_ok=True)
     rejected = [r for res in results for r in res.rejected]
@@ -247,7 +255,7 @@ def _write(out: str, src: str, root: str, rels: list[str], results: list, image_
     shards = [ShardInfo(rel, res.bytes, res.sha256, len(res.idx_lines)) for rel, res in zip(rels, results)]
     manifest = write_dataset(
         out, "wds", table, shards, rejected, classes=classes, class_to_idx={c: i for i, c in enumerate(classes)},
-        source=root, source_kind="shards", options={"image_ext": image_ext, "scan_check": scan_check},
+        source=root, source_kind="shards", options=options,
         part=None, created_by="fastfeed index", extra={}, fields=names, data_root=data_root,
         version=ADOPTED_FORMAT_VERSION)
     return manifest, rejected
