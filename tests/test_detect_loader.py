@@ -372,20 +372,9 @@ def test_on_the_gpu_exif_rotated_images_are_the_cpu_ones(exif_yolo):
     within the decode contract, the oracle on the GPU's own pixels."""
     root, _ = exif_yolo
     for train in (False, True):
-        kw = dict(batch_size=4, image_size=S, dtype=torch.uint8, seed=3, train=train,
-                  augment=DetectAugment(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0) if train else None)
-        cpu = fastfeed.Loader(root / "out", device="cpu", **kw)
-        gpu = fastfeed.Loader(root / "out", device="cuda", **kw)
-        assert gpu.settings.decoder == "dali" and gpu.settings.orientation == "exif"
-        for a, b in zip(cpu, gpu):
-            for key in ("boxes", "labels", "batch_idx", "scale", "pad"):
-                assert torch.equal(a[key], b[key].cpu()), key
-            diff = (a["images"].float() - b["images"].cpu().float()).abs().mean(dim=(1, 2, 3))
-            assert diff.max() < 2.0, diff
-            check_boxes_against_pixels({k: v.cpu() for k, v in b.items() if torch.is_tensor(v)})
-        assert gpu.stats()["skipped"]["total"] == 0  # no image's decoded size was off the table's
-        cpu.close()
-        gpu.close()
+        stats, settings = gpu_batches_are_the_cpu_ones(root / "out", batch_size=4, train=train)
+        assert settings.orientation == "exif"
+        assert stats["skipped"]["total"] == 0  # no image's decoded size was off the table's
 
 
 def _source_number(ds, i: int) -> int:
@@ -551,19 +540,25 @@ def test_on_the_gpu_jpeg_batches_are_the_cpu_ones_within_the_contract(jpeg_yolo_
     """JPEGs through DALI's GPU decode and the GPU renderer: the CPU path's boxes exactly (the geometry is drawn
     before decoding) and its pixels within the decode contract's 2/255 (nvJPEG is not libjpeg to the bit); the box
     oracle holds on the GPU's own pixels."""
+    gpu_batches_are_the_cpu_ones(jpeg_yolo_pack, batch_size=8, train=train)
+
+
+def gpu_batches_are_the_cpu_ones(path, *, batch_size: int, train: bool):
+    """The GPU path's batches of `path` (DALI's decode, the GPU renderer; HSV off) against the CPU path's: the boxes
+    exactly (the geometry is drawn before decoding), the pixels within the decode contract's 2/255 (nvJPEG is not
+    libjpeg to the bit), the box oracle on the GPU's own pixels. Returns the GPU Loader's (stats(), settings)."""
     aug = DetectAugment(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
-    kw = dict(batch_size=8, image_size=S, dtype=torch.uint8, seed=3, train=train, augment=aug if train else None)
-    cpu = fastfeed.Loader(jpeg_yolo_pack, device="cpu", **kw)
-    gpu = fastfeed.Loader(jpeg_yolo_pack, device="cuda", **kw)
-    assert gpu.settings.decoder == "dali"
-    for a, b in zip(cpu, gpu):
-        for key in ("boxes", "labels", "batch_idx", "scale", "pad"):
-            assert torch.equal(a[key], b[key].cpu()), key
-        diff = (a["images"].float() - b["images"].cpu().float()).abs().mean(dim=(1, 2, 3))
-        assert diff.max() < 2.0, diff
-        check_boxes_against_pixels({k: v.cpu() for k, v in b.items() if torch.is_tensor(v)})
-    cpu.close()
-    gpu.close()
+    kw = dict(batch_size=batch_size, image_size=S, dtype=torch.uint8, seed=3, train=train,
+              augment=aug if train else None)
+    with fastfeed.Loader(path, device="cpu", **kw) as cpu, fastfeed.Loader(path, device="cuda", **kw) as gpu:
+        assert gpu.settings.decoder == "dali"
+        for a, b in zip(cpu, gpu):
+            for key in ("boxes", "labels", "batch_idx", "scale", "pad"):
+                assert torch.equal(a[key], b[key].cpu()), key
+            diff = (a["images"].float() - b["images"].cpu().float()).abs().mean(dim=(1, 2, 3))
+            assert diff.max() < 2.0, diff
+            check_boxes_against_pixels({k: v.cpu() for k, v in b.items() if torch.is_tensor(v)})
+        return gpu.stats(), gpu.settings
 
 
 @pytest.mark.gpu
