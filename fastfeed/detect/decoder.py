@@ -112,7 +112,8 @@ class DetectDecoder:
         n = len(samples)
         if n != len(request):
             raise ValueError(f"{n} samples but {len(request)} sample ids")
-        decoded, bad = self._decode_all(samples, request)
+        drawn = self._plan(np.asarray(request.ids, dtype=np.int64), request.epoch)  # before any replacement
+        decoded, bad = self._decode_all(samples, request, drawn)
         bad.update(self._other_size(decoded, request.ids, bad))
         masks = None
         if request.masks is not None:
@@ -122,8 +123,9 @@ class DetectDecoder:
         repl = resolve_errors(bad, n, self.on_error)  # raises under "raise", or when nothing in the batch decodes
         src = np.array([repl.get(k, k) for k in range(n)], dtype=np.int64)
         ids = np.asarray(request.ids, dtype=np.int64)[src]
-        geometry = self._plan(ids, request.epoch)
-        if repl:  # a replacement may show a source larger than its own position did, which its draft was for
+        geometry = drawn
+        if repl:  # drawn again; a replacement may show a source larger than the draft its own position needed
+            geometry = self._plan(ids, request.epoch)
             self._redecode_where_short(decoded, samples, request, src, geometry)
         # On a GPU the HSV gains are one batched pass there (fastfeed/detect/hsv.py): a third of the CPU's work.
         gpu_hsv = self.device.type == "cuda" and bool((geometry.hsv != 1).any())
@@ -232,13 +234,13 @@ class DetectDecoder:
         return plan_batch(ids, sizes, self.image_size, epoch=epoch, seed=self.seed, aug=self.augment,
                           train=self.train, epochs=self.epochs, objects=self._objects)
 
-    def _decode_all(self, samples, request: DetectRequest):
+    def _decode_all(self, samples, request: DetectRequest, drawn):
         """Each sample decoded once for every tile that shows it (render.Decoded; None where it fails), and
-        {position: (code, detail)} of the failures. The batch's geometry as drawn says how far each source is
+        {position: (code, detail)} of the failures. The batch's geometry as `drawn` says how far each source is
         shrunk, so a JPEG shrunk enough decodes at a DCT-scaled draft. Every sample is decoded by the decode
         contract here, `request.pil` (for the GPU path) or not."""
         ids = np.asarray(request.ids, np.int64)
-        zooms = source_zooms(self._plan(ids, request.epoch))
+        zooms = source_zooms(drawn)
         pil = request.pil if request.pil is not None else np.zeros(len(samples), dtype=bool)
         results = list(self._pool.map(self._decode_one, samples, ids.tolist(), zooms.tolist(), pil.tolist()))
         return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}

@@ -37,7 +37,7 @@ class GpuDetectDecoder(DetectDecoder):
         return cls(**cls.settings_kwargs(s, targets, widths, heights, orientations), batch_size=s.batch_size,
                    hw_decoder_load=s.hw_decoder_load, pinned_input=s.pinned_input, preallocate=s.preallocate)
 
-    def _decode_all(self, samples, request):
+    def _decode_all(self, samples, request, drawn):
         whole = self._dali.decode_whole(samples, request.pil)
         return whole, whole.bad
 
