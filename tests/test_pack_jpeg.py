@@ -18,7 +18,7 @@ from fastfeed.cli import main as cli
 from fastfeed.demo_data import make_dataset
 from fastfeed.image import jpeg, transcode
 from fastfeed.pack import PackError, PackOptions, pack
-from fastfeed.pack.run import NO_TRANSCODER_NOTE, resolve_jpeg_mode
+from fastfeed.pack.options import NO_TRANSCODER_NOTE, resolve_jpeg_mode
 
 needs_libjpeg = pytest.mark.skipif(not transcode.HAVE_TRANSCODE, reason="fastfeed._native built without libjpeg")
 

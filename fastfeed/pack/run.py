@@ -36,11 +36,11 @@ import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fastfeed.constants import DEFAULT_ANNOTATION_ORIENTATION, ORIENTATIONS, __version__
+from fastfeed.constants import DEFAULT_ANNOTATION_ORIENTATION, __version__
 from fastfeed.formats.integrity import checksum
 from fastfeed.image import transcode as _transcode
 from fastfeed.pack import table as tbl
@@ -48,9 +48,11 @@ from fastfeed.pack.annotations import MASK_MEMBER, annotation_stats, sample_issu
 from fastfeed.pack.annotations import scan as scan_source
 from fastfeed.pack.base import WRITERS, FormatWriter, PackError
 from fastfeed.pack.journal import JOURNAL_DIR, Journal
+from fastfeed.pack.options import (NO_SCAN_CHECK_NOTE, PackOptions, check_annotated, check_options, recorded_options,
+                                   resolve_jpeg_mode)
 from fastfeed.pack.reader import BatchItem, BatchResult
 from fastfeed.pack.sources import Source
-from fastfeed.pack.validate import DEFAULT_MAX_PIXELS, LoadOptions, Loaded
+from fastfeed.pack.validate import LoadOptions, Loaded
 from fastfeed.pack.wds_native import NativeWdsWriter, pack_native, use_native
 from fastfeed.pack.writers import meta_bytes
 from fastfeed.types import MANIFEST_NAME, Manifest, ShardInfo
@@ -61,56 +63,6 @@ __all__ = ["PackOptions", "PackResult", "PackError", "pack", "part_folder", "cle
 # Everything `--overwrite` may delete; anything else in OUT makes the pack refuse to touch the folder.
 OWNED_NAMES = ("fastfeed.json", "samples.npz", "rejected.jsonl", "data.lmdb", JOURNAL_DIR)
 _BATCH_FILES = 4
-NO_TRANSCODER_NOTE = ("lossless JPEG transcoding unavailable (fastfeed._native built without libjpeg): "
-                      "stored original bytes (--jpeg keep); progressive JPEGs will miss the GPU hardware decoder")
-
-
-NO_SCAN_CHECK_NOTE = ("JPEG scan check skipped (fastfeed._native built without libjpeg): a JPEG whose scans code "
-                      "fewer rows than its header claims is stored as is and may decode differently per decoder")
-
-
-@dataclass(frozen=True)
-class PackOptions:
-    """Args: format 'wds'|'lmdb'; shard_size in bytes (wds); shuffle_seed None keeps source order; workers
-    threads (None = all cores); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.image.transcode.prepare) or None for
-    the default ('baseline' when fastfeed.image.transcode.HAVE_TRANSCODE, else 'keep'); quality for re-encoding;
-    max_side re-encodes larger images as JPEG at `quality`; scan_check False skips the JPEG scan check (validate.py);
-    num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN. Detection sources
-    (fastfeed/pack/annotations/): annotations is a COCO instances JSON, classes_file a names file (VOC, YOLO),
-    split the YOLO/VOC/ADE20K split to pack; YOLO, VOC and ADE20K folders are recognised under source_kind 'auto'.
-    orientation is the frame annotations (boxes, polygons, masks) are in: "exif" (the default: each image as
-    displayed) or "ignore" (as stored); the manifest records it and the Loader decodes the images in that frame.
-    Segmentation sources: masks is the masks folder of an image folder (fastfeed/pack/annotations/masks.py)."""
-
-    format: str = "wds"
-    shard_size: int = 1 << 30
-    shuffle_seed: int | None = 0
-    workers: int | None = None
-    jpeg_mode: str | None = None
-    quality: int = 90
-    max_side: int | None = None
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    scan_check: bool = True  # validate.LoadOptions.scan_check: JPEGs whose scans miss pixels are marked pil_only
-    source_kind: str = "auto"
-    num_parts: int = 1
-    part: int = 0
-    resume: bool = False
-    overwrite: bool = False
-    progress: bool = False
-    annotations: str | None = None
-    classes_file: str | None = None
-    split: str | None = None
-    masks: str | None = None
-    orientation: str | None = None
-
-
-# Options a classification pack leaves unset: left out of its manifest, whose bytes stay those of earlier versions.
-_ANNOTATION_OPTIONS = ("annotations", "classes_file", "split", "masks", "orientation")
-
-
-def _manifest_options(o: PackOptions) -> dict:
-    return {k: v for k, v in asdict(o).items() if k not in ("resume", "overwrite", "progress", "workers")
-            and not (k in _ANNOTATION_OPTIONS and v is None)}
 
 
 @dataclass(frozen=True)
@@ -166,53 +118,8 @@ def detect_summary(m: Manifest) -> str:
     return text
 
 
-def resolve_jpeg_mode(requested: str | None, have_transcode: bool) -> tuple[str, str | None]:
-    """(mode to use, note for the summary/manifest or None). Raises PackError when an explicitly requested mode
-    needs the transcoder and it is missing: better to stop at the start than to fail every progressive file."""
-    if requested is None:
-        return ("baseline", None) if have_transcode else ("keep", NO_TRANSCODER_NOTE)
-    if requested not in _transcode.PREPARE_MODES:
-        raise PackError(f"--jpeg must be one of {', '.join(_transcode.PREPARE_MODES)}, got {requested!r}")
-    if requested != "keep" and not have_transcode:
-        raise PackError(f"--jpeg {requested} needs lossless JPEG transcoding, but fastfeed._native was built "
-                        f"without libjpeg: install libjpeg-turbo headers (e.g. `apt-get install libjpeg-dev`), "
-                        f"rebuild with `python setup.py build_ext --inplace`, or pack with --jpeg keep")
-    return requested, None
-
-
 def part_folder(out: str, part: int) -> str:
     return os.path.join(out, f"part-{part:05d}")
-
-
-def _check_options(o: PackOptions) -> None:
-    if o.format not in WRITERS:
-        raise PackError(f"--format must be one of {', '.join(sorted(WRITERS))}, got {o.format!r}")
-    if o.shard_size < 4096:
-        raise PackError(f"--shard-size {o.shard_size} is too small")
-    if o.num_parts < 1 or not 0 <= o.part < o.num_parts:
-        raise PackError(f"--part must be in 0..{o.num_parts - 1}, got {o.part}")
-    if not 1 <= o.quality <= 100:
-        raise PackError(f"--quality must be in 1..100, got {o.quality}")
-    if o.max_side is not None and o.max_side < 16:
-        raise PackError(f"--max-side must be >= 16, got {o.max_side}")
-    if o.resume and o.overwrite:
-        raise PackError("--resume and --overwrite contradict each other")
-    if o.orientation is not None and o.orientation not in ORIENTATIONS:
-        raise PackError(f"--orientation must be one of {', '.join(ORIENTATIONS)}, got {o.orientation!r}")
-
-
-def _check_annotated(src: Source, o: PackOptions) -> None:
-    if src.task == "classify" and o.orientation is not None:  # a label has no frame: the Loader's policy decides
-        raise PackError(f"--orientation applies to detection and segmentation sources, not to {src.kind} ones")
-    if src.task != "classify" and o.max_side is not None:
-        # Re-encoding at a smaller size would need every box (and polygon) scaled with it, or every mask stored
-        # byte for byte resized: not done.
-        what = "boxes" if src.task == "detect" else "masks"
-        raise PackError(f"--max-side does not work with annotated ({src.kind}) sources yet: the {what} would have to "
-                        f"be scaled with the images; pack without it")
-    if src.fields and not WRITERS[o.format].stores_fields:
-        raise ValueError(f"members beside the image ({', '.join(src.fields)}: masks, captions) are stored in "
-                         f"WebDataset shards; use --format wds (not --format {o.format})")
 
 
 def _member_ids(members) -> list:
@@ -265,9 +172,8 @@ def _fingerprint(src: Source, o: PackOptions) -> dict:
     h = hashlib.sha256()
     for e in src.entries:
         h.update(f"{e.rel}\0{e.label}\0".encode("utf-8", "surrogateescape"))
-    opts = {k: v for k, v in asdict(o).items() if k not in ("workers", "resume", "overwrite", "progress")
-            and not (k in _ANNOTATION_OPTIONS and v is None)}
-    fp = {"source": src.root, "entries": len(src.entries), "entries_sha256": h.hexdigest(), "options": opts,
+    fp = {"source": src.root, "entries": len(src.entries), "entries_sha256": h.hexdigest(),
+          "options": recorded_options(o),
           # the journal's rows hold these columns: a version of fastfeed with other columns cannot finish them
           "columns": sorted(tbl.COLUMNS)}
     if src.task != "classify":  # a resume must not mix samples annotated differently
@@ -286,7 +192,7 @@ def _fingerprint(src: Source, o: PackOptions) -> dict:
 
 def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     """Pack `src_path` into `out` (or `out/part-NNNNN` with num_parts > 1). Raises PackError on refusal."""
-    _check_options(o)
+    check_options(o)
     mode, jpeg_note = resolve_jpeg_mode(o.jpeg_mode, _transcode.HAVE_TRANSCODE)
     o = replace(o, jpeg_mode=mode)
     if o.scan_check and not _transcode.HAVE_SCAN_CHECK:
@@ -296,7 +202,7 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
                       if getattr(o, k) is not None})
     src = scan_source(src_path, o.source_kind, o.annotations, o.classes_file, o.split, o.masks,
                       o.orientation or DEFAULT_ANNOTATION_ORIENTATION)
-    _check_annotated(src, o)
+    check_annotated(src, o)
     if src.task != "classify":  # the frame is recorded: the Loader decodes the images in it
         o = replace(o, orientation=o.orientation or DEFAULT_ANNOTATION_ORIENTATION)
     folder = part_folder(out, o.part) if o.num_parts > 1 else os.path.abspath(out)
@@ -503,7 +409,7 @@ def _finish(folder: str, src: Source, o: PackOptions, commits: list[dict], t0: f
     manifest = tbl.write_dataset(
         folder, o.format, table, shards, rejected,
         classes=src.classes, class_to_idx=src.class_to_idx, source=src.root, source_kind=src.kind,
-        options=dict(_manifest_options(o), **({"jpeg_note": jpeg_note} if jpeg_note else {})),
+        options=dict(recorded_options(o), **({"jpeg_note": jpeg_note} if jpeg_note else {})),
         part={"index": o.part, "count": o.num_parts} if o.num_parts > 1 else None,
         created_by=f"fastfeed {__version__}",
         extra=tbl.jpeg_extra(int(table["transcoded"].sum()), notes, len(notes)),
