@@ -35,9 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="class-id masks of the images in SRC, laid out as they are (SRC/a/b.jpg -> FOLDER/a/b.png): "
                         "packs a semantic segmentation dataset, each mask stored as its image's .seg.png member")
     p.add_argument("--orientation", choices=("exif", "ignore"), default=None,
-                   help="detection sources: the frame the annotations are in: exif (the default) each image as "
-                        "displayed by its EXIF orientation, as labelling tools show it and ultralytics reads it; "
-                        "ignore: the pixels as stored. The Loader decodes the images in that frame")
+                   help="detection and segmentation sources: the frame the boxes and masks are in: exif (the "
+                        "default) each image as displayed by its EXIF orientation, as labelling tools show it and "
+                        "ultralytics reads it; ignore: the pixels as stored. The Loader decodes the images in it")
     p.add_argument("--shard-size", default="1GiB", help="target shard size for wds, e.g. 64MB, 1GiB")
     p.add_argument("--shuffle-seed", type=int, default=0, help="pack-time shuffle seed")
     p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
