@@ -363,7 +363,7 @@ def test_a_pose_sets_lines_are_boxes_with_keypoints(tmp_path):
 
 
 def tagged_jpeg(path: Path, w: int, h: int, tag: int) -> Path:
-    """A w x h JPEG (as stored) with EXIF orientation `tag`."""
+    """A w x h JPEG (as stored; a PNG with its eXIf chunk for a .png path) with EXIF orientation `tag`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     exif = Image.Exif()
     exif[0x0112] = tag
@@ -377,11 +377,13 @@ def test_annotations_are_in_the_displayed_frame_unless_told_otherwise(tmp_path):
     --orientation ignore, in the stored one. COCO's stated size is checked against the frame's, with a hint when it
     is the other frame's. The option is refused where nothing has a frame to give."""
     src = tmp_path / "yolo"
-    tagged_jpeg(src / "images" / "a.jpg", 40, 10, 6)
-    write(src / "labels" / "a.txt", "0 0.5 0.5 0.5 0.5\n")
+    for name in ("a.jpg", "b.png"):  # a PNG's EXIF (eXIf chunk) counts as the decoders read it
+        tagged_jpeg(src / "images" / name, 40, 10, 6)
+        write(src / "labels" / (name[0] + ".txt"), "0 0.5 0.5 0.5 0.5\n")
     m = pack(src, tmp_path / "shown")
     assert m["options"]["orientation"] == "exif" and m["rejected"] == 0
-    assert_boxes(stored(tmp_path / "shown")["images/a.jpg"]["boxes"], [[2.5, 10, 7.5, 30]])
+    for name in ("a.jpg", "b.png"):
+        assert_boxes(stored(tmp_path / "shown")[f"images/{name}"]["boxes"], [[2.5, 10, 7.5, 30]])
     m = pack(src, tmp_path / "as-stored", "--orientation", "ignore")
     assert m["options"]["orientation"] == "ignore" and m["rejected"] == 0
     assert_boxes(stored(tmp_path / "as-stored")["images/a.jpg"]["boxes"], [[10, 2.5, 30, 7.5]])

@@ -6,6 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from fastfeed.image import jpeg
+from fastfeed.image.headers import exif_orientation
 from fastfeed.pack.sources import Source, SourceEntry
 from fastfeed.targets import check_annotation
 
@@ -57,7 +58,10 @@ def _probe_size(path: str) -> tuple[int, int, int] | str:
         return e.strerror or str(e)
     except jpeg.ImageProbeError as e:
         return str(e)
-    return info.width, info.height, info.orientation
+    # The probe reads a JPEG's tag; a PNG's eXIf chunk is read as the decoders read it (before IDAT, where PNG
+    # writers put it, it lies in the head).
+    tag = info.orientation if info.orientation != 1 else exif_orientation(head)
+    return info.width, info.height, tag
 
 
 def _add(src: Source, entry: SourceEntry, where: str) -> None:
