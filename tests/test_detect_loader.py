@@ -340,6 +340,14 @@ def test_large_photos_decode_at_a_draft_with_the_full_decodes_pixels(tmp_path, m
             assert diff.max() < 2.0, diff
 
 
+def test_dali_turns_images_only_where_the_table_has_a_tag():
+    from fastfeed.detect.gpu import dali_orientation
+
+    assert dali_orientation(None) == "ignore"
+    assert dali_orientation(np.ones(5, np.uint8)) == "ignore"  # a displayed-frame pack without tagged images
+    assert dali_orientation(np.array([1, 6, 1], np.uint8)) == "exif"
+
+
 def test_dalis_whole_decode_displays_each_tag_as_the_cpu_path(exif_yolo):
     """The GPU path's decode (DaliDecoder.decode_whole, here on DALI's CPU backend) under orientation "exif": each
     stored image of the pack comes back in the displayed size the sample table says and with the CPU path's pixels

@@ -5,13 +5,21 @@ replacement of bad samples are DetectDecoder's, so both paths give the same boxe
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from fastfeed.decode.dali import DaliDecoder
 from fastfeed.detect.decoder import DetectDecoder
 from fastfeed.detect.gpu_render import render_batch
 
-__all__ = ["GpuDetectDecoder"]
+__all__ = ["GpuDetectDecoder", "dali_orientation"]
+
+
+def dali_orientation(orientations) -> str:
+    """DALI's policy for a table's EXIF tags (None: the stored frame). DALI displays an image by the tag it reads
+    itself, so it is asked to only where the table has a tag to apply: a file whose tag only DALI would read (another
+    format's EXIF) then stays as the table says, and DetectDecoder's size check catches the rest."""
+    return "exif" if orientations is not None and bool((np.asarray(orientations) != 1).any()) else "ignore"
 
 
 class GpuDetectDecoder(DetectDecoder):
@@ -26,11 +34,10 @@ class GpuDetectDecoder(DetectDecoder):
         if not self.augment.axis_aligned and self.train:
             raise ValueError("rotated or sheared tiles (degrees, shear) are drawn by the CPU renderer")
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        # DALI displays each image by the EXIF tag it reads itself; DetectDecoder checks the size that gives
         self._dali = DaliDecoder(device_id=index, batch_size=batch_size, num_threads=common["num_threads"],
                                  hw_decoder_load=hw_decoder_load, on_error=self.on_error, pinned_input=pinned_input,
                                  preallocate=preallocate, whole_images=True,
-                                 orientation="ignore" if self.orientations is None else "exif")
+                                 orientation=dali_orientation(self.orientations))
 
     @classmethod
     def from_settings(cls, s, targets, widths, heights, orientations=None) -> "GpuDetectDecoder":
