@@ -40,7 +40,7 @@ from fastfeed.decode.kernels import emit_chw, emit_hwc
 from fastfeed.decode.lut import make_lut, numpy_view
 from fastfeed.decode.recycle import OutputBuffers
 from fastfeed.image.contract import TRANSPOSE, contract_image, orientation_tag, to_rgb
-from fastfeed.image.headers import png_text_over_limit, without_png_text
+from fastfeed.image.headers import png_text_over_limit, swaps_axes, without_png_text
 
 __all__ = ["PilDecoder", "decode_rgb", "whole_jpeg_rgbx"]
 
@@ -70,7 +70,7 @@ def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, 
     img = Image.open(io.BytesIO(memoryview(sample)))
     tag = orientation_tag(sample, img, orientation)
     W0, H0 = img.size
-    if tag >= 5:  # the displayed image is the stored one transposed
+    if swaps_axes(tag):  # the displayed image is the stored one transposed
         W0, H0 = H0, W0
     # Clamp to the decoded image: the packer's header size may disagree with what the file really holds.
     # (draft's scale factor is the same on both axes, so the box may be in displayed or stored coordinates.)

@@ -419,7 +419,7 @@ def _subset(samples, windows: Windows | None, positions: list[int]):
 def _clamp_displayed(samples, windows: Windows, positions) -> Windows:
     """The windows clamped to each JPEG/PNG's displayed size (header size, axes swapped for EXIF tags 5..8), so
     that a window computed on a wrong size can never send DALI's ROI decode outside the rotated image."""
-    from fastfeed.image.headers import exif_orientation
+    from fastfeed.image.headers import exif_orientation, swaps_axes
     from fastfeed.image.jpeg import displayed_size
 
     W = windows.x.astype(np.int64) + windows.w
@@ -428,7 +428,7 @@ def _clamp_displayed(samples, windows: Windows, positions) -> Windows:
         # Tags 1-4 keep the stored size, which the windows were computed on; only 5-8 (axes swapped) can put a
         # window outside the rotated image. Reading the tag costs microseconds; the size is read for rotated ones only.
         tag = exif_orientation(samples[i])
-        size = displayed_size(samples[i], tag) if tag >= 5 else None
+        size = displayed_size(samples[i], tag) if swaps_axes(tag) else None
         if size is not None:
             W[i], H[i] = size
     return windows.clamped(W, H)

@@ -34,9 +34,10 @@ from fastfeed.detect.geometry import BatchGeometry
 from fastfeed.detect.hsv import apply_hsv_inplace, finish
 from fastfeed.detect.resample import resize_into
 from fastfeed.image.contract import to_rgb
-from fastfeed.image.headers import png_text_over_limit, without_png_text
+from fastfeed.image.headers import png_text_over_limit, swaps_axes, without_png_text
 
-__all__ = ["Decoded", "decode_for", "source_zooms", "displayed", "render", "decode_image", "decode_rgbx", "apply_hsv", "quad_inside", "DRAFT_MIN_SCALE"]
+__all__ = ["Decoded", "decode_for", "source_zooms", "displayed", "render", "decode_image", "decode_rgbx", "apply_hsv",
+           "quad_inside", "DRAFT_MIN_SCALE"]
 
 # Draft only while every tile keeps at least this many source pixels per output pixel (decode/cpu.py's default).
 DRAFT_MIN_SCALE = 2.0
@@ -65,7 +66,7 @@ _CANVAS = threading.local()  # each renderer thread's canvas, reused output afte
 
 def decode_image(data, draft_size: tuple[int, int] | None = None) -> Image.Image:
     """Encoded bytes -> a loaded RGB PIL image by the decode contract (fastfeed/image/contract.py): any mode to RGB,
-    the first frame, EXIF orientation ignored (the stored pixels, which the boxes are in). draft_size: let a JPEG
+    the first frame, EXIF orientation ignored (the stored pixels; `displayed` turns them). draft_size: let a JPEG
     decode at the smallest 1/2, 1/4, 1/8 scale still at least that size (`Image.draft`). Raises on bad data."""
     # PIL raises on truncated data (ImageFile.LOAD_TRUNCATED_IMAGES stays False), so a cut record is reported.
     return _decode(data, draft_size)[0]
@@ -123,11 +124,11 @@ def decode_for(data, size: tuple[int, int], zoom: float, tag: int = 1, native: b
     f = DRAFT_MIN_SCALE * zoom
     draft = None
     if f < 1:
-        sw, sh = (H0, W0) if 5 <= tag <= 8 else (W0, H0)  # the draft is asked of the stored image
+        sw, sh = (H0, W0) if swaps_axes(tag) else (W0, H0)  # the draft is asked of the stored image
         draft = (max(1, math.ceil(sw * f)), max(1, math.ceil(sh * f)))
     img, scale, (w, h) = _decode(data, draft, native=native)
     rgbx = displayed(_to_rgbx(img), tag)
-    if 5 <= tag <= 8:
+    if swaps_axes(tag):
         w, h = h, w
     return Decoded(rgbx, scale * w / W0, scale * h / H0, w, h)
 

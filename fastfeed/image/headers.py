@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["STANDALONE_MARKERS", "tiff_orientation", "exif_orientation", "jpeg_end", "PngFacts", "png_facts",
-           "png_raw_size", "png_data_ok", "png_text_over_limit", "without_png_text", "jpeg_without_junk_after_soi",
-           "jpeg_without_junk_before_markers"]
+__all__ = ["STANDALONE_MARKERS", "tiff_orientation", "exif_orientation", "swaps_axes", "jpeg_end", "PngFacts",
+           "png_facts", "png_raw_size", "png_data_ok", "png_text_over_limit", "without_png_text",
+           "jpeg_without_junk_after_soi", "jpeg_without_junk_before_markers"]
 
 # JPEG markers without a length field.
 STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})
@@ -46,6 +46,12 @@ def tiff_orientation(tiff: bytes) -> int:
             (v,) = struct.unpack_from(e + "H", tiff, at + 8)
             return v if 1 <= v <= 8 else 1
     return 1
+
+
+def swaps_axes(tag: int) -> bool:
+    """Whether EXIF orientation `tag` displays the image with its axes swapped (5-8: transpose, the rotations by
+    90 degrees, transverse): its displayed width is its stored height."""
+    return 5 <= tag <= 8
 
 
 def exif_orientation(data) -> int:

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 
 from fastfeed.image.headers import STANDALONE_MARKERS as _STANDALONE
-from fastfeed.image.headers import exif_orientation, jpeg_end, tiff_orientation  # first two re-exported
+from fastfeed.image.headers import exif_orientation, jpeg_end, swaps_axes, tiff_orientation  # first two re-exported
 from fastfeed.image.headers import _PNG_SIG, png_facts
 
 __all__ = [
@@ -251,7 +251,7 @@ def displayed_size(data, orientation: int | None = None) -> tuple[int, int] | No
     else:
         return None
     tag = exif_orientation(data) if orientation is None else orientation
-    return (h, w) if tag >= 5 else (w, h)
+    return (h, w) if swaps_axes(tag) else (w, h)
 
 
 def jpeg_info(marker: int, seg: bytes, jfif: bool, adobe_transform: int | None, orientation: int = 1) -> ImageInfo:

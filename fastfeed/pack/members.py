@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastfeed.image.headers import png_facts
+from fastfeed.image.headers import png_facts, swaps_axes
 from fastfeed.pack.annotations.masks import MASK_MEMBER
 from fastfeed.pack.validate import Rejected, _read
 
@@ -81,13 +81,13 @@ def members_problem(members: list[MemberData] | Rejected, width: int, height: in
     members, or None. A mask must have its image's size in the `orientation` frame ("exif": as displayed)."""
     if isinstance(members, Rejected):
         return members.reason
-    swap = orientation == "exif" and 5 <= tag <= 8
+    swap = orientation == "exif" and swaps_axes(tag)
     frame = (height, width) if swap else (width, height)
     for m in members:
         if m.size is not None and m.size != frame:
             what = "displayed image" if orientation == "exif" and tag != 1 else "image"
             hint = (f"; it fits the image as {'stored' if swap else 'displayed'}: pack with --orientation "
-                    f"{'ignore' if swap else 'exif'}" if 5 <= tag <= 8 and m.size == frame[::-1] else "")
+                    f"{'ignore' if swap else 'exif'}" if swaps_axes(tag) and m.size == frame[::-1] else "")
             return f"the mask is {m.size[0]}x{m.size[1]}, its {what} {frame[0]}x{frame[1]}{hint}"
     return None
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 
 from fastfeed.constants import DEFAULT_ANNOTATION_ORIENTATION
+from fastfeed.image.headers import swaps_axes
 
 # The layout modules import common.py, never this package: __init__ sits on top of them, so there is no cycle.
 from fastfeed.pack.annotations.coco import scan_coco
@@ -114,7 +115,7 @@ def sample_issues(entry: SourceEntry, width: int, height: int, tag: int = 1,
     annotations are in the `orientation` frame ("exif": as displayed, "ignore": as stored): a size other than the
     one the annotations were made for, and each box the Loader clips or drops (fastfeed.targets.annotation_issues),
     against the image in that frame. The stored annotation itself stays as the source gave it."""
-    if orientation == "exif" and 5 <= tag <= 8:
+    if orientation == "exif" and swaps_axes(tag):
         width, height = height, width
     out = []
     if entry.size is not None and tuple(entry.size) != (width, height):
@@ -124,7 +125,7 @@ def sample_issues(entry: SourceEntry, width: int, height: int, tag: int = 1,
         other = "ignore" if orientation == "exif" else "exif"
         hint = (f"; the stated size is the image's as {'stored' if other == 'ignore' else 'displayed'}: if the "
                 f"annotations are in that frame, pack with --orientation {other}"
-                if 5 <= tag <= 8 and tuple(entry.size) == (height, width) else "")
+                if swaps_axes(tag) and tuple(entry.size) == (height, width) else "")
         out.append({"path": entry.rel, "reason": f"the {frame} is {width}x{height}, the annotations were made "
                                                  f"for {entry.size[0]}x{entry.size[1]}: boxes may not match{hint}"})
     for j, why in annotation_issues(entry.metadata, width, height):

@@ -12,6 +12,7 @@ import math
 import os
 
 from fastfeed.constants import DEFAULT_ANNOTATION_ORIENTATION
+from fastfeed.image.headers import swaps_axes
 
 from fastfeed.pack.annotations.common import _add, _has_file, _probe_sizes, read_names
 from fastfeed.pack.sources import Source, SourceEntry, _count_link, _listdir, _walk_files
@@ -250,7 +251,7 @@ def scan_yolo(root: str, split: str | None = None, classes: str | None = None,
                                                          f"converted to pixels; image not packed"})
             continue
         w, h, tag = size
-        if orientation == "exif" and 5 <= tag <= 8:
+        if orientation == "exif" and swaps_axes(tag):
             w, h = h, w
         ann = _yolo_annotation(got, w, h, len(names), label, rel, src, kpt_shape)
         _add(src, SourceEntry(path, rel, -1, ann, (w, h)), path)
