@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 import fastfeed
 from fastfeed.cli import main
@@ -362,12 +362,17 @@ def test_a_pose_sets_lines_are_boxes_with_keypoints(tmp_path):
     loader.close()
 
 
-def tagged_jpeg(path: Path, w: int, h: int, tag: int) -> Path:
-    """A w x h JPEG (as stored; a PNG with its eXIf chunk for a .png path) with EXIF orientation `tag`."""
+def tagged_jpeg(path: Path, w: int, h: int, tag: int, text_bytes: int = 0) -> Path:
+    """A w x h JPEG (as stored; a PNG with its eXIf chunk for a .png path, after `text_bytes` of tEXt) with EXIF
+    orientation `tag`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     exif = Image.Exif()
     exif[0x0112] = tag
-    Image.new("RGB", (w, h), (90, 90, 90)).save(path, exif=exif)
+    extra = {}
+    if text_bytes:
+        extra["pnginfo"] = PngImagePlugin.PngInfo()
+        extra["pnginfo"].add_text("comment", "x" * text_bytes)
+    Image.new("RGB", (w, h), (90, 90, 90)).save(path, exif=exif, **extra)
     return path
 
 
@@ -377,12 +382,13 @@ def test_annotations_are_in_the_displayed_frame_unless_told_otherwise(tmp_path):
     --orientation ignore, in the stored one. COCO's stated size is checked against the frame's, with a hint when it
     is the other frame's. The option is refused where nothing has a frame to give."""
     src = tmp_path / "yolo"
-    for name in ("a.jpg", "b.png"):  # a PNG's EXIF (eXIf chunk) counts as the decoders read it
-        tagged_jpeg(src / "images" / name, 40, 10, 6)
+    # A PNG's EXIF (eXIf chunk) counts as the decoders read it, also past a large text chunk
+    for name, text in (("a.jpg", 0), ("b.png", 0), ("c.png", 100 << 10)):
+        tagged_jpeg(src / "images" / name, 40, 10, 6, text)
         write(src / "labels" / (name[0] + ".txt"), "0 0.5 0.5 0.5 0.5\n")
     m = pack(src, tmp_path / "shown")
     assert m["options"]["orientation"] == "exif" and m["rejected"] == 0
-    for name in ("a.jpg", "b.png"):
+    for name in ("a.jpg", "b.png", "c.png"):
         assert_boxes(stored(tmp_path / "shown")[f"images/{name}"]["boxes"], [[2.5, 10, 7.5, 30]])
     m = pack(src, tmp_path / "as-stored", "--orientation", "ignore")
     assert m["options"]["orientation"] == "ignore" and m["rejected"] == 0

@@ -7,20 +7,21 @@ decode contract, docs/decode-contract.md).
 """
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["STANDALONE_MARKERS", "tiff_orientation", "exif_orientation", "swaps_axes", "jpeg_end", "PngFacts",
-           "png_facts", "png_raw_size", "png_data_ok", "png_text_over_limit", "without_png_text",
-           "jpeg_without_junk_after_soi", "jpeg_without_junk_before_markers"]
+__all__ = ["STANDALONE_MARKERS", "PNG_SIGNATURE", "tiff_orientation", "exif_orientation", "png_file_exif_orientation",
+           "swaps_axes", "jpeg_end", "PngFacts", "png_facts", "png_raw_size", "png_data_ok", "png_text_over_limit",
+           "without_png_text", "jpeg_without_junk_after_soi", "jpeg_without_junk_before_markers"]
 
 # JPEG markers without a length field.
 STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})
 _STANDALONE = STANDALONE_MARKERS
-_PNG_SIG = b"\x89PNG\r\n\x1a\n"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _EXIF_FIRST = 4096  # EXIF is nearly always in the first few KB (APP1 right after SOI/APP0) ...
 _EXIF_SCAN = 1 << 16  # ... else it is looked for this far in
 
@@ -58,7 +59,7 @@ def exif_orientation(data) -> int:
     """The EXIF orientation tag (1..8) of a JPEG (APP1 "Exif") or PNG (eXIf chunk) held in `data` (bytes-like),
     without decoding; 1 for other formats, without a (valid) tag, or with a malformed header. The one reader of
     the tag: pack's `orientation` column, the CPU decoder and the DALI decoder's window clamp all use it."""
-    if bytes(data[:8]) == _PNG_SIG:
+    if bytes(data[:8]) == PNG_SIGNATURE:
         return _png_exif_orientation(data)
     tag = _jpeg_exif_orientation(data, _EXIF_FIRST)
     if tag is None and len(data) > _EXIF_FIRST:
@@ -98,12 +99,31 @@ def _png_exif_orientation(data) -> int:
     while pos + 8 <= n:
         length, kind = struct.unpack(">I4s", bytes(data[pos : pos + 8]))
         if kind == b"eXIf":
-            body = bytes(data[pos + 8 : pos + 8 + length])
-            return tiff_orientation(body[6:] if body[:6] == b"Exif\x00\x00" else body)
+            return _png_exif_body_orientation(bytes(data[pos + 8 : pos + 8 + length]))
         if kind == b"IEND":
             break
         pos += 12 + length
     return 1
+
+
+def png_file_exif_orientation(f) -> int:
+    """exif_orientation of the PNG open in `f` (binary, seekable), wherever its eXIf chunk lies: only the chunks'
+    headers and the eXIf chunk are read, so a scan need not read a large PNG whole to find its tag."""
+    f.seek(8)
+    while True:
+        head = f.read(8)
+        if len(head) < 8:
+            return 1
+        length, kind = struct.unpack(">I4s", head)
+        if kind == b"eXIf":
+            return _png_exif_body_orientation(f.read(length))
+        if kind == b"IEND":
+            return 1
+        f.seek(length + 4, os.SEEK_CUR)
+
+
+def _png_exif_body_orientation(body: bytes) -> int:
+    return tiff_orientation(body[6:] if body[:6] == b"Exif\x00\x00" else body)
 
 
 def jpeg_end(data, start: int = 0) -> int | None:

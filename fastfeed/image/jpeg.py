@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from fastfeed.image.headers import STANDALONE_MARKERS as _STANDALONE
 from fastfeed.image.headers import exif_orientation, jpeg_end, swaps_axes, tiff_orientation  # first two re-exported
-from fastfeed.image.headers import _PNG_SIG, png_facts
+from fastfeed.image.headers import PNG_SIGNATURE, png_facts
 
 __all__ = [
     "KIND_NOT_JPEG",
@@ -216,7 +216,7 @@ def header_failures(samples) -> list[tuple[int, str]]:
     out = []
     for i in _native.header_failures(samples):
         data = bytes(samples[i])
-        if data[:8] == _PNG_SIG:
+        if data[:8] == PNG_SIGNATURE:
             facts = png_facts(data)
             why = facts if isinstance(facts, str) else "bad image header: PNG"  # unreached while the walks agree
         else:

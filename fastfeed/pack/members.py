@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastfeed.image.headers import png_facts, swaps_axes
+from fastfeed.image.headers import PNG_SIGNATURE, png_facts, swaps_axes
 from fastfeed.pack.annotations.masks import MASK_MEMBER
 from fastfeed.pack.validate import Rejected, _read
 
 __all__ = ["MemberData", "read_members", "members_problem", "member_sizes", "member_pairs"]
 
-_PNG_SIG = b"\x89PNG\r\n\x1a\n"
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def _read_any(path: str) -> bytes | Rejected:
 def _mask_size(data: bytes) -> tuple[int, int] | Rejected:
     from fastfeed.detect.masks import MaskError, decode_mask  # numba and the detection renderer: only when needed
 
-    facts = png_facts(data) if data[:8] == _PNG_SIG else "not a PNG file"
+    facts = png_facts(data) if data[:8] == PNG_SIGNATURE else "not a PNG file"
     if isinstance(facts, str):
         return Rejected(f"the mask is not a valid PNG ({facts}); masks are stored as they are, and a lossy format "
                         "would hold class ids the file never had")

@@ -39,7 +39,7 @@ import struct
 from dataclasses import dataclass, replace
 
 from fastfeed.image import jpeg, transcode
-from fastfeed.image.headers import (exif_orientation, jpeg_end, jpeg_without_junk_after_soi,
+from fastfeed.image.headers import (PNG_SIGNATURE, exif_orientation, jpeg_end, jpeg_without_junk_after_soi,
                                     jpeg_without_junk_before_markers, png_data_ok, png_facts, png_text_over_limit,
                                     without_png_text)
 
@@ -80,7 +80,6 @@ _MAGIC = (
     (b"P4", "pbm"), (b"P3", "ppm"), (b"P2", "pgm"), (b"P1", "pbm"),  # Netpbm: binary, then the ASCII forms
     (b"\x00\x00\x01\x00", "ico"), (b"8BPS", "psd"),
 )
-_PNG_SIG = b"\x89PNG\r\n\x1a\n"
 _PNG_END = b"IEND\xaeB`\x82"
 
 
@@ -465,7 +464,7 @@ def _os_reason(path: str, e: OSError) -> str:
 def _sniff(data: bytes) -> str | None:
     if data[:3] == b"\xff\xd8\xff":
         return "jpeg"
-    if data[:8] == _PNG_SIG:
+    if data[:8] == PNG_SIGNATURE:
         return "png"
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"

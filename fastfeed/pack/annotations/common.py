@@ -6,7 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from fastfeed.image import jpeg
-from fastfeed.image.headers import exif_orientation
+from fastfeed.image.headers import PNG_SIGNATURE, png_file_exif_orientation
 from fastfeed.pack.sources import Source, SourceEntry
 from fastfeed.targets import check_annotation
 
@@ -54,13 +54,13 @@ def _probe_size(path: str) -> tuple[int, int, int] | str:
                 info = jpeg.probe(head)
             except jpeg.ImageProbeError:
                 info = jpeg.probe(head + f.read())  # a big EXIF/ICC segment before the frame header
+            # The probe reads a JPEG's tag; a PNG's eXIf chunk is found as the decoders find it, anywhere in the
+            # file (after large text or ICC chunks it lies past the head).
+            tag = png_file_exif_orientation(f) if head[:8] == PNG_SIGNATURE else info.orientation
     except OSError as e:
         return e.strerror or str(e)
     except jpeg.ImageProbeError as e:
         return str(e)
-    # The probe reads a JPEG's tag; a PNG's eXIf chunk is read as the decoders read it (before IDAT, where PNG
-    # writers put it, it lies in the head).
-    tag = info.orientation if info.orientation != 1 else exif_orientation(head)
     return info.width, info.height, tag
 
 
