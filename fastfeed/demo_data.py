@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fastfeed.world import usable_cpus
+
 __all__ = ["make_dataset", "dataset_present", "image_path", "DemoSpec", "MARKER_NAME", "SOURCE_PHOTOS"]
 
 MARKER_NAME = ".fastfeed-demo.json"
@@ -279,7 +281,7 @@ def make_dataset(
     jobs = [(str(out), seed, num_classes, table[i : i + _CHUNK]) for i in range(0, num_images, _CHUNK)]
     if workers is None:
         # Starting a worker costs ~1 s (imports, photo decoding), so small datasets use fewer processes.
-        workers = min(os.cpu_count() or 1, -(-num_images // _IMAGES_PER_WORKER_MIN))
+        workers = min(usable_cpus(), -(-num_images // _IMAGES_PER_WORKER_MIN))
     workers = min(workers, len(jobs))
     total_bytes = 0
     if workers == 1:

@@ -105,7 +105,7 @@ class World:
                 world_size=pick(world_size, dist_size, env_size, 1),
                 local_rank=pick(local_rank, None, env_local, 0),
                 local_world_size=pick(None, None, env_local_size, 1),
-                cpus=_usable_cpus(),
+                cpus=usable_cpus(),
             )
         except ValueError as exc:
             raise ValueError(f"inconsistent distributed setup: {exc} (explicit args: rank={rank}, "
@@ -114,7 +114,8 @@ class World:
                              f"{env_rank}/{env_size}/{env_local})") from None
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity: taskset, cpusets, SLURM), not the machine's count."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

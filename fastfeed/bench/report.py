@@ -27,6 +27,7 @@ import os
 import time
 
 from fastfeed.bench.verdict import attribute, bottleneck, loader_verdict
+from fastfeed.world import usable_cpus
 
 __all__ = ["BENCH_SCHEMA_VERSION", "REPORT_KEYS", "build_report", "format_table", "settings_lines", "verdicts",
            "write_json"]
@@ -42,7 +43,7 @@ def _machine(device: str | None) -> dict:
     cuda = None
     if device and str(device).startswith("cuda") and torch.cuda.is_available():
         cuda = torch.cuda.get_device_name(torch.device(device))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = usable_cpus()
     return {"cpu_count": cpus, "torch_version": torch.__version__, "cuda_device": cuda}
 
 

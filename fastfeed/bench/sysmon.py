@@ -20,6 +20,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from fastfeed.world import usable_cpus
+
 __all__ = ["SysMonitor", "HostSample", "read_proc_stat", "process_tree"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -234,7 +236,7 @@ class SysMonitor:
         ticks = sum(self._cpu_last[p] - self._cpu_first.get(p, 0) for p in self._cpu_last)
         host = {
             "cpu_cores_busy": ticks / _CLK_TCK / wall,
-            "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "cpu_count": usable_cpus(),
             "system_cpu_busy_frac": None,
             "iowait_frac": None,
             "rss_peak_bytes": int(self._rss_peak),

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from fastfeed.world import usable_cpus
+
 __all__ = ["TorchBaseline", "PackedImages", "make_torch_loader", "default_num_workers", "is_packed",
            "EVAL_CROP_RATIO"]
 
@@ -26,7 +28,7 @@ _STD = (0.229, 0.224, 0.225)
 
 
 def default_num_workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return usable_cpus()
 
 
 def is_packed(path: str | os.PathLike) -> bool:

@@ -20,6 +20,7 @@ from fastfeed.doctor.readprobe import SLOW_DIRECT_MB_S, read_probe
 from fastfeed.doctor.remote import check_remote
 from fastfeed.formats.base import remote_shards, shard_root
 from fastfeed.remote.store import is_url
+from fastfeed.world import usable_cpus
 
 __all__ = [
     "Check", "OK", "WARN", "FAIL", "DOCTOR_SCHEMA_VERSION",
@@ -423,7 +424,7 @@ def run_checks(dataset: str | None = None, num_threads: int | None = None,
     driver, _ = _driver_cuda()
     names, gpu_err = _gpus()
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    usable = usable_cpus()
     checks = [
         check_dali(version, major, driver, err),
         check_gpu(names, gpu_err, env.get("CUDA_VISIBLE_DEVICES")),

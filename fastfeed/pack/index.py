@@ -45,6 +45,7 @@ from fastfeed.pack.wds import WdsWriter
 from fastfeed.pack.writers import atomic_write
 from fastfeed.remote.store import is_url, join, retrying, url_to_fs
 from fastfeed.types import ADOPTED_FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, ShardInfo
+from fastfeed.world import usable_cpus
 
 __all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards"]
 
@@ -181,10 +182,11 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
                            "into a local folder", path=out)
     _refuse_existing(out, overwrite, storage_options)
     opts = LoadOptions(scan_check=scan_check)
-    workers = threads or min(8, os.cpu_count() or 1)
+    cores = usable_cpus()
+    workers = threads or min(8, cores)
     # Each shard's JPEGs are scan-checked in one native call: its threads share the cores among the shards read at
     # once, so a few big shards still use every core.
-    scan_threads = max(1, -(-(os.cpu_count() or 1) // max(1, min(workers, len(rels)))))
+    scan_threads = max(1, -(-cores // max(1, min(workers, len(rels)))))
     # Shards at a URL are downloaded next to the dataset's files when those are local: a shard is up to gigabytes,
     # /tmp is often small. Local shards need no folder (theirs may be read-only).
     downloads = (tempfile.TemporaryDirectory(prefix=".fastfeed-index-", dir=None if is_url(out) else out)

@@ -33,6 +33,7 @@ from fastfeed.pack.merge import part_names
 from fastfeed.pack.run import OWNED_NAMES, clear_folder, part_folder
 from fastfeed.remote.store import is_url, join, local_path, retrying, url_to_fs
 from fastfeed.types import MANIFEST_NAME, Manifest
+from fastfeed.world import usable_cpus
 
 __all__ = ["add_arguments", "pack_any", "pack_ray", "merge_any", "upload_dataset", "ENGINES"]
 
@@ -108,7 +109,7 @@ def pack_ray(src: str, out: str, o: PackOptions, address: str | None = None) -> 
     t0 = time.perf_counter()
     started = False
     if not ray.is_initialized():
-        kwargs = {} if address else {"num_cpus": os.cpu_count() or 1, "object_store_memory": 80 << 20}
+        kwargs = {} if address else {"num_cpus": usable_cpus(), "object_store_memory": 80 << 20}
         _probe(address)
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **kwargs)

@@ -56,6 +56,7 @@ from fastfeed.pack.validate import LoadOptions, Loaded
 from fastfeed.pack.wds_native import NativeWdsWriter, pack_native, use_native
 from fastfeed.pack.writers import meta_bytes
 from fastfeed.types import MANIFEST_NAME, Manifest, ShardInfo
+from fastfeed.world import usable_cpus
 
 __all__ = ["PackOptions", "PackResult", "PackError", "pack", "part_folder", "clear_folder", "resolve_jpeg_mode",
            "OWNED_NAMES"]
@@ -231,7 +232,7 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     writer = _Writer(folder, o, journal, len(shards), native, src.task, src.fields)
     load_opts = LoadOptions(o.jpeg_mode, o.quality, o.max_side, o.max_pixels, o.scan_check, o.orientation or "ignore")
     bar = _progress(len(plan), start, o.progress)
-    workers = o.workers or os.cpu_count() or 1
+    workers = o.workers or usable_cpus()
     # Small batches keep the bytes in cache between read, write and hash (larger ones cost wall time:
     # benchmarks/README.md, pack); small packs still spread over every worker.
     batch = max(1, min(_BATCH_FILES, (len(plan) - start) // (4 * workers)))

@@ -32,6 +32,7 @@ from fastfeed.formats.integrity import checksum, sha256_file
 from fastfeed.image.headers import png_text_over_limit, without_png_text
 from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
 from fastfeed.types import DatasetError
+from fastfeed.world import usable_cpus
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -169,7 +170,7 @@ def _decode_all(ds, report: VerifyReport, indices: list[int], workers: int | Non
 
     # Reads stay on this thread (a reader's file handles belong to it); decodes run on the pool, where PIL
     # releases the GIL. At most `window` samples are held in memory.
-    nworkers = workers or os.cpu_count() or 1
+    nworkers = workers or usable_cpus()
     window = 4 * nworkers
     # PIL warns about odd but decodable files (corrupt EXIF, truncated metadata); the Loader decodes them, so they
     # are not errors here, even under `-W error`. The filter is set once, on this (the calling) thread, around the

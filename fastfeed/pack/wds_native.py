@@ -29,6 +29,7 @@ from fastfeed.pack.reader import _read_into
 from fastfeed.pack.validate import LoadOptions, Rejected, check_image, stat_size
 from fastfeed.pack.wds import WdsWriter, field_cells
 from fastfeed.pack.writers import meta_bytes, record_size
+from fastfeed.world import usable_cpus
 
 __all__ = ["NativeWdsWriter", "use_native", "pack_native"]
 
@@ -91,7 +92,7 @@ class NativeWdsWriter(WdsWriter):
 def pack_native(w, src, plan, start: int, key_width: int, opts: LoadOptions, bar=None) -> None:
     """Write plan[start:] through `w` (run.py's _Writer holding a NativeWdsWriter), in plan order."""
     # Members (a mask each) are read and decoded on a pool ahead of each call: the check hook only compares sizes.
-    pool = ThreadPoolExecutor(max_workers=w.o.workers or os.cpu_count() or 1,
+    pool = ThreadPoolExecutor(max_workers=w.o.workers or usable_cpus(),
                               thread_name_prefix="fastfeed-pack-members") if src.fields else None
     try:
         _pack_native(w, src, plan, start, key_width, opts, bar, pool)
