@@ -29,7 +29,7 @@ import posixpath
 import re
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -184,15 +184,15 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
     opts = LoadOptions(scan_check=scan_check)
     cores = usable_cpus()
     workers = threads or min(8, cores)
-    # Each shard's JPEGs are scan-checked in one native call: its threads share the cores among the shards read at
-    # once, so a few big shards still use every core.
-    scan_threads = max(1, -(-cores // max(1, min(workers, len(rels)))))
     # Shards at a URL are downloaded next to the dataset's files when those are local: a shard is up to gigabytes,
     # /tmp is often small. Local shards need no folder (theirs may be read-only).
     downloads = (tempfile.TemporaryDirectory(prefix=".fastfeed-index-", dir=None if is_url(out) else out)
                  if is_url(root) else contextlib.nullcontext())
     fs, base = url_to_fs(root, storage_options) if is_url(root) else (None, root)  # one client for every shard
-    with downloads as tmp:
+    # Every shard's scan check in chunks on one pool of a thread per core (native calls, GIL released): the cores
+    # stay busy to the last chunk, however few shards are left.
+    scans = ThreadPoolExecutor(max_workers=cores, thread_name_prefix="fastfeed-index-scan") if scan_check else None
+    with downloads as tmp, scans or contextlib.nullcontext():
         # A shard's tar walk and header probes hold the GIL; its hash and scan check do not. One shard at a time,
         # each shard's scan starts as soon as its own walk ends and runs beside the next shard's walk: side by side,
         # the walks would share the GIL and every scan would wait for all of them.
@@ -201,11 +201,11 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
         def one(a):
             shard, rel = a
             if fs is None:
-                return _index_shard(os.path.join(root, rel), rel, shard, image_ext, opts, scan_threads, python_steps)
+                return _index_shard(os.path.join(root, rel), rel, shard, image_ext, opts, scans, python_steps)
             local = os.path.join(tmp, f"{shard:08d}.tar")  # at most `workers` of them at a time
             retrying(lambda: fs.get_file(join(base, rel), local), f"download {root}/{rel}")
             try:
-                return _index_shard(local, rel, shard, image_ext, opts, scan_threads, python_steps)
+                return _index_shard(local, rel, shard, image_ext, opts, scans, python_steps)
             finally:
                 os.remove(local)
 
@@ -275,7 +275,7 @@ def _table(rows: dict, per_sample: list[dict], names: list[str]) -> dict[str, np
 
 
 def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: LoadOptions,
-                 scan_threads: int = 1, python_steps=contextlib.nullcontext()) -> _ShardResult:
+                 scans: ThreadPoolExecutor | None = None, python_steps=contextlib.nullcontext()) -> _ShardResult:
     res = _ShardResult()
     try:
         f = open(path, "rb")
@@ -297,7 +297,7 @@ def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: L
                     images = [_image_member(s, image_ext) for s in samples]
                     facts, jpegs = _jpeg_headers(view, images)
                 if opts.scan_check:
-                    _scan_jpegs(view, jpegs, facts, scan_threads)
+                    _scan_jpegs(view, jpegs, facts, scans)
                 for s, img, known in zip(samples, images, facts):
                     _add_sample(res, view, s, img, rel, shard, opts, known)
             finally:
@@ -359,14 +359,22 @@ def _jpeg_headers(view: memoryview, images: list) -> tuple[list, list]:
     return facts, jpegs
 
 
-def _scan_jpegs(view: memoryview, jpegs: list, facts: list, threads: int) -> None:
-    """The scan check's answers into `facts` (`_jpeg_headers`'), for the whole shard in one native call on
-    `threads` threads, the GIL released."""
+_SCAN_CHUNK = 16  # JPEGs a native call: ~16 ms of a core for photos, so a call's overhead is noise
+
+
+def _scan_jpegs(view: memoryview, jpegs: list, facts: list, scans: ThreadPoolExecutor | None) -> None:
+    """The scan check's answers into `facts` (`_jpeg_headers`'), in chunks on `scans` (None: here, one thread)."""
     if not jpegs:
         return
     spans = [view[off:off + size] for _, off, size in jpegs]
     try:
-        answers = transcode.check_scans(spans, threads)
+        chunks = [spans[i:i + _SCAN_CHUNK] for i in range(0, len(spans), _SCAN_CHUNK)]
+        if scans is None:
+            answers = [a for c in chunks for a in transcode.check_scans(c, 1)]
+        else:
+            futures = [scans.submit(transcode.check_scans, c, 1) for c in chunks]
+            wait(futures)  # every chunk done with its views before they are released, a failed one too
+            answers = [a for f in futures for a in f.result()]
     finally:
         for v in spans:  # the shard's map closes only once no view of it is left
             v.release()
