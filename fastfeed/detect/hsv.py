@@ -2,9 +2,9 @@
 value scaled and clipped, back to RGB, rounded. In floats rather than through uint8 HSV lookup tables (ultralytics:
 OpenCV's 180-step hue): no hue quantisation, so a gain of 1 changes nothing; the result is colorsys' to rounding.
 
-Three implementations of the same arithmetic: `apply_hsv_inplace`, one numba pass over an image on the CPU (the GIL
+Three implementations of colorsys' arithmetic: `apply_hsv_inplace`, one numba pass over an image on the CPU (the GIL
 released, so the renderer's threads run it at once; `finish`, the renderer's last pass, is it fused with the flip
-and the output layout); `finish_nhwc`, one Triton pass over a uint8 NHWC batch on the GPU that also normalises
+and the output layout; back to RGB without choosing among colorsys' six sectors, see `_hsv_pixel`); `finish_nhwc`, one Triton pass over a uint8 NHWC batch on the GPU that also normalises
 and writes the Loader's dtype and layout (the GPU path's last pass: it shares the GPU with the training step, and
 torch's form below makes some twenty passes over the batch; `apply_hsv_nhwc` is it in place);
 `apply_hsv_torch`, any device, torch operations. All three in float32; they agree
