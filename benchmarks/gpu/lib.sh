@@ -48,7 +48,8 @@ mk() {  # $1 = set: its images in $W/SET-images (tools/make_dataset.py) and its 
   phone) args="512 --regime phone" ;;           # 12-MP phone photos, ~5.9 MB: two batches an epoch
   mixed) args="4000 --regime mixed" ;;          # mixed sizes (thumbnails to 12 MP), 15% PNG
   png) args="4000 --regime png" ;;              # 70% PNG
-  *) echo "unknown set $1 (base thumb half mid phone mixed png)" >&2; return 1 ;;
+  detect) detect_set; return ;;                  # bench_detect.py's 2,000 photos with boxes (detection steps)
+  *) echo "unknown set $1 (base thumb half mid phone mixed png detect)" >&2; return 1 ;;
   esac
   if [ -e $W/$1-wds/fastfeed.json ]; then echo "$1: made earlier on this host"; return 0; fi
   python3 tools/make_dataset.py $W/$1-images --num-images $args --num-classes 100 --seed 0 | tail -1

@@ -13,7 +13,7 @@
 #   stage-dali N       DALI's part N into /tmp/dali (carry .carry/pN); N=5 also installs DALI, and lmdb/webdataset
 #                      and Lightning when .carry/x2 and .carry/fw are carried (carry [.carry/p5, .carry/x2, .carry/fw])
 #   build              the native core from this tree, kept in /tmp/ffnative (carry .carry/x: xxhash)
-#   data [SET...]      the data sets (default: base): base thumb half mid phone mixed png (lib.sh `mk`)
+#   data [SET...]      the data sets (default: base): base thumb half mid phone mixed png detect (lib.sh `mk`)
 #   gpu-tests          pytest -m gpu: tests/test_gpu.py, tests/test_{detect,segment,instance}_loader.py,
 #                      tests/test_detect_gpu_render.py, tests/test_profile.py, tests/test_gpu_frameworks.py
 # Tables (carry nothing; the sets each needs in brackets):
