@@ -14,7 +14,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-images", type=int, default=2000, help="number of JPEGs")
     parser.add_argument("--num-classes", type=int, default=10, help="number of class folders")
     parser.add_argument("--seed", type=int, default=0, help="same seed -> byte-identical files")
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: the cores this process may use)")
     parser.add_argument(
         "--progressive-fraction", type=float, default=0.0,
         help="fraction of images written as progressive JPEGs",

@@ -41,7 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-size", default="1GiB", help="target shard size for wds, e.g. 64MB, 1GiB")
     p.add_argument("--shuffle-seed", type=int, default=0, help="pack-time shuffle seed")
     p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
-    p.add_argument("--workers", type=int, default=None, help="reader threads (default: all cores)")
+    p.add_argument("--workers", type=int, default=None, help="reader threads (default: the cores this process may use)")
     p.add_argument("--jpeg", choices=("keep", "baseline", "reencode"), default=None,
                    help="baseline (default when built with libjpeg, else keep): losslessly transcode progressive/"
                         "arithmetic JPEGs to baseline for the GPU hardware decoder (identical pixels); keep: store "

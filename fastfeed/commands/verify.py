@@ -10,7 +10,7 @@ __all__ = ["configure", "run"]
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a packed dataset folder")
-    p.add_argument("--workers", type=int, default=None, help="decode threads (default: all cores)")
+    p.add_argument("--workers", type=int, default=None, help="decode threads (default: the cores this process may use)")
     p.add_argument("--quick", action="store_true",
                    help="no decode: manifest, table checksum, offsets/indexes/labels cross-checked, per-sample "
                         "checksums")
