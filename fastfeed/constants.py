@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__", "IMAGENET_MEAN", "IMAGENET_STD", "IGNORE_INDEX", "DTYPE_NAMES", "ORIENTATIONS",
            "DEFAULT_ORIENTATION", "DEFAULT_ANNOTATION_ORIENTATION", "DEFAULT_HW_DECODER_LOAD", "DEFAULT_DALI_THREADS",
-           "DEFAULT_DALI_PIPELINES", "DALI_CPU_SHARE_FOR_MORE_THREADS"]
+           "DEFAULT_DALI_PIPELINES", "DALI_CPU_SHARE_FOR_MORE_THREADS", "IMAGE_EXTS"]
 
 # torchvision's ImageNet normalisation, in [0, 1] units.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -40,3 +40,8 @@ DEFAULT_DALI_PIPELINES = 2
 # With DALI, a dataset with at least this share of images the hardware decoder cannot take (PNG, progressive or CMYK
 # JPEG) gets more CPU threads (fastfeed/loader/settings.py), and `auto` keeps it on "dali" (decode/__init__.py).
 DALI_CPU_SHARE_FOR_MORE_THREADS = 0.1
+
+# A webdataset sample's image member (`fastfeed index`), in order of preference: what every decoder reads as stored,
+# then what PIL reads.
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2", "tga",
+              "pcx", "qoi", "dds", "sgi")

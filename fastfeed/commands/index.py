@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fastfeed.constants import IMAGE_EXTS, ORIENTATIONS
+
 __all__ = ["configure", "run"]
 
 
@@ -14,15 +16,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", nargs="?", default=None,
                    help="where the dataset's files go (default: the shards' folder; another folder, or for shards "
                         "at a URL another URL, when that one is read-only)")
-    p.add_argument("--image-ext", default=None,
-                   help="the member that is each sample's image: jpg, jpeg, png, webp, bmp, gif, tif, tiff, ppm, pgm, "
-                        "pbm, pnm or jp2 (default: the first of jpg, jpeg, png it has, else the first other image "
-                        "member)")
+    p.add_argument("--image-ext", default=None, choices=IMAGE_EXTS, metavar="EXT",
+                   help=f"the member that is each sample's image: {', '.join(IMAGE_EXTS)} (default: the first of "
+                        "jpg, jpeg, png it has, else the first other image member)")
     p.add_argument("--threads", type=int, default=None, help="shards read side by side (default: cores, at most 8)")
     p.add_argument("--no-scan-check", action="store_true",
                    help="skip the JPEG scan check (faster; a JPEG whose scans leave pixels uncoded is then kept)")
     p.add_argument("--overwrite", action="store_true", help="index again where a dataset already is")
-    p.add_argument("--orientation", choices=("exif", "ignore"), default=None,
+    p.add_argument("--orientation", choices=ORIENTATIONS, default=None,
                    help="the frame the samples' masks are in (semantic segmentation): exif, each image as displayed "
                         "by its EXIF orientation; default: as stored")
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from fastfeed.constants import ORIENTATIONS
+from fastfeed.constants import IMAGE_EXTS, ORIENTATIONS
 from fastfeed.formats.fields import columns, value_kind
 from fastfeed.formats.tarwalk import walk_tar
 from fastfeed.image import transcode
@@ -49,9 +49,6 @@ from fastfeed.world import usable_cpus
 
 __all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards"]
 
-# A sample's image member, in order of preference: what every decoder reads as stored, then what PIL reads.
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2", "tga",
-              "pcx", "qoi", "dds", "sgi")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext
 _IDX_VERSION = "v1.2"
 
