@@ -9,9 +9,12 @@ __all__ = ["configure", "run"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from fastfeed.constants import ORIENTATIONS
+    from fastfeed.image.transcode import PREPARE_MODES
     from fastfeed.pack.annotations import ALL_KINDS
     from fastfeed.pack.remote import add_arguments as remote_arguments
     from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
+    from fastfeed.types import KINDS
 
     p.add_argument("src", help="ImageFolder tree, flat folder of images, a .csv/.jsonl list (path,label[,metadata]), "
                                "or a detection dataset: YOLO folder (images/ + labels/), Pascal VOC folder "
@@ -20,7 +23,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                                "+ gtFine/), VOC folder with --source voc-seg (JPEGImages/ + SegmentationClass/), image "
                                "folder with --masks")
     p.add_argument("out", help="output folder or fsspec URL (s3://bucket/prefix, gs://...)")
-    p.add_argument("--format", choices=("wds", "lmdb"), default="wds", help="WebDataset tar shards or LMDB")
+    p.add_argument("--format", choices=KINDS, default="wds", help="WebDataset tar shards or LMDB")
     p.add_argument("--source", choices=ALL_KINDS, default="auto", help="how to read SRC (auto: guess from SRC)")
     p.add_argument("--annotations", default=None, metavar="FILE",
                    help="COCO instances JSON for the images in SRC: packs a detection dataset (format version 3)")
@@ -34,7 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masks", default=None, metavar="FOLDER",
                    help="class-id masks of the images in SRC, laid out as they are (SRC/a/b.jpg -> FOLDER/a/b.png): "
                         "packs a semantic segmentation dataset, each mask stored as its image's .seg.png member")
-    p.add_argument("--orientation", choices=("exif", "ignore"), default=None,
+    p.add_argument("--orientation", choices=ORIENTATIONS, default=None,
                    help="detection and segmentation sources: the frame the boxes and masks are in: exif (the "
                         "default) each image as displayed by its EXIF orientation, as labelling tools show it and "
                         "ultralytics reads it; ignore: the pixels as stored. The Loader decodes the images in it")
@@ -42,7 +45,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shuffle-seed", type=int, default=0, help="pack-time shuffle seed")
     p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
     p.add_argument("--workers", type=int, default=None, help="reader threads (default: the cores this process may use)")
-    p.add_argument("--jpeg", choices=("keep", "baseline", "reencode"), default=None,
+    p.add_argument("--jpeg", choices=PREPARE_MODES, default=None,
                    help="baseline (default when built with libjpeg, else keep): losslessly transcode progressive/"
                         "arithmetic JPEGs to baseline for the GPU hardware decoder (identical pixels); keep: store "
                         "bytes untouched; reencode: also re-encode, lossily, what that decoder cannot take "
