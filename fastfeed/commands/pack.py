@@ -12,8 +12,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     from fastfeed.constants import ORIENTATIONS
     from fastfeed.image.transcode import PREPARE_MODES
     from fastfeed.pack.annotations import ALL_KINDS
+    from fastfeed.pack.options import PackOptions
     from fastfeed.pack.remote import add_arguments as remote_arguments
-    from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
     from fastfeed.types import KINDS
 
     p.add_argument("src", help="ImageFolder tree, flat folder of images, a .csv/.jsonl list (path,label[,metadata]), "
@@ -23,8 +23,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                                "+ gtFine/), VOC folder with --source voc-seg (JPEGImages/ + SegmentationClass/), image "
                                "folder with --masks")
     p.add_argument("out", help="output folder or fsspec URL (s3://bucket/prefix, gs://...)")
-    p.add_argument("--format", choices=KINDS, default="wds", help="WebDataset tar shards or LMDB")
-    p.add_argument("--source", choices=ALL_KINDS, default="auto", help="how to read SRC (auto: guess from SRC)")
+    p.add_argument("--format", choices=KINDS, default=PackOptions.format, help="WebDataset tar shards or LMDB")
+    p.add_argument("--source", choices=ALL_KINDS, default=PackOptions.source_kind,
+                   help="how to read SRC (auto: guess from SRC)")
     p.add_argument("--annotations", default=None, metavar="FILE",
                    help="COCO instances JSON for the images in SRC: packs a detection dataset (format version 3)")
     p.add_argument("--classes", default=None, metavar="FILE",
@@ -42,7 +43,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "default) each image as displayed by its EXIF orientation, as labelling tools show it and "
                         "ultralytics reads it; ignore: the pixels as stored. The Loader decodes the images in it")
     p.add_argument("--shard-size", default="1GiB", help="target shard size for wds, e.g. 64MB, 1GiB")
-    p.add_argument("--shuffle-seed", type=int, default=0, help="pack-time shuffle seed")
+    p.add_argument("--shuffle-seed", type=int, default=PackOptions.shuffle_seed, help="pack-time shuffle seed")
     p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
     p.add_argument("--workers", type=int, default=None, help="reader threads (default: the cores this process may use)")
     p.add_argument("--jpeg", choices=PREPARE_MODES, default=None,
@@ -50,17 +51,18 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "arithmetic JPEGs to baseline for the GPU hardware decoder (identical pixels); keep: store "
                         "bytes untouched; reencode: also re-encode, lossily, what that decoder cannot take "
                         "(see fastfeed/image/transcode.py)")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality for re-encoded images")
+    p.add_argument("--quality", type=int, default=PackOptions.quality, help="JPEG quality for re-encoded images")
     p.add_argument("--max-side", type=int, default=None,
                    help="re-encode images whose longer side exceeds N pixels to JPEG at --quality")
-    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+    p.add_argument("--max-pixels", type=int, default=PackOptions.max_pixels,
                    help="reject images with more pixels than this (decompression bombs)")
     p.add_argument("--no-scan-check", action="store_true",
                    help="skip the JPEG scan check (an entropy-decoding pass per JPEG: the bulk of pack's CPU time); "
                         "JPEGs whose scans code fewer pixels than their header claims are then not marked for PIL's "
                         "decode and decode differently per decoder (see fastfeed/pack/validate.py)")
-    p.add_argument("--num-parts", type=int, default=1, help="split the pack into K parts (then `fastfeed merge`)")
-    p.add_argument("--part", type=int, default=0, help="which part (0..K-1) this process packs")
+    p.add_argument("--num-parts", type=int, default=PackOptions.num_parts,
+                   help="split the pack into K parts (then `fastfeed merge`)")
+    p.add_argument("--part", type=int, default=PackOptions.part, help="which part (0..K-1) this process packs")
     p.add_argument("--resume", action="store_true", help="finish an interrupted pack in OUT")
     p.add_argument("--overwrite", action="store_true", help="replace fastfeed's files in OUT")
     p.add_argument("--strict", action="store_true", help="exit with status 1 if any file was rejected")

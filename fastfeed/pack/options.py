@@ -22,7 +22,7 @@ NO_SCAN_CHECK_NOTE = ("JPEG scan check skipped (fastfeed._native built without l
 @dataclass(frozen=True)
 class PackOptions:
     """Args: format 'wds'|'lmdb'; shard_size in bytes (wds); shuffle_seed None keeps source order; workers
-    threads (None = all cores); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.image.transcode.prepare) or None for
+    threads (None: the cores this process may use); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.image.transcode.prepare) or None for
     the default ('baseline' when fastfeed.image.transcode.HAVE_TRANSCODE, else 'keep'); quality for re-encoding;
     max_side re-encodes larger images as JPEG at `quality`; scan_check False skips the JPEG scan check (validate.py);
     num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN. Detection sources
