@@ -10,11 +10,13 @@ __all__ = ["configure", "run"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from fastfeed.profile.probe import DEFAULT_STEPS, DEFAULT_WARMUP, THEN
+
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="command",
                    help="the training command after `--` (python train.py ..., torchrun ...)")
-    p.add_argument("--warmup", type=int, default=5, help="steps left unmeasured first")
-    p.add_argument("--steps", type=int, default=20, help="steps measured")
-    p.add_argument("--then", choices=("continue", "stop"), default="continue",
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="steps left unmeasured first")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps measured")
+    p.add_argument("--then", choices=THEN, default=THEN[0],
                    help="after the window: let the script run on, or stop it")
     p.add_argument("--json", default=None, help="write the report here (a baseline for a later --baseline)")
     p.add_argument("--baseline", default=None, help="a report written by --json: print the deltas against it")

@@ -37,12 +37,16 @@ __all__ = ["install", "Probe"]
 
 ENV_DIR = "FASTFEED_PROFILE_DIR"
 ENV_OPTIONS = "FASTFEED_PROFILE_OPTIONS"  # JSON: warmup, steps, then
+# The measured window: steps left out first, steps measured, and what the script does after it.
+DEFAULT_WARMUP = 5
+DEFAULT_STEPS = 20
+THEN = ("continue", "stop")
 
 
 class Probe:
     """The hooks' state: one per process, installed once."""
 
-    def __init__(self, out_dir: str, warmup: int = 5, steps: int = 20, then: str = "continue"):
+    def __init__(self, out_dir: str, warmup: int = DEFAULT_WARMUP, steps: int = DEFAULT_STEPS, then: str = THEN[0]):
         self.out_dir, self.warmup, self.steps, self.then = out_dir, warmup, steps, then
         self.main_thread = threading.get_ident()
         self.records: list[dict] = []  # one per measured step
@@ -213,8 +217,8 @@ def install(out_dir: str | None = None, **options) -> Probe | None:
         return None
     opts = json.loads(os.environ.get(ENV_OPTIONS, "{}"))
     opts.update(options)
-    probe = Probe(out_dir, warmup=int(opts.get("warmup", 5)), steps=int(opts.get("steps", 20)),
-                  then=opts.get("then", "continue"))
+    probe = Probe(out_dir, warmup=int(opts.get("warmup", DEFAULT_WARMUP)), steps=int(opts.get("steps", DEFAULT_STEPS)),
+                  then=opts.get("then", THEN[0]))
     _PROBE = probe
     _patch_torch(probe)
     atexit.register(probe.finish)

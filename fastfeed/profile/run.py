@@ -6,7 +6,7 @@ import os
 import subprocess
 import tempfile
 
-from fastfeed.profile.probe import ENV_DIR, ENV_OPTIONS
+from fastfeed.profile.probe import DEFAULT_STEPS, DEFAULT_WARMUP, ENV_DIR, ENV_OPTIONS, THEN
 from fastfeed.profile.report import load_records, summarize
 
 __all__ = ["profile_command", "SITE_DIR"]
@@ -14,14 +14,14 @@ __all__ = ["profile_command", "SITE_DIR"]
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 
 
-def profile_command(cmd: list[str], *, warmup: int = 5, steps: int = 20, then: str = "continue",
+def profile_command(cmd: list[str], *, warmup: int = DEFAULT_WARMUP, steps: int = DEFAULT_STEPS, then: str = THEN[0],
                     out_dir: str | None = None, timeout: float | None = None) -> tuple[int, dict]:
     """Run `cmd` (unmodified: `python train.py ...`, `torchrun ...`) with the profiler's sitecustomize first on
     PYTHONPATH; return (its exit status, the summary of the measured window)."""
     if not cmd:
         raise ValueError("no command to profile: fastfeed profile [options] -- python train.py ...")
-    if then not in ("continue", "stop"):
-        raise ValueError(f"then must be 'continue' or 'stop', got {then!r}")
+    if then not in THEN:
+        raise ValueError(f"then must be one of {THEN}, got {then!r}")
     if warmup < 0 or steps < 1:
         raise ValueError(f"warmup must be >= 0 and steps >= 1, got {warmup} and {steps}")
     with tempfile.TemporaryDirectory(prefix="fastfeed-profile-") as tmp:
