@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__", "IMAGENET_MEAN", "IMAGENET_STD", "IGNORE_INDEX", "DTYPE_NAMES", "ORIENTATIONS",
            "DEFAULT_ORIENTATION", "DEFAULT_ANNOTATION_ORIENTATION", "DEFAULT_HW_DECODER_LOAD", "DEFAULT_DALI_THREADS",
-           "DEFAULT_DALI_PIPELINES", "DALI_CPU_SHARE_FOR_MORE_THREADS", "IMAGE_EXTS"]
+           "DEFAULT_DALI_PIPELINES", "DALI_CPU_SHARE_FOR_MORE_THREADS", "IMAGE_EXTS", "BENCH_CONSUMERS"]
 
 # torchvision's ImageNet normalisation, in [0, 1] units.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -45,3 +45,6 @@ DALI_CPU_SHARE_FOR_MORE_THREADS = 0.1
 # then what PIL reads.
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2", "tga",
               "pcx", "qoi", "dds", "sgi")
+
+# What `fastfeed bench --consumer` feeds each batch to (fastfeed/bench/consumers.py builds them).
+BENCH_CONSUMERS = ("none", "resnet18", "resnet50")

@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 import torch
 
+from fastfeed.constants import BENCH_CONSUMERS as CONSUMERS
+
 __all__ = ["CONSUMERS", "make_consumer", "synthetic_batch"]
 
-CONSUMERS = ("none", "resnet18", "resnet50")
 
 Consumer = Callable[[torch.Tensor, torch.Tensor], None]
 

@@ -5,9 +5,8 @@ import argparse
 import sys
 
 from fastfeed.bench.session import DTYPES, BenchConfig
+from fastfeed.constants import BENCH_CONSUMERS
 from fastfeed.decode import KINDS as DECODER_KINDS
-
-CONSUMERS = ("none", "resnet18", "resnet50")
 
 
 def _threads(text: str):
@@ -24,18 +23,18 @@ def _threads(text: str):
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", metavar="DATASET", help="packed dataset folder (holds fastfeed.json)")
-    p.add_argument("--steps", type=int, default=50, help="timed steps")
-    p.add_argument("--warmup", type=int, default=10, help="untimed steps before measuring")
+    p.add_argument("--steps", type=int, default=BenchConfig.steps, help="timed steps")
+    p.add_argument("--warmup", type=int, default=BenchConfig.warmup, help="untimed steps before measuring")
     p.add_argument("--max-warmup", type=int, default=BenchConfig.max_warmup,
                    help="more untimed steps while the Loader is still tuning itself (pipeline count, the hybrid's "
                         "CPU share), up to this many in all (0: --warmup exactly)")
-    p.add_argument("--batch-size", type=int, default=256,
+    p.add_argument("--batch-size", type=int, default=BenchConfig.batch_size,
                    help="images per step (lowered to the dataset size when the dataset is smaller)")
-    p.add_argument("--image-size", type=int, default=224, help="output side in pixels")
-    p.add_argument("--decoder", choices=DECODER_KINDS, default="auto",
+    p.add_argument("--image-size", type=int, default=BenchConfig.image_size, help="output side in pixels")
+    p.add_argument("--decoder", choices=DECODER_KINDS, default=BenchConfig.decoder,
                    help="Loader decoder (auto: dali on a GPU, else the fastest CPU decoder)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32", help="output dtype of both loaders")
+    p.add_argument("--dtype", choices=DTYPES, default=BenchConfig.dtype, help="output dtype of both loaders")
     p.add_argument("--channels-last", action="store_true", help="channels_last output")
     p.add_argument("--num-threads", type=_threads, default=None, help="Loader num_threads: N or auto (default: auto)")
     p.add_argument("--prefetch", type=int, default=None, help="Loader prefetch depth in batches (default: Loader's)")
@@ -48,7 +47,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--train", dest="train", action="store_true", default=True,
                       help="random-resized-crop + flip (default)")
     mode.add_argument("--eval", dest="train", action="store_false", help="resize + centre crop")
-    p.add_argument("--consumer", choices=CONSUMERS, default="none",
+    p.add_argument("--consumer", choices=BENCH_CONSUMERS, default=BenchConfig.consumer,
                    help="training step run on each batch (none: pure loader throughput; a model also measures "
                         "its step on resident data, the ceiling the verdict compares with)")
     p.add_argument("--compare", choices=("torch",), default=None,
@@ -56,7 +55,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--images", default=None,
                    help="give the --compare baseline this unpacked ImageFolder tree instead of the packed dataset")
     p.add_argument("--torch-workers", type=int, default=None, help="baseline num_workers (default: usable cores)")
-    p.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed")
+    p.add_argument("--seed", type=int, default=BenchConfig.seed, help="shuffle and augmentation seed")
     p.add_argument("--json", metavar="FILE", default=None, help="write the report as JSON (schema in bench/report.py)")
     p.add_argument("--plot", metavar="FILE.png", default=None, help="write throughput and wait plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
