@@ -261,7 +261,7 @@ def make_dataset(
 
     If `out_dir` already holds exactly this dataset (same parameters, marker file present, all files there) nothing
     is written. A folder holding a different or interrupted demo dataset is regenerated; a folder holding anything
-    else raises `FileExistsError`. `workers` defaults to the CPU count; results do not depend on it.
+    else raises `FileExistsError`. `workers` defaults to the cores this process may use; results do not depend on it.
     """
     _validate(num_images, num_classes, seed, workers, progressive_fraction)
     out = Path(out_dir)
