@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["World"]
+__all__ = ["World", "usable_cpus", "affinity_cpus", "cgroup_cpu_limit"]
 
 
 def _check_int(name: str, value: object) -> int:
@@ -114,12 +114,34 @@ class World:
                              f"{env_rank}/{env_size}/{env_local})") from None
 
 
-def usable_cpus() -> int:
-    """The cores this process may run on (its affinity: taskset, cpusets, SLURM), not the machine's count."""
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def usable_cpus(cpu_max: str = CGROUP_CPU_MAX) -> int:
+    """The cores this process can keep busy: those it may run on (affinity_cpus), and no more than a cgroup v2 CPU
+    quota allows (a container's --cpus, a Kubernetes CPU limit: the cores stay visible, the time is capped),
+    rounded down, at least 1. What every pool and thread count is sized from; not the machine's count."""
+    n = affinity_cpus()
+    quota = cgroup_cpu_limit(cpu_max)
+    return max(1, min(n, int(quota))) if quota else n
+
+
+def affinity_cpus() -> int:
+    """The cores this process may run on (its affinity: taskset, cpusets, SLURM)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def cgroup_cpu_limit(cpu_max: str = CGROUP_CPU_MAX) -> float | None:
+    """CPUs allowed by a cgroup v2 quota ("max 100000" means none), or None."""
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:

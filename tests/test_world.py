@@ -64,10 +64,29 @@ def test_initialised_torch_distributed_beats_the_environment(tmp_path):
 def test_machine_topology_comes_from_torchrun_and_the_affinity_mask():
     import os
 
+    from fastfeed.world import usable_cpus
+
     w = World.resolve(environ={"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
-    assert (w.local_world_size, w.cpus) == (2, len(os.sched_getaffinity(0)))
+    assert (w.local_world_size, w.cpus) == (2, usable_cpus())
+    assert w.cpus <= len(os.sched_getaffinity(0))
     assert w.cpus_per_rank == max(1, w.cpus // 2)
     assert World(cpus=16, local_world_size=8).cpus_per_rank == 2
     assert World(cpus=2, local_world_size=8).cpus_per_rank == 1
     with pytest.raises(ValueError, match="local_world_size"):
         World(local_world_size=0)
+
+
+def test_usable_cpus_are_the_affinity_capped_by_a_cgroup_quota(tmp_path):
+    """A container's --cpus (or a Kubernetes CPU limit) leaves every core visible and caps the time: pools sized by
+    the visible cores would time-slice. The quota counts, rounded down, never below one core."""
+    import os
+
+    from fastfeed.world import usable_cpus
+
+    mine = len(os.sched_getaffinity(0))
+    f = tmp_path / "cpu.max"
+    assert usable_cpus(str(tmp_path / "absent")) == mine  # no cgroup v2 controller
+    for text, want in (("max 100000", mine), ("150000 100000", 1), ("50000 100000", 1),
+                       (f"{(mine + 8) * 100000} 100000", mine), ("not a quota", mine)):
+        f.write_text(text + "\n")
+        assert usable_cpus(str(f)) == want, text

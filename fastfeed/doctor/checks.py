@@ -20,7 +20,7 @@ from fastfeed.doctor.readprobe import SLOW_DIRECT_MB_S, read_probe
 from fastfeed.doctor.remote import check_remote
 from fastfeed.formats.base import remote_shards, shard_root
 from fastfeed.remote.store import is_url
-from fastfeed.world import usable_cpus
+from fastfeed.world import affinity_cpus, cgroup_cpu_limit
 
 __all__ = [
     "Check", "OK", "WARN", "FAIL", "DOCTOR_SCHEMA_VERSION",
@@ -106,15 +106,6 @@ def check_shm(path: str = "/dev/shm", size: int | None = None, wanted: int = SHM
                      "'Bus error' / 'No space left on device'", "docker: --shm-size=16g (or --ipc=host); "
                      "kubernetes: mount an emptyDir with medium: Memory at /dev/shm")
     return Check("shm", OK, f"{path} is {gib(size)}")
-
-
-def cgroup_cpu_limit(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> float | None:
-    """CPUs allowed by a cgroup v2 quota ("max 100000" means none), or None."""
-    try:
-        quota, period = Path(cpu_max).read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    return None if quota == "max" else int(quota) / int(period)
 
 
 def check_cpus(usable: int, online: int, requested: int | None = None, quota: float | None = None,
@@ -424,7 +415,7 @@ def run_checks(dataset: str | None = None, num_threads: int | None = None,
     driver, _ = _driver_cuda()
     names, gpu_err = _gpus()
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    usable = usable_cpus()
+    usable = affinity_cpus()  # the quota is reported beside it
     checks = [
         check_dali(version, major, driver, err),
         check_gpu(names, gpu_err, env.get("CUDA_VISIBLE_DEVICES")),
