@@ -4,9 +4,10 @@ OpenCV's 180-step hue): no hue quantisation, so a gain of 1 changes nothing; the
 
 Three implementations of colorsys' arithmetic: `apply_hsv_inplace`, one numba pass over an image on the CPU (the GIL
 released, so the renderer's threads run it at once; `finish`, the renderer's last pass, is it fused with the flip
-and the output layout; back to RGB without choosing among colorsys' six sectors, see `_hsv_pixel`); `finish_nhwc`, one Triton pass over a uint8 NHWC batch on the GPU that also normalises
-and writes the Loader's dtype and layout (the GPU path's last pass: it shares the GPU with the training step, and
-torch's form below makes some twenty passes over the batch; `apply_hsv_nhwc` is it in place);
+and the output layout; back to RGB without choosing among colorsys' six sectors, see `_hsv_pixel`); `finish_nhwc`,
+one Triton pass over a uint8 NHWC batch on the GPU that also normalises and writes the Loader's dtype and layout
+(the GPU path's last pass: it shares the GPU with the training step, and torch's form below makes some twenty
+passes over the batch; `apply_hsv_nhwc` is it in place);
 `apply_hsv_torch`, any device, torch operations. All three in float32; they agree
 with colorsys' float64 to a level, and with each other but for a level at a rounding tie.
 """
@@ -49,17 +50,18 @@ def _hsv_pixel(r8, g8, b8, gh, gs, gv):
     s = min(s * gs, one)
     v = min(mx * gv, one)
     vs = v * s
-    k = _F(5.0) + h6
+    return (_hsv_channel(_F(5.0), h6, v, vs), _hsv_channel(_F(3.0), h6, v, vs), _hsv_channel(one, h6, v, vs))
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _hsv_channel(n, h6, v, vs):
+    """One output level of colorsys.hsv_to_rgb: channel offset `n` (5 red, 3 green, 1 blue), hue in sixths `h6`,
+    value `v`, value times saturation `vs`."""
+    six, one, zero = _F(6.0), _F(1.0), _F(0.0)
+    k = n + h6
     k = k - six if k >= six else k
-    ro = v - vs * max(zero, min(one, min(k, _F(4.0) - k)))
-    k = _F(3.0) + h6
-    k = k - six if k >= six else k
-    go = v - vs * max(zero, min(one, min(k, _F(4.0) - k)))
-    k = one + h6
-    k = k - six if k >= six else k
-    bo = v - vs * max(zero, min(one, min(k, _F(4.0) - k)))
-    return (np.uint8(np.int32(ro * _F(255.0) + _F(0.5))), np.uint8(np.int32(go * _F(255.0) + _F(0.5))),
-            np.uint8(np.int32(bo * _F(255.0) + _F(0.5))))
+    c = v - vs * max(zero, min(one, min(k, _F(4.0) - k)))
+    return np.uint8(np.int32(c * _F(255.0) + _F(0.5)))
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")

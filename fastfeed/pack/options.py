@@ -21,13 +21,13 @@ NO_SCAN_CHECK_NOTE = ("JPEG scan check skipped (fastfeed._native built without l
 
 @dataclass(frozen=True)
 class PackOptions:
-    """Args: format 'wds'|'lmdb'; shard_size in bytes (wds); shuffle_seed None keeps source order; workers
-    threads (None: the cores this process may use); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.image.transcode.prepare) or None for
-    the default ('baseline' when fastfeed.image.transcode.HAVE_TRANSCODE, else 'keep'); quality for re-encoding;
-    max_side re-encodes larger images as JPEG at `quality`; scan_check False skips the JPEG scan check (validate.py);
-    num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN. Detection sources
-    (fastfeed/pack/annotations/): annotations is a COCO instances JSON, classes_file a names file (VOC, YOLO),
-    split the YOLO/VOC/ADE20K split to pack; YOLO, VOC and ADE20K folders are recognised under source_kind 'auto'.
+    """Args: format 'wds'|'lmdb'; shard_size in bytes (wds); shuffle_seed None keeps source order; workers threads
+    (None: the cores this process may use); jpeg_mode 'keep'|'baseline'|'reencode' (fastfeed.image.transcode.prepare) or
+    None for the default ('baseline' when fastfeed.image.transcode.HAVE_TRANSCODE, else 'keep'); quality for
+    re-encoding; max_side re-encodes larger images as JPEG at `quality`; scan_check False skips the JPEG scan check
+    (validate.py); num_parts/part pack one contiguous 1/K of the plan into OUT/part-NNNNN. Detection sources
+    (fastfeed/pack/annotations/): annotations is a COCO instances JSON, classes_file a names file (VOC, YOLO), split
+    the YOLO/VOC/ADE20K split to pack; YOLO, VOC and ADE20K folders are recognised under source_kind 'auto'.
     orientation is the frame annotations (boxes, polygons, masks) are in: "exif" (the default: each image as
     displayed) or "ignore" (as stored); the manifest records it and the Loader decodes the images in that frame.
     Segmentation sources: masks is the masks folder of an image folder (fastfeed/pack/annotations/masks.py)."""
