@@ -162,6 +162,15 @@ def test_garbage_raises_probe_error(data):
         jpeg.probe(data)
 
 
+def test_unidentified_bytes_are_described_by_what_they_start_with():
+    # PIL's own message names a BytesIO object at some address: useless in rejected.jsonl.
+    with pytest.raises(jpeg.ImageProbeError, match="an empty file"):
+        jpeg.probe(b"")
+    with pytest.raises(jpeg.ImageProbeError, match="starts b'not an i'") as e:
+        jpeg.probe(b"not an image at all")
+    assert "BytesIO" not in str(e.value)
+
+
 def test_every_truncated_header_raises_probe_error():
     full = encode(photo(), progressive=True)
     sos = full.index(b"\xff\xda")

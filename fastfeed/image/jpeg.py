@@ -326,7 +326,11 @@ def _probe_other(data: bytes) -> ImageInfo:
             fmt = (im.format or "unknown").upper()
             width, height = im.size
             mode = im.mode
-    except (UnidentifiedImageError, Image.DecompressionBombError) as e:
+    except UnidentifiedImageError as e:
+        # PIL's message names the BytesIO object; the first bytes say more about what the file is.
+        what = "an empty file" if not data else f"no image format PIL knows starts {data[:8]!r}"
+        raise ImageProbeError(f"not a readable image: {what}") from e
+    except Image.DecompressionBombError as e:
         raise ImageProbeError(f"not a readable image: {e}") from e
     except (OSError, ValueError, SyntaxError, struct.error, EOFError, IndexError, KeyError) as e:
         # PIL's plugins signal malformed headers with a zoo of exception types.
