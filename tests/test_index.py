@@ -299,6 +299,14 @@ def test_compressed_shards_are_refused_by_name(tmp_path):
     fs.pipe(f"/gz-{tmp_path.name}/part-0.tgz", (folder / "part-0.tar.gz").read_bytes())
     with pytest.raises(DatasetError, match=r"part-0.tgz is a compressed tar"):
         index_shards(f"memory:///gz-{tmp_path.name}/", str(tmp_path / "out"))
+    # Beside .tar shards too: indexing only those would leave the compressed shards' samples out without a word.
+    with wds.TarWriter(str(folder / "part-2.tar")) as sink:
+        sink.write(sample(2))
+    fs.pipe(f"/gz-{tmp_path.name}/part-2.tar", (folder / "part-2.tar").read_bytes())
+    for src in (str(folder), f"memory:///gz-{tmp_path.name}/"):
+        with pytest.raises(DatasetError, match=r"is a compressed tar.*name only the .tar ones"):
+            index_shards(src, str(tmp_path / "out"))
+    assert index_shards(str(folder / "*.tar"), str(tmp_path / "out")).manifest.num_samples == 1
 
 
 @pytest.mark.integration

@@ -87,7 +87,7 @@ def find_shards(src: str, storage_options: dict | None = None) -> tuple[str, lis
         root = os.path.abspath(src)
         found = sorted(glob.glob(os.path.join(root, "**", "*"), recursive=True))
         rels = [os.path.relpath(p, root) for p in found if p.endswith(".tar")]
-        _refuse_compressed(src, [] if rels else found)
+        _refuse_compressed(src, found)
     else:
         paths = [p for pattern in _braces(src) for p in (sorted(glob.glob(pattern)) if glob.has_magic(pattern)
                                                        else [pattern])]
@@ -107,7 +107,7 @@ def _find_remote(src: str, storage_options: dict | None) -> tuple[str, list[str]
         root = base.rstrip("/")
         found = sorted(retrying(lambda: fs.find(root), f"list {src}"))
         paths = [p for p in found if p.endswith(".tar")]
-        _refuse_compressed(src, [] if paths else found)
+        _refuse_compressed(src, found)
     else:
         paths = []
         for pattern in _braces(base):
@@ -129,13 +129,15 @@ _COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".tar.lz4")
 
 def _refuse_compressed(src: str, paths) -> None:
     """A compressed shard cannot be adopted: the Loader and DALI read each member's bytes at its offset in the
-    shard. Said by name rather than as a damaged tar or as no shards at all."""
+    shard. Said by name rather than as a damaged tar, as no shards at all, or (beside .tar shards in a folder) by
+    leaving its samples out unsaid."""
     bad = [p for p in paths if p.lower().endswith(_COMPRESSED)]
     if bad:
         raise DatasetError(f"{src}: {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
                            + " is a compressed tar; fastfeed reads each sample's bytes in place, which needs "
                            "uncompressed shards: decompress them (gunzip, zstd -d, ...: the members stay as they are) "
-                           "and index those, or `fastfeed pack` the samples", path=bad[0])
+                           "and index those, name only the .tar ones (a glob: 'data/*.tar'), or `fastfeed pack` the "
+                           "samples", path=bad[0])
 
 
 def _check_found(src: str, missing: list[str]) -> None:
