@@ -20,6 +20,7 @@ import webdataset as wds
 from PIL import Image
 
 import fastfeed
+from fastfeed.formats.base import load_manifest
 from fastfeed.pack.index import find_shards, index_shards
 from fastfeed.pack.verify import verify
 from fastfeed.types import DatasetError
@@ -307,6 +308,25 @@ def test_compressed_shards_are_refused_by_name(tmp_path):
         with pytest.raises(DatasetError, match=r"is a compressed tar.*name only the .tar ones"):
             index_shards(src, str(tmp_path / "out"))
     assert index_shards(str(folder / "*.tar"), str(tmp_path / "out")).manifest.num_samples == 1
+
+
+def test_samples_without_a_cls_beside_labelled_ones_are_counted_and_warned(tmp_path):
+    """Their label is -1, which a classification loss refuses mid-epoch: index says so up front."""
+    samples = [dict(sample(i), **({} if i % 4 == 0 else {"cls": 1})) for i in range(8)]
+    for s in samples[::4]:
+        s.pop("cls")
+    folder = write_shards(tmp_path / "s", samples)
+    proc = subprocess.run([sys.executable, "-m", "fastfeed.cli", "index", str(folder), str(tmp_path / "ds")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: 2 of 8 samples have no cls member: their label is -1" in proc.stderr
+    m = load_manifest(str(tmp_path / "ds"))
+    assert m.extra == {"without_cls": 2}
+    labels = np.load(tmp_path / "ds" / "samples.npz")["label"]
+    assert sorted(labels.tolist()) == [-1, -1] + [1] * 6
+    # Image-text shards, no sample with a cls: nothing to warn about.
+    folder = write_shards(tmp_path / "t", [{k: v for k, v in sample(i).items() if k != "cls"} for i in range(4)])
+    assert index_shards(str(folder), str(tmp_path / "dt")).manifest.extra == {}
 
 
 @pytest.mark.integration

@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"rejected {r['source']}: {r['reason']}", file=sys.stderr)
     if len(report.rejected) > 20:
         print(f"... and {len(report.rejected) - 20} more (rejected.jsonl)", file=sys.stderr)
+    if m.extra.get("without_cls"):
+        print(f"warning: {m.extra['without_cls']} of {m.num_samples} samples have no cls member: their label is -1, "
+              "which a classification loss refuses", file=sys.stderr)
     print(f"indexed {m.num_samples} samples in {len(m.shards)} shard(s), {len(m.classes)} classes, fields "
           f"{', '.join(m.fields) or 'none'}; {m.rejected} rejected"
           + (f"; {m.pil_only} decoded by PIL on every path (pil_only)" if m.pil_only else "") + f" -> {report.out}")

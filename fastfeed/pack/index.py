@@ -248,6 +248,8 @@ def _write(out: str, src: str, root: str, rels: list[str], results: list, option
     table = _table(rows, per_sample, names)
     labels = table["label"]
     classes = [str(i) for i in range(int(labels.max()) + 1)] if (labels >= 0).any() else []
+    # Shards where only some samples carry a cls: the others' label -1 would stop a loss mid-epoch, so it is said.
+    unlabelled = int((labels < 0).sum()) if classes else 0
     for rel, res in zip(rels, results):
         idx = f"{_IDX_VERSION} {len(res.idx_lines)}\n" + "".join(line + "\n" for line in res.idx_lines)
         idx_path = os.path.join(out, rel[: -len(".tar")] + ".idx")
@@ -257,7 +259,7 @@ def _write(out: str, src: str, root: str, rels: list[str], results: list, option
     manifest = write_dataset(
         out, "wds", table, shards, rejected, classes=classes, class_to_idx={c: i for i, c in enumerate(classes)},
         source=root, source_kind="shards", options=options,
-        part=None, created_by="fastfeed index", extra={}, fields=names, data_root=data_root,
+        part=None, created_by="fastfeed index", extra={"without_cls": unlabelled} if unlabelled else {}, fields=names, data_root=data_root,
         version=ADOPTED_FORMAT_VERSION)
     return manifest, rejected
 
