@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 
 namespace py = pybind11;
 
@@ -36,6 +37,27 @@ class ReadOnlyBuffer {
     }
     fastfeed::ByteSpan span() const {
         return {static_cast<const std::uint8_t*>(view_.buf), static_cast<std::size_t>(view_.len)};
+    }
+
+  private:
+    Py_buffer view_{};
+    bool held_ = false;
+};
+
+// A contiguous writable view of a buffer (a uint8 numpy array, a bytearray), held like ReadOnlyBuffer.
+class WritableBuffer {
+  public:
+    explicit WritableBuffer(py::handle obj) {
+        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_WRITABLE) != 0) throw py::error_already_set();
+        held_ = true;
+    }
+    WritableBuffer(const WritableBuffer&) = delete;
+    WritableBuffer& operator=(const WritableBuffer&) = delete;
+    ~WritableBuffer() {
+        if (held_) PyBuffer_Release(&view_);
+    }
+    fastfeed::MutableByteSpan span() const {
+        return {static_cast<std::uint8_t*>(view_.buf), static_cast<std::size_t>(view_.len)};
     }
 
   private:
@@ -83,26 +105,31 @@ static void bind_jpeg(py::module_& m) {
 
     m.def(
         "decode_jpeg_region",
-        [](py::handle data, int x0, int y0, int x1, int y1) -> py::object {
+        [](py::handle data, int x0, int y0, int x1, int y1, py::object out) -> py::object {
             ReadOnlyBuffer buf(data);
+            std::optional<WritableBuffer> dest;
+            if (!out.is_none()) dest.emplace(out);
             fastfeed::RegionResult r;
             {
                 py::gil_scoped_release nogil;
-                r = fastfeed::decode_jpeg_region(buf.span(), x0, y0, x1, y1);
+                r = fastfeed::decode_jpeg_region(buf.span(), x0, y0, x1, y1, std::size_t(1) << 30,
+                                                 dest ? dest->span() : fastfeed::MutableByteSpan{});
             }
             if (!r.ok) return py::str(r.error);
-            // The array owns the pixels through a capsule: no copy (the unique_ptr frees them if that fails).
-            auto pixels = std::make_unique<std::vector<std::uint8_t>>(std::move(r.pixels));
-            py::capsule owner(pixels.get(), [](void* p) { delete static_cast<std::vector<std::uint8_t>*>(p); });
-            auto* data_ptr = pixels.release()->data();
-            py::array_t<std::uint8_t> array({r.height, r.width, 4}, data_ptr, owner);
+            py::object owner = out;  // the array keeps `out` alive, or owns its pixels through a capsule
+            if (!r.in_out()) {
+                owner = py::capsule(r.owned.get(), [](void* p) { delete[] static_cast<std::uint8_t*>(p); });
+                r.owned.release();  // the capsule frees them now
+            }
+            py::array_t<std::uint8_t> array({r.height, r.width, 4}, r.pixels, owner);
             return py::make_tuple(array, r.x, r.y, r.image_width, r.image_height);
         },
-        py::arg("data"), py::arg("x0"), py::arg("y0"), py::arg("x1"), py::arg("y1"),
+        py::arg("data"), py::arg("x0"), py::arg("y0"), py::arg("x1"), py::arg("y1"), py::arg("out") = py::none(),
         "RGB pixels of the window [x0, x1) x [y0, y1) of a 3-channel JPEG, the rest not decoded (csrc/jpeg_transcode.h "
         "decode_jpeg_region), GIL released. Returns (uint8 array [height, width, 4]: RGBX, x, y, image width, image "
-        "height) "
-        "with x <= x0 (columns widen to whole iMCUs), or a str: why not (corrupt data, another colour space).");
+        "height) with x <= x0 (columns widen to whole iMCUs), or a str: why not (corrupt data, another colour space). "
+        "out: a writable buffer the pixels go into, from its start, when they fit (the array is then a view of it); "
+        "else the array has memory of its own.");
 
     m.def(
         "transcode_to_baseline",

@@ -230,7 +230,7 @@ bool run_scan_check(Decompressor& d, Failure& failure, ByteSpan input, const Sca
 #ifdef FASTFEED_HAVE_JPEG_REGION
 // decode_jpeg_region's libjpeg calls, under their own setjmp (same rules as run_libjpeg; `r` lives one frame up).
 bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y0, int x1, int y1,
-                std::size_t max_memory, RegionResult& r) {
+                std::size_t max_memory, MutableByteSpan out, RegionResult& r) {
     if (setjmp(failure.jump)) return false;
     open_decompressor(d, input, max_memory, TranscodeOptions{}.max_scans);
     jpeg_read_header(&d.cinfo, TRUE);
@@ -257,9 +257,15 @@ bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y
     if (width < d.cinfo.output_width) jpeg_crop_scanline(&d.cinfo, &xoffset, &width);  // widened to iMCUs
     if (top > 0) jpeg_skip_scanlines(&d.cinfo, static_cast<JDIMENSION>(top));
     const std::size_t stride = std::size_t(d.cinfo.output_width) * 4;
-    r.pixels.resize(stride * static_cast<std::size_t>(bottom - top));
+    const std::size_t bytes = stride * static_cast<std::size_t>(bottom - top);
+    if (out.data != nullptr && out.size >= bytes) {
+        r.pixels = out.data;
+    } else {
+        r.owned.reset(new std::uint8_t[bytes]);  // default-initialised: no zero fill
+        r.pixels = r.owned.get();
+    }
     while (d.cinfo.output_scanline < static_cast<JDIMENSION>(bottom)) {
-        JSAMPROW row = r.pixels.data() + stride * (d.cinfo.output_scanline - static_cast<JDIMENSION>(top));
+        JSAMPROW row = r.pixels + stride * (d.cinfo.output_scanline - static_cast<JDIMENSION>(top));
         jpeg_read_scanlines(&d.cinfo, &row, 1);
     }
     r.x = static_cast<int>(xoffset);
@@ -277,10 +283,11 @@ bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y
 
 bool have_libjpeg() noexcept { return true; }
 
-RegionResult decode_jpeg_region(ByteSpan input, int x0, int y0, int x1, int y1, std::size_t max_memory) {
+RegionResult decode_jpeg_region(ByteSpan input, int x0, int y0, int x1, int y1, std::size_t max_memory,
+                                MutableByteSpan out) {
     RegionResult r;
 #ifndef FASTFEED_HAVE_JPEG_REGION
-    (void)input, (void)x0, (void)y0, (void)x1, (void)y1, (void)max_memory;
+    (void)input, (void)x0, (void)y0, (void)x1, (void)y1, (void)max_memory, (void)out;
     r.error = "fastfeed._native was built against a libjpeg without libjpeg-turbo's cropping (2.0 or later)";
     return r;
 #else
@@ -293,9 +300,10 @@ RegionResult decode_jpeg_region(ByteSpan input, int x0, int y0, int x1, int y1, 
     Decompressor d;
     init_error_manager(d.err, &failure, /*strict=*/true, /*ignore_benign=*/true);
     d.cinfo.err = &d.err.pub;
-    r.ok = run_region(d, failure, input, x0, y0, x1, y1, max_memory, r);
+    r.ok = run_region(d, failure, input, x0, y0, x1, y1, max_memory, out, r);
     if (!r.ok) {
-        r.pixels = {};
+        r.pixels = nullptr;
+        r.owned.reset();
         r.error = failure.message[0] ? std::string(failure.message) : std::string("libjpeg failed");
     }
     return r;
@@ -349,7 +357,7 @@ std::string check_jpeg_scans(ByteSpan, const ScanCheckOptions&) {
     throw JpegUnavailable("fastfeed._native was built without libjpeg: the JPEG scan check is unavailable");
 }
 
-RegionResult decode_jpeg_region(ByteSpan, int, int, int, int, std::size_t) {
+RegionResult decode_jpeg_region(ByteSpan, int, int, int, int, std::size_t, MutableByteSpan) {
     RegionResult r;
     r.error = "fastfeed._native was built without libjpeg";
     return r;

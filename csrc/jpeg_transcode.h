@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -41,6 +42,11 @@ class JpegUnavailable : public std::runtime_error {
 struct ByteSpan {
     const std::uint8_t* data;
     std::size_t size;
+};
+
+struct MutableByteSpan {
+    std::uint8_t* data = nullptr;
+    std::size_t size = 0;
 };
 
 struct TranscodeResult {
@@ -75,15 +81,18 @@ std::vector<std::string> check_jpeg_scans_many(const std::vector<ByteSpan>& inpu
 // really start). Only 3-channel YCbCr or RGB JPEGs; libjpeg's default decode settings (the ones PIL uses); pixels
 // as RGBX (a pad byte, as PIL holds RGB). Any libjpeg warning about corrupt data is an error, so that the caller can
 // fall back to a full decode and its rules. Never throws for bad input. Needs libjpeg-turbo 2.0 or later (an error
-// otherwise).
+// otherwise). The pixels go into `out` when it holds them (a caller recycling its memory: fresh pages fault on first
+// write), else into memory of their own, left uninitialised (every byte is written).
 struct RegionResult {
     bool ok = false;
-    std::vector<std::uint8_t> pixels;  // height rows of width RGBX pixels
+    std::uint8_t* pixels = nullptr;          // height rows of width RGBX pixels: in `out`, or owned.get()
+    std::unique_ptr<std::uint8_t[]> owned;
     int x = 0, y = 0, width = 0, height = 0, image_width = 0, image_height = 0;
     std::string error;  // when !ok
+    bool in_out() const { return pixels != nullptr && pixels != owned.get(); }
 };
 RegionResult decode_jpeg_region(ByteSpan input, int x0, int y0, int x1, int y1,
-                                std::size_t max_memory = std::size_t(1) << 30);
+                                std::size_t max_memory = std::size_t(1) << 30, MutableByteSpan out = {});
 
 // Throws JpegError on corrupt input or input libjpeg cannot re-code (lossless/hierarchical/12-bit JPEGs).
 std::vector<std::uint8_t> transcode_jpeg(ByteSpan input, const TranscodeOptions& options = {});

@@ -281,8 +281,8 @@ def test_an_image_decoded_in_another_frame_is_a_reported_skip(exif_yolo, monkeyp
     import fastfeed.detect.decoder as decoder
 
     untagged = decoder.decode_for
-    monkeypatch.setattr(decoder, "decode_for", lambda data, size, zoom, tag=1, native=True:
-                        untagged(data, size, zoom, 1, native))
+    monkeypatch.setattr(decoder, "decode_for", lambda data, size, zoom, tag=1, native=True, out=None:
+                        untagged(data, size, zoom, 1, native, out))
     root, _ = exif_yolo
     loader = fastfeed.Loader(root / "out", batch_size=4, train=False, image_size=S, dtype=torch.uint8, device="cpu")
     ds = loader.dataset
@@ -436,6 +436,48 @@ def test_batches_held_are_never_overwritten_and_released_ones_are_reused(yolo_pa
     assert torch.equal(held, want[0]) and torch.equal(view, want[1][1:3])
     assert held.untyped_storage().data_ptr() not in ptrs and view.untyped_storage().data_ptr() not in ptrs
     assert len(set(ptrs)) < len(ptrs)  # released batches' memory is written again
+
+
+def test_jpeg_sources_decode_into_recycled_memory_with_the_pixels_of_their_own(jpeg_yolo_pack, monkeypatch):
+    """The CPU path decodes a batch's JPEGs whole into one buffer an earlier batch's sources used (decode/recycle.py
+    SourceArena): the batches are those of decodes into memory of their own, the buffer is written again batch after
+    batch, and one a view still holds is never handed out."""
+    from fastfeed.decode import recycle
+
+    def epoch():
+        with fastfeed.Loader(jpeg_yolo_pack, batch_size=4, image_size=S, dtype=torch.uint8, device="cpu", seed=5,
+                             num_threads=2) as loader:
+            return [(b["images"].clone(), b["boxes"].clone()) for b in loader]
+
+    a = recycle.SourceArena()
+    first = a.take([1000, 0, 10])
+    assert first[1] is None and [len(first[0]), len(first[2])] == [1024, 64]  # cache lines, side by side
+    assert first[2].ctypes.data == first[0].ctypes.data + 1024
+    kept = first[2][:5]
+    del first
+    second = a.take([10])
+    assert not np.shares_memory(second[0], kept)  # a view of the old buffer is alive: a new one
+    del kept, second
+    third = a.take([100])
+    again = third[0].ctypes.data
+    del third
+    assert a.take([50])[0].ctypes.data == again  # nothing alive: the same memory
+    buffers = []
+    take = recycle.SourceArena.take
+
+    def spy(self, nbytes):
+        views = take(self, nbytes)
+        buffers.append(next(v for v in views if v is not None).base.ctypes.data)
+        return views
+
+    monkeypatch.setattr(recycle.SourceArena, "take", spy)
+    arena = epoch()
+    assert len(buffers) >= 4 and len(set(buffers)) < len(buffers)  # the same memory, batch after batch
+    monkeypatch.setattr(recycle.SourceArena, "take", lambda self, nbytes: [None] * len(nbytes))
+    own = epoch()
+    assert len(arena) == len(own)
+    for (a, ab), (b, bb) in zip(arena, own):
+        assert torch.equal(a, b) and torch.equal(ab, bb)
 
 
 def test_the_client_helpers_give_each_stack_its_shapes(yolo_pack):

@@ -65,3 +65,33 @@ def test_many_threads_decode_windows_at_once():
         outs = list(pool.map(lambda b: _native.decode_jpeg_region(data, *b), boxes))
     for b, o in zip(boxes, outs):
         assert np.array_equal(o[0], _native.decode_jpeg_region(data, *b)[0])
+
+
+def test_pixels_go_into_the_callers_buffer_when_they_fit():
+    """`out` recycles memory (fresh pages fault on first write): the pixels, from its start, in a view of it when they
+    fit, every byte written (the pad byte too); memory of their own when they do not, `out` left untouched; a
+    read-only buffer is refused. Threads decoding into one buffer's disjoint parts at once (the detection decoder's
+    arena) each get their own pixels."""
+    data = _jpeg(PHOTO)
+    alone = _native.decode_jpeg_region(data, 0, 0, 437, 301)[0]
+    out = np.full(alone.nbytes + 64, 7, np.uint8)
+    got, x, y, W, H = _native.decode_jpeg_region(data, 0, 0, 437, 301, out=out)
+    assert np.shares_memory(got, out) and got.ctypes.data == out.ctypes.data and (x, y, W, H) == (0, 0, 437, 301)
+    assert np.array_equal(got, alone) and (out[alone.nbytes:] == 7).all() and (got[..., 3] == 255).all()
+    window = _native.decode_jpeg_region(data, 100, 50, 300, 260, out=out)[0]
+    assert np.shares_memory(window, out)
+    assert np.array_equal(window, _native.decode_jpeg_region(data, 100, 50, 300, 260)[0])
+    small = np.full(alone.nbytes - 1, 7, np.uint8)
+    got = _native.decode_jpeg_region(data, 0, 0, 437, 301, out=small)[0]
+    assert not np.shares_memory(got, small) and np.array_equal(got, alone) and (small == 7).all()
+    with pytest.raises(BufferError):
+        _native.decode_jpeg_region(data, 0, 0, 437, 301, out=bytes(alone.nbytes))
+    records = [_jpeg(np.roll(PHOTO, 7 * i, axis=1)) for i in range(16)]
+    arena = np.empty(16 * alone.nbytes, np.uint8)
+    parts = [arena[i * alone.nbytes:(i + 1) * alone.nbytes] for i in range(16)]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda i: _native.decode_jpeg_region(records[i], 0, 0, 437, 301, out=parts[i])[0],
+                             range(16)))
+    for i, o in enumerate(outs):
+        assert np.shares_memory(o, parts[i])
+        assert np.array_equal(o, _native.decode_jpeg_region(records[i], 0, 0, 437, 301)[0])

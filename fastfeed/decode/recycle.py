@@ -1,4 +1,5 @@
-"""CPU output batches written into the memory of an earlier batch once nothing references it any more.
+"""CPU output batches (and a batch's decoded sources) written into the memory of an earlier batch once nothing
+references it any more.
 
 A fresh batch tensor of several MB is fresh mmap'd memory: its page faults on first write cost more than the
 kernels that fill it (docs/design/decoders.md#cpu-pil). A kept tensor is handed out again only when torch's storage
@@ -8,10 +9,13 @@ make), so nothing handed out is ever overwritten. Hand out views of the kept ten
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Callable
 
-__all__ = ["OutputBuffers"]
+import numpy as np
+
+__all__ = ["OutputBuffers", "SourceArena"]
 
 _MAX_KEPT = 8  # consumer + prefetch + pipelines in flight, with room
 
@@ -49,3 +53,29 @@ class OutputBuffers:
     def clear(self) -> None:
         with self._lock:
             self._kept = []
+
+
+_ALIGN = 64  # each source starts on a cache line
+_HEADROOM = 1.25  # a new arena's size over the batch that needed it: later batches of other sizes fit too
+
+
+class SourceArena:
+    """`take(nbytes)`: a writable uint8 view per entry (None for 0 bytes), all in one buffer that the previous batch's
+    sources used, once no view of it is alive (numpy views keep their base array referenced, so its reference count
+    says when); else in a new one. A batch's decoded sources are several MB each, and fresh memory for them
+    page-faults on every first write (docs/design/decoders.md#cpu-pil). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._buffer = np.empty(0, np.uint8)
+        self._lock = threading.Lock()
+
+    def take(self, nbytes) -> list:
+        sizes = -(-np.asarray(nbytes, np.int64) // _ALIGN) * _ALIGN
+        ends = np.cumsum(sizes)
+        total = int(ends[-1]) if len(ends) else 0
+        with self._lock:
+            # references: self._buffer, getrefcount's argument; any more is a view still alive
+            if len(self._buffer) < total or sys.getrefcount(self._buffer) > 2:
+                self._buffer = np.empty(int(total * _HEADROOM), np.uint8)
+            buf = self._buffer
+        return [buf[e - n:e] if n else None for e, n in zip(ends.tolist(), sizes.tolist())]

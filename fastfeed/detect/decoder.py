@@ -19,7 +19,7 @@ import torch
 
 from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IMAGE, Replaced, is_image,
                                   replaced_list, resolve_errors)
-from fastfeed.decode.recycle import OutputBuffers
+from fastfeed.decode.recycle import OutputBuffers, SourceArena
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
 from fastfeed.detect.hsv import apply_hsv_torch, finish_nhwc
 from fastfeed.detect.instances import has_masks, render_instances
@@ -92,6 +92,7 @@ class DetectDecoder:
         self._std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="fastfeed-detect")
         self._buffers = OutputBuffers()  # _render's batches (one layout and size per decoder)
+        self._arena = SourceArena()  # _decode_all's decoded sources
 
     @classmethod
     def from_settings(cls, s, targets: Targets, widths, heights, orientations=None) -> "DetectDecoder":
@@ -242,17 +243,21 @@ class DetectDecoder:
         ids = np.asarray(request.ids, np.int64)
         zooms = source_zooms(drawn)
         pil = request.pil if request.pil is not None else np.zeros(len(samples), dtype=bool)
-        results = list(self._pool.map(self._decode_one, samples, ids.tolist(), zooms.tolist(), pil.tolist()))
+        # the sources decoded whole by the native core (no draft, not PIL's) go into one recycled buffer
+        whole = (DRAFT_MIN_SCALE * zooms >= 1) & ~pil
+        outs = self._arena.take(np.where(whole, self.widths[ids] * self.heights[ids] * 4, 0))
+        results = list(self._pool.map(self._decode_one, samples, ids.tolist(), zooms.tolist(), pil.tolist(), outs))
         return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
 
-    def _decode_one(self, sample, i: int, zoom: float, pil_only: bool = False):
+    def _decode_one(self, sample, i: int, zoom: float, pil_only: bool = False, out: np.ndarray | None = None):
         """(render.Decoded, None) or (None, (code, detail)) for sample id `i`'s bytes, its tiles magnifying it by at
-        most `zoom`."""
+        most `zoom` (into `out` when the native core decodes it whole and it fits)."""
         if not is_image(sample, pil_only):
             return None, (NOT_IMAGE, "unknown file signature")
         tag = 1 if self.orientations is None else int(self.orientations[i])
         try:
-            return decode_for(sample, (self.widths[i], self.heights[i]), zoom, tag, native=not pil_only), None
+            size = (self.widths[i], self.heights[i])
+            return decode_for(sample, size, zoom, tag, native=not pil_only, out=out), None
         except Exception as e:  # noqa: BLE001 - any decoder failure is this sample's, reported by its key
             return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")
 

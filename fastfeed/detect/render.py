@@ -115,42 +115,44 @@ def source_zooms(geometry: BatchGeometry) -> np.ndarray:
     return out
 
 
-def decode_for(data, size: tuple[int, int], zoom: float, tag: int = 1, native: bool = True) -> Decoded:
+def decode_for(data, size: tuple[int, int], zoom: float, tag: int = 1, native: bool = True,
+               out: np.ndarray | None = None) -> Decoded:
     """`data` decoded for tiles that magnify it by at most `zoom` (output px per pixel of the geometry, whose image is
     `size` (width, height) as displayed): a JPEG at the smallest DCT scale that keeps DRAFT_MIN_SCALE source pixels
-    per output pixel (as `render` drafts encoded sources), shown by its EXIF `tag` (`displayed`). Raises on bad
-    data."""
+    per output pixel (as `render` drafts encoded sources), shown by its EXIF `tag` (`displayed`). An RGB JPEG the
+    native core decodes whole goes into `out` (uint8, from its start) when it fits. Raises on bad data."""
     W0, H0 = (int(v) for v in size)
     f = DRAFT_MIN_SCALE * zoom
     draft = None
     if f < 1:
         sw, sh = (H0, W0) if swaps_axes(tag) else (W0, H0)  # the draft is asked of the stored image
         draft = (max(1, math.ceil(sw * f)), max(1, math.ceil(sh * f)))
-    img, scale, (w, h) = _decode(data, draft, native=native)
+    img, scale, (w, h) = _decode(data, draft, native=native, out=out)
     rgbx = displayed(_to_rgbx(img), tag)
     if swaps_axes(tag):
         w, h = h, w
     return Decoded(rgbx, scale * w / W0, scale * h / H0, w, h)
 
 
-def _decode(data, draft_size, native: bool = False) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
-    """(decode_image's image, or with `native` possibly its RGBX array; the draft's scale: 1, 1/2, 1/4 or 1/8; the
-    full-size image's size)."""
+def _decode(data, draft_size, native: bool = False,
+            out=None) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
+    """(decode_image's image, or with `native` possibly its RGBX array, in `out` when given and it fits; the draft's
+    scale: 1, 1/2, 1/4 or 1/8; the full-size image's size)."""
     try:
-        return _decode_as_is(data, draft_size, native)
+        return _decode_as_is(data, draft_size, native, out)
     except ValueError as e:  # PIL's text-chunk limit: the pixels decode without the text (image/headers.py)
         if not png_text_over_limit(e):
             raise
         return _decode_as_is(without_png_text(data), draft_size, native)
 
 
-def _decode_as_is(data, draft_size, native) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
+def _decode_as_is(data, draft_size, native, out=None) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
+    if native and draft_size is None:
+        rgbx = whole_jpeg_rgbx(data, out)
+        if rgbx is not None:
+            return rgbx, 1.0, (rgbx.shape[1], rgbx.shape[0])
     img = Image.open(io.BytesIO(memoryview(data)))
     scale, full = 1.0, img.size
-    if native and draft_size is None:
-        rgbx = whole_jpeg_rgbx(data, img)
-        if rgbx is not None:
-            return rgbx, scale, full
     if draft_size is not None and img.format == "JPEG":
         w0 = img.size[0]
         got = img.draft("RGB", draft_size)

@@ -258,8 +258,8 @@ def _write(out: str, src: str, root: str, rels: list[str], results: list, option
     shards = [ShardInfo(rel, res.bytes, res.sha256, len(res.idx_lines)) for rel, res in zip(rels, results)]
     manifest = write_dataset(
         out, "wds", table, shards, rejected, classes=classes, class_to_idx={c: i for i, c in enumerate(classes)},
-        source=root, source_kind="shards", options=options,
-        part=None, created_by="fastfeed index", extra={"without_cls": unlabelled} if unlabelled else {}, fields=names, data_root=data_root,
+        source=root, source_kind="shards", options=options, part=None, created_by="fastfeed index",
+        extra={"without_cls": unlabelled} if unlabelled else {}, fields=names, data_root=data_root,
         version=ADOPTED_FORMAT_VERSION)
     return manifest, rejected
 
