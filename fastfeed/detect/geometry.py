@@ -138,10 +138,13 @@ class BatchGeometry:
     def tiles(self, k: int) -> list[Tile]:
         """Output k's tiles, in ultralytics' order (own sample first; with mosaic: top-left, top-right, bottom-left,
         bottom-right)."""
-        return [Tile(int(self.source[k, t]), self.affine[k, t], tuple(self.region[k, t].tolist()),
-                     tuple(int(v) for v in self.dst_rect[k, t]), tuple(self.src_rect[k, t].tolist()),
-                     self.quad[k, t], tuple(self.box_scale[k, t].tolist()))
-                for t in range(int(self.n_tiles[k]))]
+        n = int(self.n_tiles[k])
+        # one conversion per array, not per tile: the renderer's threads hold the GIL here
+        source, region, dst, src = (a[k, :n].tolist() for a in (self.source, self.region, self.dst_rect,
+                                                                   self.src_rect))
+        box_scale = self.box_scale[k, :n].tolist()
+        return [Tile(source[t], self.affine[k, t], tuple(region[t]), tuple(dst[t]), tuple(src[t]), self.quad[k, t],
+                     tuple(box_scale[t])) for t in range(n)]
 
 
 def sample_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:

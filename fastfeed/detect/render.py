@@ -94,14 +94,16 @@ def displayed(pixels: np.ndarray, tag: int) -> np.ndarray:
 
 class Decoded(NamedTuple):
     """A batch source decoded once for all the tiles that show it: RGBX pixels (a JPEG maybe at a DCT-scaled draft),
-    the factors from the geometry's pixels to these (fx, fy), and the full-size image's (width, height) as the
-    decoder displays it, which must be the sample table's."""
+    the factors from the geometry's pixels to these (fx, fy), the full-size image's (width, height) as the decoder
+    displays it, which must be the sample table's, and a PIL image sharing the pixels' memory (wrapped once for its
+    four tiles: the renderer's threads hold the GIL while they wrap)."""
 
     rgbx: np.ndarray
     fx: float
     fy: float
     width: int
     height: int
+    image: Image.Image
 
 
 def source_zooms(geometry: BatchGeometry) -> np.ndarray:
@@ -131,7 +133,7 @@ def decode_for(data, size: tuple[int, int], zoom: float, tag: int = 1, native: b
     rgbx = displayed(_to_rgbx(img), tag)
     if swaps_axes(tag):
         w, h = h, w
-    return Decoded(rgbx, scale * w / W0, scale * h / H0, w, h)
+    return Decoded(rgbx, scale * w / W0, scale * h / H0, w, h, _wrap(rgbx))
 
 
 def _decode(data, draft_size, native: bool = False,
@@ -207,23 +209,25 @@ def render(images, geometry: BatchGeometry, k: int, hsv: bool = True, out: np.nd
             sources[t.source] = _source(images[t.source], geometry.sizes[t.source],
                                         [u for u in tiles if u.source == t.source])
     for t in tiles:
-        rgbx, fx, fy = sources[t.source]
+        rgbx, img, fx, fy = sources[t.source]
         X0, Y0, X1, Y1 = t.dst_rect
         if X1 <= X0 or Y1 <= Y0:
             continue
         if geometry.axis_aligned:
             x0, y0, x1, y1 = t.src_rect
-            _resize_tile(rgbx, (x0 * fx, y0 * fy, x1 * fx, y1 * fy), canvas, canvas_img, t.dst_rect, exact)
+            _resize_tile(rgbx, img, (x0 * fx, y0 * fy, x1 * fx, y1 * fy), canvas, canvas_img, t.dst_rect, exact)
         else:
-            _warp_into(canvas, _wrap(rgbx), fx, fy, t)
+            _warp_into(canvas, img, fx, fy, t)
     finish(canvas, out, geometry.hsv[k] if hsv else None, bool(geometry.flip[k]), planar)
     return out
 
 
-def _resize_tile(src: np.ndarray, box, canvas: np.ndarray, canvas_img: Image.Image, dst_rect, exact: bool) -> None:
+def _resize_tile(src: np.ndarray, src_img: Image.Image, box, canvas: np.ndarray, canvas_img: Image.Image, dst_rect,
+                 exact: bool) -> None:
     """canvas[dst_rect] = the RGBX `src`'s box resized to the rectangle's size: pillow-simd for the pixels whose
     box lies inside the image, Pillow's fixed point (resample.py) for the edge rows and columns whose box overhangs
-    it (each pixel's filter depends only on its centre and the scale: the two parts are one resize)."""
+    it (each pixel's filter depends only on its centre and the scale: the two parts are one resize). src_img: a PIL
+    image sharing src's memory."""
     X0, Y0, X1, Y1 = dst_rect
     x0, y0, x1, y1 = box
     w, h = X1 - X0, Y1 - Y0
@@ -240,8 +244,9 @@ def _resize_tile(src: np.ndarray, box, canvas: np.ndarray, canvas_img: Image.Ima
         return
     ix0, ix1 = max(x0 + left * sx, 0.0), min(x1 - right * sx, float(W))
     iy0, iy1 = max(y0 + top * sy, 0.0), min(y1 - bottom * sy, float(H))
-    inner = _wrap(src).resize((w - left - right, h - top - bottom), Image.BILINEAR, box=(ix0, iy0, ix1, iy1))
-    canvas_img.im.paste(inner.im, (X0 + left, Y0 + top, X1 - right, Y1 - bottom))
+    # the core image's resize: what Image.resize calls for an RGBX image, without its Python around it
+    inner = src_img.im.resize((w - left - right, h - top - bottom), Image.BILINEAR, (ix0, iy0, ix1, iy1))
+    canvas_img.im.paste(inner, (X0 + left, Y0 + top, X1 - right, Y1 - bottom))
     if left:
         resize_into(rgb, (x0, y0, x0 + left * sx, y1), canvas[Y0:Y1, X0:X0 + left, :3])
     if right:
@@ -259,23 +264,23 @@ def _zoom(tile) -> float:
     return float(np.linalg.svd(tile.affine[:, :2], compute_uv=False)[0])
 
 
-def _source(image, size, tiles) -> tuple[np.ndarray, float, float]:
-    """(rgbx, fx, fy): the source as uint8 [h, w, 4] RGBX (bytes decoded, with the draft every tile allows) and the
-    factors from the stored size's pixels, which the geometry is in, to this image's (a draft, or a header that
-    disagreed)."""
+def _source(image, size, tiles) -> tuple[np.ndarray, Image.Image, float, float]:
+    """(rgbx, img, fx, fy): the source as uint8 [h, w, 4] RGBX (bytes decoded, with the draft every tile allows), a
+    PIL image sharing its memory, and the factors from the stored size's pixels, which the geometry is in, to this
+    image's (a draft, or a header that disagreed)."""
     if isinstance(image, Decoded):
-        return image.rgbx, image.fx, image.fy
+        return image.rgbx, image.image, image.fx, image.fy
     W0, H0 = (int(v) for v in size)
     if isinstance(image, (np.ndarray, Image.Image)):
         rgbx = _to_rgbx(image)
-        return rgbx, rgbx.shape[1] / W0, rgbx.shape[0] / H0
+        return rgbx, _wrap(rgbx), rgbx.shape[1] / W0, rgbx.shape[0] / H0
     f = DRAFT_MIN_SCALE * max(_zoom(t) for t in tiles)
     draft = (max(1, math.ceil(W0 * f)), max(1, math.ceil(H0 * f))) if f < 1 else None
     img, scale, (w, h) = _decode(image, draft, native=True)
     rgbx = _to_rgbx(img)
     if scale != 1:
-        return rgbx, scale * w / W0, scale * h / H0
-    return rgbx, rgbx.shape[1] / W0, rgbx.shape[0] / H0
+        return rgbx, _wrap(rgbx), scale * w / W0, scale * h / H0
+    return rgbx, _wrap(rgbx), rgbx.shape[1] / W0, rgbx.shape[0] / H0
 
 
 def _warp_into(canvas: np.ndarray, img: Image.Image, fx: float, fy: float, tile) -> None:
