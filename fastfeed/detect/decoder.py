@@ -91,6 +91,7 @@ class DetectDecoder:
         self._mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self._std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="fastfeed-detect")
+        self._threads = num_threads
         self._buffers = OutputBuffers()  # _render's batches (one layout and size per decoder)
         self._arena = SourceArena()  # _decode_all's decoded sources
 
@@ -166,7 +167,7 @@ class DetectDecoder:
             tile = np.concatenate([np.full(len(r), t, np.int64) for t, r in enumerate(per_tile)] + none)
             return b, lab, rows[keep], tile[keep]
 
-        per_image = list(self._pool.map(one, range(len(ids))))
+        per_image = self._each(one, range(len(ids)))
         counts = [len(lab) for _, lab, _, _ in per_image]
         return (np.concatenate([b for b, _, _, _ in per_image]).astype(np.float32, copy=False).reshape(-1, 4),
                 np.concatenate([lab for _, lab, _, _ in per_image]).astype(np.int64, copy=False),
@@ -185,7 +186,7 @@ class DetectDecoder:
             a, b = bounds[k], bounds[k + 1]
             render_instances(geometry, k, self.targets, objects[a:b], tiles[a:b], boxes[a:b], out[k])
 
-        list(self._pool.map(one, range(len(geometry))))
+        self._each(one, range(len(geometry)))
         return torch.from_numpy(out)
 
     def _decode_masks(self, request: DetectRequest):
@@ -200,7 +201,7 @@ class DetectDecoder:
             except MaskError as e:
                 return None, (BAD_FIELD, f"mask: {e}")
 
-        results = list(self._pool.map(decode, range(len(request.ids))))
+        results = self._each(decode, range(len(request.ids)))
         return [m for m, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
 
     def _render_masks(self, masks, src, geometry) -> torch.Tensor:
@@ -212,8 +213,7 @@ class DetectDecoder:
         sources = [m.astype(dtype, copy=False) for m in sources]
         S = self.image_size
         out = np.empty((len(src), S, S), dtype=dtype)
-        list(self._pool.map(lambda k: render_mask(sources, geometry, k, self.ignore_index, out=out[k]),
-                            range(len(src))))
+        self._each(lambda k: render_mask(sources, geometry, k, self.ignore_index, out=out[k]), range(len(src)))
         return torch.from_numpy(out)
 
     def _render(self, decoded, src, geometry, hsv: bool) -> torch.Tensor:
@@ -226,9 +226,17 @@ class DetectDecoder:
         shape = (B, 3, S, S) if planar else (B, S, S, 3)
         batch = self._buffers.take(B, lambda: torch.empty(shape, dtype=torch.uint8))
         pixels = batch.numpy()
-        list(self._pool.map(lambda k: render(images, geometry, k, hsv=hsv, out=pixels[k], planar=planar),
-                            range(B)))
+        self._each(lambda k: render(images, geometry, k, hsv=hsv, out=pixels[k], planar=planar), range(B))
         return batch.permute(0, 2, 3, 1) if planar else batch
+
+    def _each(self, fn, *columns) -> list:
+        """[fn(*row) for row in zip(*columns)] on the pool, several rows a task: about four tasks a thread, so each
+        thread stays busy to the batch's end, where a task a row costs the hand-off (a future, a lock, a wake-up)
+        per image and per output: 6% of the CPU path's time on one core."""
+        rows = list(zip(*columns))
+        per = max(1, -(-len(rows) // (4 * self._threads)))
+        parts = self._pool.map(lambda a: [fn(*row) for row in rows[a:a + per]], range(0, len(rows), per))
+        return [r for part in parts for r in part]
 
     def _plan(self, ids: np.ndarray, epoch: int):
         sizes = np.stack([self.widths[ids], self.heights[ids]], axis=1)
@@ -246,7 +254,7 @@ class DetectDecoder:
         # the sources decoded whole by the native core (no draft, not PIL's) go into one recycled buffer
         whole = (DRAFT_MIN_SCALE * zooms >= 1) & ~pil
         outs = self._arena.take(np.where(whole, self.widths[ids] * self.heights[ids] * 4, 0))
-        results = list(self._pool.map(self._decode_one, samples, ids.tolist(), zooms.tolist(), pil.tolist(), outs))
+        results = self._each(self._decode_one, samples, ids.tolist(), zooms.tolist(), pil.tolist(), outs)
         return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
 
     def _decode_one(self, sample, i: int, zoom: float, pil_only: bool = False, out: np.ndarray | None = None):
