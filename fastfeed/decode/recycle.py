@@ -63,7 +63,9 @@ class SourceArena:
     """`take(nbytes)`: a writable uint8 view per entry (None for 0 bytes), all in one buffer that the previous batch's
     sources used, once no view of it is alive (numpy views keep their base array referenced, so its reference count
     says when); else in a new one. A batch's decoded sources are several MB each, and fresh memory for them
-    page-faults on every first write (docs/design/decoders.md#cpu-pil). Thread-safe."""
+    page-faults on every first write (docs/design/decoders.md#cpu-pil). The price: the decoder keeps its largest
+    batch's sources' worth of memory (and a quarter more) between batches, where it was that batch's peak before.
+    Thread-safe."""
 
     def __init__(self) -> None:
         self._buffer = np.empty(0, np.uint8)
