@@ -105,7 +105,7 @@ static void bind_jpeg(py::module_& m) {
 
     m.def(
         "decode_jpeg_region",
-        [](py::handle data, int x0, int y0, int x1, int y1, py::object out) -> py::object {
+        [](py::handle data, int x0, int y0, int x1, int y1, py::object out, int scale) -> py::object {
             ReadOnlyBuffer buf(data);
             std::optional<WritableBuffer> dest;
             if (!out.is_none()) dest.emplace(out);
@@ -113,7 +113,7 @@ static void bind_jpeg(py::module_& m) {
             {
                 py::gil_scoped_release nogil;
                 r = fastfeed::decode_jpeg_region(buf.span(), x0, y0, x1, y1, std::size_t(1) << 30,
-                                                 dest ? dest->span() : fastfeed::MutableByteSpan{});
+                                                 dest ? dest->span() : fastfeed::MutableByteSpan{}, scale);
             }
             if (!r.ok) return py::str(r.error);
             py::object owner = out;  // the array keeps `out` alive, or owns its pixels through a capsule
@@ -125,11 +125,13 @@ static void bind_jpeg(py::module_& m) {
             return py::make_tuple(array, r.x, r.y, r.image_width, r.image_height);
         },
         py::arg("data"), py::arg("x0"), py::arg("y0"), py::arg("x1"), py::arg("y1"), py::arg("out") = py::none(),
+        py::arg("scale") = 1,
         "RGB pixels of the window [x0, x1) x [y0, y1) of a 3-channel JPEG, the rest not decoded (csrc/jpeg_transcode.h "
         "decode_jpeg_region), GIL released. Returns (uint8 array [height, width, 4]: RGBX, x, y, image width, image "
         "height) with x <= x0 (columns widen to whole iMCUs), or a str: why not (corrupt data, another colour space). "
         "out: a writable buffer the pixels go into, from its start, when they fit (the array is then a view of it); "
-        "else the array has memory of its own.");
+        "else the array has memory of its own. scale: 2, 4 or 8 decodes at that DCT scale (PIL's draft), the window "
+        "in the scaled image's pixels; the image size returned stays the full one.");
 
     m.def(
         "transcode_to_baseline",

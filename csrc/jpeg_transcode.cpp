@@ -230,7 +230,7 @@ bool run_scan_check(Decompressor& d, Failure& failure, ByteSpan input, const Sca
 #ifdef FASTFEED_HAVE_JPEG_REGION
 // decode_jpeg_region's libjpeg calls, under their own setjmp (same rules as run_libjpeg; `r` lives one frame up).
 bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y0, int x1, int y1,
-                std::size_t max_memory, MutableByteSpan out, RegionResult& r) {
+                std::size_t max_memory, MutableByteSpan out, int scale_denom, RegionResult& r) {
     if (setjmp(failure.jump)) return false;
     open_decompressor(d, input, max_memory, TranscodeOptions{}.max_scans);
     jpeg_read_header(&d.cinfo, TRUE);
@@ -240,8 +240,10 @@ bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y
         return false;
     }
     // RGB with a pad byte: PIL holds RGB images as 4 bytes per pixel, so it can wrap these rows without a copy. Every
-    // other setting stays libjpeg's default, as in PIL's decoder.
+    // other setting stays libjpeg's default, as in PIL's decoder (whose draft sets the scale alone).
     d.cinfo.out_color_space = JCS_EXT_RGBX;
+    d.cinfo.scale_num = 1;
+    d.cinfo.scale_denom = static_cast<unsigned int>(scale_denom);
     jpeg_start_decompress(&d.cinfo);
     const int W = static_cast<int>(d.cinfo.output_width);
     const int H = static_cast<int>(d.cinfo.output_height);
@@ -272,8 +274,8 @@ bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y
     r.width = static_cast<int>(d.cinfo.output_width);
     r.y = top;
     r.height = bottom - top;
-    r.image_width = W;
-    r.image_height = H;
+    r.image_width = static_cast<int>(d.cinfo.image_width);
+    r.image_height = static_cast<int>(d.cinfo.image_height);
     jpeg_abort_decompress(&d.cinfo);  // the rows below the window are never read
     return true;
 }
@@ -284,10 +286,10 @@ bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y
 bool have_libjpeg() noexcept { return true; }
 
 RegionResult decode_jpeg_region(ByteSpan input, int x0, int y0, int x1, int y1, std::size_t max_memory,
-                                MutableByteSpan out) {
+                                MutableByteSpan out, int scale_denom) {
     RegionResult r;
 #ifndef FASTFEED_HAVE_JPEG_REGION
-    (void)input, (void)x0, (void)y0, (void)x1, (void)y1, (void)max_memory, (void)out;
+    (void)input, (void)x0, (void)y0, (void)x1, (void)y1, (void)max_memory, (void)out, (void)scale_denom;
     r.error = "fastfeed._native was built against a libjpeg without libjpeg-turbo's cropping (2.0 or later)";
     return r;
 #else
@@ -295,12 +297,16 @@ RegionResult decode_jpeg_region(ByteSpan input, int x0, int y0, int x1, int y1, 
         r.error = input.size == 0 ? "empty input" : "input larger than 2 GiB";
         return r;
     }
+    if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
+        r.error = "scale_denom must be 1, 2, 4 or 8";
+        return r;
+    }
     Failure failure;
     failure.message[0] = '\0';
     Decompressor d;
     init_error_manager(d.err, &failure, /*strict=*/true, /*ignore_benign=*/true);
     d.cinfo.err = &d.err.pub;
-    r.ok = run_region(d, failure, input, x0, y0, x1, y1, max_memory, out, r);
+    r.ok = run_region(d, failure, input, x0, y0, x1, y1, max_memory, out, scale_denom, r);
     if (!r.ok) {
         r.pixels = nullptr;
         r.owned.reset();
@@ -357,7 +363,7 @@ std::string check_jpeg_scans(ByteSpan, const ScanCheckOptions&) {
     throw JpegUnavailable("fastfeed._native was built without libjpeg: the JPEG scan check is unavailable");
 }
 
-RegionResult decode_jpeg_region(ByteSpan, int, int, int, int, std::size_t, MutableByteSpan) {
+RegionResult decode_jpeg_region(ByteSpan, int, int, int, int, std::size_t, MutableByteSpan, int) {
     RegionResult r;
     r.error = "fastfeed._native was built without libjpeg";
     return r;

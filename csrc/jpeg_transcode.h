@@ -82,7 +82,9 @@ std::vector<std::string> check_jpeg_scans_many(const std::vector<ByteSpan>& inpu
 // as RGBX (a pad byte, as PIL holds RGB). Any libjpeg warning about corrupt data is an error, so that the caller can
 // fall back to a full decode and its rules. Never throws for bad input. Needs libjpeg-turbo 2.0 or later (an error
 // otherwise). The pixels go into `out` when it holds them (a caller recycling its memory: fresh pages fault on first
-// write), else into memory of their own, left uninitialised (every byte is written).
+// write), else into memory of their own, left uninitialised (every byte is written). scale_denom 2, 4 or 8 decodes
+// at that DCT scale (what PIL's `draft` asks of libjpeg): the window is then in the scaled image's pixels, whose
+// size is the full one divided by it, rounded up; image_width and image_height stay the full image's.
 struct RegionResult {
     bool ok = false;
     std::uint8_t* pixels = nullptr;          // height rows of width RGBX pixels: in `out`, or owned.get()
@@ -92,7 +94,8 @@ struct RegionResult {
     bool in_out() const { return pixels != nullptr && pixels != owned.get(); }
 };
 RegionResult decode_jpeg_region(ByteSpan input, int x0, int y0, int x1, int y1,
-                                std::size_t max_memory = std::size_t(1) << 30, MutableByteSpan out = {});
+                                std::size_t max_memory = std::size_t(1) << 30, MutableByteSpan out = {},
+                                int scale_denom = 1);
 
 // Throws JpegError on corrupt input or input libjpeg cannot re-code (lossless/hierarchical/12-bit JPEGs).
 std::vector<std::uint8_t> transcode_jpeg(ByteSpan input, const TranscodeOptions& options = {});

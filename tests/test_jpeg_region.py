@@ -95,3 +95,34 @@ def test_pixels_go_into_the_callers_buffer_when_they_fit():
     for i, o in enumerate(outs):
         assert np.shares_memory(o, parts[i])
         assert np.array_equal(o, _native.decode_jpeg_region(records[i], 0, 0, 437, 301)[0])
+
+
+@pytest.mark.parametrize("subsampling", [0, 2])
+def test_a_dct_scaled_decode_is_pils_draft_to_the_bit(subsampling):
+    """scale 2, 4, 8: libjpeg's scaled decode, as PIL's draft asks it (the detection path's drafts): PIL's pixels to
+    the bit, the full image's size returned, a window in the scaled image's pixels; another scale is refused."""
+    data = _jpeg(PHOTO, subsampling=subsampling)
+    for scale in (1, 2, 4, 8):
+        with Image.open(io.BytesIO(data)) as im:
+            im.draft("RGB", (437 // scale, 301 // scale))
+            want = np.asarray(im.convert("RGB"))
+        rgbx, x, y, W, H = _native.decode_jpeg_region(data, 0, 0, 437, 301, scale=scale)
+        assert (W, H) == (437, 301) and rgbx.shape[:2] == (-(-301 // scale), -(-437 // scale)) == want.shape[:2]
+        assert np.array_equal(rgbx[..., :3], want), scale
+        window = _native.decode_jpeg_region(data, 0, 10, 437, 20, scale=scale)[0]
+        assert np.array_equal(window[..., :3], want[10:20]), scale
+    assert "scale_denom" in _native.decode_jpeg_region(data, 0, 0, 437, 301, scale=3)
+
+
+def test_the_draft_scale_is_the_one_pils_draft_picks():
+    """render.draft_denominator, which sizes the detection path's recycled buffer and asks the native decode for
+    PIL's scale, against what PIL's draft itself does for the same request."""
+    from fastfeed.detect.render import draft_denominator
+
+    data = _jpeg(PHOTO)
+    for want in [(437, 301), (300, 200), (218, 150), (200, 160), (109, 75), (60, 40), (54, 37), (20, 20), (1, 1),
+                 (500, 400), (437, 1)]:
+        with Image.open(io.BytesIO(data)) as im:
+            got = im.draft("RGB", want)
+            assert draft_denominator((437, 301), want) == round(437 / got[1][2]), want
+    assert draft_denominator((437, 301), None) == 1

@@ -113,21 +113,25 @@ def _ends_with_eoi(sample) -> bool:
     return len(sample) >= 2 and sample[-2] == 0xFF and sample[-1] == 0xD9
 
 
-def whole_jpeg_rgbx(sample, out: np.ndarray | None = None) -> np.ndarray | None:
-    """The stored pixels of an RGB JPEG as uint8 [h, w, 4] RGBX, decoded by the native core: libjpeg's pixels with
-    PIL's settings, in PIL's own layout, so a PIL image can wrap them (`Image.frombuffer`) where PIL's decode would
-    need a copy out of its memory for numpy. Into `out` (a uint8 buffer, from its start) when they fit: the array is
-    then a view of it. None where that does not apply (another format or colour space, a record that does not end
-    with its end marker, no native libjpeg) or the native decode refuses the file: the caller decodes it with PIL, by
-    the contract's rules. No PIL header parse first: the native decode reads the header and refuses what PIL would
-    hold in another mode than RGB."""
+def whole_jpeg_rgbx(sample, out: np.ndarray | None = None, scale: int = 1):
+    """(uint8 [h, w, 4] RGBX, the full image's (width, height)): the stored pixels of an RGB JPEG, decoded by the
+    native core: libjpeg's pixels with PIL's settings, in PIL's own layout, so a PIL image can wrap them
+    (`Image.frombuffer`) where PIL's decode would need a copy out of its memory for numpy. `scale` 2, 4 or 8: at that
+    DCT scale, as PIL's draft decodes (the same pixels). Into `out` (a uint8 buffer, from its start) when they fit:
+    the array is then a view of it. None where that does not apply (another format or colour space, a record that
+    does not end with its end marker, no native libjpeg) or the native decode refuses the file: the caller decodes it
+    with PIL, by the contract's rules. No PIL header parse first: the native decode reads the header and refuses what
+    PIL would hold in another mode than RGB."""
     starts_with_soi = len(sample) >= 4 and sample[0] == 0xFF and sample[1] == 0xD8
     if not (_REGION_DECODE and starts_with_soi and _ends_with_eoi(sample)):
         return None
-    got = _REGION_DECODE(sample, 0, 0, _WHOLE, _WHOLE, out)
-    if isinstance(got, str) or got[0].shape[:2] != (got[4], got[3]):
+    got = _REGION_DECODE(sample, 0, 0, _WHOLE, _WHOLE, out, scale)
+    if isinstance(got, str):
         return None
-    return got[0]
+    rgbx, _, _, W, H = got
+    if rgbx.shape[:2] != (-(-H // scale), -(-W // scale)):
+        return None
+    return rgbx, (W, H)
 
 
 _WHOLE = 1 << 30  # a window edge past any image's: the whole image

@@ -24,7 +24,7 @@ from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transfor
 from fastfeed.detect.hsv import apply_hsv_torch, finish_nhwc
 from fastfeed.detect.instances import has_masks, render_instances
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
-from fastfeed.detect.render import DRAFT_MIN_SCALE, decode_for, render, source_zooms
+from fastfeed.detect.render import DRAFT_MIN_SCALE, decode_for, decoded_nbytes, render, source_zooms
 from fastfeed.targets import Targets
 
 __all__ = ["DetectDecoder", "DetectRequest", "DetectResult"]
@@ -251,9 +251,10 @@ class DetectDecoder:
         ids = np.asarray(request.ids, np.int64)
         zooms = source_zooms(drawn)
         pil = request.pil if request.pil is not None else np.zeros(len(samples), dtype=bool)
-        # the sources decoded whole by the native core (no draft, not PIL's) go into one recycled buffer
-        whole = (DRAFT_MIN_SCALE * zooms >= 1) & ~pil
-        outs = self._arena.take(np.where(whole, self.widths[ids] * self.heights[ids] * 4, 0))
+        # the sources the native core decodes (all but PIL's) go into one recycled buffer
+        tags = np.ones(len(ids), np.int64) if self.orientations is None else self.orientations[ids]
+        outs = self._arena.take([0 if p else decoded_nbytes((self.widths[i], self.heights[i]), z, t)
+                                 for i, z, t, p in zip(ids.tolist(), zooms.tolist(), tags.tolist(), pil.tolist())])
         results = self._each(self._decode_one, samples, ids.tolist(), zooms.tolist(), pil.tolist(), outs)
         return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
 

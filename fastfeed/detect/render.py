@@ -36,8 +36,8 @@ from fastfeed.detect.resample import resize_into
 from fastfeed.image.contract import to_rgb
 from fastfeed.image.headers import png_text_over_limit, swaps_axes, without_png_text
 
-__all__ = ["Decoded", "decode_for", "source_zooms", "displayed", "render", "decode_image", "decode_rgbx", "apply_hsv",
-           "quad_inside", "DRAFT_MIN_SCALE"]
+__all__ = ["Decoded", "decode_for", "decoded_nbytes", "draft_denominator", "source_zooms", "displayed", "render",
+           "decode_image", "decode_rgbx", "apply_hsv", "quad_inside", "DRAFT_MIN_SCALE"]
 
 # Draft only while every tile keeps at least this many source pixels per output pixel (decode/cpu.py's default).
 DRAFT_MIN_SCALE = 2.0
@@ -124,35 +124,60 @@ def decode_for(data, size: tuple[int, int], zoom: float, tag: int = 1, native: b
     per output pixel (as `render` drafts encoded sources), shown by its EXIF `tag` (`displayed`). An RGB JPEG the
     native core decodes whole goes into `out` (uint8, from its start) when it fits. Raises on bad data."""
     W0, H0 = (int(v) for v in size)
-    f = DRAFT_MIN_SCALE * zoom
-    draft = None
-    if f < 1:
-        sw, sh = (H0, W0) if swaps_axes(tag) else (W0, H0)  # the draft is asked of the stored image
-        draft = (max(1, math.ceil(sw * f)), max(1, math.ceil(sh * f)))
-    img, scale, (w, h) = _decode(data, draft, native=native, out=out)
+    stored = (H0, W0) if swaps_axes(tag) else (W0, H0)  # the draft is asked of the stored image
+    img, scale, (w, h) = _decode(data, _draft_size(stored, zoom), native=native, out=out, stored=stored)
     rgbx = displayed(_to_rgbx(img), tag)
     if swaps_axes(tag):
         w, h = h, w
     return Decoded(rgbx, scale * w / W0, scale * h / H0, w, h, _wrap(rgbx))
 
 
-def _decode(data, draft_size, native: bool = False,
-            out=None) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
+def _draft_size(stored: tuple[int, int], zoom: float) -> tuple[int, int] | None:
+    """The size to ask a JPEG's draft for, for tiles that magnify its stored image (width, height) by at most
+    `zoom`: DRAFT_MIN_SCALE source pixels per output pixel; None when that is the full size or more."""
+    f = DRAFT_MIN_SCALE * zoom
+    if f >= 1:
+        return None
+    return max(1, math.ceil(stored[0] * f)), max(1, math.ceil(stored[1] * f))
+
+
+def draft_denominator(stored: tuple[int, int], draft_size: tuple[int, int] | None) -> int:
+    """The DCT scale (1, 2, 4 or 8) PIL's `draft(mode, draft_size)` picks for a JPEG of that stored size: the largest
+    that keeps the image at least draft_size (JpegImagePlugin.draft's rule)."""
+    if draft_size is None:
+        return 1
+    scale = min(stored[0] // draft_size[0], stored[1] // draft_size[1])
+    return next((d for d in (8, 4, 2) if scale >= d), 1)
+
+
+def decoded_nbytes(size: tuple[int, int], zoom: float, tag: int = 1) -> int:
+    """The bytes of the RGBX pixels `decode_for` makes of an RGB JPEG natively (`out`'s size for it)."""
+    W0, H0 = (int(v) for v in size)
+    stored = (H0, W0) if swaps_axes(tag) else (W0, H0)
+    d = draft_denominator(stored, _draft_size(stored, zoom))
+    return -(-W0 // d) * -(-H0 // d) * 4
+
+
+def _decode(data, draft_size, native: bool = False, out=None,
+            stored=None) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
     """(decode_image's image, or with `native` possibly its RGBX array, in `out` when given and it fits; the draft's
-    scale: 1, 1/2, 1/4 or 1/8; the full-size image's size)."""
+    scale: 1, 1/2, 1/4 or 1/8; the full-size image's size). A native draft needs the `stored` size that
+    `draft_size` was drawn on (the sample table's), to pick PIL's scale; without it, a draft is PIL's."""
     try:
-        return _decode_as_is(data, draft_size, native, out)
+        return _decode_as_is(data, draft_size, native, out, stored)
     except ValueError as e:  # PIL's text-chunk limit: the pixels decode without the text (image/headers.py)
         if not png_text_over_limit(e):
             raise
         return _decode_as_is(without_png_text(data), draft_size, native)
 
 
-def _decode_as_is(data, draft_size, native, out=None) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
-    if native and draft_size is None:
-        rgbx = whole_jpeg_rgbx(data, out)
-        if rgbx is not None:
-            return rgbx, 1.0, (rgbx.shape[1], rgbx.shape[0])
+def _decode_as_is(data, draft_size, native, out=None,
+                  stored=None) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
+    if native and (draft_size is None or stored is not None):
+        denom = draft_denominator(stored, draft_size)
+        got = whole_jpeg_rgbx(data, out, denom)  # at PIL's draft scale: its pixels to the bit
+        if got is not None:
+            return got[0], 1.0 / denom, got[1]
     img = Image.open(io.BytesIO(memoryview(data)))
     scale, full = 1.0, img.size
     if draft_size is not None and img.format == "JPEG":
@@ -274,9 +299,8 @@ def _source(image, size, tiles) -> tuple[np.ndarray, Image.Image, float, float]:
     if isinstance(image, (np.ndarray, Image.Image)):
         rgbx = _to_rgbx(image)
         return rgbx, _wrap(rgbx), rgbx.shape[1] / W0, rgbx.shape[0] / H0
-    f = DRAFT_MIN_SCALE * max(_zoom(t) for t in tiles)
-    draft = (max(1, math.ceil(W0 * f)), max(1, math.ceil(H0 * f))) if f < 1 else None
-    img, scale, (w, h) = _decode(image, draft, native=True)
+    draft = _draft_size((W0, H0), max(_zoom(t) for t in tiles))
+    img, scale, (w, h) = _decode(image, draft, native=True, stored=(W0, H0))
     rgbx = _to_rgbx(img)
     if scale != 1:
         return rgbx, _wrap(rgbx), scale * w / W0, scale * h / H0
