@@ -16,8 +16,8 @@ integers, as the boxes are transformed):
 Then one pass (fastfeed/detect/hsv.py `finish`) mirrors the canvas for the horizontal flip, applies ultralytics'
 RandomHSV and writes the output, interleaved or planar. Encoded sources (bytes) are decoded here with JPEG `draft`
 (DCT-domain downscaling) where every tile of that source keeps >= 2 source pixels per output pixel, as
-fastfeed/decode/cpu.py does for classification; without draft, an RGB JPEG is decoded by the native core straight
-into RGBX (`decode_rgbx`).
+fastfeed/decode/cpu.py does for classification; an RGB JPEG, drafted or not, is decoded by the native core straight
+into RGBX, at the scale PIL's draft would pick (its pixels to the bit; `decode_rgbx`, `draft_denominator`).
 """
 from __future__ import annotations
 
