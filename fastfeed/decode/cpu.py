@@ -42,7 +42,7 @@ from fastfeed.decode.recycle import OutputBuffers
 from fastfeed.image.contract import TRANSPOSE, contract_image, orientation_tag, to_rgb
 from fastfeed.image.headers import png_text_over_limit, swaps_axes, without_png_text
 
-__all__ = ["PilDecoder", "decode_rgb", "whole_jpeg_rgbx"]
+__all__ = ["PilDecoder", "decode_rgb", "starts_with_soi", "whole_jpeg_rgbx"]
 
 _STAGING_BUFFERS = 2
 
@@ -106,6 +106,11 @@ def _region_decoder():
 _REGION_DECODE = _region_decoder()
 
 
+def starts_with_soi(sample) -> bool:
+    """Whether the record starts with JPEG's start-of-image marker."""
+    return len(sample) >= 4 and sample[0] == 0xFF and sample[1] == 0xD8
+
+
 def _ends_with_eoi(sample) -> bool:
     """Whether the record ends with JPEG's end-of-image marker. A window decode never reads the rows below the
     window, so it would not notice a file cut short there, which PIL's full decode reports: such a record (or one
@@ -122,8 +127,7 @@ def whole_jpeg_rgbx(sample, out: np.ndarray | None = None, scale: int = 1):
     does not end with its end marker, no native libjpeg) or the native decode refuses the file: the caller decodes it
     with PIL, by the contract's rules. No PIL header parse first: the native decode reads the header and refuses what
     PIL would hold in another mode than RGB."""
-    starts_with_soi = len(sample) >= 4 and sample[0] == 0xFF and sample[1] == 0xD8
-    if not (_REGION_DECODE and starts_with_soi and _ends_with_eoi(sample)):
+    if not (_REGION_DECODE and starts_with_soi(sample) and _ends_with_eoi(sample)):
         return None
     got = _REGION_DECODE(sample, 0, 0, _WHOLE, _WHOLE, out, scale)
     if isinstance(got, str):

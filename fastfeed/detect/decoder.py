@@ -19,6 +19,7 @@ import torch
 
 from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IMAGE, Replaced, is_image,
                                   replaced_list, resolve_errors)
+from fastfeed.decode.cpu import starts_with_soi
 from fastfeed.decode.recycle import OutputBuffers, SourceArena
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
 from fastfeed.detect.hsv import apply_hsv_torch, finish_nhwc
@@ -251,16 +252,18 @@ class DetectDecoder:
         ids = np.asarray(request.ids, np.int64)
         zooms = source_zooms(drawn)
         pil = request.pil if request.pil is not None else np.zeros(len(samples), dtype=bool)
-        # the sources the native core decodes (all but PIL's) go into one recycled buffer
+        # the JPEGs the native core decodes (all but PIL's) go into one recycled buffer
         tags = np.ones(len(ids), np.int64) if self.orientations is None else self.orientations[ids]
-        outs = self._arena.take([0 if p else decoded_nbytes((self.widths[i], self.heights[i]), z, t)
-                                 for i, z, t, p in zip(ids.tolist(), zooms.tolist(), tags.tolist(), pil.tolist())])
+        outs = self._arena.take([decoded_nbytes((self.widths[i], self.heights[i]), z, t)
+                                 if starts_with_soi(s) and not p else 0
+                                 for s, i, z, t, p in zip(samples, ids.tolist(), zooms.tolist(), tags.tolist(),
+                                                          pil.tolist())])
         results = self._each(self._decode_one, samples, ids.tolist(), zooms.tolist(), pil.tolist(), outs)
         return [img for img, _ in results], {p: why for p, (_, why) in enumerate(results) if why is not None}
 
     def _decode_one(self, sample, i: int, zoom: float, pil_only: bool = False, out: np.ndarray | None = None):
         """(render.Decoded, None) or (None, (code, detail)) for sample id `i`'s bytes, its tiles magnifying it by at
-        most `zoom` (into `out` when the native core decodes it whole and it fits)."""
+        most `zoom` (into `out` when the native core decodes it and it fits)."""
         if not is_image(sample, pil_only):
             return None, (NOT_IMAGE, "unknown file signature")
         tag = 1 if self.orientations is None else int(self.orientations[i])
