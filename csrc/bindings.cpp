@@ -116,8 +116,12 @@ static void bind_jpeg(py::module_& m) {
                                                  dest ? dest->span() : fastfeed::MutableByteSpan{}, scale);
             }
             if (!r.ok) return py::str(r.error);
-            py::object owner = out;  // the array keeps `out` alive, or owns its pixels through a capsule
-            if (!r.in_out()) {
+            // The array keeps a memoryview of `out` (an export: a bytearray cannot be resized under it), or owns
+            // its pixels through a capsule.
+            py::object owner;
+            if (r.in_out()) {
+                owner = py::memoryview(out);
+            } else {
                 owner = py::capsule(r.owned.get(), [](void* p) { delete[] static_cast<std::uint8_t*>(p); });
                 r.owned.release();  // the capsule frees them now
             }

@@ -86,6 +86,13 @@ def test_pixels_go_into_the_callers_buffer_when_they_fit():
     assert not np.shares_memory(got, small) and np.array_equal(got, alone) and (small == 7).all()
     with pytest.raises(BufferError):
         _native.decode_jpeg_region(data, 0, 0, 437, 301, out=bytes(alone.nbytes))
+    resizable = bytearray(alone.nbytes)
+    held = _native.decode_jpeg_region(data, 0, 0, 437, 301, out=resizable)[0]
+    with pytest.raises(BufferError):  # the array holds an export of it: its memory cannot move under the pixels
+        resizable.extend(bytes(1 << 20))
+    assert np.array_equal(held, alone)
+    del held
+    resizable.extend(b"x")
     records = [_jpeg(np.roll(PHOTO, 7 * i, axis=1)) for i in range(16)]
     arena = np.empty(16 * alone.nbytes, np.uint8)
     parts = [arena[i * alone.nbytes:(i + 1) * alone.nbytes] for i in range(16)]
