@@ -24,10 +24,7 @@ namespace {
 // view may be read with the GIL released.
 class ReadOnlyBuffer {
   public:
-    explicit ReadOnlyBuffer(py::handle obj) {
-        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw py::error_already_set();
-        held_ = true;
-    }
+    explicit ReadOnlyBuffer(py::handle obj) : ReadOnlyBuffer(obj, PyBUF_SIMPLE) {}
     ReadOnlyBuffer(ReadOnlyBuffer&& other) noexcept : view_(other.view_), held_(other.held_) { other.held_ = false; }
     ReadOnlyBuffer(const ReadOnlyBuffer&) = delete;
     ReadOnlyBuffer& operator=(const ReadOnlyBuffer&) = delete;
@@ -39,30 +36,24 @@ class ReadOnlyBuffer {
         return {static_cast<const std::uint8_t*>(view_.buf), static_cast<std::size_t>(view_.len)};
     }
 
-  private:
+  protected:
+    ReadOnlyBuffer(py::handle obj, int flags) {
+        if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) throw py::error_already_set();
+        held_ = true;
+    }
     Py_buffer view_{};
+
+  private:
     bool held_ = false;
 };
 
-// A contiguous writable view of a buffer (a uint8 numpy array, a bytearray), held like ReadOnlyBuffer.
-class WritableBuffer {
+// The same of a writable buffer (a uint8 numpy array, a bytearray); it refuses a read-only one (bytes).
+class WritableBuffer : public ReadOnlyBuffer {
   public:
-    explicit WritableBuffer(py::handle obj) {
-        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_WRITABLE) != 0) throw py::error_already_set();
-        held_ = true;
-    }
-    WritableBuffer(const WritableBuffer&) = delete;
-    WritableBuffer& operator=(const WritableBuffer&) = delete;
-    ~WritableBuffer() {
-        if (held_) PyBuffer_Release(&view_);
-    }
-    fastfeed::MutableByteSpan span() const {
+    explicit WritableBuffer(py::handle obj) : ReadOnlyBuffer(obj, PyBUF_WRITABLE) {}
+    fastfeed::MutableByteSpan mutable_span() const {
         return {static_cast<std::uint8_t*>(view_.buf), static_cast<std::size_t>(view_.len)};
     }
-
-  private:
-    Py_buffer view_{};
-    bool held_ = false;
 };
 
 py::bytes to_bytes(const std::vector<std::uint8_t>& v) {
@@ -113,7 +104,7 @@ static void bind_jpeg(py::module_& m) {
             {
                 py::gil_scoped_release nogil;
                 r = fastfeed::decode_jpeg_region(buf.span(), x0, y0, x1, y1, std::size_t(1) << 30,
-                                                 dest ? dest->span() : fastfeed::MutableByteSpan{}, scale);
+                                                 dest ? dest->mutable_span() : fastfeed::MutableByteSpan{}, scale);
             }
             if (!r.ok) return py::str(r.error);
             // The array keeps a memoryview of `out` (an export: a bytearray cannot be resized under it), or owns
