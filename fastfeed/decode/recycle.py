@@ -65,7 +65,8 @@ class SourceArena:
     says when); else in a new one. A batch's decoded sources are several MB each, and fresh memory for them
     page-faults on every first write (docs/design/decoders.md#cpu-pil). The price: the decoder keeps its largest
     batch's sources' worth of memory (and a quarter more) between batches, where it was that batch's peak before.
-    Thread-safe."""
+    Not OutputBuffers: its batches have one size, these a new total each batch, and it would keep every buffer that
+    grew too small. Thread-safe."""
 
     def __init__(self) -> None:
         self._buffer = np.empty(0, np.uint8)
