@@ -121,9 +121,10 @@ static void bind_jpeg(py::module_& m) {
         },
         py::arg("data"), py::arg("x0"), py::arg("y0"), py::arg("x1"), py::arg("y1"), py::arg("out") = py::none(),
         py::arg("scale") = 1,
-        "RGB pixels of the window [x0, x1) x [y0, y1) of a 3-channel JPEG, the rest not decoded (csrc/jpeg_transcode.h "
-        "decode_jpeg_region), GIL released. Returns (uint8 array [height, width, 4]: RGBX, x, y, image width, image "
-        "height) with x <= x0 (columns widen to whole iMCUs), or a str: why not (corrupt data, another colour space). "
+        "RGB pixels of the window [x0, x1) x [y0, y1) of a YCbCr, RGB or grey JPEG, the rest not decoded "
+        "(csrc/jpeg_transcode.h decode_jpeg_region), GIL released. Returns (uint8 array [height, width, 4]: RGBX, "
+        "x, y, image width, image height) with x <= x0 (columns widen to whole iMCUs), or a str: why not (corrupt "
+        "data, another colour space). "
         "out: a writable buffer the pixels go into, from its start, when they fit (the array is then a view of it); "
         "else the array has memory of its own. scale: 2, 4 or 8 decodes at that DCT scale (PIL's draft), the window "
         "in the scaled image's pixels; the image size returned stays the full one.");

@@ -234,13 +234,16 @@ bool run_region(Decompressor& d, Failure& failure, ByteSpan input, int x0, int y
     if (setjmp(failure.jump)) return false;
     open_decompressor(d, input, max_memory, TranscodeOptions{}.max_scans);
     jpeg_read_header(&d.cinfo, TRUE);
-    if (d.cinfo.num_components != 3 ||
-        (d.cinfo.jpeg_color_space != JCS_YCbCr && d.cinfo.jpeg_color_space != JCS_RGB)) {
-        std::snprintf(failure.message, sizeof(failure.message), "not a 3-channel YCbCr or RGB JPEG");
+    const bool colour = d.cinfo.num_components == 3 &&
+                        (d.cinfo.jpeg_color_space == JCS_YCbCr || d.cinfo.jpeg_color_space == JCS_RGB);
+    const bool grey = d.cinfo.num_components == 1 && d.cinfo.jpeg_color_space == JCS_GRAYSCALE;
+    if (!colour && !grey) {
+        std::snprintf(failure.message, sizeof(failure.message), "not a YCbCr, RGB or greyscale JPEG");
         return false;
     }
-    // RGB with a pad byte: PIL holds RGB images as 4 bytes per pixel, so it can wrap these rows without a copy. Every
-    // other setting stays libjpeg's default, as in PIL's decoder (whose draft sets the scale alone).
+    // RGB with a pad byte: PIL holds RGB images as 4 bytes per pixel, so it can wrap these rows without a copy. Grey
+    // is replicated into R, G and B (libjpeg-turbo's conversion), which is PIL's L -> RGB to the bit. Every other
+    // setting stays libjpeg's default, as in PIL's decoder (whose draft sets the scale alone).
     d.cinfo.out_color_space = JCS_EXT_RGBX;
     d.cinfo.scale_num = 1;
     d.cinfo.scale_denom = static_cast<unsigned int>(scale_denom);

@@ -78,13 +78,14 @@ std::vector<std::string> check_jpeg_scans_many(const std::vector<ByteSpan>& inpu
 // The RGB pixels of a window of a JPEG, decoded without the rest of the image (the CPU decoder's crops): rows above
 // the window are skipped (entropy-decoded only, jpeg_skip_scanlines), rows below are never read, and columns are
 // cropped (jpeg_crop_scanline, which widens the window to whole iMCU columns: `x` and `width` say where the pixels
-// really start). Only 3-channel YCbCr or RGB JPEGs; libjpeg's default decode settings (the ones PIL uses); pixels
-// as RGBX (a pad byte, as PIL holds RGB). Any libjpeg warning about corrupt data is an error, so that the caller can
-// fall back to a full decode and its rules. Never throws for bad input. Needs libjpeg-turbo 2.0 or later (an error
-// otherwise). The pixels go into `out` when it holds them (a caller recycling its memory: fresh pages fault on first
-// write), else into memory of their own, left uninitialised (every byte is written). scale_denom 2, 4 or 8 decodes
-// at that DCT scale (what PIL's `draft` asks of libjpeg): the window is then in the scaled image's pixels, whose
-// size is the full one divided by it, rounded up; image_width and image_height stay the full image's.
+// really start). Only YCbCr, RGB and greyscale JPEGs (grey comes as R = G = B); libjpeg's default decode settings
+// (the ones PIL uses); pixels as RGBX (a pad byte, as PIL holds RGB). Any libjpeg warning about corrupt data is an
+// error, so that the caller can fall back to a full decode and its rules. Never throws for bad input. Needs
+// libjpeg-turbo 2.0 or later (an error otherwise). The pixels go into `out` when it holds them (a caller recycling
+// its memory: fresh pages fault on first write), else into memory of their own, left uninitialised (every byte is
+// written). scale_denom 2, 4 or 8 decodes at that DCT scale (what PIL's `draft` asks of libjpeg): the window is then
+// in the scaled image's pixels, whose size is the full one divided by it, rounded up; image_width and image_height
+// stay the full image's.
 struct RegionResult {
     bool ok = false;
     std::uint8_t* pixels = nullptr;          // height rows of width RGBX pixels: in `out`, or owned.get()

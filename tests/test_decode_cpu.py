@@ -246,13 +246,16 @@ def _counting_region_decode(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("subsampling,progressive", [(0, False), (1, False), (2, False), (2, True)])
-def test_training_crops_decode_only_their_window_to_the_same_bits(monkeypatch, subsampling, progressive):
-    """A training crop of an RGB JPEG decodes only the rows and columns its resize reads (decode/cpu.py
-    _resized_region, the native window decode): the output is the whole-image decode's, bit for bit, for 4:4:4,
-    4:2:2, 4:2:0 and progressive JPEGs, at odd sizes (partial iMCUs), windows at every edge included."""
+@pytest.mark.parametrize("subsampling,progressive,grey", [(0, False, False), (1, False, False), (2, False, False),
+                                                          (2, True, False), (-1, False, True)])
+def test_training_crops_decode_only_their_window_to_the_same_bits(monkeypatch, subsampling, progressive, grey):
+    """A training crop of an RGB or grey JPEG decodes only the rows and columns its resize reads (decode/cpu.py
+    _resized_region, the native window decode): the output is the whole-image decode's (PIL's, grey converted to
+    RGB), bit for bit, for 4:4:4, 4:2:2, 4:2:0, progressive and greyscale JPEGs, at odd sizes (partial iMCUs),
+    windows at every edge included."""
     rgb = np.asarray(Image.fromarray(PHOTOS["coffee_big"]).resize((1001, 667), Image.BICUBIC))
-    record = _arr(_jpeg(rgb, subsampling=subsampling, progressive=progressive))
+    record = _arr(_jpeg(rgb[..., 1], progressive=progressive) if grey
+                  else _jpeg(rgb, subsampling=subsampling, progressive=progressive))
     windows = crop_windows([1001] * 48, [667] * 48, np.arange(48), seed=subsampling, epoch=0, train=True,
                            image_size=224)
     boxes = windows.box.tolist() + [[0, 0, 1001, 667], [0, 600, 40, 667], [960, 0, 1001, 30]]
@@ -265,14 +268,13 @@ def test_training_crops_decode_only_their_window_to_the_same_bits(monkeypatch, s
 
 
 def test_what_a_window_decode_cannot_take_is_decoded_whole(monkeypatch):
-    """Greyscale and CMYK JPEGs, EXIF-rotated ones under orientation "exif", fractional (eval) boxes and records
-    without their end-of-image marker never take the window decode; a record cut short still raises (PIL's full
-    decode reports it), as before."""
+    """CMYK JPEGs, EXIF-rotated ones under orientation "exif", fractional (eval) boxes and records without their
+    end-of-image marker never take the window decode; a record cut short still raises (PIL's full decode reports
+    it), as before."""
     import fastfeed.decode.cpu as C
 
     rgb = PHOTOS["astronaut"]
     calls = _counting_region_decode(monkeypatch)
-    grey = _arr(_jpeg(rgb[..., 0]))
     cmyk_buf = io.BytesIO()
     Image.fromarray(rgb).convert("CMYK").save(cmyk_buf, "JPEG", quality=90)
     exif = Image.Exif()
@@ -280,8 +282,8 @@ def test_what_a_window_decode_cannot_take_is_decoded_whole(monkeypatch):
     rotated = _arr(_jpeg(rgb, exif=exif.tobytes()))
     plain = _jpeg(rgb)
     trailing = _arr(plain + b"\0\0")
-    for record, box, orient in ((grey, [10, 20, 300, 310], "ignore"), (_arr(cmyk_buf.getvalue()), [10, 20, 300, 310],
-                                "ignore"), (rotated, [10, 20, 300, 310], "exif"),
+    for record, box, orient in ((_arr(cmyk_buf.getvalue()), [10, 20, 300, 310], "ignore"),
+                                (rotated, [10, 20, 300, 310], "exif"),
                                 (_arr(plain), [10.5, 20.25, 300.5, 310.75], "ignore"), (trailing, [10, 20, 300, 310],
                                                                                        "ignore")):
         out = C.decode_rgb(record, box, 224, 2.0, orient)

@@ -451,8 +451,8 @@ def test_the_default_render_is_the_exact_one_to_a_level(monkeypatch):
 
 
 def test_decode_rgbx_is_decode_image_in_rgbx():
-    """The native RGBX decode of RGB JPEGs (baseline and progressive, 4:2:0 and 4:4:4) is PIL's decode to the bit;
-    the other JPEGs (grey, CMYK) and formats go through PIL's: the same pixels either way."""
+    """The native RGBX decode of RGB and grey JPEGs (baseline and progressive, 4:2:0 and 4:4:4) is PIL's decode to
+    the bit; CMYK JPEGs and other formats go through PIL's: the same pixels either way."""
     from fastfeed.detect.render import decode_rgbx
 
     rng = np.random.default_rng(2)
@@ -473,6 +473,37 @@ def test_decode_rgbx_is_decode_image_in_rgbx():
         assert np.array_equal(decode_rgbx(data, native=False)[..., :3], got[..., :3])
     with pytest.raises(Exception):
         decode_rgbx(cases[0][:len(cases[0]) // 2])
+
+
+def test_sources_decode_as_displayed_into_the_recycled_buffer():
+    """decode_for of a JPEG under each EXIF tag, into a buffer of `decoded_nbytes`: PIL's decode turned by the
+    contract's own transposes (to the bit), whole and at a draft, RGB and grey; a tag that turns or mirrors the image
+    takes twice the stored pixels' room (the stored decode and the displayed copy), and the pixels handed out are a
+    view of the buffer either way."""
+    from fastfeed.detect.render import decode_for, decoded_nbytes
+    from fastfeed.image.contract import TRANSPOSE
+
+    rng = np.random.default_rng(5)
+    rgb = np.asarray(Image.fromarray(rng.integers(0, 256, (24, 31, 3), np.uint8)).resize((310, 240)))
+    for mode in ("RGB", "L"):
+        buf = io.BytesIO()
+        Image.fromarray(rgb).convert(mode).save(buf, "JPEG", quality=90)
+        data = buf.getvalue()
+        for tag in range(1, 9):
+            for zoom, draft in ((1.0, None), (0.2, (124, 96))):
+                with Image.open(io.BytesIO(data)) as im:
+                    if draft:
+                        im.draft(mode, draft)
+                    want = im.convert("RGB")
+                want = np.asarray(want.transpose(TRANSPOSE[tag]) if tag in TRANSPOSE else want)
+                shown = (240, 310) if tag >= 5 else (310, 240)
+                n = decoded_nbytes(shown, zoom, tag)
+                assert n == want.size // 3 * 4 * (1 if tag == 1 else 2), (mode, tag, zoom)
+                out = np.empty(n, np.uint8)
+                got = decode_for(data, shown, zoom, tag, out=out)
+                assert np.shares_memory(got.rgbx, out) and got.rgbx.flags.c_contiguous, (mode, tag, zoom)
+                assert np.array_equal(got.rgbx[..., :3], want), (mode, tag, zoom)
+                assert (got.width, got.height) == shown
 
 
 def test_the_last_pass_is_the_in_place_hsv_mirrored_and_laid_out():

@@ -22,12 +22,14 @@ def _jpeg(rgb, **save) -> bytes:
 PHOTO = np.asarray(Image.fromarray(skimage.data.chelsea()).resize((437, 301), Image.BICUBIC))
 
 
-@pytest.mark.parametrize("subsampling", [0, 1, 2])
+@pytest.mark.parametrize("subsampling", [0, 1, 2, "grey"])
 def test_a_window_holds_the_full_decodes_pixels_but_its_outer_columns(subsampling):
     """Rows are exact; columns widen to whole iMCUs (x <= x0, the window inside), and only the first and last
     column of a cropped decode may differ from the full decode's (upsampled without their outer neighbours) unless
-    they are the image's own edges. Pixels come as RGBX (PIL's layout for RGB)."""
-    data = _jpeg(PHOTO, subsampling=subsampling)
+    they are the image's own edges. Pixels come as RGBX (PIL's layout for RGB); a grey JPEG's as PIL converts L to
+    RGB (R = G = B), every column exact (one component: nothing upsampled)."""
+    grey = subsampling == "grey"
+    data = _jpeg(PHOTO[..., 1]) if grey else _jpeg(PHOTO, subsampling=subsampling)
     full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     for x0, y0, x1, y1 in [(100, 50, 300, 260), (0, 0, 437, 301), (3, 7, 20, 9), (400, 280, 437, 301), (-5, -5, 9, 9)]:
         got = _native.decode_jpeg_region(data, x0, y0, x1, y1)
@@ -38,19 +40,19 @@ def test_a_window_holds_the_full_decodes_pixels_but_its_outer_columns(subsamplin
         h, w = pixels.shape[:2]
         assert x <= max(x0, 0) and x + w >= min(x1, W) and y == max(y0, 0) and y + h == min(y1, H)
         ref = full[y:y + h, x:x + w]
-        inner = slice(0 if x == 0 else 1, w if x + w == W else w - 1)
+        inner = slice(None) if grey else slice(0 if x == 0 else 1, w if x + w == W else w - 1)
         assert np.array_equal(pixels[:, inner], ref[:, inner]), (x0, y0, x1, y1)
         assert np.abs(pixels.astype(int) - ref).max() <= 8
 
 
 def test_what_it_refuses_comes_back_as_a_reason():
-    """A str, never an exception or a crash: not a JPEG, a greyscale or CMYK one (the caller decodes those whole),
-    a cut-off record, an empty window."""
+    """A str, never an exception or a crash: not a JPEG, a CMYK one (the caller decodes it whole), a cut-off record,
+    an empty window."""
     data = _jpeg(PHOTO)
     cmyk = io.BytesIO()
     Image.fromarray(PHOTO).convert("CMYK").save(cmyk, "JPEG")
-    cases = {b"not a jpeg": "Not a JPEG", b"": "empty", _jpeg(PHOTO[..., 0]): "3-channel",
-             cmyk.getvalue(): "3-channel", data[: len(data) // 3]: "", data: "empty window"}
+    cases = {b"not a jpeg": "Not a JPEG", b"": "empty", cmyk.getvalue(): "greyscale JPEG",
+             data[: len(data) // 3]: "", data: "empty window"}
     for record, reason in cases.items():
         box = (50, 50, 50, 60) if record is data else (0, 0, 437, 301)
         got = _native.decode_jpeg_region(record, *box)
@@ -104,11 +106,12 @@ def test_pixels_go_into_the_callers_buffer_when_they_fit():
         assert np.array_equal(o, _native.decode_jpeg_region(records[i], 0, 0, 437, 301)[0])
 
 
-@pytest.mark.parametrize("subsampling", [0, 2])
+@pytest.mark.parametrize("subsampling", [0, 2, "grey"])
 def test_a_dct_scaled_decode_is_pils_draft_to_the_bit(subsampling):
     """scale 2, 4, 8: libjpeg's scaled decode, as PIL's draft asks it (the detection path's drafts): PIL's pixels to
-    the bit, the full image's size returned, a window in the scaled image's pixels; another scale is refused."""
-    data = _jpeg(PHOTO, subsampling=subsampling)
+    the bit (a grey JPEG's converted to RGB), the full image's size returned, a window in the scaled image's pixels;
+    another scale is refused."""
+    data = _jpeg(PHOTO[..., 1], progressive=True) if subsampling == "grey" else _jpeg(PHOTO, subsampling=subsampling)
     for scale in (1, 2, 4, 8):
         with Image.open(io.BytesIO(data)) as im:
             im.draft("RGB", (437 // scale, 301 // scale))

@@ -11,7 +11,7 @@ Per sample, on a thread pool, a few samples per task (PIL and the numba kernel b
      v >> 8;
   3. `Image.resize((S, S), BILINEAR, box=window)` crops and antialias-resizes in one SIMD pass (the box is in float
      source coordinates, so the draft scale costs no precision, and the filter reads pixels just outside the box
-     exactly as resize-then-crop would). A training crop (a box on whole pixels) of an RGB JPEG shown as stored
+     exactly as resize-then-crop would). A training crop (a box on whole pixels) of an RGB or grey JPEG shown as stored
      decodes only the rows and columns that resize reads, through the native core's window decode
      (`_resized_region`): the same bits for less decode work (docs/design/decoders.md#cpu-pil);
   4. a numba kernel flips, normalizes through a [3, 256] lookup table of the output dtype's bit patterns (exact, and
@@ -81,7 +81,7 @@ def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, 
     y1 = min(max(by1, y0 + _MIN_BOX), float(H0))
     if img.format == "JPEG" and draft_min_scale is not None:
         img.draft("RGB", _draft_size(W0, H0, x1 - x0, y1 - y0, image_size * draft_min_scale))
-    if tag == 1 and img.format == "JPEG" and img.mode == "RGB" and img.size == (W0, H0) and _REGION_DECODE \
+    if tag == 1 and img.format == "JPEG" and img.mode in ("RGB", "L") and img.size == (W0, H0) and _REGION_DECODE \
             and all(float(v).is_integer() for v in (x0, y0, x1, y1)) and _ends_with_eoi(sample):
         out = _resized_region(sample, (x0, y0, x1, y1), image_size)
         if out is not None:
@@ -119,14 +119,15 @@ def _ends_with_eoi(sample) -> bool:
 
 
 def whole_jpeg_rgbx(sample, out: np.ndarray | None = None, scale: int = 1):
-    """(uint8 [h, w, 4] RGBX, the full image's (width, height)): the stored pixels of an RGB JPEG, decoded by the
-    native core: libjpeg's pixels with PIL's settings, in PIL's own layout, so a PIL image can wrap them
+    """(uint8 [h, w, 4] RGBX, the full image's (width, height)): the stored pixels of an RGB or grey JPEG (grey
+    replicated into R, G and B, as PIL converts L to RGB), decoded by the native core: libjpeg's pixels with PIL's
+    settings, in PIL's own layout, so a PIL image can wrap them
     (`Image.frombuffer`) where PIL's decode would need a copy out of its memory for numpy. `scale` 2, 4 or 8: at that
     DCT scale, as PIL's draft decodes (the same pixels). Into `out` (a uint8 buffer, from its start) when they fit:
     the array is then a view of it. None where that does not apply (another format or colour space, a record that
     does not end with its end marker, no native libjpeg) or the native decode refuses the file: the caller decodes it
     with PIL, by the contract's rules. No PIL header parse first: the native decode reads the header and refuses what
-    PIL would hold in another mode than RGB."""
+    PIL would hold in another mode than RGB or L."""
     if not (_REGION_DECODE and starts_with_soi(sample) and _ends_with_eoi(sample)):
         return None
     got = _REGION_DECODE(sample, 0, 0, _WHOLE, _WHOLE, out, scale)
@@ -142,16 +143,16 @@ _WHOLE = 1 << 30  # a window edge past any image's: the whole image
 
 
 def _resized_region(sample, box, image_size: int):
-    """`decode_rgb` of an RGB JPEG shown as stored, decoding only the rows and columns the resize reads: the window
-    plus the filter's support (the downscale factor, at least a pixel) and two pixels more, which keep the first and
-    last column of a cropped decode (upsampled without their outer neighbours: they differ from a full decode's) out
-    of reach. The pixels equal the full decode's and the resize sees the same box shifted by whole pixels: for a box
-    on whole pixels (training crops) the output is the full decode's bit for bit (tests/test_decode_cpu.py); a
-    fractional box (eval's exact resize) would round the filter's weights differently (1/255 on 0.02% of values),
-    so it is decoded whole. Why: libjpeg's full decode is most of the CPU path's time per image, and a
-    RandomResizedCrop window covers about half of the image on average (docs/design/decoders.md#cpu-pil). None when
-    the native decode refuses the file (corrupt data, another colour space): the caller decodes it whole, with PIL's
-    rules."""
+    """`decode_rgb` of an RGB or grey JPEG shown as stored, decoding only the rows and columns the resize reads: the
+    window plus the filter's support (the downscale factor, at least a pixel) and two pixels more, which keep the
+    first and last column of a cropped decode (upsampled without their outer neighbours: they differ from a full
+    decode's) out of reach. The pixels equal the full decode's and the resize sees the same box shifted by whole
+    pixels: for a box on whole pixels (training crops) the output is the full decode's bit for bit
+    (tests/test_decode_cpu.py); a fractional box (eval's exact resize) would round the filter's weights differently
+    (1/255 on 0.02% of values), so it is decoded whole. Why: libjpeg's full decode is most of the CPU path's time per
+    image, and a RandomResizedCrop window covers about half of the image on average
+    (docs/design/decoders.md#cpu-pil). None when the native decode refuses the file (corrupt data, another colour
+    space): the caller decodes it whole, with PIL's rules."""
     x0, y0, x1, y1 = box
     mx = math.ceil(max((x1 - x0) / image_size, 1.0)) + 2
     my = math.ceil(max((y1 - y0) / image_size, 1.0)) + 2

@@ -16,8 +16,8 @@ integers, as the boxes are transformed):
 Then one pass (fastfeed/detect/hsv.py `finish`) mirrors the canvas for the horizontal flip, applies ultralytics'
 RandomHSV and writes the output, interleaved or planar. Encoded sources (bytes) are decoded here with JPEG `draft`
 (DCT-domain downscaling) where every tile of that source keeps >= 2 source pixels per output pixel, as
-fastfeed/decode/cpu.py does for classification; an RGB JPEG, drafted or not, is decoded by the native core straight
-into RGBX, at the scale PIL's draft would pick (its pixels to the bit; `decode_rgbx`, `draft_denominator`).
+fastfeed/decode/cpu.py does for classification; an RGB or grey JPEG, drafted or not, is decoded by the native core
+straight into RGBX, at the scale PIL's draft would pick (its pixels to the bit; `decode_rgbx`, `draft_denominator`).
 """
 from __future__ import annotations
 
@@ -73,9 +73,9 @@ def decode_image(data, draft_size: tuple[int, int] | None = None) -> Image.Image
 
 
 def decode_rgbx(data, native: bool = True) -> np.ndarray:
-    """Encoded bytes -> uint8 [h, w, 4] RGBX (the fourth byte unused): `decode_image`'s pixels, an RGB JPEG decoded
-    by the native core straight into this layout unless `native` is False (a sample kept for PIL's decode alone).
-    Raises on bad data."""
+    """Encoded bytes -> uint8 [h, w, 4] RGBX (the fourth byte unused): `decode_image`'s pixels, an RGB or grey JPEG
+    decoded by the native core straight into this layout unless `native` is False (a sample kept for PIL's decode
+    alone). Raises on bad data."""
     return _to_rgbx(_decode(data, None, native=native)[0])
 
 
@@ -85,11 +85,21 @@ _DISPLAY = {2: lambda a: a[:, ::-1], 3: lambda a: a[::-1, ::-1], 4: lambda a: a[
             7: lambda a: a[::-1, ::-1].transpose(1, 0, 2), 8: lambda a: a[:, ::-1].transpose(1, 0, 2)}
 
 
-def displayed(pixels: np.ndarray, tag: int) -> np.ndarray:
+def displayed(pixels: np.ndarray, tag: int, out: np.ndarray | None = None) -> np.ndarray:
     """A decoded [h, w, C] image as its EXIF orientation `tag` displays it (C-contiguous; as it is for tag 1 or an
-    unknown tag, as the decode contract treats one)."""
+    unknown tag, as the decode contract treats one); a copy into `out` (uint8, from its start) when it fits."""
     view = _DISPLAY.get(int(tag))
-    return pixels if view is None else np.ascontiguousarray(view(pixels))
+    if view is None:
+        return pixels
+    words = pixels.dtype == np.uint8 and pixels.shape[2] == 4 and pixels.flags.c_contiguous
+    # RGBX moved as one 4-byte word a pixel: numpy's transposed copy of single bytes is 8x slower
+    shown = view(pixels.view(np.uint32)) if words else view(pixels)
+    if out is not None and out.nbytes >= pixels.nbytes:
+        copy = out[:pixels.nbytes].view(shown.dtype).reshape(shown.shape)
+        np.copyto(copy, shown)
+    else:
+        copy = np.ascontiguousarray(shown)
+    return copy.view(np.uint8) if words else copy
 
 
 class Decoded(NamedTuple):
@@ -121,12 +131,18 @@ def decode_for(data, size: tuple[int, int], zoom: float, tag: int = 1, native: b
                out: np.ndarray | None = None) -> Decoded:
     """`data` decoded for tiles that magnify it by at most `zoom` (output px per pixel of the geometry, whose image is
     `size` (width, height) as displayed): a JPEG at the smallest DCT scale that keeps DRAFT_MIN_SCALE source pixels
-    per output pixel (as `render` drafts encoded sources), shown by its EXIF `tag` (`displayed`). An RGB JPEG the
-    native core decodes whole goes into `out` (uint8, from its start) when it fits. Raises on bad data."""
+    per output pixel (as `render` drafts encoded sources), shown by its EXIF `tag` (`displayed`). An RGB or grey JPEG
+    the native core decodes whole goes into `out` (uint8, from its start) when it fits; one its tag turns or
+    mirrors is decoded into `out`'s second half and displayed into its first (`decoded_nbytes` counts both).
+    Raises on bad data."""
     W0, H0 = (int(v) for v in size)
     stored = (H0, W0) if swaps_axes(tag) else (W0, H0)  # the draft is asked of the stored image
+    shown_out = None
+    if out is not None and int(tag) in _DISPLAY:
+        half = len(out) // 2
+        shown_out, out = out[:half], out[half:]
     img, scale, (w, h) = _decode(data, _draft_size(stored, zoom), native=native, out=out, stored=stored)
-    rgbx = displayed(_to_rgbx(img), tag)
+    rgbx = displayed(_to_rgbx(img), tag, shown_out)
     if swaps_axes(tag):
         w, h = h, w
     return Decoded(rgbx, scale * w / W0, scale * h / H0, w, h, _wrap(rgbx))
@@ -151,11 +167,12 @@ def draft_denominator(stored: tuple[int, int], draft_size: tuple[int, int] | Non
 
 
 def decoded_nbytes(size: tuple[int, int], zoom: float, tag: int = 1) -> int:
-    """The bytes of the RGBX pixels `decode_for` makes of an RGB JPEG natively (`out`'s size for it)."""
+    """The bytes of the RGBX pixels `decode_for` makes of an RGB or grey JPEG natively (`out`'s size for it): twice
+    that where its EXIF tag turns or mirrors it (the stored pixels and the displayed ones)."""
     W0, H0 = (int(v) for v in size)
     stored = (H0, W0) if swaps_axes(tag) else (W0, H0)
     d = draft_denominator(stored, _draft_size(stored, zoom))
-    return -(-W0 // d) * -(-H0 // d) * 4
+    return -(-W0 // d) * -(-H0 // d) * 4 * (2 if int(tag) in _DISPLAY else 1)
 
 
 def _decode(data, draft_size, native: bool = False, out=None,
