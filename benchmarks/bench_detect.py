@@ -1,14 +1,19 @@
 """Detection training batches per second: `fastfeed.Loader(task="detect")` against ultralytics' own YOLO train
 loader, same images, same augmentation, same cores, same run.
 
-    python benchmarks/bench_detect.py [--workdir DIR] [--num-images 1000] [--photo-scale 1] [--batch 32] [--size 640]
-                                      [--seconds 40] [--warmup 4] [--workers N] [--rounds 1] [--device cpu]
-                                      [--mode train|val] [--json FILE]
+    python benchmarks/bench_detect.py [--workdir DIR] [--num-images 1000] [--photo-scale 1] [--variant NAME]
+                                      [--batch 32] [--size 640] [--seconds 40] [--warmup 4] [--workers N]
+                                      [--rounds 1] [--device cpu] [--mode train|val] [--json FILE]
 
 Data: `fastfeed.demo_data.make_dataset` renders ImageNet-like JPEGs (300-800 px) into WORKDIR/yolo/images, each given
 1-8 random boxes in WORKDIR/yolo/labels (YOLO text, 4 classes) and a data.yaml; the real CLI packs the folder
 (`fastfeed pack WORKDIR/yolo WORKDIR/wds`). ultralytics reads the folder, fastfeed the shards. `--photo-scale K`
-enlarges every photo K times per side first (into WORKDIR/xK): phone-camera sizes.
+enlarges every photo K times per side first (into WORKDIR/xK): phone-camera sizes. `--variant` makes a kind of data
+set the project does not ship out of the same photos and boxes (into WORKDIR/variant-NAME): `grey` (greyscale JPEGs),
+`exif` (each photo stored turned 90 degrees with EXIF orientation 6, so it displays as before under its labels),
+`png` (lossless PNGs), `small` (a third of the size per side: upscaled tiles), `crowd` (20-99 small boxes an image)
+or `polygons` (each box's object a 12-39-point polygon inside it: both loaders do their segmentation batches,
+ultralytics' `task=segment`, fastfeed's `task="segment"`).
 
 Both loaders do ultralytics' default training augmentation (default.yaml: mosaic 1.0, translate 0.1, scale 0.5,
 fliplr 0.5, HSV 0.015/0.7/0.4; mixup, copy-paste and rotation off, as there) at `--size` px and batch `--batch`
@@ -71,6 +76,62 @@ def prepare_data(workdir: Path, num_images: int, photo_scale: int = 1) -> tuple[
     return yolo, packed
 
 
+VARIANTS = ("grey", "exif", "png", "small", "crowd", "polygons")
+
+
+def variant_data(workdir: Path, num_images: int, variant: str) -> tuple[Path, Path]:
+    """(YOLO folder, packed folder) of `variant` (VARIANTS; the module docstring says what each is) under
+    workdir/variant-NAME, made from `prepare_data`'s photos and boxes only when missing."""
+    import math
+
+    import numpy as np
+    from PIL import Image
+
+    small, _ = prepare_data(workdir, num_images)
+    yolo, packed = workdir / f"variant-{variant}" / "yolo", workdir / f"variant-{variant}" / "wds"
+    if (packed / "fastfeed.json").exists() and len(list((yolo / "labels").iterdir())) == num_images:
+        return yolo, packed
+    for sub in ("images", "labels"):
+        (yolo / sub).mkdir(parents=True, exist_ok=True)
+    (yolo / "data.yaml").write_bytes((small / "data.yaml").read_bytes())
+    rng = np.random.default_rng(1)
+    turned = Image.Exif()
+    turned[0x0112] = 6  # displayed turned 90 degrees clockwise: undoes the stored ROTATE_90
+    for src in sorted((small / "images").iterdir()):
+        lines = (small / "labels" / (src.stem + ".txt")).read_text().splitlines()
+        img, dst = Image.open(src), yolo / "images" / src.name
+        if variant == "grey":
+            img.convert("L").save(dst, quality=90)
+        elif variant == "exif":
+            img.transpose(Image.Transpose.ROTATE_90).save(dst, quality=90, exif=turned.tobytes())
+        elif variant == "png":
+            img.save(dst.with_suffix(".png"))
+        elif variant == "small":
+            img.resize((img.width // 3, img.height // 3), Image.BICUBIC).save(dst, quality=90)
+        else:
+            dst.write_bytes(src.read_bytes())
+        if variant == "crowd":
+            lines = []
+            for _ in range(int(rng.integers(20, 100))):
+                bw, bh = rng.uniform(0.01, 0.15), rng.uniform(0.01, 0.2)
+                cx, cy = rng.uniform(bw / 2, 1 - bw / 2), rng.uniform(bh / 2, 1 - bh / 2)
+                lines.append(f"{int(rng.integers(0, len(NAMES)))} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}")
+        elif variant == "polygons":  # a star-shaped polygon inside each box
+            polygons = []
+            for line in lines:
+                c, cx, cy, w, h = line.split()
+                cx, cy, w, h = map(float, (cx, cy, w, h))
+                t = np.linspace(0, 2 * math.pi, int(rng.integers(12, 40)), endpoint=False)
+                r = rng.uniform(0.7, 1.0, len(t))
+                xs, ys = np.clip(cx + r * w / 2 * np.cos(t), 0, 1), np.clip(cy + r * h / 2 * np.sin(t), 0, 1)
+                polygons.append(c + "".join(f" {x:.5f} {y:.5f}" for x, y in zip(xs, ys)))
+            lines = polygons
+        (yolo / "labels" / (src.stem + ".txt")).write_text("".join(f"{line}\n" for line in lines))
+    subprocess.run([sys.executable, "-m", "fastfeed.cli", "pack", str(yolo), str(packed), "--shard-size", "64MB",
+                    "--overwrite", "--quiet"], check=True)
+    return yolo, packed
+
+
 def _enlarged(workdir: Path, num_images: int, k: int) -> tuple[Path, Path]:
     from PIL import Image
 
@@ -91,13 +152,13 @@ def _enlarged(workdir: Path, num_images: int, k: int) -> tuple[Path, Path]:
     return yolo, packed
 
 
-def ultralytics_loader(yolo: Path, batch: int, size: int, workers: int, mode: str = "train"):
+def ultralytics_loader(yolo: Path, batch: int, size: int, workers: int, mode: str = "train", task: str = "detect"):
     """ultralytics' train loader, or with mode "val" its evaluation one (LetterBox to size x size, no augmentation,
-    in order; rect=False, so its batches are square like fastfeed's)."""
+    in order; rect=False, so its batches are square like fastfeed's); task "segment": with its instance masks."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data import build_dataloader, build_yolo_dataset
 
-    cfg = get_cfg(overrides={"imgsz": size, "cache": False, "workers": workers})
+    cfg = get_cfg(overrides={"imgsz": size, "cache": False, "workers": workers, "task": task})
     data = {"names": dict(enumerate(NAMES)), "nc": len(NAMES), "channels": 3}
     dataset = build_yolo_dataset(cfg, str(yolo / "images"), batch, data, mode=mode, rect=False, stride=32)
     return build_dataloader(dataset, batch, workers, shuffle=mode == "train")
@@ -156,8 +217,9 @@ def main(argv=None) -> int:
         "--mode", choices=("train", "val"), default="train",
         help="val: evaluation batches (letterbox, no augmentation, in order) on both sides"))
     train = a.mode == "train"
-    extra = a.loader_kwargs if train else dict(a.loader_kwargs, train=False)
-    run_rounds({"ultralytics": lambda: (ultralytics_loader(yolo, a.batch, a.size, a.workers, a.mode),
+    task = "segment" if a.variant == "polygons" else "detect"
+    extra = dict(a.loader_kwargs, task=task) if train else dict(a.loader_kwargs, task=task, train=False)
+    run_rounds({"ultralytics": lambda: (ultralytics_loader(yolo, a.batch, a.size, a.workers, a.mode, task),
                                         lambda b: to_device_ultralytics(b, a.device)),
                 "fastfeed": lambda: (fastfeed_loader(packed, a.batch, a.size, a.device, extra),
                                      lambda b: to_device_fastfeed(b, a.device))}, a)
@@ -173,6 +235,7 @@ def start(doc: str, argv, *, device: bool, more=None) -> tuple[argparse.Namespac
     p.add_argument("--num-images", type=int, default=1000)
     p.add_argument("--photo-scale", type=int, default=1,
                    help="enlarge each photo K times per side (K=6: 2-12 MP, phone-camera sizes)")
+    p.add_argument("--variant", choices=VARIANTS, help="another kind of data set (the module docstring says which)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--size", type=int, default=640)
     p.add_argument("--seconds", type=float, default=40)
@@ -187,12 +250,15 @@ def start(doc: str, argv, *, device: bool, more=None) -> tuple[argparse.Namespac
     if more is not None:  # the caller's own arguments
         more(p)
     a = p.parse_args(argv)
-    yolo, packed = prepare_data(a.workdir, a.num_images, a.photo_scale)
+    if a.variant and a.photo_scale > 1:
+        p.error("--variant and --photo-scale are separate data sets: give one")
+    yolo, packed = (variant_data(a.workdir, a.num_images, a.variant) if a.variant
+                    else prepare_data(a.workdir, a.num_images, a.photo_scale))
     for f in [*yolo.rglob("*"), *packed.rglob("*")]:
         if f.is_file():
             f.read_bytes()
     where = f"{a.device}, " if device else ""
-    print(f"{a.num_images} images, batch {a.batch}, {a.size} px, {len(os.sched_getaffinity(0))} cores, {where}"
+    print(f"{a.variant + ' ' if a.variant else ''}{a.num_images} images, batch {a.batch}, {a.size} px, {len(os.sched_getaffinity(0))} cores, {where}"
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     return a, yolo, packed
 
