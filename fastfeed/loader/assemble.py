@@ -226,15 +226,15 @@ class BatchAssembler:
                 valid[list(replaced)] = False
         batch["valid"] = valid
         semantic = self.settings.task == "semantic"
-        if semantic and not bool(valid.all()):  # in evaluation only what is scored has labelled pixels
-            batch["masks"][~valid] = self.settings.ignore_index
         if self.settings.device.type == "cuda":
             # What the model reads goes to the device; the bookkeeping (ids, sizes, scale, pad, valid) stays on the
             # host, where it is read without waiting for the GPU.
             batch = {name: v.pin_memory().to(self.settings.device, non_blocking=True)
                      if name in _ON_DEVICE and v.device.type == "cpu" else v for name, v in batch.items()}
-        if semantic:  # class ids travel as 8 or 16 bits; losses take int64
-            batch["masks"] = batch["masks"].long()
+        if semantic:  # class ids travel as 8 or 16 bits; losses take int64 (and torch fills no uint16 by a mask)
+            batch["masks"] = masks = batch["masks"].long()
+            if not bool(valid.all()):  # in evaluation only what is scored has labelled pixels
+                masks[(~valid).to(masks.device)] = self.settings.ignore_index
         return batch
 
     def _untrusted(self, indices, samples, digests=None) -> dict[int, tuple[str, str]]:
