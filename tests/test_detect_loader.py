@@ -205,6 +205,33 @@ def test_evaluation_letterboxes_every_image_once_with_exact_boxes(yolo_pack):
     assert len(seen) == len(truth)
 
 
+def test_training_outputs_map_their_boxes_by_scale_pad_and_flipped(yolo_pack):
+    """Training without mosaic or rotation: each output's own boxes that stay inside it are its source's boxes *
+    scale + pad, mirrored (x -> S - x) where `flipped` says so; both sides of the flip occur."""
+    out, truth = yolo_pack
+    loader = fastfeed.Loader(out, batch_size=6, image_size=S, dtype=torch.uint8, device="cpu", seed=1,
+                             augment=DetectAugment(mosaic=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0))
+    checked, flips = 0, set()
+    for batch in loader:
+        for k in range(len(batch["images"])):
+            src = truth[_source_number(loader.dataset, int(batch["ids"][k]))]
+            w, h = src["size"]
+            scale, pad = batch["scale"][k].tolist() * 2, batch["pad"][k].tolist() * 2
+            want = np.array(src["boxes"], dtype=np.float64).reshape(-1, 4) * scale + pad
+            shown = np.array([0, 0, w, h]) * scale + pad  # the image's area, clipped to whole output pixels
+            lo, hi = np.maximum(shown[:2], 0) + 1, np.minimum(shown[2:], S) - 1
+            inside = want[((want[:, :2] >= lo) & (want[:, 2:] <= hi)).all(axis=1)]
+            if batch["flipped"][k]:
+                inside = np.stack([S - inside[:, 2], inside[:, 1], S - inside[:, 0], inside[:, 3]], axis=1)
+            got = batch["boxes"][batch["batch_idx"] == k].numpy()
+            for box in inside:  # a box wholly inside the output is kept as it maps
+                assert np.abs(got - box).max(axis=1).min() < 1e-3, (box, got)
+                checked += 1
+            flips.add(bool(batch["flipped"][k]))
+    loader.close()
+    assert checked > 20 and flips == {False, True}
+
+
 # An EXIF tag's PIL operation undone: the stored pixels of an image that the tag displays as the scene.
 _UNDO = {Image.Transpose.ROTATE_270: Image.Transpose.ROTATE_90, Image.Transpose.ROTATE_90: Image.Transpose.ROTATE_270}
 
@@ -525,7 +552,7 @@ def test_a_torchvision_detector_trains_on_the_batches(yolo_pack):
     loader.close()
 
 
-def test_detection_arguments_are_checked(yolo_pack):
+def test_detection_arguments_are_checked(yolo_pack, tmp_path):
     out, _ = yolo_pack
     with pytest.raises(ValueError, match="decodes on a CUDA device"):
         fastfeed.Loader(out, batch_size=4, device="cpu", decoder="dali")
@@ -542,6 +569,15 @@ def test_detection_arguments_are_checked(yolo_pack):
         fastfeed.Loader(out, batch_size=4, device="cpu", task="classify", augment=DetectAugment())
     with pytest.raises(ValueError, match="mosaic"):
         DetectAugment(mosaic=1.5)
+    for c in range(2):  # a classification pack holds no boxes: a detection batch of it would have none, silently
+        (tmp_path / "src" / f"c{c}").mkdir(parents=True)
+        Image.new("RGB", (40, 30), (90 * c, 60, 30)).save(tmp_path / "src" / f"c{c}" / "0.jpg")
+    from conftest import run_pack
+
+    run_pack(tmp_path / "src", tmp_path / "cls")
+    for task in ("detect", "segment"):
+        with pytest.raises(ValueError, match=f"task='{task}' reads each image's objects.*packed for task 'classify'"):
+            fastfeed.Loader(tmp_path / "cls", batch_size=2, device="cpu", task=task)
 
 
 @pytest.mark.gpu

@@ -141,6 +141,38 @@ def test_segment_needs_polygons(tmp_path):
         fastfeed.Loader(tmp_path / "out", task="segment", batch_size=2, device="cpu")
 
 
+def test_objects_without_an_outline_are_named_and_get_empty_masks(tmp_path, caplog):
+    """A partly segmented set (some label lines boxes, the rest polygons, as ultralytics reads both): the Loader
+    warns once with the count and the first sample, and exactly those objects come with empty masks."""
+    from conftest import run_pack
+
+    make_yolo_segments(tmp_path / "src", n=8, seed=2)
+    boxes_only = 0
+    for k, f in enumerate(sorted((tmp_path / "src" / "labels").iterdir())):
+        lines = f.read_text().splitlines()
+        if k % 2:  # the first object of every other image as a box line
+            c, *xy = lines[0].split()
+            xs, ys = [float(v) for v in xy[0::2]], [float(v) for v in xy[1::2]]
+            lines[0] = (f"{c} {(min(xs) + max(xs)) / 2:.6f} {(min(ys) + max(ys)) / 2:.6f} "
+                        f"{max(xs) - min(xs):.6f} {max(ys) - min(ys):.6f}")
+            boxes_only += 1
+        f.write_text("".join(f"{line}\n" for line in lines))
+    run_pack(tmp_path / "src", tmp_path / "out", "--format", "wds")
+    with caplog.at_level("WARNING", logger="fastfeed"):
+        loader = fastfeed.Loader(tmp_path / "out", task="segment", batch_size=4, image_size=S, device="cpu",
+                                 train=False, dtype=torch.uint8)
+    notes = [r.getMessage() for r in caplog.records if "no polygon or mask" in r.getMessage()]
+    assert len(notes) == 1 and f" {boxes_only} of " in notes[0], notes
+    empty = 0
+    for batch in loader:
+        _, targets = to_torchvision(batch)
+        for t in targets:
+            pixels = t["masks"].flatten(1).sum(1)
+            empty += int((pixels == 0).sum())
+    assert empty == boxes_only
+    loader.close()
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_the_instance_masks_are_the_cpu_ones(seg_pack):
     """decoder="dali" (DALI and the GPU renderer draw the pixels): the same boxes and index maps as on the CPU,

@@ -55,6 +55,7 @@ import torch
 
 from fastfeed.datasets import open_dataset
 from fastfeed.decode import GPU_DECODERS
+from fastfeed.detect.instances import missing_masks_note
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX
 from fastfeed.loader import lifecycle
 from fastfeed.loader.assemble import LoaderError
@@ -68,7 +69,7 @@ from fastfeed.loader.stats import StageStats
 from fastfeed.tuning.climber import ShareClimber
 from fastfeed.tuning.pace import ConsumerPace
 from fastfeed.tuning.pipelines import PipelineTuner
-from fastfeed.targets import GEOMETRY_TASKS
+from fastfeed.targets import BOX_TASKS, GEOMETRY_TASKS
 from fastfeed.world import World
 
 __all__ = ["Loader", "LoaderError"]
@@ -181,7 +182,11 @@ class Loader:
         # Resolved again with what the table says about the images: the decoder "auto" picks and the DALI thread
         # count depend on it (fastfeed/loader/settings.py).
         self._images = self.dataset.image_profile()  # a median over every sample: once
-        args["task"] = task or getattr(self.dataset.manifest, "task", "classify")  # default: what the pack holds
+        held = getattr(self.dataset.manifest, "task", "classify")
+        if task in BOX_TASKS and held not in BOX_TASKS:  # else every batch would come without a box, silently
+            raise ValueError(f"{path}: task={task!r} reads each image's objects, and this dataset holds none: it "
+                             f"was packed for task {held!r} (docs/detection.md says which sources carry boxes)")
+        args["task"] = task or held  # default: what the pack holds
         self.settings = resolve_settings(**args, images=self._images,
                                          frame=getattr(self.dataset.manifest, "annotation_frame", "ignore"))
         if self.settings.task == "semantic" and self.settings.mask is None:
@@ -199,6 +204,8 @@ class Loader:
                 raise ValueError(f"fields=['cls'] is a classification label; a {s.task} batch has none")
             extents, fields = plan_fields(self.dataset, members)
         self._table = sample_table(self.dataset, s, extents, fields)
+        if s.task == "segment" and (note := missing_masks_note(self._table.targets, self._table.keys)):
+            log.warning("fastfeed: %s: %s", path, note)
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
         self._pace = ConsumerPace()  # the loop's pace, which both tuners measure (fastfeed/tuning/)
         # Page-locked only when batches go to a GPU: a CPU Loader gains nothing from it, and in a child forked from
