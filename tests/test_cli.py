@@ -47,3 +47,25 @@ def test_bench_names_the_missing_extra_before_measuring(monkeypatch, tmp_path, c
     assert main(["bench", str(tmp_path), "--plot", str(tmp_path / "p.png")]) == 2
     err = capsys.readouterr().err
     assert "matplotlib not installed" in err and "pip install 'fastfeed[bench]'" in err
+
+
+@pytest.mark.integration
+def test_a_reader_that_goes_away_is_no_error(tmp_path):
+    """`fastfeed inspect DIR | head`: the pipe closes under the command's output; it ends quietly with 141 (what a
+    shell reports for SIGPIPE), not a traceback."""
+    import os
+
+    from conftest import run_pack
+    from PIL import Image
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "src" / "a" / "0.png")
+    run_pack(tmp_path / "src", tmp_path / "out")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fastfeed.cli", "inspect", str(tmp_path / "out")], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr
