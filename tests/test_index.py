@@ -329,6 +329,36 @@ def test_samples_without_a_cls_beside_labelled_ones_are_counted_and_warned(tmp_p
     assert index_shards(str(folder), str(tmp_path / "dt")).manifest.extra == {}
 
 
+def test_the_shards_pack_wrote_for_segmentation_are_adopted(tmp_path):
+    """pack writes `cls` -1 ("no class label") into detection and segmentation shards: index adopts those shards as
+    they are (copied without their manifest), and their masks load; another negative label is still rejected."""
+    import shutil
+
+    from conftest import run_pack
+    from test_segment_loader import _png, check_masks_against_pixels, make_scene
+
+    rng = np.random.default_rng(4)
+    for d in ("img", "masks"):
+        (tmp_path / d).mkdir()
+    for i in range(6):
+        img, mask = make_scene(rng, 70, 50)
+        Image.fromarray(img).save(tmp_path / "img" / f"{i}.png")
+        (tmp_path / "masks" / f"{i}.png").write_bytes(_png(mask))
+    run_pack(tmp_path / "img", tmp_path / "out", "--masks", str(tmp_path / "masks"))
+    (tmp_path / "copy").mkdir()
+    for tar in (tmp_path / "out").glob("*.tar"):
+        shutil.copy(tar, tmp_path / "copy")
+    report = index_shards(str(tmp_path / "copy"), str(tmp_path / "ds"))
+    assert len(report.manifest.shards) >= 1 and not report.rejected
+    loader = fastfeed.Loader(tmp_path / "ds", task="semantic", batch_size=3, image_size=64, train=False,
+                             device="cpu", dtype=torch.uint8)
+    assert sum(check_masks_against_pixels(b) for b in loader) > 100 and len(loader.dataset) == 6
+    loader.close()
+    samples = [dict(sample(i), cls=-2 if i == 0 else 1) for i in range(3)]
+    got = index_shards(str(write_shards(tmp_path / "neg", samples)), str(tmp_path / "dn"))
+    assert [r["reason"] for r in got.rejected] == ["img/00000.cls holds a negative label (-2; -1 alone means none)"]
+
+
 @pytest.mark.integration
 def test_cli_index(shards, tmp_path):
     cmd = [sys.executable, "-m", "fastfeed.cli", "index", str(shards), str(tmp_path / "ds")]

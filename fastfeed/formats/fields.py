@@ -7,7 +7,9 @@ packed dataset's `.json` member is field "json" and its label is field "cls".
 
 What: the value of a member follows from its extension's last part, as webdataset's default decoders read them,
 except that nothing is unpickled: `.pyd`, `.pickle`, `.pth` and `.pt` members are refused, and `.npy` is read with
-`allow_pickle=False`. Any other extension (a second image, `.mp3`, ...) is handed over as its bytes.
+`allow_pickle=False`. A value must also be one a batch can hold: an int field's value fits int64, and an array's
+dtype is one torch has a tensor for (NPY_DTYPES; a big-endian one is brought to native byte order, the same values).
+Any other extension (a second image, `.mp3`, ...) is handed over as its bytes.
 """
 from __future__ import annotations
 
@@ -18,12 +20,17 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["FieldExtents", "FieldError", "columns", "value_kind", "decode_value", "PICKLED", "INT_EXTS",
-           "TEXT_EXTS", "JSON_EXTS"]
+           "TEXT_EXTS", "JSON_EXTS", "NPY_DTYPES", "INT64_MIN", "INT64_MAX"]
 
 INT_EXTS = ("cls", "cls2", "index", "inx", "id")
 TEXT_EXTS = ("txt", "text", "transcript")
 JSON_EXTS = ("json", "jsn")
 PICKLED = ("pyd", "pickle", "pth", "pt")  # never read from a dataset
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# The dtypes torch.from_numpy takes (uint16, uint32 and uint64 since torch 2.3), in native byte order: an array of any
+# other (text, structured, datetime, float128, ...) has no tensor and would fail the batch that collates it.
+NPY_DTYPES = tuple(np.dtype(t) for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                                         "uint64", "float16", "float32", "float64", "complex64", "complex128"))
 
 
 class FieldError(ValueError):
@@ -65,16 +72,33 @@ def value_kind(name: str) -> str:
 
 def decode_value(kind: str, raw):
     """The value of one member's bytes (`raw`: bytes-like) for a field of `kind` (value_kind); FieldError when the
-    bytes do not hold one."""
+    bytes do not hold one a batch can hold."""
     try:
         if kind == "int":
-            return int(bytes(raw).strip())
-        if kind == "text":
+            value = int(bytes(raw).strip())
+        elif kind == "text":
             return bytes(raw).decode("utf-8")
-        if kind == "json":
+        elif kind == "json":
             return json.loads(bytes(raw))
-        if kind == "npy":
-            return np.load(io.BytesIO(bytes(raw)), allow_pickle=False)
+        elif kind == "npy":
+            value = np.load(io.BytesIO(bytes(raw)), allow_pickle=False)
+        else:
+            return bytes(raw)
     except (ValueError, OSError, EOFError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise FieldError(f"not a valid {kind} member ({type(e).__name__}: {str(e)[:200]})") from None
-    return bytes(raw)
+    if kind == "npy":
+        return _array(value)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise FieldError(f"{value} does not fit an int64")
+    return value
+
+
+def _array(value) -> np.ndarray:
+    """A loaded .npy value as an array torch takes (NPY_DTYPES), in native byte order."""
+    if not isinstance(value, np.ndarray):  # np.load reads an .npz archive too
+        raise FieldError(f"not a .npy array but {type(value).__name__}")
+    native = value.dtype.newbyteorder("=")
+    if native not in NPY_DTYPES:
+        raise FieldError(f"an array of dtype {value.dtype}, which torch has no tensor for (it takes "
+                         f"{', '.join(map(str, NPY_DTYPES))})")
+    return value if value.dtype == native else value.astype(native)

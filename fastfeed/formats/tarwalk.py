@@ -6,7 +6,9 @@ Python's `tarfile` does the same with a TarInfo per header and every field parse
 This reads only what adoption needs (name, size, type), follows what tarfile follows (ustar prefix, PAX `path` and
 `size`, global PAX headers, GNU long names, base-256 sizes) and checks every header's checksum at the end, in one
 numpy pass. Unlike tarfile, which ends the walk silently at a damaged header after the first, it says where the
-archive stops being readable.
+archive stops being readable, and names what it is when it is a compressed file rather than a tar. A link member
+(hard or symbolic) holds no bytes of its own: tarfile and webdataset skip it without a word; this lists it, with
+its target, among the members not read.
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ __all__ = ["TarMember", "walk_tar", "read_header"]
 _BLOCK = 512
 _ZERO = bytes(_BLOCK)
 _FILE_TYPES = (b"0", b"\0", b"7")  # regular file (and its old and "contiguous" spellings): tarfile's isfile()
+_LINK_TYPES = {b"1": "a hard link", b"2": "a symbolic link"}
+# Magic bytes of what a shard named .tar may be instead: (magic, name, how to decompress it).
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gzip -dc"), (b"BZh", "bzip2", "bzip2 -dc"), (b"\xfd7zXZ\x00", "xz", "xz -dc"),
+               (b"\x28\xb5\x2f\xfd", "zstd", "zstd -dc"), (b"\x04\x22\x4d\x18", "lz4", "lz4 -dc"))
 _POSIX_MAGIC = b"ustar\x0000"
 _CHUNK = 1 << 15  # headers checksummed per numpy pass: 16 MB of copies at most
 
@@ -35,7 +41,7 @@ class _Damaged(Exception):
 
 
 def walk_tar(buf, size: int | None = None) -> tuple[list[TarMember], list[tuple[str, str]], str | None]:
-    """(regular-file members in archive order, [(name, why)] of members not read as files (a sparse file),
+    """(regular-file members in archive order, [(name, why)] of members not read as files (a sparse file, a link),
     the reason the walk stopped early or None). `buf` supports slicing to bytes (an mmap, bytes); `size` its
     length. Members whose data runs past the end are not listed; the reason says so."""
     size = len(buf) if size is None else size
@@ -71,9 +77,7 @@ def walk_tar(buf, size: int | None = None) -> tuple[list[TarMember], list[tuple[
                 else:
                     pending.update(records)
             elif kind in (b"L", b"K"):
-                if kind == b"L":
-                    pending["path"] = bytes(buf[data:data + length]).split(b"\0", 1)[0].decode(
-                        "utf-8", "surrogateescape")
+                pending["path" if kind == b"L" else "linkpath"] = _cstr(buf[data:data + length])
             else:
                 info = {**global_pax, **pending}
                 pending = {}
@@ -86,6 +90,11 @@ def walk_tar(buf, size: int | None = None) -> tuple[list[TarMember], list[tuple[
                     members.append(TarMember(name, data, length))
                 elif kind == b"S":
                     skipped.append((pos, name, "a GNU sparse member (its data is not stored as one extent)"))
+                elif kind in _LINK_TYPES:
+                    target = info.get("linkpath") or _cstr(hdr[157:257])
+                    skipped.append((pos, name, f"{_LINK_TYPES[kind]} to {target}: a link holds no bytes of its own "
+                                               "to read in place (webdataset skips it too); store the file itself "
+                                               "(GNU tar: --hard-dereference, --dereference)"))
             pos = data + length + (-length % _BLOCK)
     except _Damaged as e:
         problem = f"damaged tar archive ({e}); the members after the last good one are lost"
@@ -95,6 +104,8 @@ def walk_tar(buf, size: int | None = None) -> tuple[list[TarMember], list[tuple[
         skipped = [s for s in skipped if s[0] < bad]
         problem = (f"damaged tar archive (a header's checksum is wrong at offset {bad}); the members after the "
                    "last good one are lost")
+    if problem and not members:
+        problem = _compressed(buf[:8]) or problem
     return members, [(name, why) for _, name, why in skipped], problem
 
 
@@ -119,6 +130,22 @@ def _name(hdr: bytes) -> str:
         if prefix:
             name = prefix + b"/" + name
     return name.decode("utf-8", "surrogateescape")
+
+
+def _cstr(field: bytes) -> str:
+    return bytes(field).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _compressed(head: bytes) -> str | None:
+    """What a file that is no tar from its first header on says it is, when its magic bytes name a compressor."""
+    head = bytes(head)
+    for magic, name, tool in _COMPRESSED:
+        if head.startswith(magic):
+            return (f"not a tar archive but a {name}-compressed file (it starts with {name}'s magic bytes "
+                    f"{magic.hex(' ')}); fastfeed reads each member's bytes in place, which needs an uncompressed "
+                    f"tar: decompress it ({tool} SHARD > UNCOMPRESSED.tar; the members stay as they are) and "
+                    "index that")
+    return None
 
 
 def _octal(field: bytes, pos: int, what: str) -> int:
@@ -151,7 +178,7 @@ def _pax(data: bytes, pos: int) -> dict:
         if n <= 0 or not record.endswith(b"\n") or b"=" not in record:
             raise _Damaged(f"the PAX header at offset {pos} is malformed")
         key, value = record[:-1].split(b"=", 1)
-        if key in (b"path", b"size"):
+        if key in (b"path", b"size", b"linkpath"):
             out[key.decode()] = value.decode("utf-8", "surrogateescape")
         i += n
     return out

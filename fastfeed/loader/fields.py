@@ -5,7 +5,8 @@ members), so the ring reads one extent per sample that spans them all: no read o
 per sample for I/O. `SampleFields.split` cuts each read into the image (what the decoder gets) and the members'
 bytes, and checks each member (present, checksum, value): a sample that fails is a bad record like a broken image,
 replaced in its batch or raised on, per `on_error`. `collate` makes a batch's values what a DataLoader's
-default_collate would: numbers and same-shaped arrays stacked into tensors, text and JSON as lists.
+default_collate would, wherever that does not depend on which samples share the batch: numbers and same-shaped
+arrays stacked into tensors, text and other JSON values as lists.
 """
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import numpy as np
 import torch
 
 from fastfeed.decode.base import BAD_FIELD, MISSING_FIELD
-from fastfeed.formats.fields import FieldError, decode_value, value_kind
+from fastfeed.formats.fields import INT64_MAX, INT64_MIN, FieldError, decode_value, value_kind
 from fastfeed.formats.integrity import checksum
 from fastfeed.types import Extents
 
 __all__ = ["SampleFields", "plan_fields", "pick_mask", "collate", "MISSING_FIELD", "BAD_FIELD"]
 
+_FLOAT64_MAX = int(np.finfo(np.float64).max)
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,22 @@ def pick_mask(dataset) -> str:
 
 
 def collate(values: list):
-    """One field's values for a batch, as torch's default_collate gives them: ints -> int64 tensor, arrays of one
-    shape and dtype -> one stacked tensor, anything else (text, JSON objects, bytes, ragged arrays) -> a list."""
+    """One field's values for a batch, as torch's default_collate gives them where that does not depend on the
+    batch's mix: all bools -> a bool tensor; all ints -> int64; ints and floats with a float among them -> float64
+    (default_collate's dtype for Python floats); arrays of one shape and dtype -> one stacked tensor, of other
+    shapes or dtypes -> a list of tensors; anything else (text, JSON objects, None, bytes, bools among numbers, an
+    int outside int64) -> a list."""
     first = values[0]
-    if all(isinstance(v, int) for v in values):
-        return torch.tensor(values, dtype=torch.int64)
+    if all(isinstance(v, bool) for v in values):
+        return torch.tensor(values, dtype=torch.bool)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        # An int outside int64 fits no tensor; one past float64's range fits no float64 either.
+        if all(isinstance(v, int) for v in values):
+            if all(INT64_MIN <= v <= INT64_MAX for v in values):
+                return torch.tensor(values, dtype=torch.int64)
+        elif all(isinstance(v, float) or abs(v) <= _FLOAT64_MAX for v in values):
+            return torch.tensor(values, dtype=torch.float64)
+        return list(values)
     if isinstance(first, np.ndarray) and all(isinstance(v, np.ndarray) and v.shape == first.shape
                                              and v.dtype == first.dtype for v in values):
         return torch.from_numpy(np.stack(values))

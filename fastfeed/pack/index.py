@@ -47,10 +47,13 @@ from fastfeed.remote.store import is_url, join, retrying, url_to_fs
 from fastfeed.types import ADOPTED_FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, ShardInfo
 from fastfeed.world import usable_cpus
 
-__all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards"]
+__all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards", "MAX_CLASSES"]
 
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext
 _IDX_VERSION = "v1.2"
+# A `cls` is a class index, and the manifest lists a name for every class up to the largest label: a label past this
+# is an id of another kind (a species or product id), whose list would fill the manifest and memory: rejected.
+MAX_CLASSES = 1_000_000
 
 
 @dataclass
@@ -179,7 +182,7 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
     if is_url(out) and not is_url(root):
         raise DatasetError(f"{out}: a dataset at a URL reads its shards from a URL: upload the shards, or index "
                            "into a local folder", path=out)
-    _refuse_existing(out, overwrite, storage_options)
+    _refuse_existing(out, overwrite, storage_options, named=out != root)
     opts = LoadOptions(scan_check=scan_check)
     cores = usable_cpus()
     workers = threads or min(8, cores)
@@ -220,16 +223,29 @@ def index_shards(src: str, out: str | None = None, *, image_ext: str | None = No
     return IndexReport(manifest, out, rejected)
 
 
-def _refuse_existing(out: str, overwrite: bool, storage_options: dict | None) -> None:
+def _refuse_existing(out: str, overwrite: bool, storage_options: dict | None, named: bool) -> None:
+    """Refuse an `out` that already holds a dataset (unless `overwrite`) or, on this machine, one that cannot be
+    written: said before any shard is read, not by the first file written at the end. `named`: `out` was given,
+    rather than being the shards' folder."""
     if is_url(out):
         fs, base = url_to_fs(out.rstrip("/"), storage_options)
         there = retrying(lambda: fs.exists(join(base, MANIFEST_NAME)), f"look at {out}")
     else:
-        os.makedirs(out, exist_ok=True)
         there = os.path.exists(os.path.join(out, MANIFEST_NAME))
     if there and not overwrite:
         raise DatasetError(f"{out}: already holds a dataset ({MANIFEST_NAME}); pass overwrite=True (--overwrite) to "
                            "index again", path=out)
+    if is_url(out):
+        return
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):  # gone once closed, even if this process dies first
+            pass
+    except OSError as e:
+        hint = ("" if named else "; the dataset's files go beside the shards unless you name another folder for "
+                "them: `fastfeed index SHARDS OUT` (index_shards(src, out))")
+        raise DatasetError(f"{out}: cannot write the dataset's files into this folder ({e.strerror or e}){hint}",
+                           path=out) from None
 
 
 def _write(out: str, src: str, root: str, rels: list[str], results: list, options: dict,
@@ -310,7 +326,8 @@ def _index_shard(path: str, rel: str, shard: int, image_ext: str | None, opts: L
 
 def _samples(buf, size: int, rel: str, rejected: list) -> tuple[list[_Sample], str | None]:
     """The shard's samples, grouped as webdataset groups them, and what stopped the walk early (a damaged header,
-    a member cut short) or None."""
+    a member cut short) or None. A key whose members are not together (seen again after another key) is rejected:
+    webdataset reads it as several samples, each missing what the others hold."""
     members, skipped, problem = walk_tar(buf, size)
     for name, why in skipped:
         rejected.append({"source": f"{rel}:{name}", "reason": why})
@@ -325,7 +342,16 @@ def _samples(buf, size: int, rel: str, rejected: list) -> tuple[list[_Sample], s
             samples[-1].members.append((ext, m.offset, m.size, m.name))
         else:
             samples.append(_Sample(key, [(ext, m.offset, m.size, m.name)]))
-    return samples, problem
+    groups: dict[str, list[_Sample]] = {}
+    for s in samples:
+        groups.setdefault(s.key, []).append(s)
+    apart = {key: g for key, g in groups.items() if len(g) > 1}
+    for key, g in apart.items():
+        where = "; ".join(", ".join(m[0] for m in s.members) for s in g[:4]) + ("; ..." if len(g) > 4 else "")
+        rejected.append({"source": f"{rel}:{key}", "key": key, "reason": (
+            f"members of key {key} are not next to each other in the shard (webdataset groups consecutive "
+            f"members, so it reads {len(g)} samples named {key}: {where}); write each sample's members together")})
+    return [s for s in samples if s.key not in apart], problem
 
 
 def _image_member(s: _Sample, image_ext: str | None) -> tuple | str:
@@ -413,8 +439,11 @@ def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, img: tuple | st
             label = int(bytes(view[coff:coff + csize]).strip())
         except ValueError:
             return reject(f"{cname} is not an integer label")
-        if label < 0:
-            return reject(f"{cname} holds a negative label ({label})")
+        if label < -1:  # -1 is pack's own "no class label" (detection and segmentation shards): as no cls
+            return reject(f"{cname} holds a negative label ({label}; -1 alone means none)")
+        if label >= MAX_CLASSES:
+            return reject(f"{cname} holds label {label}, past the {MAX_CLASSES:,} classes an index takes (a cls is a "
+                          "class index, 0 to the number of classes - 1, not an id)")
     fields = {}
     for ext, moff, msize, _ in s.members:
         if ext != img_ext:

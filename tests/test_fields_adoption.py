@@ -1,0 +1,241 @@
+"""Odd members in adopted shards and odd values in fields: arrays torch has no tensor for, JSON numbers, labels that
+are ids, read-only shard folders, shards that are compressed files, link members and keys whose members are apart.
+
+Shards are written member by member with `tarfile`, so each case holds exactly the members it names, in that order.
+Every image is a flat colour that names its sample, so a decoded batch says which sample each position holds.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import default_collate
+
+import fastfeed
+from fastfeed.formats.fields import FieldError, decode_value
+from fastfeed.formats.tarwalk import walk_tar
+from fastfeed.loader.fields import collate
+from fastfeed.pack.index import MAX_CLASSES, index_shards
+from fastfeed.types import DatasetError
+
+SIZE = 16
+
+
+def colour(i: int) -> tuple[int, int, int]:
+    return (20 + 9 * i, 230 - 7 * i, (60 + 41 * i) % 256)
+
+
+def jpeg(i: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (SIZE, SIZE), colour(i)).save(buf, format="JPEG", quality=95)
+    return buf.getvalue()
+
+
+def npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def write_tar(path: Path, members, mode: str = "w") -> Path:
+    """members: (name, bytes), or (name, ("hard" | "sym", target)) for a link member."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, mode) as tar:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            if isinstance(data, tuple):
+                ti.type = tarfile.LNKTYPE if data[0] == "hard" else tarfile.SYMTYPE
+                ti.linkname = data[1]
+                tar.addfile(ti)
+            else:
+                ti.size = len(data)
+                tar.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def which(images: torch.Tensor, n: int) -> list[int]:
+    means = images.float().mean(dim=(2, 3)).numpy()
+    table = np.array([colour(i) for i in range(n)], dtype=np.float64)
+    return [int(np.argmin(((table - m) ** 2).sum(1))) for m in means]
+
+
+def loader(path, **kw) -> fastfeed.Loader:
+    kw = {"batch_size": 8, "image_size": SIZE, "device": "cpu", "decoder": "cpu", "dtype": torch.uint8,
+          "train": False, **kw}
+    return fastfeed.Loader(path, **kw)
+
+
+def test_arrays_torch_cannot_hold_are_bad_records_and_big_endian_ones_load(tmp_path):
+    """A big-endian float array is the same values in native order; a text, structured or datetime array has no
+    tensor: its sample is a bad record (skipped and counted, or raised on by name), never a failed collation."""
+    odd = {2: np.arange(3, dtype=">f4") + 2, 4: np.array(["a", "b", "c"]),
+           5: np.zeros(3, dtype=[("x", "<f4"), ("y", "<f4")]), 6: np.zeros(3, dtype="datetime64[s]")}
+    members = []
+    for i in range(8):
+        members += [(f"s{i}.jpg", jpeg(i)), (f"s{i}.npy", npy(odd.get(i, np.arange(3, dtype=np.float32) + i)))]
+    src = tmp_path / "s"
+    write_tar(src / "a.tar", members)
+    index_shards(str(src))
+    with loader(src, fields=["npy"]) as ld:
+        (b,) = list(ld)
+        stats = ld.stats()["skipped"]
+    ids = which(b["images"], 8)
+    assert not {4, 5, 6} & set(ids) and 2 in ids
+    assert b["npy"].dtype == torch.float32
+    for p, i in enumerate(ids):
+        assert b["npy"][p].tolist() == [i, i + 1, i + 2]
+    assert stats["by_reason"] == {"bad_field": 3}
+    assert (b["labels"] == fastfeed.IGNORE_INDEX).sum() == 3
+    with loader(src, fields=["npy"], on_error="raise") as ld:
+        with pytest.raises(fastfeed.LoaderError, match=r"s4.*\.npy: an array of dtype <U1, which torch has no tensor"):
+            list(ld)
+
+
+def test_values_that_fit_no_tensor_are_field_errors():
+    with pytest.raises(FieldError, match="does not fit an int64"):
+        decode_value("int", b"99999999999999999999")
+    assert decode_value("int", b" -9223372036854775808\n") == -(1 << 63)
+    buf = io.BytesIO()
+    np.savez(buf, a=np.zeros(2))
+    with pytest.raises(FieldError, match="not a .npy array"):
+        decode_value("npy", buf.getvalue())
+    with pytest.raises(FieldError, match="float128|longdouble"):
+        decode_value("npy", npy(np.zeros(2, dtype=np.longdouble)))
+    same = decode_value("npy", npy(np.arange(6, dtype=">i8").reshape(2, 3)))
+    assert same.dtype == np.int64 and same.dtype.isnative and same.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.parametrize("values", [[1, 2], [0.5, 1.5], [True, False], [3, 4.5], [-(1 << 63), 0]])
+def test_numbers_collate_as_default_collate_makes_them(values):
+    got, ref = collate(values), default_collate(values)
+    # default_collate types a batch by its first value: [3, 4.5] is float32 there; here floats are float64 always.
+    want = torch.float64 if any(isinstance(v, float) for v in values) else ref.dtype
+    assert got.dtype == want and got.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("values", [[True, 1], [True, 1.5], [1 << 63, 1], [10 ** 400, 0.5], [None, 1.5], ["a", "b"],
+                                    [{"a": 1}, {"a": 2}], [[1], [2]]])
+def test_anything_else_collates_as_a_list(values):
+    assert collate(values) == values
+
+
+def test_json_numbers_keep_their_type_from_batch_to_batch(tmp_path):
+    vals = [1, 2, 0.5, 1.5, True, False, 3, 4.5]
+    members = []
+    for i, v in enumerate(vals):
+        members += [(f"s{i}.jpg", jpeg(i)), (f"s{i}.json", json.dumps(v).encode())]
+    src = write_tar(tmp_path / "s" / "a.tar", members).parent
+    index_shards(str(src))
+    with loader(src, fields=["json"], batch_size=2) as ld:
+        got = [(b["json"].dtype, b["json"].tolist()) for b in ld]
+    assert got == [(torch.int64, [1, 2]), (torch.float64, [0.5, 1.5]), (torch.bool, [True, False]),
+                   (torch.float64, [3.0, 4.5])]
+
+
+@pytest.mark.integration
+def test_a_read_only_shard_folder_is_refused_before_any_shard_is_read(tmp_path):
+    src = write_tar(tmp_path / "ro" / "a.tar", [("s0.jpg", jpeg(0))]).parent
+    os.chmod(src, 0o555)
+    # As root, the folder's mode binds only once the capabilities that override it are gone.
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"] if os.geteuid() == 0 else []
+    if drop and shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: a folder's mode does not bind")
+    script = ("import sys, fastfeed.pack.index as m\n"
+              "def read(*a, **k): raise AssertionError('a shard was read')\n"
+              "m._index_shard = read\n"
+              "from fastfeed.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))\n")
+    try:
+        proc = subprocess.run([*drop, sys.executable, "-c", script, "index", str(src)], capture_output=True,
+                              text=True, timeout=120)
+        named = subprocess.run([*drop, sys.executable, "-c", script, "index", str(src), str(src / "out")],
+                               capture_output=True, text=True, timeout=120)
+    finally:
+        os.chmod(src, 0o755)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{src}: cannot write the dataset's files into this folder (Permission denied)" in proc.stderr
+    assert "`fastfeed index SHARDS OUT`" in proc.stderr
+    assert named.returncode == 2 and f"{src / 'out'}: cannot write" in named.stderr, named.stderr
+    assert "SHARDS OUT" not in named.stderr  # it was named
+    assert sorted(p.name for p in src.iterdir()) == ["a.tar"]
+
+
+def test_a_cls_past_the_class_bound_is_rejected_by_name(tmp_path):
+    """A cls is a class index: the manifest names every class up to the largest. One that is an id (past
+    MAX_CLASSES, or past int64) is rejected with its value, not made into a list of millions of names."""
+    cls = {"k0": b"3", "k1": str(MAX_CLASSES).encode(), "k2": str(1 << 70).encode(), "k3": b"x", "k4": b" 1\n",
+           "k5": str(MAX_CLASSES - 1).encode()}
+    members = [m for i, (k, c) in enumerate(cls.items()) for m in ((f"{k}.jpg", jpeg(i)), (f"{k}.cls", c))]
+    src = write_tar(tmp_path / "s" / "a.tar", members).parent
+    report = index_shards(str(src), str(tmp_path / "ds"))
+    reasons = {r["key"]: r["reason"] for r in report.rejected}
+    assert set(reasons) == {"k1", "k2", "k3"}
+    assert reasons["k1"].startswith(f"k1.cls holds label {MAX_CLASSES}, past the {MAX_CLASSES:,} classes")
+    assert reasons["k2"].startswith(f"k2.cls holds label {1 << 70}, past")
+    assert "not an integer label" in reasons["k3"]
+    assert len(report.manifest.classes) == MAX_CLASSES
+    labels = np.load(tmp_path / "ds" / "samples.npz")["label"]
+    assert labels.tolist() == [3, 1, MAX_CLASSES - 1]
+
+
+@pytest.mark.parametrize("mode,name,magic", [("w:gz", "gzip", "1f 8b"), ("w:bz2", "bzip2", "42 5a 68"),
+                                             ("w:xz", "xz", "fd 37 7a 58 5a 00")])
+def test_a_compressed_file_named_tar_is_said_to_be_one(tmp_path, mode, name, magic):
+    src = tmp_path / "s"
+    write_tar(src / "a.tar", [("k0.jpg", jpeg(0))])
+    write_tar(src / "b.tar", [("k1.jpg", jpeg(1))], mode)
+    members, _, problem = walk_tar((src / "b.tar").read_bytes())
+    assert members == []
+    assert problem.startswith(f"not a tar archive but a {name}-compressed file (it starts with {name}'s magic "
+                              f"bytes {magic})") and "decompress it" in problem
+    report = index_shards(str(src))
+    assert report.manifest.num_samples == 1
+    assert [r["source"] for r in report.rejected] == ["b.tar"] and report.rejected[0]["reason"] == problem
+
+
+def test_link_members_are_rejected_by_name_with_their_target(tmp_path):
+    """tarfile and webdataset skip a link member without a word, leaving its sample without that member."""
+    src = write_tar(tmp_path / "s" / "a.tar", [
+        ("s0.jpg", jpeg(0)), ("s0.txt", b"zero"),
+        ("s1.jpg", ("hard", "s0.jpg")), ("s1.txt", b"one"),
+        ("s2.jpg", jpeg(2)), ("s2.txt", ("sym", "s0.txt")),
+    ]).parent
+    report = index_shards(str(src))
+    reasons = {r["source"]: r["reason"] for r in report.rejected}
+    assert reasons["a.tar:s1.jpg"].startswith("a hard link to s0.jpg: a link holds no bytes of its own")
+    assert reasons["a.tar:s2.txt"].startswith("a symbolic link to s0.txt: a link holds no bytes of its own")
+    assert reasons["a.tar:s1"] == "no image member (members: txt)"
+    assert report.manifest.num_samples == 2
+
+
+def test_a_key_whose_members_are_apart_is_rejected_saying_so(tmp_path):
+    """webdataset groups consecutive members by key: k1.jpg, k2.jpg, k1.txt reads as a k1 without its caption and a
+    k1 without an image."""
+    src = write_tar(tmp_path / "s" / "a.tar", [
+        ("k1.jpg", jpeg(1)), ("k2.jpg", jpeg(2)), ("k1.txt", b"one"), ("k2.txt", b"two"),
+        ("k3.jpg", jpeg(3)), ("k3.txt", b"three"), ("k1.json", b"{}"),
+    ]).parent
+    report = index_shards(str(src))
+    reasons = {r["key"]: r["reason"] for r in report.rejected}
+    assert set(reasons) == {"k1", "k2"}
+    assert reasons["k1"] == ("members of key k1 are not next to each other in the shard (webdataset groups "
+                             "consecutive members, so it reads 3 samples named k1: jpg; txt; json); write each "
+                             "sample's members together")
+    assert "2 samples named k2: jpg; txt" in reasons["k2"]
+    ds = fastfeed.open_dataset(src)
+    assert list(ds.keys) == ["k3"]
+    # A shard of nothing else: no usable sample, and the error says why.
+    apart = write_tar(tmp_path / "t" / "a.tar", [("k1.jpg", jpeg(1)), ("k2.jpg", jpeg(2)), ("k1.txt", b"one"),
+                                                 ("k2.txt", b"two")]).parent
+    with pytest.raises(DatasetError, match="first: members of key k1 are not next to each other"):
+        index_shards(str(apart))
