@@ -4,6 +4,7 @@ and `Loader(fields=["txt", "json"])` hands them out with the images, as webdatas
 from __future__ import annotations
 
 import csv
+import io
 import json
 import tarfile
 
@@ -13,6 +14,7 @@ from conftest import run_pack
 from PIL import Image
 
 import fastfeed
+from fastfeed.cli import main as cli
 from fastfeed.pack import verify, wds_native
 from fastfeed.pack.native import HAVE_NATIVE_WRITER
 
@@ -88,11 +90,12 @@ def test_captions_need_webdataset_shards_and_columns_must_not_clash(photos, tmp_
     src = write_csv(photos, [["im0.jpg", "a", 0, "u", 1]])
     with pytest.raises(Exception, match="WebDataset shards"):
         run_pack(src, tmp_path / "lmdb", "--format", "lmdb")
-    src = write_csv(photos, [["im0.jpg", "a", '{"url": "v"}', "u"]], header=("path", "caption", "metadata", "url"))
+    src = write_csv(photos, [["im0.jpg", "a", '{"url": "v"}', "u"], ["im1.jpg", "b", "", "w"]],
+                    header=("path", "caption", "metadata", "url"))
     out = tmp_path / "clash"
     run_pack(src, out, "--format", "wds")
     rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
-    assert "also keys of its metadata" in rejected[0]["reason"]
+    assert len(rejected) == 1 and "also keys of its metadata" in rejected[0]["reason"]
 
 
 def make_img2dataset_files(root, photos, n_shards: int = 2, per_shard: int = 3) -> dict[str, str]:
@@ -115,6 +118,56 @@ def make_img2dataset_files(root, photos, n_shards: int = 2, per_shard: int = 3) 
         (root / f"{s:05d}_stats.json").write_text(json.dumps({"count": per_shard, "successes": per_shard}))
         (root / f"{s:05d}.parquet").write_bytes(b"PAR1 not read")
     return captions
+
+
+def make_img2dataset_webdataset(root, photos, n_shards: int = 2, per_shard: int = 5) -> None:
+    """img2dataset's default `webdataset` output: per shard NNNNN.tar of KEY.jpg, KEY.txt, KEY.json, with
+    NNNNN.parquet and NNNNN_stats.json beside it."""
+    root.mkdir(parents=True)
+    for s in range(n_shards):
+        with tarfile.open(root / f"{s:05d}.tar", "w") as tar:
+            for j in range(per_shard):
+                key = f"{s:05d}{j:04d}"
+                for ext, data in (("jpg", (photos / f"im{j % len(CAPTIONS)}.jpg").read_bytes()),
+                                  ("txt", f"caption {key}".encode()), ("json", json.dumps({"key": key}).encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        (root / f"{s:05d}_stats.json").write_text(json.dumps({"count": per_shard, "successes": per_shard}))
+        (root / f"{s:05d}.parquet").write_bytes(b"PAR1 not read")
+
+
+def test_img2dataset_webdataset_output_is_refused_and_indexed_instead(photos, tmp_path, capsys):
+    """Its shards are tars, not images: --source img2dataset names the format and `fastfeed index`, 'auto' rejects
+    each tar by name and fails with nothing packed (no empty dataset either way); `fastfeed index` then adopts every
+    sample with its caption."""
+    src = tmp_path / "i2d"
+    make_img2dataset_webdataset(src, photos)
+    assert cli(["pack", str(src), str(tmp_path / "out"), "--source", "img2dataset", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "img2dataset's webdataset output" in err and f"`fastfeed index {src}`" in err
+    assert not (tmp_path / "out").exists()
+    assert cli(["pack", str(src), str(tmp_path / "auto"), "--quiet"]) == 2
+    assert "nothing was packed" in capsys.readouterr().err
+    assert not (tmp_path / "auto" / "fastfeed.json").exists()
+    reasons = {json.loads(x)["path"]: json.loads(x)["reason"]
+               for x in (tmp_path / "auto" / "rejected.jsonl").read_text().splitlines()}
+    assert all("tar archive" in reasons[str(src / f"{s:05d}.tar")] for s in range(2))
+
+    assert cli(["index", str(src)]) == 0
+    with fastfeed.open_dataset(src) as ds:
+        assert len(ds) == 10
+    loader = fastfeed.Loader(src, batch_size=5, image_size=32, device="cpu", train=False, fields=["txt"])
+    assert sorted(t for batch in loader for t in batch["txt"]) == [f"caption {s:05d}{j:04d}" for s in range(2)
+                                                                   for j in range(5)]
+    loader.close()
+
+
+def test_img2dataset_source_without_shard_folders_is_an_error(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "00000_stats.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="not img2dataset's \"files\" output: no numbered shard folders"):
+        run_pack(tmp_path / "src", tmp_path / "out", "--source", "img2dataset")
 
 
 def test_img2dataset_files_output_packs_with_captions_and_json(photos, tmp_path):

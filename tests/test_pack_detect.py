@@ -155,6 +155,70 @@ def test_yolo_flat_layout_without_names_and_roboflow_split(tmp_path):
     assert stored(tmp_path / "out2")["train/images/y.jpg"] == {"boxes": [[0.0, 0.0, 20.0, 20.0]], "labels": [1]}
 
 
+@pytest.fixture(scope="module")
+def split_first(tmp_path_factory) -> Path:
+    """The "split first" export of Roboflow and ultralytics: ROOT/{train,valid,test}/{images,labels}, and a data.yaml
+    whose paths are written from one level down (`../train/images`), as Roboflow writes them."""
+    root = tmp_path_factory.mktemp("split_first")
+    write(root / "data.yaml", "train: ../train/images\nval: ../valid/images\ntest: ../test/images\n\nnc: 2\n"
+                              "names: ['cat', 'dog']\n")
+    for n, split in enumerate(("train", "valid", "test")):
+        image(root / split / "images" / f"{split}_0.jpg", 64, 48, n)
+        write(root / split / "labels" / f"{split}_0.txt", f"{n % 2} 0.5 0.5 0.25 0.5\n")
+    image(root / "train" / "images" / "train_1.jpg", 40, 40, 9)
+    write(root / "train" / "labels" / "train_1.txt", "1 0.25 0.25 0.5 0.5\n")
+    return root
+
+
+def test_split_first_export_is_a_yolo_dataset_split_by_its_data_yaml(split_first, tmp_path, capsys):
+    # Without --split: refused, naming the splits (as for images/train + images/val), under 'auto' and 'yolo' alike.
+    for source in ("auto", "yolo"):
+        assert main(["pack", str(split_first), str(tmp_path / source), "--source", source, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "split into train (train/images), val (valid/images), test (test/images): pass --split NAME" in err
+        assert not (tmp_path / source).exists()
+    # A split by its data.yaml key or by its folder's name: the same files.
+    m = pack(split_first, tmp_path / "val", "--split", "val")
+    assert (m["task"], m["source_kind"], m["classes"], m["num_samples"]) == ("detect", "yolo", ["cat", "dog"], 1)
+    assert m["rejected"] == 0
+    assert stored(tmp_path / "val") == {"valid/images/valid_0.jpg": {"boxes": [[24.0, 12.0, 40.0, 36.0]],
+                                                                     "labels": [1]}}
+    pack(split_first, tmp_path / "valid", "--split", "valid")
+    same = [name for name in files(tmp_path / "val") if name != "fastfeed.json"]  # (which records the --split)
+    assert [files(tmp_path / "valid")[n] for n in same] == [files(tmp_path / "val")[n] for n in same]
+    pack(split_first, tmp_path / "train", "--split", "train")
+    assert stored(tmp_path / "train") == {"train/images/train_0.jpg": {"boxes": [[24.0, 12.0, 40.0, 36.0]],
+                                                                       "labels": [0]},
+                                          "train/images/train_1.jpg": {"boxes": [[0.0, 0.0, 20.0, 20.0]],
+                                                                       "labels": [1]}}
+    assert main(["pack", str(split_first), str(tmp_path / "bogus"), "--split", "bogus", "--quiet"]) == 2
+    assert "there is no split 'bogus'" in capsys.readouterr().err
+    # One split folder packed on its own still finds the names in its parent's data.yaml.
+    m = pack(split_first / "test", tmp_path / "test")
+    assert m["classes"] == ["cat", "dog"] and list(stored(tmp_path / "test")) == ["images/test_0.jpg"]
+
+
+def test_data_yaml_path_key_is_where_the_splits_are(tmp_path):
+    """`path:` (relative to data.yaml's folder here, where ultralytics would take the working directory) is the
+    root of the train/val keys; a data.yaml naming folders without labels beside them is no YOLO dataset."""
+    root = tmp_path / "root"
+    write(root / "data.yaml", "path: ds\ntrain: images/train2017\nval: images/val2017\nnames: [a]\n")
+    image(root / "ds" / "images" / "val2017" / "v.jpg", 20, 10)
+    write(root / "ds" / "labels" / "val2017" / "v.txt", "0 0.5 0.5 0.5 0.5\n")
+    image(root / "ds" / "images" / "train2017" / "t.jpg", 20, 10)
+    write(root / "ds" / "labels" / "train2017" / "t.txt", "0 0.5 0.5 1 1\n")
+    pack(root, tmp_path / "out", "--split", "val")
+    assert stored(tmp_path / "out") == {"ds/images/val2017/v.jpg": {"boxes": [[5.0, 2.5, 15.0, 7.5]], "labels": [0]}}
+    pack(root, tmp_path / "out2", "--split", "train2017")  # the folder's name picks it too
+    assert list(stored(tmp_path / "out2")) == ["ds/images/train2017/t.jpg"]
+
+    tree = tmp_path / "tree"  # an ImageFolder tree whose data.yaml names folders with no labels: classification
+    write(tree / "data.yaml", "train: ../train/images\nnames: [a]\n")
+    image(tree / "train" / "images" / "x.jpg", 20, 10)
+    m = pack(tree, tmp_path / "out3")
+    assert "task" not in m and m["classes"] == ["train"]  # a classification manifest
+
+
 @pytest.mark.parametrize("text, want", [
     ("names:\n  - cat\n  - dog\n", ["cat", "dog"]),
     ("names: [cat, 'hot dog']  # x\nnc: 2\n", ["cat", "hot dog"]),

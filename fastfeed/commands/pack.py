@@ -32,7 +32,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="class names, one per line, in label order (VOC: else the sorted names seen; YOLO: else "
                         "data.yaml's names)")
     p.add_argument("--split", default=None, metavar="NAME",
-                   help="YOLO: pack images/NAME + labels/NAME; VOC: the ids of ImageSets/Main/NAME.txt (voc-seg: "
+                   help="YOLO: pack images/NAME + labels/NAME, NAME/images + NAME/labels, or the folders data.yaml's "
+                        "NAME key (train, val, test) names; VOC: the ids of ImageSets/Main/NAME.txt (voc-seg: "
                         "ImageSets/Segmentation/NAME.txt); ADE20K: images/NAME + annotations/NAME; Cityscapes: "
                         "leftImg8bit/NAME + gtFine/NAME")
     p.add_argument("--masks", default=None, metavar="FOLDER",

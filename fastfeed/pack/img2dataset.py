@@ -6,7 +6,8 @@ Each image becomes a sample with its caption as the member `KEY.txt`, stored byt
 sample's metadata (`KEY.json`): the same members img2dataset's own `webdataset` output has, so `Loader(fields=["txt",
 "json"])` reads either. Recognised under `--source auto` by the `_stats.json` files beside numbered folders. A caption
 or JSON without its image, an image without its caption, and a JSON that does not parse are rejections naming the
-file; labels are -1 (no classes).
+file; labels are -1 (no classes). A folder without numbered shard folders is refused, naming img2dataset's
+`webdataset` output (`00000.tar`, ...) when it is that: `fastfeed index` adopts those shards in place.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ __all__ = ["looks_like_img2dataset", "scan_img2dataset"]
 
 _SHARD = re.compile(r"^\d+$")
 _STATS = re.compile(r"^\d+_stats\.json$")
+_SHARD_TAR = re.compile(r"^\d+\.tar$")
 _SIDECARS = (".txt", ".json")
 
 
@@ -35,7 +37,10 @@ def looks_like_img2dataset(root: str) -> bool:
 
 def scan_img2dataset(root: str) -> Source:
     src = Source(root, "img2dataset", [], [], {}, fields=("txt",))
-    for shard, is_dir in _listdir(root, src):
+    listing = _listdir(root, src)
+    if not any(is_dir and _SHARD.match(name) for name, is_dir in listing):
+        _refuse_other_output(root, [name for name, is_dir in listing if not is_dir])
+    for shard, is_dir in listing:
         if not (is_dir and _SHARD.match(shard)):
             continue  # the stats, parquet and other files img2dataset writes at the top
         folder = os.path.join(root, shard)
@@ -71,3 +76,13 @@ def scan_img2dataset(root: str) -> Source:
             src.entries.append(SourceEntry(where["image"], os.path.join(shard, files["image"]), -1, meta,
                                            members=(("txt", where[".txt"]),)))
     return src
+
+
+def _refuse_other_output(root: str, files: list[str]) -> None:
+    """`root` has no numbered shard folder: say which output it is instead."""
+    tars = [n for n in files if _SHARD_TAR.match(n)]
+    if tars:  # its images are tar members, not files: the shards are adopted where they lie, not packed again
+        raise ValueError(f"{root} holds img2dataset's webdataset output (output_format=\"webdataset\": {tars[0]}, "
+                         f"...): its shards are WebDataset already; adopt them in place with `fastfeed index {root}` "
+                         f"(--source img2dataset reads its \"files\" output)")
+    raise ValueError(f"{root} is not img2dataset's \"files\" output: no numbered shard folders (00000/, 00001/, ...)")

@@ -106,9 +106,11 @@ def merge(out: str) -> Manifest:
             created_by=first.created_by, extra=tbl.jpeg_extra(int(table["transcoded"].sum()), notes, failed),
             task=first.task, objects=objects, fields=first.fields,
         )
-    except BaseException:
-        if not os.path.exists(os.path.join(out, MANIFEST_NAME)):
-            _drop_stale(out)  # a failed merge leaves the parts as they were, and nothing else
+    except BaseException as e:
+        # A failed merge leaves the parts as they were, and nothing else; one that found nothing to store leaves the
+        # rejected.jsonl its error points at (the next merge drops it first).
+        if not os.path.exists(os.path.join(out, MANIFEST_NAME)) and not isinstance(e, tbl.NothingPacked):
+            _drop_stale(out)
         raise
     for name, _ in parts:  # the merged dataset holds every byte of them now
         shutil.rmtree(os.path.join(out, name))

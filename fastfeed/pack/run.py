@@ -253,7 +253,11 @@ def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
             bar.close()
 
     _, commits = journal.load()
-    result = _finish(folder, src, o, commits, t0, jpeg_note)
+    try:
+        result = _finish(folder, src, o, commits, t0, jpeg_note)
+    except tbl.NothingPacked:
+        journal.remove()  # the pack ran to its end: nothing is left to --resume, only its rejected.jsonl
+        raise
     journal.remove()
     return result
 

@@ -20,6 +20,7 @@ checksum in the manifest) every time.
 """
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -31,11 +32,13 @@ from fastfeed.formats.fields import columns
 from fastfeed.formats.integrity import xxh3_hex
 from fastfeed.image import jpeg
 from fastfeed.pack.annotations import box_change_counts
+from fastfeed.pack.base import PackError
 from fastfeed.pack.writers import atomic_write
 from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, TASK_VERSIONS, Manifest
 
 __all__ = ["COLUMNS", "table_columns", "new_rows", "rows_to_table", "write_table", "write_rejected", "write_manifest",
-           "write_dataset", "table_bytes", "change_counts", "image_stats", "jpeg_mix", "jpeg_extra", "MAX_NOTES"]
+           "write_dataset", "table_bytes", "change_counts", "image_stats", "jpeg_mix", "jpeg_extra", "MAX_NOTES",
+           "NothingPacked"]
 
 COLUMNS = {
     "key": None, "label": np.int64, "width": np.int32, "height": np.int32, "jpeg": np.uint8,
@@ -141,6 +144,26 @@ def jpeg_extra(transcoded: int, notes: list[dict], failed: int) -> dict:
             "transcode_failed": list(notes[:MAX_NOTES])}
 
 
+class NothingPacked(PackError):
+    """A pack (or merge) that stored no sample: rejected.jsonl is written, so that the reasons can be read, and
+    nothing else; a folder with a manifest is a dataset every reader opens and `fastfeed verify` passes."""
+
+    def __init__(self, folder: str, rejected: list[dict]):
+        self.folder = folder
+        if not rejected:
+            why = "the source holds no file to pack"
+        else:
+            counts = collections.Counter(str(r.get("reason")) for r in rejected).most_common()
+            top = "; ".join(f"{n} x {reason}" for reason, n in counts[:_TOP_REASONS])
+            more = f"; {len(counts) - _TOP_REASONS} other reason(s)" if len(counts) > _TOP_REASONS else ""
+            why = (f"every file was rejected ({top}{more}); {os.path.join(folder, REJECTED_NAME)} gives the reason "
+                   f"for each")
+        super().__init__(f"nothing was packed: {why}; no dataset was written")
+
+
+_TOP_REASONS = 3  # the commonest rejection reasons a NothingPacked message quotes
+
+
 def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: list, rejected: list[dict], *,
                   classes: list[str], class_to_idx: dict[str, int], source: str, source_kind: str, options: dict,
                   part: dict | None, created_by: str, extra: dict, task: str = "classify",
@@ -151,7 +174,12 @@ def write_dataset(folder: str, kind: str, table: dict[str, np.ndarray], shards: 
     task "detect": format version 3; `objects` is pack.annotations.annotation_stats(...); the box counts of
     `changes` come from the rejected records (pack.annotations.sample_issues), so pack and merge agree.
     task "semantic": format version 5, `fields` names the mask member. `fields`, `data_root`, `version`: shards
-    adopted by `fastfeed index` (format version 4, fastfeed/types.py)."""
+    adopted by `fastfeed index` (format version 4, fastfeed/types.py).
+    A dataset (`part` None) without a sample is never written: NothingPacked, after rejected.jsonl. A part may be
+    empty (its slice of the plan all rejected, or fewer files than parts): the merge of all of them decides."""
+    if part is None and not len(table["key"]):
+        write_rejected(folder, rejected)
+        raise NothingPacked(folder, rejected)
     samples_xxh3 = write_table(folder, table)
     write_rejected(folder, rejected)
     changes = change_counts(table.get("change"))

@@ -29,7 +29,7 @@ from fastfeed.pack.annotations.coco import scan_coco
 from fastfeed.pack.annotations.common import _has_file, read_names
 from fastfeed.pack.annotations.masks import MASK_MEMBER, SEMANTIC_KINDS, scan_semantic, semantic_layout
 from fastfeed.pack.annotations.voc import scan_voc
-from fastfeed.pack.annotations.yolo import _yolo_dirs, parse_yaml_names, scan_yolo
+from fastfeed.pack.annotations.yolo import is_yolo, parse_yaml_names, scan_yolo
 from fastfeed.pack.img2dataset import looks_like_img2dataset, scan_img2dataset
 from fastfeed.pack.sources import SOURCE_KINDS, Source, SourceEntry, scan_source
 from fastfeed.targets import annotation_issues
@@ -98,7 +98,7 @@ def detect_layout(root: str, split: str | None = None) -> str | None:
     """'yolo', 'voc', 'ade20k' or 'voc-seg' when `root` is laid out as one, else None. Recognised by its folders *and*
     their files, so an ImageFolder tree that happens to have classes named 'images' and 'labels' stays an ImageFolder
     tree. A VOC folder with both is packed for detection: `--source voc-seg` picks its segmentation set."""
-    if _yolo_dirs(root, split) is not None:
+    if is_yolo(root, split):
         return "yolo"
     ann = os.path.join(root, "Annotations")
     if os.path.isdir(ann) and os.path.isdir(os.path.join(root, "JPEGImages")) and _has_file(ann, ".xml"):

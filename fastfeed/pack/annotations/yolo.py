@@ -1,11 +1,12 @@
 """YOLO layout (`ROOT/images/` + `ROOT/labels/`, optionally split: `images/train` + `labels/train`, picked with
-`--split`; Roboflow's `ROOT/train/images` + `ROOT/train/labels` too). Class names from `data.yaml` (`names:` a list or
-a {id: name} map), else `--classes FILE`, else `classes.txt`, else "0", "1", ... Label lines `cls cx cy w h`
-(normalised) or `cls x1 y1 x2 y2 ...` (a normalised polygon: its bounds are the box, the polygon is kept), turned into
-pixels with the image's size read from its header (no decode): the displayed size under orientation "exif" (axes
-swapped for EXIF tags 5-8, as ultralytics reads its labels against the image OpenCV rotates), else the stored one.
-Pixels are rounded to 1e-6 px (float noise), and a value past the image edge by less than 1e-6 of its side is the
-edge (6-decimal label files overshoot it)."""
+`--split`; Roboflow's and ultralytics' split-first export `ROOT/train/images` + `ROOT/train/labels` too, recognised
+by the data.yaml naming them: `_yaml_splits`). Class names from `data.yaml` (`names:` a list or a {id: name} map),
+else `--classes FILE`, else `classes.txt`, else "0", "1", ... Label lines `cls cx cy w h` (normalised) or `cls x1 y1
+x2 y2 ...` (a normalised polygon: its bounds are the box, the polygon is kept), turned into pixels with the image's
+size read from its header (no decode): the displayed size under orientation "exif" (axes swapped for EXIF tags 5-8,
+as ultralytics reads its labels against the image OpenCV rotates), else the stored one. Pixels are rounded to 1e-6 px
+(float noise), and a value past the image edge by less than 1e-6 of its side is the edge (6-decimal label files
+overshoot it)."""
 from __future__ import annotations
 
 import math
@@ -18,19 +19,94 @@ from fastfeed.pack.annotations.common import _add, _has_file, _probe_sizes, read
 from fastfeed.pack.sources import Source, SourceEntry, _count_link, _listdir, _walk_files
 
 _ROUND = 6  # YOLO -> pixels: decimals kept (1e-6 px), so 0.1 * 640 is stored as 64.0, not 64.00000000000001
+_DATA_YAML = ("data.yaml", "dataset.yaml", "data.yml")  # a dataset's names (and its split folders), first found
+_SPLIT_KEYS = ("train", "val", "test")  # the data.yaml keys naming split folders
 
 
 def _yolo_dirs(root: str, split: str | None, need_labels: bool = True) -> tuple[str, str] | None:
-    """(images folder, labels folder) of a YOLO layout, split ones included, or None. `need_labels`: only when the
-    labels folder holds .txt files (how 'auto' tells YOLO from an ImageFolder tree)."""
+    """(images folder, labels folder) of a YOLO layout, split ones included, or None: ROOT/images + ROOT/labels;
+    with a split, images/SPLIT + labels/SPLIT (ultralytics), SPLIT/images + SPLIT/labels (Roboflow exports), or the
+    folders ROOT's data.yaml names for the key SPLIT or in a folder named SPLIT (`valid` for `val: ../valid/images`).
+    `need_labels`: only when the labels folder holds .txt files (how 'auto' tells YOLO from an ImageFolder tree)."""
     candidates = [(os.path.join(root, "images"), os.path.join(root, "labels"))]
-    if split is not None:  # images/SPLIT (Ultralytics) or SPLIT/images (Roboflow exports)
-        candidates = [(os.path.join(i, split), os.path.join(lab, split)) for i, lab in candidates]
-        candidates.append((os.path.join(root, split, "images"), os.path.join(root, split, "labels")))
+    if split is not None:
+        named = _yaml_splits(root, need_labels)
+        candidates = ([named[split]] if split in named else []) + \
+            [(os.path.join(i, split), os.path.join(lab, split)) for i, lab in candidates] + \
+            [(os.path.join(root, split, "images"), os.path.join(root, split, "labels"))] + \
+            [dirs for dirs in named.values() if _split_folder(dirs[0]) == split]
     for images, labels in candidates:
         if os.path.isdir(images) and os.path.isdir(labels) and (not need_labels or _has_file(labels, ".txt")):
             return images, labels
     return None
+
+
+def is_yolo(root: str, split: str | None) -> bool:
+    """Whether `root` is laid out as a YOLO dataset (labels holding .txt files): the folders of `_yolo_dirs`, with
+    or without the split, or a data.yaml naming split folders. A split it lacks, or none picked where it is split,
+    is then scan_yolo's error, naming the splits it has."""
+    return (_yolo_dirs(root, split) is not None or _yolo_dirs(root, None) is not None
+            or bool(_yaml_splits(root)))
+
+
+def _yaml_splits(root: str, need_labels: bool = True) -> dict[str, tuple[str, str]]:
+    """{key: (images folder, labels folder)} of the train/val/test keys of ROOT's data.yaml that name an images
+    folder with its labels folder beside it (the "split first" export of Roboflow and ultralytics: `train:
+    ../train/images` for ROOT/train/images). Resolved as ultralytics' check_det_dataset resolves them: against
+    `path:`, else data.yaml's folder, and a value starting with "../" that names nothing there is tried without it;
+    the labels folder is the images folder with its last `images` component made `labels` (img2label_paths). Unlike
+    ultralytics, a relative `path:` is taken from data.yaml's folder, not the working directory, and one naming no
+    folder is ignored (an export made elsewhere): a pack does not depend on where it runs. A key naming a list of
+    folders or a .txt list of images is left out: only folders are read."""
+    yaml_path = next((p for p in (os.path.join(root, n) for n in _DATA_YAML) if os.path.isfile(p)), None)
+    if yaml_path is None:
+        return {}
+    text = _read_yaml(yaml_path)
+    base = _yaml_value(text, "path", yaml_path)
+    base = os.path.join(root, os.path.expanduser(base)) if isinstance(base, str) and base else root
+    base = base if os.path.isdir(base) else root
+    found = {}
+    for key in _SPLIT_KEYS:
+        value = _yaml_value(text, key, yaml_path)
+        if value is None and key == "val":  # ultralytics renames it to `val`
+            value = _yaml_value(text, "validation", yaml_path)
+        if not isinstance(value, str) or not value:
+            continue
+        images = os.path.normpath(os.path.join(base, value))
+        if not os.path.exists(images) and value.startswith("../"):
+            images = os.path.normpath(os.path.join(base, value[3:]))
+        labels = _labels_folder(images)
+        if (labels is not None and os.path.isdir(images) and os.path.isdir(labels)
+                and (not need_labels or _has_file(labels, ".txt"))):
+            found[key] = (images, labels)
+    return found
+
+
+def _labels_folder(images: str) -> str | None:
+    """The labels folder of an images folder: its last `images` component made `labels`, or None without one."""
+    parts = images.split(os.sep)
+    if "images" not in parts:
+        return None
+    parts[len(parts) - 1 - parts[::-1].index("images")] = "labels"
+    return os.sep.join(parts)
+
+
+def _split_folder(images: str) -> str:
+    """The folder that names a split's images folder: itself (images/val2017), or its parent when it is `images`
+    (valid/images)."""
+    name = os.path.basename(images)
+    return os.path.basename(os.path.dirname(images)) if name == "images" else name
+
+
+def _split_names(root: str, dirs: tuple[str, str] | None) -> list[str]:
+    """The splits --split picks from when ROOT is split and none was picked, else []: the folders of images/ when
+    it holds nothing else (images/train, images/val), else the keys of data.yaml's split folders."""
+    if dirs is not None:
+        top = _listdir(dirs[0], Source(dirs[0], "", [], [], {}))  # (its hidden entries are counted by the scan)
+        names = [n for n, is_dir in top if is_dir]
+        return names if names and all(is_dir for _, is_dir in top) else []
+    return [f"{key} ({os.path.relpath(images, root)})"
+            for key, (images, _) in _yaml_splits(root, need_labels=False).items()]
 
 
 # ---- class names --------------------------------------------------------------------------------------------
@@ -167,19 +243,23 @@ def _yolo_names(root: str, classes: str | None) -> tuple[list[str] | None, tuple
     ROOT is a split folder of a Roboflow export), else darknet's classes.txt; kpt_shape from that data.yaml."""
     names = read_names(classes) if classes is not None else None
     for folder in (root, os.path.dirname(root)):
-        for name in ("data.yaml", "dataset.yaml", "data.yml"):
+        for name in _DATA_YAML:
             path = os.path.join(folder, name)
             if os.path.isfile(path):
-                try:
-                    with open(path, encoding="utf-8") as f:
-                        text = f.read()
-                except (OSError, UnicodeDecodeError) as e:
-                    raise ValueError(f"{path}: unreadable ({e})") from None
+                text = _read_yaml(path)
                 found = parse_yaml_names(text, path)
                 if found is not None or names is not None:
                     return names or found, parse_yaml_kpt_shape(text, path)
     path = os.path.join(root, "classes.txt")  # darknet's names file
     return names or (read_names(path) if os.path.isfile(path) else None), None
+
+
+def _read_yaml(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: unreadable ({e})") from None
 
 
 # ---- YOLO ---------------------------------------------------------------------------------------------------
@@ -189,17 +269,17 @@ def scan_yolo(root: str, split: str | None = None, classes: str | None = None,
               orientation: str = DEFAULT_ANNOTATION_ORIENTATION) -> Source:
     root = os.path.abspath(root)
     dirs = _yolo_dirs(root, split, need_labels=False)  # --source yolo: a set of negatives only is fine too
+    splits = _split_names(root, _yolo_dirs(root, None, need_labels=False))
+    if splits and (split is None or dirs is None):
+        asked = "pass --split NAME" if split is None else f"there is no split {split!r}"
+        raise ValueError(f"{root}: the YOLO images are split into {', '.join(splits)}: {asked}")
     if dirs is None:
-        where = f"images/{split} + labels/{split} (or {split}/images + {split}/labels)" if split else \
-            "images/ + labels/"
-        raise ValueError(f"{root}: not a YOLO dataset: no {where} folders")
+        where = (f"images/{split} + labels/{split}, {split}/images + {split}/labels, nor a data.yaml key {split} "
+                 f"naming them" if split else "images/ + labels/ folders, nor a data.yaml whose train/val/test keys "
+                 "name them")
+        raise ValueError(f"{root}: not a YOLO dataset: no {where}")
     img_dir, lab_dir = dirs
     src = Source(root, "yolo", [], [], {}, task="detect")
-    if split is None:
-        top = _listdir(img_dir, Source(img_dir, "", [], [], {}))  # (its hidden entries are counted below)
-        splits = [n for n, is_dir in top if is_dir]
-        if splits and all(is_dir for _, is_dir in top):
-            raise ValueError(f"{root}: the YOLO images are split into {', '.join(splits)}: pass --split NAME")
     names, kpt_shape = _yolo_names(root, classes)
     images = _walk_files(img_dir, src)
     label_files = {p[len(lab_dir) + 1:]: p for p, _ in _walk_files(lab_dir, src) if p.endswith(".txt")}
