@@ -275,6 +275,7 @@ def coco(tmp_path_factory) -> tuple[Path, Path]:
             {"id": 15, "image_id": 999, "category_id": 1, "bbox": [1, 1, 5, 5], "iscrowd": 0},
             {"id": 16, "image_id": 3, "category_id": 1, "bbox": [1, 1, 5, 5], "iscrowd": 0,
              "segmentation": [[1, 2, 3]]},
+            {"id": 17, "image_id": 2, "category_id": 7, "bbox": [50, 10, -10, 20], "iscrowd": 0},
         ],
     }
     ann = write(root / "instances.json", json.dumps(doc))
@@ -299,13 +300,13 @@ def test_coco_pack(coco, tmp_path, fmt):
 
     recs = rejected(out)
     by_id = {r.get("annotation_id"): r["reason"] for r in recs if "annotation_id" in r}
-    assert "unknown category id 99" in by_id[12] and "zero size" in by_id[13]
+    assert "unknown category id 99" in by_id[12] and "zero size" in by_id[13] and "negative size" in by_id[17]
     assert "image id 999 is not in 'images'" in by_id[15] and "polygon 0" in by_id[16]
     assert any(r["path"].endswith("missing.jpg") and "not found" in r["reason"] for r in recs)
     assert any(r["path"] == "y.jpg" and "50x40" in r["reason"] and "40x50" in r["reason"] and "object" not in r
                for r in recs)
     assert [(r["path"], r["object"]) for r in recs if "object" in r] == [("y.jpg", 0)]  # 55x50 box in 50x40: clipped
-    assert m["changes"] == {"clipped_boxes": 1} and m["rejected"] == len(recs) == 7
+    assert m["changes"] == {"clipped_boxes": 1} and m["rejected"] == len(recs) == 8
     assert m["objects"]["images_with_objects"] == 3 and m["objects"]["objects"] == 4
 
 

@@ -127,7 +127,8 @@ def sample_issues(entry: SourceEntry, width: int, height: int, tag: int = 1,
                 f"annotations are in that frame, pack with --orientation {other}"
                 if swaps_axes(tag) and tuple(entry.size) == (height, width) else "")
         out.append({"path": entry.rel, "reason": f"the {frame} is {width}x{height}, the annotations were made "
-                                                 f"for {entry.size[0]}x{entry.size[1]}: boxes may not match{hint}"})
+                                                 f"for {entry.size[0]}x{entry.size[1]}: boxes may not match (the image is "
+                                                 f"kept){hint}"})
     for j, why in annotation_issues(entry.metadata, width, height):
         out.append({"path": entry.rel, "reason": why, "object": j})
     return out

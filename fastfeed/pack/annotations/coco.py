@@ -113,7 +113,7 @@ def _coco_object(a: dict, index: dict, bad) -> tuple | None:
         return None
     x, y, w, h = b
     if w <= 0 or h <= 0:
-        bad(f"box of zero size (bbox {b})")
+        bad(f"box of {'negative' if min(w, h) < 0 else 'zero'} size (bbox {b}: [x, y, width, height])")
         return None
     crowd = a.get("iscrowd", 0)
     if crowd not in (0, 1) or isinstance(crowd, bool):

@@ -113,7 +113,8 @@ def _read_voc(path: str):
             continue
         box = [x0 - 1, y0 - 1, x1, y1]  # 1-based inclusive pixel indices -> edges
         if box[2] <= box[0] or box[3] <= box[1]:
-            objs.append(f"box of zero size (xmin {x0}, ymin {y0}, xmax {x1}, ymax {y1})")
+            sign = "negative" if box[2] < box[0] or box[3] < box[1] else "zero"
+            objs.append(f"box of {sign} size (xmin {x0}, ymin {y0}, xmax {x1}, ymax {y1})")
             continue
         difficult = (o.findtext("difficult") or "0").strip()
         objs.append((name, box, 1 if difficult in ("1", "true", "True") else 0))

@@ -389,7 +389,7 @@ def _yolo_annotation(lines, w: int, h: int, num_classes: int, label_path: str, r
         if len(vals) == 4 or kpt_shape is not None:
             cx, cy, bw, bh = vals[:4]
             if bw <= 0 or bh <= 0:
-                bad(n, f"box of zero size (w {bw}, h {bh})")
+                bad(n, f"box of {'negative' if min(bw, bh) < 0 else 'zero'} size (w {bw}, h {bh})")
                 continue
             box = [_px((cx - bw / 2), w), _px(cy - bh / 2, h), _px(cx + bw / 2, w), _px(cy + bh / 2, h)]
             poly = None
