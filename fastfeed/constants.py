@@ -5,7 +5,8 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__", "IMAGENET_MEAN", "IMAGENET_STD", "IGNORE_INDEX", "DTYPE_NAMES", "ORIENTATIONS",
            "DEFAULT_ORIENTATION", "DEFAULT_ANNOTATION_ORIENTATION", "DEFAULT_HW_DECODER_LOAD", "DEFAULT_DALI_THREADS",
-           "DEFAULT_DALI_PIPELINES", "DALI_CPU_SHARE_FOR_MORE_THREADS", "IMAGE_EXTS", "BENCH_CONSUMERS"]
+           "DEFAULT_DALI_PIPELINES", "DALI_CPU_SHARE_FOR_MORE_THREADS", "IMAGE_EXTS", "BENCH_CONSUMERS",
+           "MAX_CLASSES"]
 
 # torchvision's ImageNet normalisation, in [0, 1] units.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -25,6 +26,10 @@ DEFAULT_ORIENTATION = "ignore"
 # The frame detection annotations are in unless `fastfeed pack --orientation` says otherwise: the image as displayed
 # (EXIF orientation applied), as labelling tools show it and ultralytics and detectron2 read it.
 DEFAULT_ANNOTATION_ORIENTATION = "exif"
+
+# The most classes a dataset's integer labels may imply: its manifest names every class up to the largest label, so a
+# label past this is an id of another kind (a species or product id), whose list would fill the manifest and memory.
+MAX_CLASSES = 1_000_000
 
 # Output dtypes a decoder can write (torch names).
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "uint8")

@@ -25,7 +25,8 @@ import fastfeed
 from fastfeed.formats.fields import FieldError, decode_value
 from fastfeed.formats.tarwalk import walk_tar
 from fastfeed.loader.fields import collate
-from fastfeed.pack.index import MAX_CLASSES, index_shards
+from fastfeed.constants import MAX_CLASSES
+from fastfeed.pack.index import index_shards
 from fastfeed.types import DatasetError
 
 SIZE = 16

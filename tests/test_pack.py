@@ -330,3 +330,20 @@ def test_parse_size():
     for bad in ("", "MB", "-1MB", "12XB"):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_a_list_whose_labels_are_ids_is_refused(src, tmp_path):
+    """Integer labels are class indices: the manifest names every class up to the largest, so a list labelling with
+    ids (a species or product id) is refused by its largest label, not made into a list of millions of classes."""
+    from fastfeed.constants import MAX_CLASSES
+
+    files = sorted(glob.glob(os.path.join(src, "*", "*.jpg")))[:3]
+    lst = tmp_path / "list.jsonl"
+    lst.write_text("".join(json.dumps({"path": f, "label": lab}) + "\n"
+                           for f, lab in zip(files, [0, MAX_CLASSES, 5])))
+    with pytest.raises(ValueError, match=f"label {MAX_CLASSES} is past the 1,000,000 classes"):
+        pack(str(lst), str(tmp_path / "out"), PackOptions(shuffle_seed=None))
+    lst.write_text("".join(json.dumps({"path": f, "label": lab}) + "\n" for f, lab in zip(files, [0, 7, 5])))
+    pack(str(lst), str(tmp_path / "ok"), PackOptions(shuffle_seed=None))
+    with fastfeed.open_dataset(str(tmp_path / "ok")) as ds:
+        assert len(ds.classes) == 8

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from fastfeed.constants import IMAGE_EXTS, ORIENTATIONS
+from fastfeed.constants import IMAGE_EXTS, MAX_CLASSES, ORIENTATIONS
 from fastfeed.formats.fields import columns, value_kind
 from fastfeed.formats.tarwalk import walk_tar
 from fastfeed.image import transcode
@@ -47,13 +47,10 @@ from fastfeed.remote.store import is_url, join, retrying, url_to_fs
 from fastfeed.types import ADOPTED_FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, ShardInfo
 from fastfeed.world import usable_cpus
 
-__all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards", "MAX_CLASSES"]
+__all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards"]
 
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext
 _IDX_VERSION = "v1.2"
-# A `cls` is a class index, and the manifest lists a name for every class up to the largest label: a label past this
-# is an id of another kind (a species or product id), whose list would fill the manifest and memory: rejected.
-MAX_CLASSES = 1_000_000
 
 
 @dataclass

@@ -24,6 +24,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from fastfeed.constants import MAX_CLASSES
+
 __all__ = ["SourceEntry", "Source", "scan_source", "SOURCE_KINDS"]
 
 SOURCE_KINDS = ("auto", "imagefolder", "flat", "list")
@@ -239,6 +241,10 @@ def _finish_list(src: Source, rows: list, base: str) -> None:
         src.classes = names
     else:
         top = max((lab for lab in raw_labels if isinstance(lab, int)), default=-1)
+        if top >= MAX_CLASSES:  # an id, not a class index: its list of names would be as long as the id
+            raise ValueError(f"list file {path!r}: label {top} is past the {MAX_CLASSES:,} classes a dataset takes "
+                             "(a label is a class index, 0 to the number of classes - 1, or a class name); put ids "
+                             "of another kind in another column, which goes into each sample's json")
         src.classes = [str(i) for i in range(top + 1)]
     src.class_to_idx = {c: i for i, c in enumerate(src.classes)}
     for p, lab, meta, caption in rows:
