@@ -192,6 +192,37 @@ def test_sixteen_bit_masks_and_a_given_mask_member(tmp_path):
     loader.close()
 
 
+def test_one_bit_masks_are_binary_class_ids(tmp_path):
+    """A binary mask stored as a 1-bit PNG (mode "1", as many medical and matting sets store them): ids 0 and 1,
+    packed byte for byte and loaded under the pixels (every object here has class 1's colour)."""
+    from colorsys import hsv_to_rgb
+
+    from conftest import run_pack
+
+    rng = np.random.default_rng(6)
+    colour = np.round(np.array(hsv_to_rgb(CLASS_HUES[0], 1.0, 0.9)) * 255)
+    for d in ("img", "masks"):
+        (tmp_path / d).mkdir()
+    for i in range(6):
+        _, mask = make_scene(rng, 90, 70)
+        img = np.full((70, 90, 3), 60, np.uint8)
+        img[mask > 0] = colour
+        Image.fromarray(img).save(tmp_path / "img" / f"{i}.png")
+        Image.fromarray(mask > 0).save(tmp_path / "masks" / f"{i}.png")
+        with Image.open(tmp_path / "masks" / f"{i}.png") as stored:
+            assert stored.mode == "1"
+    run_pack(tmp_path / "img", tmp_path / "out", "--masks", str(tmp_path / "masks"))
+    loader = fastfeed.Loader(tmp_path / "out", batch_size=3, image_size=64, train=False, device="cpu",
+                             dtype=torch.uint8)
+    assert len(loader.dataset) == 6
+    values = set()
+    for batch in loader:
+        check_masks_against_pixels(batch)
+        values |= set(np.unique(batch["masks"].numpy()).tolist())
+    assert {0, 1} <= values <= {0, 1, IGNORE}
+    loader.close()
+
+
 @pytest.mark.parametrize("bits", [8, 16])
 def test_a_bad_mask_is_a_replaced_sample_named_with_its_reason(tmp_path, bits):
     """A mask of another size, an RGB mask, a sample without its mask: each is a bad record, replaced in its batch

@@ -31,8 +31,8 @@ numba = import_numba()
 __all__ = ["decode_mask", "render_mask", "tile_view", "nearest_tile", "MaskError", "DEFAULT_IGNORE_INDEX"]
 
 DEFAULT_IGNORE_INDEX = 255  # torch's CrossEntropyLoss(ignore_index=...) as segmentation references set it
-_ID_MODES = {"L": np.uint8, "P": np.uint8, "I;16": np.uint16, "I;16L": np.uint16, "I;16B": np.uint16,
-             "I;16N": np.uint16}
+_ID_MODES = {"1": np.uint8, "L": np.uint8, "P": np.uint8, "I;16": np.uint16, "I;16L": np.uint16, "I;16B": np.uint16,
+             "I;16N": np.uint16}  # "1": a binary mask, ids 0 and 1
 
 
 class MaskError(ValueError):
@@ -48,7 +48,7 @@ def decode_mask(data, size: tuple[int, int]) -> np.ndarray:
     except Exception as e:  # noqa: BLE001 - any PIL failure is this mask's, reported by the caller with its key
         raise MaskError(f"the mask does not decode ({type(e).__name__}: {e})") from e
     if img.mode not in _ID_MODES and img.mode != "I":
-        raise MaskError(f"the mask is a {img.mode} image; a mask holds one class id per pixel (mode L, P or I;16)")
+        raise MaskError(f"the mask is a {img.mode} image; a mask holds one class id per pixel (mode 1, L, P or I;16)")
     if img.size != tuple(size):
         raise MaskError(f"the mask is {img.size[0]}x{img.size[1]}, its image {size[0]}x{size[1]}")
     if img.mode == "I":  # PIL opens some 16-bit PNGs as 32-bit: ids must still fit 16 bits

@@ -2,7 +2,7 @@
 read whole and checked on pack's reader threads; a sample is stored with all its members or not at all.
 
 A mask (`seg.png`) is stored byte for byte, so it must already be what the Loader reads: a PNG (a lossy format
-would hold ids the file never had) that decodes to one class id per pixel (mode L, P, I;16 or I: fastfeed/detect/
+would hold ids the file never had) that decodes to one class id per pixel (mode 1, L, P, I;16 or I: fastfeed/detect/
 masks.py `decode_mask`, the Loader's own rule) of its image's stored size. The read and the decode
 (`read_members`) need no image, so both writers run them in parallel ahead of the image's check; the size is
 compared once the image is checked (`members_problem`), so that a sample with a bad image and a bad mask is
