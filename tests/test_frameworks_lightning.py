@@ -131,8 +131,10 @@ def test_ddp_runs_unmodified_under_fastfeed_profile(data, references, tmp_path):
                [(b["step"], b["labels"], b["images"]) for b in ref[r]["train"]], f"rank {r}"
     rep = json.loads(report.read_text())
     assert rep["run"]["ranks"] == 2 and abs(sum(rep["run"]["share"].values()) - 1.0) < 0.05
-    # Lightning runs forward and backward in a closure inside optimizer.step: they are not the optimizer's time
-    assert rep["run"]["share"]["forward+other"] > 0.05 and rep["run"]["share"]["optimizer"] < 0.3
+    # Lightning runs forward and backward in a closure inside optimizer.step: they are not the optimizer's time. (The
+    # optimizer's own share grows on a loaded machine, so it is held against the model's, not a fixed bound.)
+    share = rep["run"]["share"]
+    assert share["forward+other"] > 0.05 and share["optimizer"] < share["forward+other"] + share["backward"]
     assert all(p["steps"] == 6 for p in rep["processes"])
 
 
