@@ -39,15 +39,23 @@ def yolo_data(tmp_path_factory):
     return root, truth
 
 
-def test_detection_trainer_trains_on_the_loaders_batches(yolo_data, tmp_path):
-    root, truth = yolo_data
-    out = tmp_path / "run"
-    out.mkdir()
+def train(root: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(CLIENT), "--packed", str(root / "packed"), "--data", str(root / "data.yaml"),
-           "--out", str(out), "--epochs", str(EPOCHS), "--batch", str(BATCH), "--imgsz", str(SIZE)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+           "--out", str(out), "--epochs", str(EPOCHS), "--batch", str(BATCH), "--imgsz", str(SIZE), *more]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(yolo_data, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("run")
+    proc = train(yolo_data[0], out)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    r = json.loads((out / "report.json").read_text())
+    return json.loads((out / "report.json").read_text())
+
+
+def test_detection_trainer_trains_on_the_loaders_batches(yolo_data, uninterrupted):
+    _, truth = yolo_data
+    r = uninterrupted
 
     assert r["loaders_built"] == 1 and r["task"] == "detect" and r["epochs"] == EPOCHS
     assert r["augment"] == r["trainer"] and r["augment"]["close_mosaic"] == 1  # the trainer's hyperparameters
@@ -69,6 +77,20 @@ def test_detection_trainer_trains_on_the_loaders_batches(yolo_data, tmp_path):
         want = [((x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h) for x0, y0, x1, y1 in src["boxes"]]
         assert np.allclose(np.array(lb["bboxes"]).reshape(-1, 4), np.array(want).reshape(-1, 4), atol=1e-5)
         assert lb["cls"] == src["labels"]
+
+
+def test_a_run_resumed_from_last_pt_trains_the_epochs_it_had_left_exactly(yolo_data, uninterrupted, tmp_path):
+    """Stopped after epoch 0 and resumed from last.pt (one process, where ultralytics never calls set_epoch): the
+    resumed epoch is the uninterrupted run's epoch 1, the same samples in the same order and the same pixels
+    (mosaic off: it is the close_mosaic epoch), not the Loader's epoch 0 again."""
+    root, _ = yolo_data
+    stopped = train(root, tmp_path, "--stop-after", "0")
+    assert stopped.returncode != 0 and "stopped after epoch 0" in stopped.stderr, stopped.stderr[-3000:]
+    resumed = train(root, tmp_path, "--resume")
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-6000:]
+    r = json.loads((tmp_path / "report.json").read_text())
+    assert r["seen"] == uninterrupted["seen"][1:] and r["first_batch"] == uninterrupted["first_batch"][1:]
+    assert uninterrupted["first_batch"][0] != uninterrupted["first_batch"][1]
 
 
 def test_mosaic_ends_for_the_last_close_mosaic_epochs_as_in_the_trainer(yolo_data):

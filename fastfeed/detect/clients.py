@@ -2,7 +2,7 @@
 
     to_torchvision(batch)  -> (images, targets): torchvision's detection models (`model(images, targets)`)
     to_ultralytics(batch)  -> the dict ultralytics' YOLO trainers get from their own collate function
-    UltralyticsLoader(loader) -> what ultralytics' DetectionTrainer.get_dataloader returns for training
+    UltralyticsLoader(loader, trainer) -> what ultralytics' DetectionTrainer.get_dataloader returns for training
     augment_from_ultralytics(args) -> the DetectAugment of a trainer's hyperparameters
 """
 from __future__ import annotations
@@ -75,21 +75,25 @@ class UltralyticsLoader:
     batch_size, drop_last, num_workers, sampler.set_epoch, dataset with its labels). Build the Loader with
     `dtype=torch.uint8`, `image_size=args.imgsz`, `epochs=args.epochs` and `augment=augment_from_ultralytics(args)`:
     it then turns mosaic off for the trainer's last `close_mosaic` epochs itself, so the trainer's call to
-    `dataset.close_mosaic` has nothing left to do.
+    `dataset.close_mosaic` has nothing left to do. `trainer`: each epoch is then the trainer's `epoch` (on one
+    process ultralytics calls `sampler.set_epoch` only under DDP, so a run resumed from last.pt would otherwise
+    start the Loader at epoch 0 again: epoch 0's order and augmentation, mosaic past close_mosaic).
 
         class Trainer(DetectionTrainer):
             def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
                 if mode != "train":
                     return super().get_dataloader(dataset_path, batch_size, rank, mode)
-                return UltralyticsLoader(fastfeed.Loader(PACKED, batch_size=batch_size, image_size=self.args.imgsz,
-                                                         dtype=torch.uint8, epochs=self.args.epochs,
-                                                         augment=augment_from_ultralytics(self.args)))
+                loader = fastfeed.Loader(PACKED, batch_size=batch_size, image_size=self.args.imgsz,
+                                         dtype=torch.uint8, epochs=self.args.epochs,
+                                         augment=augment_from_ultralytics(self.args))
+                return UltralyticsLoader(loader, trainer=self)
     """
 
     num_workers = 0  # the Loader's threads are its own
 
-    def __init__(self, loader):
+    def __init__(self, loader, trainer=None):
         self.loader = loader
+        self._trainer = trainer
         self.batch_size = loader.settings.batch_size
         self.drop_last = loader.settings.drop_last
         self.sampler = _Sampler(loader)
@@ -100,6 +104,9 @@ class UltralyticsLoader:
 
     def __iter__(self):
         # A generator: the trainer calls iter() twice an epoch and reads only the second; the first never starts.
+        epoch = getattr(self._trainer, "epoch", None)
+        if epoch is not None:  # the epoch the Loader would run next costs nothing (its read-ahead goes on)
+            self.loader.set_epoch(int(epoch))
         for batch in self.loader:
             yield to_ultralytics(batch)
 

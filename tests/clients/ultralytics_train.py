@@ -3,14 +3,17 @@
 replaces `PIL.Image.open` for the whole process (its HEIF patch), which the test session must not inherit.
 
     python tests/clients/ultralytics_train.py --packed DIR --data data.yaml --out DIR [--epochs 2] [--batch 8]
-        [--imgsz 160]
+        [--imgsz 160] [--stop-after EPOCH | --resume]
 
-Writes OUT/report.json: the sample ids of every batch the trainer took, by epoch; the Loader's settings; the
-trainer's hyperparameters the Loader was given; the labels the trainer read from the adapter; results.csv's path.
+Writes OUT/report.json: the sample ids of every batch the trainer took, by epoch, with a digest of each epoch's
+first batch of images; the Loader's settings; the trainer's hyperparameters the Loader was given; the labels the
+trainer read from the adapter; results.csv's path. --stop-after E: the process exits once epoch E is saved, as a
+crash would; --resume: the trainer resumes OUT's run from its last.pt, as `yolo train resume` does.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -29,18 +32,22 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--imgsz", type=int, default=160)
+    p.add_argument("--stop-after", type=int)
+    p.add_argument("--resume", action="store_true")
     a = p.parse_args()
     out = Path(a.out)
     os.environ.setdefault("YOLO_OFFLINE", "1")
     os.environ.setdefault("YOLO_CONFIG_DIR", str(out / "config"))
     from ultralytics.models.yolo.detect import DetectionTrainer
 
-    built, seen = [], []
+    built, seen, firsts = [], [], []
 
     class Counting(UltralyticsLoader):
         def __iter__(self):
             seen.append([])
             for batch in super().__iter__():
+                if not seen[-1]:
+                    firsts.append(hashlib.sha256(batch["img"].numpy().tobytes()).hexdigest())
                 seen[-1].extend(int(f) for f in batch["im_file"])
                 yield batch
 
@@ -51,14 +58,23 @@ def main() -> None:
             loader = fastfeed.Loader(a.packed, batch_size=batch_size, image_size=self.args.imgsz, dtype=torch.uint8,
                                      device="cpu", epochs=self.args.epochs, seed=0,
                                      augment=augment_from_ultralytics(self.args))
-            built.append(Counting(loader))
+            built.append(Counting(loader, trainer=self))
             return built[-1]
 
+    def crash(trainer) -> None:  # after the epoch's last.pt is written
+        if trainer.epoch == a.stop_after:
+            raise SystemExit(f"stopped after epoch {trainer.epoch}")
+
     torch.manual_seed(0)
-    trainer = Trainer(overrides=dict(model="yolov8n.yaml", data=a.data, epochs=a.epochs, imgsz=a.imgsz,
-                                     batch=a.batch, device="cpu", workers=0, plots=False, val=False, amp=False,
-                                     pretrained=False, project=str(out / "runs"), name="fastfeed", exist_ok=True,
-                                     close_mosaic=1, verbose=False))
+    overrides = dict(model="yolov8n.yaml", data=a.data, epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device="cpu",
+                     workers=0, plots=False, val=False, amp=False, pretrained=False, project=str(out / "runs"),
+                     name="fastfeed", exist_ok=True, close_mosaic=1, verbose=False)
+    if a.resume:
+        overrides = dict(resume=str(out / "runs" / "fastfeed" / "weights" / "last.pt"), device="cpu", workers=0,
+                         plots=False)
+    trainer = Trainer(overrides=overrides)
+    if a.stop_after is not None:
+        trainer.add_callback("on_fit_epoch_end", crash)
     trainer.train()
     adapter = built[0]
     s = adapter.loader.settings
@@ -66,6 +82,7 @@ def main() -> None:
         "loaders_built": len(built),
         "batches_per_epoch": len(adapter),
         "seen": seen,
+        "first_batch": firsts,
         "task": s.task, "epochs": s.epochs, "batch_size": s.batch_size,
         "augment": {k: getattr(s.augment, k) for k in ("close_mosaic", "mosaic", "scale", "fliplr", "translate")},
         "trainer": {k: getattr(trainer.args, k) for k in ("close_mosaic", "mosaic", "scale", "fliplr", "translate")},
