@@ -224,6 +224,25 @@ def test_run_bench_real_loader_against_torch(wds_path):
     assert "fastfeed / torch throughput:" in table
 
 
+def test_bench_measures_a_detection_loader_alone(tmp_path):
+    """A detection pack's batches are dicts with per-box labels: bench counts the images, and refuses the
+    classifier's consumers and DataLoader baseline, which have nothing to train on such a batch."""
+    from conftest import run_pack
+    from test_detect_loader import make_yolo
+
+    make_yolo(tmp_path / "src", n=12)
+    run_pack(tmp_path / "src", tmp_path / "out", "--format", "wds")
+    steps, batch = 5, 4
+    cfg = BenchConfig(dataset=str(tmp_path / "out"), batch_size=batch, image_size=64, steps=steps, warmup=1,
+                      device="cpu", dtype="uint8", num_threads=2)
+    report = run_bench(cfg, progress=False)
+    assert report["loaders"]["fastfeed"]["samples"] == steps * batch  # images, not boxes
+    for consumer, compare in (("resnet18", None), ("none", "torch")):
+        with pytest.raises(ValueError, match="'detect' dataset: bench measures its loader alone"):
+            run_bench(BenchConfig(dataset=str(tmp_path / "out"), batch_size=batch, image_size=64, steps=1,
+                                  warmup=0, device="cpu", consumer=consumer, compare=compare), progress=False)
+
+
 @pytest.mark.integration  # the bench command end to end
 def test_cli_bench_compare_writes_json_and_png(wds_path, tmp_path, capsys):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"

@@ -80,6 +80,14 @@ def _batch_len(labels) -> int:
         return int(labels.shape[0])
 
 
+def _images_and_labels(batch) -> tuple:
+    """(images, labels) of a batch: a pair as it is; a dict batch (fields, detection) by its "images" and "labels"
+    (a detection batch's labels are per box: the samples are counted by the images)."""
+    if isinstance(batch, dict):
+        return batch["images"], batch.get("labels")
+    return batch
+
+
 class _Epochs:
     """Endless iteration over a per-epoch iterable, calling set_epoch at every new epoch."""
 
@@ -135,7 +143,7 @@ def run_loader(loader: Iterable, consumer: Callable, *, name: str, steps: int = 
     try:
         limit = max(warmup, max_warmup or 0)
         while res.warmup_steps < warmup or res.warmup_steps < limit and still_tuning(loader):
-            images, labels = epochs.next()
+            images, labels = _images_and_labels(epochs.next())
             consumer(images, labels)
             res.warmup_steps += 1
             if res.warmup_steps > warmup:  # the loader was still tuning: the bar grows with the warm-up
@@ -148,13 +156,13 @@ def run_loader(loader: Iterable, consumer: Callable, *, name: str, steps: int = 
             deadline = perf() + max_seconds if max_seconds is not None else math.inf
             for _ in range(steps):
                 t0 = perf()
-                images, labels = epochs.next()
+                images, labels = _images_and_labels(epochs.next())
                 t1 = perf()
                 consumer(images, labels)
                 t2 = perf()
                 res.wait_s.append(t1 - t0)
                 res.step_s.append(t2 - t0)
-                res.samples.append(_batch_len(labels))
+                res.samples.append(_batch_len(images))
                 bar.update(1)
                 bar.set_postfix_str(f"{res.samples[-1] / max(t2 - t0, 1e-9):,.0f} samples/s", refresh=False)
                 if t2 >= deadline:

@@ -149,10 +149,10 @@ def _num_classes(cfg: BenchConfig, images: Path | None) -> int:
     return 1000
 
 
-def _num_samples(dataset: str) -> int:
+def _manifest(dataset: str):
     from fastfeed.formats.base import load_manifest
 
-    return load_manifest(dataset).num_samples
+    return load_manifest(dataset)
 
 
 def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | None = None,
@@ -174,7 +174,12 @@ def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | Non
     if loaders is None:
         if not cfg.dataset:
             raise ValueError("a packed DATASET is required")
-        cfg.batch_size, note = fit_batch_size(cfg.batch_size, _num_samples(cfg.dataset))
+        manifest = _manifest(cfg.dataset)
+        task = manifest.task
+        if task != "classify" and (cfg.consumer != "none" or cfg.compare == "torch"):
+            raise ValueError(f"{cfg.dataset} is a {task!r} dataset: bench measures its loader alone (--consumer "
+                             "none, no --compare); the model consumers and the DataLoader baseline are a classifier's")
+        cfg.batch_size, note = fit_batch_size(cfg.batch_size, manifest.num_samples)
         if note:
             notes.append(note)
             if log:
