@@ -66,8 +66,9 @@ def test_refuses_missing_or_resized_data_file(packed, tmp_path, fmt):
     data = d / ("shard-000001.tar" if fmt == "wds" else "data.lmdb/data.mdb")
     with open(data, "ab") as f:
         f.write(b"\0" * 512)
-    with pytest.raises(DatasetError, match="manifest says"):
+    with pytest.raises(DatasetError, match="manifest says") as e:
         fastfeed.open_dataset(d)
+    assert "restore it" in str(e.value) and "fastfeed verify" not in str(e.value)  # verify refuses it too
     os.unlink(data)
     with pytest.raises(DatasetError, match="missing"):
         fastfeed.open_dataset(d)

@@ -85,8 +85,10 @@ def load_manifest(root: str) -> Manifest:
         except OSError:
             raise DatasetError(f"{root}: data file {shard.path} listed in the manifest is missing", path=p) from None
         if size != shard.bytes:
-            raise DatasetError(f"{root}: data file {shard.path} is {size} bytes, the manifest says {shard.bytes} "
-                               f"(truncated or modified; run `fastfeed verify`)", path=p)
+            # Not opened, not even by `fastfeed verify`: a mapped file shorter than its samples would fault on read.
+            raise DatasetError(f"{root}: data file {shard.path} is {size} bytes, the manifest says {shard.bytes}: "
+                               "truncated or modified since it was packed (an interrupted copy or download?); restore "
+                               "it from the original, or pack the dataset again", path=p)
     return manifest
 
 
