@@ -42,6 +42,7 @@ from fastfeed.image import jpeg, transcode
 from fastfeed.image.headers import (PNG_SIGNATURE, exif_orientation, jpeg_end, jpeg_without_junk_after_soi,
                                     jpeg_without_junk_before_markers, png_data_ok, png_facts, png_text_over_limit,
                                     without_png_text)
+from fastfeed.pack.containers import TAR_REASON, container, is_tar
 
 __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "check_for_pil", "SUPPORTED_FORMATS",
            "DEFAULT_MAX_PIXELS",
@@ -69,12 +70,6 @@ CHANGES = (TRIMMED, DROPPED_JUNK, CONVERTED, REPAIRED, TRANSCODED, REENCODED, DO
 # When several apply to one file, the code reported is the one that changed the most (later in this order).
 _WEIGHT = {c: i for i, c in enumerate(CHANGES)}
 _JUNK_MAX = 1024  # junk before the SOI: at most this many bytes
-# Files that may hold a JPEG within their first KB but are not that picture (signature, what the rejection calls it).
-_CONTAINERS = ((b"%PDF", "a PDF document"), (b"PK\x03\x04", "a ZIP archive"), (b"Rar!", "a RAR archive"),
-               (b"7z\xbc\xaf", "a 7-Zip archive"), (b"\x1f\x8b", "a gzip file"),
-               (b"RIFF", "a RIFF file (AVI, WAV, ...)"), (b"\x1aE\xdf\xa3", "a Matroska/WebM video"))
-_TAR_REASON = ("not an image: a tar archive (WebDataset shards are not packed: `fastfeed index` adopts them in place, "
-              "as they are)")
 # Twice PIL's own bomb limit: ImageNet's largest image is ~30 Mpx; anything above this is almost surely hostile.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
 MAX_FILE_BYTES = 1 << 31  # keeps one sample far below any shard/LMDB limit
@@ -154,8 +149,8 @@ def check_image(data, opts: LoadOptions, facts: tuple | None = None, name: str |
         return _check_jpeg(data, opts, None, facts)
     # First: a tar's first member starts 512 bytes in, where a JPEG there would pass for one behind leading junk,
     # and its member name can start like another format's signature.
-    if _is_tar(data):
-        return Rejected(_TAR_REASON)
+    if is_tar(data):
+        return Rejected(TAR_REASON)
     fmt = _sniff(bytes(data[:16]))
     if fmt is None and bytes(data[:2]) == b"\xff\xd8":  # SOI, then junk before the first marker
         return _check_jpeg(data, opts, None)
@@ -164,9 +159,9 @@ def check_image(data, opts: LoadOptions, facts: tuple | None = None, name: str |
         soi = head.find(b"\xff\xd8\xff")
         # A few bytes of junk (an HTTP header, a BOM, padding) before a JPEG are dropped; a container that holds a
         # JPEG (PDF, ZIP, MP4 cover art, ...) is not one: its embedded picture is not what the user's file shows.
-        container = _container(head)
-        if soi <= 0 or container is not None:
-            return _named_for_pil(data, name, opts) or Rejected(f"not an image: {container}" if container else
+        what = container(head)
+        if soi <= 0 or what is not None:
+            return _named_for_pil(data, name, opts) or Rejected(f"not an image: {what}" if what else
                                                                 "not an image (unknown file signature)")
         return _check_jpeg(data[soi:], opts, DROPPED_JUNK)
     if fmt == "jpeg":
@@ -470,29 +465,6 @@ def _os_reason(path: str, e: OSError) -> str:
     if e.errno == errno.ENOENT:
         return "file not found"
     return f"unreadable: {e.strerror or e}"
-
-
-def _is_tar(data) -> bool:
-    """Whether `data` starts with a POSIX or GNU tar header: "ustar" at offset 257 and the header's checksum right
-    (the sum of its 512 bytes, the checksum field counted as spaces; unsigned or signed, as tarfile accepts)."""
-    if len(data) < 512 or bytes(data[257:262]) != b"ustar":
-        return False
-    head = bytes(data[:512])
-    try:
-        stored = int(head[148:156].split(b"\0", 1)[0].strip(), 8)
-    except ValueError:  # not an octal number (an empty field included)
-        return False
-    spaces = 8 * ord(" ")
-    return stored in (spaces + sum(struct.unpack_from("148B8x356B", head)),
-                      spaces + sum(struct.unpack_from("148b8x356b", head)))
-
-
-def _container(head: bytes) -> str | None:
-    """What container other than tar (_is_tar) a file starting with `head` is, or None."""
-    for magic, what in _CONTAINERS:
-        if head.startswith(magic):
-            return what
-    return "an ISO media file (MP4, MOV, ...)" if head[4:8] == b"ftyp" else None
 
 
 def _sniff(data: bytes) -> str | None:
