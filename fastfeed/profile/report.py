@@ -10,17 +10,22 @@ import statistics
 from fastfeed.profile.rules import verdict
 from fastfeed.profile.topology import describe_links
 
-__all__ = ["load_records", "summarize", "format_report", "PARTS"]
+__all__ = ["load_records", "record_files", "summarize", "format_report", "PARTS"]
 
 # The parts of a step, in the table's order; "other" (forward, loss, logging, ...) is the step minus the rest.
 PARTS = ("data", "h2d", "forward+other", "backward", "optimizer", "comm")
+
+
+def record_files(folder: str) -> list[str]:
+    """The process reports in `folder` (probe.py writes one per process)."""
+    return sorted(glob.glob(os.path.join(folder, "proc-*.json")))
 
 
 def load_records(folder: str) -> list[dict]:
     """Every process report in `folder` that measured at least one step (DataLoader workers and launchers write
     empty ones)."""
     out = []
-    for path in sorted(glob.glob(os.path.join(folder, "proc-*.json"))):
+    for path in record_files(folder):
         with open(path) as f:
             rep = json.load(f)
         if rep.get("records"):
@@ -84,13 +89,32 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:5.1f}%"
 
 
+def _how_it_ended(summary: dict) -> str | None:
+    """The command's end, when it was not a success: its status, the signal that killed it, who stopped it."""
+    ended = summary.get("exit") or {}  # absent in a report of --report DIR
+    if not ended.get("status"):
+        return None
+    if ended.get("signal"):
+        text = f"the command was killed by {ended['signal']}, exit status {ended['status']}"
+    else:
+        text = f"the command exited with status {ended['status']}"
+    if ended.get("stopped_by"):
+        text += " after " + ("the timeout stopped it" if ended["stopped_by"] == "timeout"
+                             else f"{ended['stopped_by']} stopped it")
+    return text
+
+
 def format_report(summary: dict, baseline: dict | None = None) -> str:
     run = summary["run"]
+    ended = _how_it_ended(summary)
     if run is None:
-        return ("fastfeed profile: no step was measured (the script ended before the warm-up did, or never took a "
-                "batch from a DataLoader or fastfeed Loader)")
+        why = ended or ("the script ended before the warm-up did, or never took a batch from a DataLoader or "
+                        "fastfeed Loader")
+        return f"fastfeed profile: no step was measured ({why})"
     lines = [f"fastfeed profile: {summary['processes'][0]['steps']} steps measured on {run['ranks']} process(es), "
              f"steps end at each {summary['processes'][0]['step_boundary']} step"]
+    if ended:
+        lines.append(f"  ({ended}; the table covers the steps measured before)")
     base = baseline["run"] if baseline else None
 
     def row(name, value, fmt, base_value=None):
