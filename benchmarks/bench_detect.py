@@ -53,7 +53,7 @@ def prepare_data(workdir: Path, num_images: int, photo_scale: int = 1) -> tuple[
     from fastfeed.demo_data import make_dataset
 
     yolo, packed = workdir / "yolo", workdir / "wds"
-    if (packed / "fastfeed.json").exists() and len(list((yolo / "labels").iterdir())) == num_images:
+    if _made(yolo, packed, num_images):
         return yolo, packed
     photos = make_dataset(workdir / "photos", num_images=num_images, num_classes=10, seed=0)
     (yolo / "images").mkdir(parents=True, exist_ok=True)
@@ -71,9 +71,7 @@ def prepare_data(workdir: Path, num_images: int, photo_scale: int = 1) -> tuple[
             cx, cy = rng.uniform(bw / 2, 1 - bw / 2), rng.uniform(bh / 2, 1 - bh / 2)
             lines.append(f"{int(rng.integers(0, len(NAMES)))} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}\n")
         (yolo / "labels" / f"{i:06d}.txt").write_text("".join(lines))
-    subprocess.run([sys.executable, "-m", "fastfeed.cli", "pack", str(yolo), str(packed), "--shard-size", "64MB",
-                    "--overwrite", "--quiet"], check=True)
-    return yolo, packed
+    return _pack(yolo, packed)
 
 
 VARIANTS = ("grey", "exif", "png", "small", "crowd", "polygons")
@@ -87,13 +85,9 @@ def variant_data(workdir: Path, num_images: int, variant: str) -> tuple[Path, Pa
     import numpy as np
     from PIL import Image
 
-    small, _ = prepare_data(workdir, num_images)
-    yolo, packed = workdir / f"variant-{variant}" / "yolo", workdir / f"variant-{variant}" / "wds"
-    if (packed / "fastfeed.json").exists() and len(list((yolo / "labels").iterdir())) == num_images:
+    small, yolo, packed = _derived(workdir, f"variant-{variant}", num_images)
+    if _made(yolo, packed, num_images):
         return yolo, packed
-    for sub in ("images", "labels"):
-        (yolo / sub).mkdir(parents=True, exist_ok=True)
-    (yolo / "data.yaml").write_bytes((small / "data.yaml").read_bytes())
     rng = np.random.default_rng(1)
     turned = Image.Exif()
     turned[0x0112] = 6  # displayed turned 90 degrees clockwise: undoes the stored ROTATE_90
@@ -127,26 +121,40 @@ def variant_data(workdir: Path, num_images: int, variant: str) -> tuple[Path, Pa
                 polygons.append(c + "".join(f" {x:.5f} {y:.5f}" for x, y in zip(xs, ys)))
             lines = polygons
         (yolo / "labels" / (src.stem + ".txt")).write_text("".join(f"{line}\n" for line in lines))
-    subprocess.run([sys.executable, "-m", "fastfeed.cli", "pack", str(yolo), str(packed), "--shard-size", "64MB",
-                    "--overwrite", "--quiet"], check=True)
-    return yolo, packed
+    return _pack(yolo, packed)
 
 
 def _enlarged(workdir: Path, num_images: int, k: int) -> tuple[Path, Path]:
     from PIL import Image
 
-    small, _ = prepare_data(workdir, num_images)
-    yolo, packed = workdir / f"x{k}" / "yolo", workdir / f"x{k}" / "wds"
-    if (packed / "fastfeed.json").exists() and len(list((yolo / "labels").iterdir())) == num_images:
+    small, yolo, packed = _derived(workdir, f"x{k}", num_images)
+    if _made(yolo, packed, num_images):
         return yolo, packed
-    for sub in ("images", "labels"):
-        (yolo / sub).mkdir(parents=True, exist_ok=True)
-    (yolo / "data.yaml").write_bytes((small / "data.yaml").read_bytes())
     for src in sorted((small / "images").iterdir()):
         img = Image.open(src)
         img.resize((img.width * k, img.height * k), Image.BICUBIC).save(yolo / "images" / src.name, quality=90)
         label = small / "labels" / (src.stem + ".txt")
         (yolo / "labels" / label.name).write_bytes(label.read_bytes())
+    return _pack(yolo, packed)
+
+
+def _made(yolo: Path, packed: Path, num_images: int) -> bool:
+    return (packed / "fastfeed.json").exists() and len(list((yolo / "labels").iterdir())) == num_images
+
+
+def _derived(workdir: Path, folder: str, num_images: int) -> tuple[Path, Path, Path]:
+    """(the base set's YOLO folder, a set derived from it: its YOLO folder, made with the base's data.yaml, and the
+    folder it packs into), under workdir/folder."""
+    small, _ = prepare_data(workdir, num_images)
+    yolo, packed = workdir / folder / "yolo", workdir / folder / "wds"
+    for sub in ("images", "labels"):
+        (yolo / sub).mkdir(parents=True, exist_ok=True)
+    (yolo / "data.yaml").write_bytes((small / "data.yaml").read_bytes())
+    return small, yolo, packed
+
+
+def _pack(yolo: Path, packed: Path) -> tuple[Path, Path]:
+    """The real CLI packs a YOLO folder, as a user would."""
     subprocess.run([sys.executable, "-m", "fastfeed.cli", "pack", str(yolo), str(packed), "--shard-size", "64MB",
                     "--overwrite", "--quiet"], check=True)
     return yolo, packed
