@@ -140,3 +140,17 @@ def test_python_m_fastfeed_profile_then_the_report_against_a_baseline(slow_data,
     assert "6 steps measured" in proc.stdout
     assert "framework configuration: torch.nn.DataParallel is in use" in proc.stdout
     assert "use DistributedDataParallel" in proc.stdout
+
+
+def test_a_batch_counts_its_samples_whatever_its_collate_put_first():
+    """samples/s comes from each batch's size: a tensor's first dimension, a pair's first member, a dict's "images",
+    else its first value that counts samples (a collate_fn may put a list of names first)."""
+    import torch
+
+    from fastfeed.profile.probe import _batch_len
+
+    x = torch.zeros(5, 3)
+    assert _batch_len(x) == 5 and _batch_len((x, torch.zeros(5))) == 5
+    assert _batch_len({"images": torch.zeros(4, 3, 2, 2), "labels": torch.zeros(9)}) == 4
+    assert _batch_len({"names": ["a", "b", "c"], "x": torch.zeros(3, 7), "y": torch.zeros(3)}) == 3
+    assert _batch_len({"names": ["a"]}) == 0 and _batch_len(torch.tensor(1.0)) == 0

@@ -454,8 +454,10 @@ def _batch_len(batch) -> int:
     if isinstance(batch, (list, tuple)) and batch:
         return _batch_len(batch[0])
     if isinstance(batch, dict) and batch:
-        v = batch.get("images", next(iter(batch.values())))
-        return _batch_len(v)
+        if "images" in batch:
+            return _batch_len(batch["images"])
+        # the first value that counts samples: a collate_fn may put names or other lists first
+        return next((n for n in map(_batch_len, batch.values()) if n), 0)
     return 0
 
 
