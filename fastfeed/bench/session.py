@@ -149,12 +149,6 @@ def _num_classes(cfg: BenchConfig, images: Path | None) -> int:
     return 1000
 
 
-def _manifest(dataset: str):
-    from fastfeed.formats.base import load_manifest
-
-    return load_manifest(dataset)
-
-
 def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | None = None,
               progress: bool = True, log: Callable[[str], None] | None = None) -> dict:
     """Measure every loader (default: fastfeed, plus torch with compare='torch') and return the report dict.
@@ -174,7 +168,9 @@ def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | Non
     if loaders is None:
         if not cfg.dataset:
             raise ValueError("a packed DATASET is required")
-        manifest = _manifest(cfg.dataset)
+        from fastfeed.formats.base import load_manifest
+
+        manifest = load_manifest(cfg.dataset)
         task = manifest.task
         if task != "classify" and (cfg.consumer != "none" or cfg.compare == "torch"):
             raise ValueError(f"{cfg.dataset} is a {task!r} dataset: bench measures its loader alone (--consumer "

@@ -121,9 +121,9 @@ def _ends_with_eoi(sample) -> bool:
 def whole_jpeg_rgbx(sample, out: np.ndarray | None = None, scale: int = 1):
     """(uint8 [h, w, 4] RGBX, the full image's (width, height)): the stored pixels of an RGB or grey JPEG (grey
     replicated into R, G and B, as PIL converts L to RGB), decoded by the native core: libjpeg's pixels with PIL's
-    settings, in PIL's own layout, so a PIL image can wrap them
-    (`Image.frombuffer`) where PIL's decode would need a copy out of its memory for numpy. `scale` 2, 4 or 8: at that
-    DCT scale, as PIL's draft decodes (the same pixels). Into `out` (a uint8 buffer, from its start) when they fit:
+    settings, in PIL's own layout, so a PIL image can wrap them (`Image.frombuffer`) where PIL's decode would need a
+    copy out of its memory for numpy. `scale` 2, 4 or 8: at that DCT scale, as PIL's draft decodes (the same
+    pixels). Into `out` (a uint8 buffer, from its start) when they fit:
     the array is then a view of it. None where that does not apply (another format or colour space, a record that
     does not end with its end marker, no native libjpeg) or the native decode refuses the file: the caller decodes it
     with PIL, by the contract's rules. No PIL header parse first: the native decode reads the header and refuses what

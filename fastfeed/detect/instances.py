@@ -115,7 +115,7 @@ def has_masks(targets) -> bool:
 def without_masks(targets) -> np.ndarray:
     """bool [M]: the objects trained on (not crowd regions) that have neither a polygon nor an RLE mask: their
     instance masks come out empty."""
-    missing = ~targets.iscrowd.copy()
+    missing = ~targets.iscrowd
     if targets.poly_start is not None:
         missing &= np.diff(targets.poly_start) == 0
     if targets.rle is not None:
@@ -126,14 +126,13 @@ def without_masks(targets) -> np.ndarray:
 def missing_masks_note(targets, keys) -> str | None:
     """A warning's text when some objects trained on have no outline (a partly segmented set: their instance masks
     come out empty, which a mask loss takes for an object of no pixels), naming the first such sample; else None."""
-    missing = without_masks(targets)
-    if not missing.any():
+    rows = np.flatnonzero(without_masks(targets))
+    if not len(rows):
         return None
-    first = int(np.searchsorted(targets.start, int(np.flatnonzero(missing)[0]), side="right")) - 1
-    images = len(np.unique(np.searchsorted(targets.start, np.flatnonzero(missing), side="right")))
-    return (f"{int(missing.sum())} of {int((~targets.iscrowd).sum())} objects (in {images} images, the first "
-            f"{keys[first]}) have no polygon or mask: task='segment' gives them empty instance masks (0 pixels) "
-            "beside their boxes")
+    images = np.searchsorted(targets.start, rows, side="right") - 1  # the sample of each such object, ascending
+    return (f"{len(rows)} of {int((~targets.iscrowd).sum())} objects (in {len(np.unique(images))} images, the first "
+            f"{keys[int(images[0])]}) have no polygon or mask: task='segment' gives them empty instance masks (0 "
+            "pixels) beside their boxes")
 
 
 def render_instances(geometry, k: int, targets, objects, tiles, boxes, out: np.ndarray) -> None:
