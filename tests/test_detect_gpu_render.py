@@ -50,6 +50,18 @@ SCRIPT = textwrap.dedent("""
                        np.array([(30, 15), (30, 15)]), g).cpu().numpy()
     report.append({"train": False, "tiles": 2, "flipped": 0, "differ": int((ref != got).sum()),
                    "shape": list(got.shape), "simd_levels": int(np.abs(fast.astype(int) - ref).max())})
+    # rows longer than a kernel's block (256 values), tiles shrunk up to 3x beside magnified ones in one batch
+    S2 = 120
+    sizes2 = np.array([(330, 200), (40, 25), (250, 360), (90, 150)])
+    imgs2 = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w, h in sizes2]
+    per2 = np.array([i.size for i in imgs2])
+    g = plan_batch(np.arange(4), sizes2, S2, epoch=3, seed=5, aug=DetectAugment(scale=0.9), train=True)
+    ref = np.stack([render(imgs2, g, k, hsv=False, exact=True) for k in range(4)])
+    got = render_batch(torch.from_numpy(np.concatenate([i.ravel() for i in imgs2])).to(dev), np.cumsum(per2) - per2,
+                       sizes2, g).cpu().numpy()
+    report.append({"train": True, "tiles": int(g.n_tiles.sum()), "flipped": int(g.flip.sum()),
+                   "differ": int((ref != got).sum()), "shape": list(got.shape), "simd_levels": 0,
+                   "widest": int((g.dst_rect[..., 2] - g.dst_rect[..., 0]).max())})
     print(json.dumps(report))
 """)
 
@@ -59,12 +71,13 @@ def _render_check(device: str, env: dict) -> None:
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(report) == 4
+    assert len(report) == 5
     assert report[0]["tiles"] == 16 and report[0]["flipped"] > 0  # mosaic, some flipped
     assert report[1]["tiles"] == 4 and report[1]["flipped"] == 4
+    assert report[4]["widest"] * 3 > 256  # a row of several blocks
     for case in report:
         assert case["differ"] == 0 and case["simd_levels"] <= 1, case
-        assert case["shape"][1:] == [24, 24, 3]
+    assert [case["shape"][1:] for case in report] == [[24, 24, 3]] * 4 + [[120, 120, 3]]
 
 
 def test_gpu_renderer_draws_the_cpu_renderers_pixels_to_the_bit():

@@ -59,6 +59,10 @@
 #   detect-ceiling     where the GPU detection path's ceiling is: DALI's whole-image decode alone and GpuDetectDecoder
 #                      with its steps timed, 1-4 pipelines (detect_ceiling.py); with py-spy carried (.carry/spy) the
 #                      Loader's threads and the GIL sampled [makes detect's set]
+#   detect-kernels     the GPU time a detection batch costs, kernel by kernel (detect_kernels.py, torch.profiler):
+#                      training batches in float16 (the loader-alone tables) and uint8 (YOLO training's), evaluation
+#                      batches; with .carry/old (OLD=<commit> prepare_carry.sh) the training rows of that tree too
+#                      [makes detect's set]
 #   detect-abba        the detection loader alone (detect_sweep.py, SWEEP or 4 pipelines and the defaults, EACH
 #                      seconds a row) in this tree and the one in .carry/old, A B B A, each in its own process
 #                      (carry .carry/old: OLD=<commit> prepare_carry.sh) [makes detect's set]
@@ -81,7 +85,7 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/lib.sh
 
 STEPS=" stage-dali build data gpu-tests train-resnet50 train-resnet18 alone first-batch first-step photos photos-alone
-        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect detect-sweep detect-ceiling detect-abba ssd yolo-train
+        mid mid-alone phone thumb thumb-cores mixed png ddp ddp-reversed odd-corpus image-text index progressive detect detect-sweep detect-ceiling detect-kernels detect-abba ssd yolo-train
         profile abba "
 STEPS=$(echo $STEPS)  # one line, single spaces
 STEPS=" $STEPS "
@@ -210,6 +214,19 @@ run_step() {  # $1 = step, rest: its arguments
           fi
           kill $dmon
           (cd $OUT && tar -czf detect-ceiling-$tag.tar.gz dmon.txt spy-* 2>/dev/null; rm -f dmon.txt spy-*) ;;
+  detect-kernels) need native dali || return 1
+          detect_set
+          local k=$PWD/$G/detect_kernels.py old
+          old=$(ls .carry/old/tree-*.tar.gz 2>/dev/null | head -1)
+          [ -n "$old" ] && unpack_old "$old"
+          CUDA_VISIBLE_DEVICES=0 timeout 120 python3 $k $W/detect/wds --label this 2>&1 | grep -E "^this"
+          [ -n "$old" ] && (cd $OLD_TREE && PYTHONPATH=/tmp/site:$OLD_TREE CUDA_VISIBLE_DEVICES=0 timeout 120 \
+              python3 $k $W/detect/wds --label old 2>&1 | grep -E "^old")
+          CUDA_VISIBLE_DEVICES=0 timeout 120 python3 $k $W/detect/wds --dtype uint8 --label this 2>&1 | grep -E "^this"
+          [ -n "$old" ] && (cd $OLD_TREE && PYTHONPATH=/tmp/site:$OLD_TREE CUDA_VISIBLE_DEVICES=0 timeout 120 \
+              python3 $k $W/detect/wds --dtype uint8 --label old 2>&1 | grep -E "^old")
+          CUDA_VISIBLE_DEVICES=0 timeout 120 python3 $k $W/detect/wds --mode val --label this 2>&1 | grep -E "^this"
+          ;;
   detect-abba) need native dali || return 1
           local old
           old=$(ls .carry/old/tree-*.tar.gz 2>/dev/null | head -1)

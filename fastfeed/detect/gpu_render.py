@@ -7,8 +7,9 @@ box and scale, where it goes); two Triton kernels compute Pillow's coefficients 
 with no fused multiply-adds, so to the bit) and apply them over every tile of the batch at once:
   1. horizontal: for each tile, each source row its vertical filter reads -> a uint8 row of the tile's output width;
   2. vertical: each output row of each tile from those rows -> its place in the [B, S, S, 3] canvas.
-Each kernel's rows are numbered across the batch; a program finds its tile by a binary search of the tiles' first
-rows. So a batch decoded on the GPU differs from the CPU path only by its decoder (within the decode contract), and
+Each kernel's rows are numbered across the batch, one program a row: it finds its tile by a binary search of the
+tiles' first rows, then walks the row in blocks, each value through as many taps as its own tile's filter has (a
+batch mixes tiles shrunk 2x, 7 taps, with magnified ones, 3). So a batch decoded on the GPU differs from the CPU path only by its decoder (within the decode contract), and
 the boxes, which never see pixels, are the same. Rotated or sheared tiles are the CPU renderer's (settings.py routes
 such an augmentation there).
 
@@ -29,10 +30,11 @@ __all__ = ["render_batch", "plan_tiles"]
 
 # Columns of the per-tile table the kernels read (int64; the kernels name them by number): where its source is and
 # its size, its output size, the first source row the vertical filter reads and how many, where its rows go in the
-# scratch buffer and in the batch, whether it is mirrored, and the number of its first job in each pass.
+# scratch buffer and in the batch, whether it is mirrored, the number of its first job in each pass, its first
+# output column's coefficients, and its own filter lengths across and down.
 (_IMG_OFF, _SRC_W, _SRC_H, _OW, _OH, _FIRST, _ROWS, _TMP_OFF, _OUT, _X0, _Y0, _FLIP, _JOB1, _JOB2,
- _H_OFF) = range(15)
-_NCOL = 15
+ _H_OFF, _KH, _KV) = range(17)
+_NCOL = 17
 # Columns of the float64 table: the source box (x0, y0) and the scales (source pixels per output pixel).
 _BX0, _BY0, _SCALE_X, _SCALE_Y = range(4)
 _BLOCK = 256  # values (or coefficient rows) a program makes
@@ -41,18 +43,21 @@ _BLOCK = 256  # values (or coefficient rows) a program makes
 @numba.njit(nogil=True, cache=True)
 def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
     """The tile tables for tiles of source size (W, H), source box (source pixels), output size (ow, oh) at
-    (X0, Y0) of output `out_at` (element offset), mirrored where `flip`: (table int64 [T, 15], box float64 [T, 4],
+    (X0, Y0) of output `out_at` (element offset), mirrored where `flip`: (table int64 [T, 17], box float64 [T, 4],
     kh, kv (the longest filters), jobs of pass 1, jobs of pass 2 (= output rows), output columns, scratch bytes)."""
     T = len(W)
-    table = np.empty((T, 15), np.int64)
+    table = np.empty((T, 17), np.int64)
     fbox = np.empty((T, 4), np.float64)
     kh = kv = 1
     tmp = j1 = j2 = h = 0
     for t in range(T):
         sx = (boxes[t, 2] - boxes[t, 0]) / ow[t]
         sy = (boxes[t, 3] - boxes[t, 1]) / oh[t]
-        kh = max(kh, int(np.ceil(max(sx, 1.0))) * 2 + 1)
-        kv = max(kv, int(np.ceil(max(sy, 1.0))) * 2 + 1)
+        # Pillow's filter length: every weight of the tile's columns (rows) past it is zero
+        table[t, 15] = int(np.ceil(max(sx, 1.0))) * 2 + 1
+        table[t, 16] = int(np.ceil(max(sy, 1.0))) * 2 + 1
+        kh = max(kh, table[t, 15])
+        kv = max(kv, table[t, 16])
         # the source rows the vertical filter reads: from its first output row's first to its last one's end
         support = max(sy, 1.0)
         first, _ = _span(H[t], boxes[t, 1] + 0.5 * sy, support)
@@ -71,7 +76,7 @@ def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
 
 
 class TilePlan:
-    """What the kernels of one batch read, on the host: `table` int64 [T, 15] and `box` float64 [T, 4] (see the
+    """What the kernels of one batch read, on the host: `table` int64 [T, 17] and `box` float64 [T, 4] (see the
     column names above), the longest filters (kh, kv), each pass's number of jobs and the scratch buffer's size."""
 
     def __init__(self, geometry: BatchGeometry, image_off, image_size):
@@ -90,7 +95,6 @@ class TilePlan:
         ow = X1 - X0
         self.table, self.box, self.kh, self.kv, self.jobs1, self.jobs2, self.columns, self.tmp_bytes = _plan(
             W, H, box, ow, Y1 - Y0, image_off[src], k * S * S * 3, X0, Y0, g.flip[k].astype(np.int64))
-        self.max_ow = int(ow.max()) if len(k) else 0
 
 
 def plan_tiles(geometry: BatchGeometry, image_off, image_size) -> TilePlan:
@@ -123,12 +127,11 @@ def render_batch(flat: torch.Tensor, image_off, image_size, geometry: BatchGeome
     exact = {} if _interpreted() else {"enable_fp_fusion": False}
     # each output column's and row's coefficients, once (columns: source x, width, box x0, scale x)
     coeffs[(triton_cdiv(plan.columns, _BLOCK),)](table, box, n, steps, plan.columns, plan.kh, h_start, h_w,
-                                                 OFF=14, SIZE=1, BOX=0, BLOCK=_BLOCK, **exact)
+                                                 OFF=_H_OFF, SIZE=_SRC_W, BOX=_BX0, NCOL=_NCOL, BLOCK=_BLOCK, **exact)
     coeffs[(triton_cdiv(plan.jobs2, _BLOCK),)](table, box, n, steps, plan.jobs2, plan.kv, v_start, v_w,
-                                               OFF=13, SIZE=2, BOX=1, BLOCK=_BLOCK, **exact)
-    blocks = triton_cdiv(plan.max_ow * 3, _BLOCK)
-    horizontal[(plan.jobs1, blocks)](flat, tmp, table, n, steps, h_start, h_w, plan.kh, BLOCK=_BLOCK)
-    vertical[(plan.jobs2, blocks)](tmp, out, table, n, steps, v_start, v_w, plan.kv, S, BLOCK=_BLOCK)
+                                               OFF=_JOB2, SIZE=_SRC_H, BOX=_BY0, NCOL=_NCOL, BLOCK=_BLOCK, **exact)
+    horizontal[(plan.jobs1,)](flat, tmp, table, n, steps, h_start, h_w, plan.kh, NCOL=_NCOL, BLOCK=_BLOCK)
+    vertical[(plan.jobs2,)](tmp, out, table, n, steps, v_start, v_w, plan.kv, S, NCOL=_NCOL, BLOCK=_BLOCK)
     return out
 
 
@@ -156,7 +159,7 @@ def _kernels():
 
     @triton.jit
     def coeffs(table, box, n_tiles, steps, total, K, starts, weights, OFF: tl.constexpr, SIZE: tl.constexpr,
-               BOX: tl.constexpr, BLOCK: tl.constexpr):
+               BOX: tl.constexpr, NCOL: tl.constexpr, BLOCK: tl.constexpr):
         # resample.py's _coeffs for output columns (or rows) j of the batch, numbered across its tiles: the first
         # input pixel in starts[j], the K weights in weights[j * K:], zero past the pixels read
         j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -165,11 +168,11 @@ def _kernels():
         hi = tl.zeros([BLOCK], tl.int64) + n_tiles
         for _ in range(steps):  # each j's tile: the last whose first column (table column OFF) is at most j
             mid = (lo + hi) // 2
-            ok = tl.load(table + mid * 15 + OFF, mask=inside, other=0) <= j
+            ok = tl.load(table + mid * NCOL + OFF, mask=inside, other=0) <= j
             lo = tl.where(ok, mid, lo)
             hi = tl.where(ok, hi, mid)
-        xx = j - tl.load(table + lo * 15 + OFF, mask=inside, other=0)
-        size = tl.load(table + lo * 15 + SIZE, mask=inside, other=1)
+        xx = j - tl.load(table + lo * NCOL + OFF, mask=inside, other=0)
+        size = tl.load(table + lo * NCOL + SIZE, mask=inside, other=1)
         x0 = tl.load(box + lo * 4 + BOX, mask=inside, other=0.0)
         scale = tl.load(box + lo * 4 + BOX + 2, mask=inside, other=1.0)
         support = tl.maximum(scale, 1.0)
@@ -189,7 +192,8 @@ def _kernels():
         tl.store(starts + j, xmin.to(tl.int32), mask=inside)
 
     @triton.jit
-    def horizontal(src, tmp, table, n_tiles, steps, h_start, h_w, KH, BLOCK: tl.constexpr):
+    def horizontal(src, tmp, table, n_tiles, steps, h_start, h_w, KH, NCOL: tl.constexpr, BLOCK: tl.constexpr):
+        # one source row of one tile: its output row in tmp, BLOCK values at a time
         job = tl.program_id(0).to(tl.int64)
         # the job's tile: the last whose first job (column 12) is at most `job` (Triton's jit functions can call
         # only module-level ones, so this search is written in each kernel)
@@ -197,58 +201,69 @@ def _kernels():
         hi = n_tiles
         for _ in range(steps):
             mid = (lo + hi) // 2
-            ok = tl.load(table + mid * 15 + 12) <= job
+            ok = tl.load(table + mid * NCOL + 12) <= job
             lo = tl.where(ok, mid, lo)
             hi = tl.where(ok, hi, mid)
-        row = table + lo.to(tl.int64) * 15
+        row = table + lo.to(tl.int64) * NCOL
         W = tl.load(row + 1)
         ow = tl.load(row + 3)
         r = job - tl.load(row + 12)
         y = tl.load(row + 5) + r
-        e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        inside = e < ow * 3
-        xx = e // 3
-        c = e - xx * 3
-        coef = tl.load(row + 14) + xx
-        a = tl.load(h_start + coef, mask=inside, other=0).to(tl.int64)
-        base = tl.load(row + 0) + y * W * 3 + c
-        acc = tl.full([BLOCK], 1 << 21, tl.int32)
-        for k in range(KH):
-            w = tl.load(h_w + coef * KH + k, mask=inside, other=0)
-            v = tl.load(src + base + (a + k) * 3, mask=inside & (w != 0), other=0)
-            acc += v.to(tl.int32) * w
-        v8 = tl.minimum(tl.maximum(acc >> 22, 0), 255)
-        tl.store(tmp + tl.load(row + 7) + r * ow * 3 + e, v8.to(tl.uint8), mask=inside)
+        taps = tl.load(row + 15)
+        src_row = tl.load(row + 0) + y * W * 3
+        dst_row = tl.load(row + 7) + r * ow * 3
+        first = tl.load(row + 14)
+        for e0 in range(0, ow * 3, BLOCK):
+            e = e0 + tl.arange(0, BLOCK)
+            inside = e < ow * 3
+            xx = e // 3
+            c = e - xx * 3
+            coef = first + xx
+            a = tl.load(h_start + coef, mask=inside, other=0).to(tl.int64)
+            base = src_row + c
+            acc = tl.full([BLOCK], 1 << 21, tl.int32)
+            for k in range(taps):
+                w = tl.load(h_w + coef * KH + k, mask=inside, other=0)
+                v = tl.load(src + base + (a + k) * 3, mask=inside & (w != 0), other=0)
+                acc += v.to(tl.int32) * w
+            v8 = tl.minimum(tl.maximum(acc >> 22, 0), 255)
+            tl.store(tmp + dst_row + e, v8.to(tl.uint8), mask=inside)
 
     @triton.jit
-    def vertical(tmp, out, table, n_tiles, steps, v_start, v_w, KV, S, BLOCK: tl.constexpr):
+    def vertical(tmp, out, table, n_tiles, steps, v_start, v_w, KV, S, NCOL: tl.constexpr, BLOCK: tl.constexpr):
+        # one output row of one tile, from its rows in tmp, BLOCK values at a time
         job = tl.program_id(0).to(tl.int64)
         lo = 0  # the job's tile, as in horizontal (column 13: the tile's first output row)
         hi = n_tiles
         for _ in range(steps):
             mid = (lo + hi) // 2
-            ok = tl.load(table + mid * 15 + 13) <= job
+            ok = tl.load(table + mid * NCOL + 13) <= job
             lo = tl.where(ok, mid, lo)
             hi = tl.where(ok, hi, mid)
-        row = table + lo.to(tl.int64) * 15
+        row = table + lo.to(tl.int64) * NCOL
         ow = tl.load(row + 3)
         yy = job - tl.load(row + 13)
         a = tl.load(v_start + job).to(tl.int64) - tl.load(row + 5)
-        e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        inside = e < ow * 3
-        base = tl.load(row + 7) + e
-        acc = tl.full([BLOCK], 1 << 21, tl.int32)
-        for k in range(KV):
-            w = tl.load(v_w + job * KV + k)
-            v = tl.load(tmp + base + (a + k) * ow * 3, mask=inside & (w != 0), other=0)
-            acc += v.to(tl.int32) * w
-        v8 = tl.minimum(tl.maximum(acc >> 22, 0), 255)
-        xx = e // 3
-        c = e - xx * 3
-        col = tl.load(row + 9) + xx
-        col = tl.where(tl.load(row + 11) != 0, S - 1 - col, col)
-        dst = tl.load(row + 8) + ((tl.load(row + 10) + yy) * S + col) * 3 + c
-        tl.store(out + dst, v8.to(tl.uint8), mask=inside)
+        taps = tl.load(row + 16)
+        tmp_row = tl.load(row + 7)
+        x0 = tl.load(row + 9)
+        flip = tl.load(row + 11) != 0
+        dst_row = tl.load(row + 8) + (tl.load(row + 10) + yy) * S * 3
+        for e0 in range(0, ow * 3, BLOCK):
+            e = e0 + tl.arange(0, BLOCK)
+            inside = e < ow * 3
+            base = tmp_row + e
+            acc = tl.full([BLOCK], 1 << 21, tl.int32)
+            for k in range(taps):
+                w = tl.load(v_w + job * KV + k)
+                v = tl.load(tmp + base + (a + k) * ow * 3, mask=inside & (w != 0), other=0)
+                acc += v.to(tl.int32) * w
+            v8 = tl.minimum(tl.maximum(acc >> 22, 0), 255)
+            xx = e // 3
+            c = e - xx * 3
+            col = x0 + xx
+            col = tl.where(flip, S - 1 - col, col)
+            tl.store(out + dst_row + col * 3 + c, v8.to(tl.uint8), mask=inside)
 
     _KERNELS = (coeffs, horizontal, vertical)
     return _KERNELS
