@@ -350,6 +350,9 @@ def test_the_shards_pack_wrote_for_segmentation_are_adopted(tmp_path):
         shutil.copy(tar, tmp_path / "copy")
     report = index_shards(str(tmp_path / "copy"), str(tmp_path / "ds"))
     assert len(report.manifest.shards) >= 1 and not report.rejected
+    # their cls members (all -1) label nothing, so they are not offered as a field: the fields pack lists
+    assert "cls" not in report.manifest.fields
+    assert report.manifest.fields == load_manifest(str(tmp_path / "out")).fields
     loader = fastfeed.Loader(tmp_path / "ds", task="semantic", batch_size=3, image_size=64, train=False,
                              device="cpu", dtype=torch.uint8)
     assert sum(check_masks_against_pixels(b) for b in loader) > 100 and len(loader.dataset) == 6

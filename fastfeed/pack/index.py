@@ -255,12 +255,14 @@ def _write(out: str, src: str, root: str, rels: list[str], results: list, option
     if not per_sample:
         raise DatasetError(f"{src}: no usable sample in {len(rels)} shard(s) ({len(rejected)} rejected; first: "
                            f"{rejected[0]['reason'] if rejected else 'no members'})", path=root)
-    names = sorted({ext for f in per_sample for ext in f})
-    for name in names:
+    table_names = sorted({ext for f in per_sample for ext in f})
+    for name in table_names:
         value_kind(name)  # a pickled member fails here, by name, rather than when someone asks for it
-    table = _table(rows, per_sample, names)
+    table = _table(rows, per_sample, table_names)
     labels = table["label"]
     classes = [str(i) for i in range(int(labels.max()) + 1)] if (labels >= 0).any() else []
+    # A cls that is -1 everywhere (pack's own detection and segmentation shards) labels nothing: not a field to offer.
+    names = table_names if classes else [n for n in table_names if n != "cls"]
     # Shards where only some samples carry a cls: the others' label -1 would stop a loss mid-epoch, so it is said.
     unlabelled = int((labels < 0).sum()) if classes else 0
     for rel, res in zip(rels, results):
