@@ -2,7 +2,8 @@
 `fn.readers.webdataset` on the same shards, same decode and resize, same run.
 
     python benchmarks/gpu/image_text.py --workdir DIR [--num-images 5000] [--batch 256] [--seconds 20]
-                                        [--threads 4] [--device cuda|cpu] [--no-check-row] [--json FILE]
+                                        [--threads 4] [--device cuda|cpu] [--no-check-row]
+                                        [--variants JSON] [--json FILE]
 
 Data: `fastfeed.demo_data` photos (ImageNet-like, 300-800 px), each written with a caption (`.txt`), a JSON object and
 a class into tar shards of 1,000 samples, laid out as webdataset's ShardWriter lays them out (written here with
@@ -91,13 +92,13 @@ def dali_loader(shards: Path, batch: int, threads: int, device_id: int | None):
     return batches
 
 
-def fastfeed_loader(shards: Path, batch: int, device: str, verify_checksums: bool = True):
+def fastfeed_loader(shards: Path, batch: int, device: str, verify_checksums: bool = True, extra: dict | None = None):
     import torch
 
     import fastfeed
 
     loader = fastfeed.Loader(shards, batch_size=batch, image_size=224, device=device, dtype=torch.float16,
-                             fields=["txt"], verify_checksums=verify_checksums)
+                             fields=["txt"], verify_checksums=verify_checksums, **(extra or {}))
 
     def batches():
         epoch = 0
@@ -146,22 +147,26 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--no-check-row", action="store_true",
                    help="also fastfeed with verify_checksums=False: what hashing each image beside its fields costs")
+    p.add_argument("--variants", default="[]",
+                   help="more fastfeed rows, each a JSON object of Loader arguments, e.g. '[{\"decoder\": \"dali\"}]'")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
+    variants = {f"fastfeed {json.dumps(v, sort_keys=True)}": v for v in json.loads(a.variants)}
     shards = prepare(a.workdir, a.num_images)
     for f in shards.glob("*.tar"):  # the page cache warm for both
         f.read_bytes()
     print(f"{a.num_images} images, batch {a.batch}, 224 px, {len(os.sched_getaffinity(0))} cores, {a.device}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     rows = []
-    names = ("dali", "fastfeed") + (("fastfeed-nocheck",) if a.no_check_row else ())
+    names = ("dali", "fastfeed") + (("fastfeed-nocheck",) if a.no_check_row else ()) + tuple(variants)
     for r in range(a.rounds):
         for name in names:
             if name == "dali":
                 got = measure(dali_loader(shards, a.batch, a.threads, 0 if a.device == "cuda" else None),
                               a.seconds, a.warmup, a.device)
             else:
-                loader, batches = fastfeed_loader(shards, a.batch, a.device, verify_checksums=name == "fastfeed")
+                loader, batches = fastfeed_loader(shards, a.batch, a.device, verify_checksums=name != "fastfeed-nocheck",
+                                                  extra=variants.get(name))
                 got = measure(batches, a.seconds, a.warmup, a.device,
                               settled=lambda: loader.stats()["info"]["tuning_settled"], max_warmup=a.max_warmup)
                 info = loader.stats()["info"]

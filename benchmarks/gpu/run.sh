@@ -44,7 +44,8 @@
 #   odd-corpus         the decode contract on the GPU: tools/odd_corpus_gpu.py (hardware and CUDA JPEG decoders)
 #   image-text         image-text batches at 224 px on adopted shards against DALI's webdataset reader
 #                      (image_text.py: 5,000 photos with captions, batch 256, the loaders alone; and fastfeed
-#                      with verify_checksums=False, what hashing each image beside its fields costs)
+#                      with verify_checksums=False, what hashing each image beside its fields costs; NOCHECK= drops
+#                      that row, VARIANTS='[{...}]' adds rows of other Loader arguments, ROUNDS=N)
 #   index [N...]       fastfeed index against tar -tf + sha256sum over the same shards (bench_index.py: 3,000
 #                      ImageNet-like JPEGs with captions in 6 shards), on all cores and under taskset -c 0-(N-1)
 #                      for each N; needs webdataset (stage-dali 5 installs .carry/x2) [makes its own set]
@@ -170,7 +171,8 @@ run_step() {  # $1 = step, rest: its arguments
        fi ;;
   image-text) need native dali || return 1
               CUDA_VISIBLE_DEVICES=0 timeout 400 python3 $G/image_text.py --workdir $W/image-text \
-                  --no-check-row --json $OUT/image-text-$tag.json 2>&1 | grep -E "^round|^fastfeed|images," ;;
+                  ${VARIANTS:+--variants "$VARIANTS"} ${ROUNDS:+--rounds $ROUNDS} ${NOCHECK---no-check-row} \
+                  --json $OUT/image-text-$tag.json 2>&1 | grep -E "^round|^fastfeed|images," ;;
   odd-corpus) need native dali || return 1
               CUDA_VISIBLE_DEVICES=0 timeout 120 python3 tools/odd_corpus_gpu.py 2>&1 | quiet > $OUT/odd-corpus-$tag.log
               tail -1 $OUT/odd-corpus-$tag.log
