@@ -43,18 +43,19 @@ def test_the_last_pass_compiles(target, out, hsv):
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t[1]}")
 def test_the_renderers_kernels_compile(target):
-    from fastfeed.detect.gpu_render import _BLOCK, _kernels
+    from fastfeed.detect.gpu_render import _BLOCK, _NCOL, _kernels
 
     coeffs, horizontal, vertical = _kernels()
     tiles = {"table": "*i64", "n_tiles": "i32", "steps": "i32"}
     done = [_compile(horizontal, {"src": "*u8", "tmp": "*u8", **tiles, "h_start": "*i32", "h_w": "*i32", "KH": "i32"},
-                     {"BLOCK": _BLOCK}, target),
+                     {"NCOL": _NCOL, "BLOCK": _BLOCK}, target),
             _compile(vertical, {"tmp": "*u8", "out": "*u8", **tiles, "v_start": "*i32", "v_w": "*i32", "KV": "i32",
-                                "S": "i32"}, {"BLOCK": _BLOCK}, target)]
+                                "S": "i32"}, {"NCOL": _NCOL, "BLOCK": _BLOCK}, target)]
     for off, size, box in ((14, 1, 0), (13, 2, 1)):  # columns, rows
         done.append(_compile(coeffs, {"table": "*i64", "box": "*fp64", "n_tiles": "i32", "steps": "i32",
                                       "total": "i32", "K": "i32", "starts": "*i32", "weights": "*i32"},
-                             {"OFF": off, "SIZE": size, "BOX": box, "BLOCK": _BLOCK}, target, enable_fp_fusion=False))
+                             {"OFF": off, "SIZE": size, "BOX": box, "NCOL": _NCOL, "BLOCK": _BLOCK}, target,
+                             enable_fp_fusion=False))
     assert all(d.asm["cubin"] for d in done)
     # Pillow's float64 arithmetic to the bit: IEEE divisions, and no multiply-add fused into one rounding
     ptx = done[-1].asm["ptx"]
