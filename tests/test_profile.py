@@ -70,6 +70,43 @@ def test_matrix_products_on_in_memory_data_are_compute(tmp_path):
     assert pixels["forward+other"] + pixels["backward"] + pixels["optimizer"] > 5 * pixels["data"], pixels
 
 
+def test_an_evaluation_pass_between_two_steps_is_left_out_not_charged_to_data(tmp_path):
+    """Compute-bound training with a slow evaluation pass (under no_grad) after every fifth step: the steps holding
+    an evaluation are left out and measured again, so the verdict is compute and data stays a sliver."""
+    proc, rep = profile(tmp_path, sys.executable, str(CASES / "eval_inside.py"))
+    run, left = rep["run"], rep["processes"][0]["left_out"]
+    assert families(rep) == ["compute"], proc.stdout
+    assert run["share"]["data"] < 0.1 and rep["processes"][0]["steps"] == 12
+    assert len(left) >= 2 and all(s["eval_batches"] == 4 and s["batches"] == 5 for s in left), left
+    assert f"{len(left)} step(s) left out and measured again" in proc.stdout
+
+
+def test_a_model_compiled_by_torch_compile_is_noted(tmp_path):
+    """torch.compile (backend "eager": no compiler needed) and nn.Module.compile are seen, so the verdict does not
+    tell a compiled model to compile."""
+    script = tmp_path / "compiled.py"
+    script.write_text(SMALL_LOOP.format(compile="model = torch.compile(model, backend='eager')"))
+    _, rep = profile(tmp_path / "a", sys.executable, str(script), steps=3, warmup=1)
+    assert rep["processes"][0]["facts"]["compiled"] is True
+    script.write_text(SMALL_LOOP.format(compile="model.compile(backend='eager')"))
+    _, rep = profile(tmp_path / "b", sys.executable, str(script), steps=3, warmup=1)
+    assert rep["processes"][0]["facts"]["compiled"] is True
+    script.write_text(SMALL_LOOP.format(compile=""))
+    _, rep = profile(tmp_path / "c", sys.executable, str(script), steps=3, warmup=1)
+    assert "compiled" not in rep["processes"][0]["facts"]
+
+
+SMALL_LOOP = """
+import torch
+model = torch.nn.Linear(8, 2)
+{compile}
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(20):
+    loss = model(torch.randn(4, 8)).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
 def test_the_timeline_draws_each_steps_parts(slow_data):
     """--plot: a bar per step cut into the table's parts, in their colours, so the data-bound run is mostly the
     data colour (the compute-bound one, mostly the model's: the test above)."""

@@ -122,6 +122,18 @@ def test_timeout_stops_the_script_reports_and_exits_124(tmp_path):
     assert not list(tmp_path.glob("fastfeed-profile-*")), out
 
 
+def test_a_timeout_inside_the_window_reports_the_steps_measured_so_far(tmp_path):
+    """--timeout before the window is complete: the script's SIGTERM writes the steps it measured, then it dies of
+    the signal as it would have (before, it died with them and nothing was reported)."""
+    proc = _run(tmp_path, "--timeout", "6", "--warmup", "1", "--steps", "100000", "--json", str(tmp_path / "r.json"),
+                "--", sys.executable, _script(tmp_path))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 124, out
+    steps = json.loads((tmp_path / "r.json").read_text())["processes"][0]["steps"]
+    assert 10 < steps < 100000 and f"{steps} steps measured on 1 process(es)" in out, out
+    assert "the command was killed by SIGTERM" in out
+
+
 def test_a_command_deaf_to_sigterm_is_killed_after_the_grace_with_what_it_started(tmp_path):
     """A command that ignores SIGTERM, and a process it started in a session of its own (as torchrun starts its
     ranks): both killed once the grace period is over."""

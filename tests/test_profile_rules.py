@@ -44,6 +44,16 @@ def test_launch_bound_needs_an_idle_gpu_and_no_data_wait():
     assert families(summary(util=LOW_GPU_UTIL_PCT + 20, gpu_idle=0.01)) == ["compute"]
 
 
+def test_a_compiled_model_is_not_told_to_compile():
+    (plain,) = verdict(summary(util=LOW_GPU_UTIL_PCT - 20, gpu_idle=0.01), [summary()])
+    (compiled,) = verdict(summary(util=LOW_GPU_UTIL_PCT - 20, gpu_idle=0.01, compiled=True), [summary()])
+    assert plain["advice"].startswith("torch.compile the model")
+    assert "torch.compile the model" not in compiled["advice"] and "reduce-overhead" in compiled["advice"]
+    (plain,) = verdict(summary(), [summary()])
+    (compiled,) = verdict(summary(compiled=True), [summary()])
+    assert "torch.compile" in plain["advice"] and "torch.compile" not in compiled["advice"]
+
+
 def test_framework_findings():
     assert "framework configuration" in families(summary(data_parallel=True))
     ddp = [{"find_unused_parameters": True, "all_used": True}]

@@ -14,6 +14,11 @@ loop without an optimizer, at each batch the data iterator hands out. Inside a s
   compute (`ddp_comm_s`: the buckets' busy time). A C++ builtin hook (`register_builtin_comm_hook`) is left
   untimed: its time stays in backward;
 - the rest (forward, loss, logging) is the step minus those.
+A step that also took batches with autograd off (an evaluation pass between two optimizer steps: Lightning's
+validation loop, a script's `torch.no_grad()` loop) is not a training step: it is left out of the window, counted in
+`left_out`, and another step is measured in its place; else its evaluation would be charged to one training step's
+data and forward. A SIGTERM during the window (`fastfeed profile --timeout`, a scheduler) writes the steps measured so
+far before the process dies of it, as it would have.
 On a GPU each boundary also records a CUDA event, and the window ends with one synchronise: the GPU's own time
 between the events says how long the GPU sat idle while the CPU waited for data (a wall-clock wait can be hidden by
 kernels still running from the step before) and how busy it was in each part. Framework facts are noted as they
@@ -64,11 +69,14 @@ class Probe:
         self._depth = 0  # nested timed regions (a DataLoader next inside a wrapper's next): the outermost counts
         self.ddp_modules: list = []  # weak references, in the order the facts list them
         self.comm_spans: list = []  # (launch, completion) perf_counter times of DDP's buckets since the last backward
+        self.left_out: list[dict] = []  # measured-window steps that also ran an evaluation pass (module docstring)
+        self._sigterm_set = False  # our SIGTERM handler is installed (during the window only)
 
     @staticmethod
     def _new_step() -> dict:
         return {"data_s": 0.0, "h2d_s": 0.0, "h2d_bytes": 0, "h2d_pageable_bytes": 0, "backward_s": 0.0,
-                "optimizer_s": 0.0, "comm_s": 0.0, "ddp_comm_s": 0.0, "batches": 0, "samples": 0}
+                "optimizer_s": 0.0, "comm_s": 0.0, "ddp_comm_s": 0.0, "batches": 0, "samples": 0,
+                "eval_batches": 0}
 
     # ---- the window -------------------------------------------------------------------------------------------
 
@@ -82,7 +90,11 @@ class Probe:
             if self._t_window is None:  # the first measured step began at the previous boundary
                 self._start_window(self._t_step)
             rec = dict(self._cur, step_s=now - self._t_step, index=self.step_index)
-            self.records.append(rec)
+            if 0 < rec["eval_batches"] < rec["batches"]:  # training and evaluation batches: not a training step
+                self.left_out.append({k: rec[k] for k in ("index", "step_s", "batches", "eval_batches")})
+                self._events = [e for e in self._events if e[0] != len(self.records)]
+            else:
+                self.records.append(rec)
         self.step_index += 1
         self._cur = self._new_step()
         self._t_step = now
@@ -98,6 +110,7 @@ class Probe:
         from fastfeed.bench.sysmon import SysMonitor
 
         self._t_window = t0
+        self._catch_sigterm()
         gpu_index = self._gpu.current_device() if self._gpu is not None else None
         try:
             self._monitor = SysMonitor(interval=0.05, gpu_index=gpu_index).start()
@@ -109,6 +122,7 @@ class Probe:
         if self.done:
             return
         self.done = True
+        self._release_sigterm()
         machine = None
         if self._monitor is not None:
             self._monitor.stop()
@@ -125,6 +139,7 @@ class Probe:
                 fact["all_used"] = all(p.grad is not None for p in module.parameters() if p.requires_grad)
         report = {"pid": os.getpid(), "argv": sys.argv, "warmup": self.warmup, "steps_wanted": self.steps,
                   "step_boundary": "optimizer" if self.by_optimizer else "batch", "records": self.records,
+                  "left_out": self.left_out,
                   "facts": self.facts, "machine": machine, "gpu": gpu, "overhead": _overhead_estimate(self)}
         os.makedirs(self.out_dir, exist_ok=True)
         path = os.path.join(self.out_dir, f"proc-{os.getpid()}.json")
@@ -193,8 +208,39 @@ class Probe:
         return {"per_step": {str(k): v for k, v in per_step.items()}, "memory_peak_bytes": int(mem),
                 "device": self._gpu.get_device_name()}
 
-    def note_batch(self, batch) -> None:
+    def _catch_sigterm(self) -> None:
+        """For the window: SIGTERM writes the report, then kills the process as the default action would. Only
+        where nothing else handles SIGTERM (a framework's own handler is left alone), from the main thread."""
+        import signal
+
+        if threading.get_ident() != threading.main_thread().ident:
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._sigterm_set = True
+        except (ValueError, OSError):  # not the main interpreter's main thread
+            pass
+
+    def _release_sigterm(self) -> None:
+        import signal
+
+        if self._sigterm_set and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self._sigterm_set = False
+
+    def _on_sigterm(self, signum, frame) -> None:
+        import signal
+
+        self.finish()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # the death the sender asked for, exit status 128 + 15
+
+    def note_batch(self, batch, grad: bool = True) -> None:
         self._cur["batches"] += 1
+        if not grad:
+            self._cur["eval_batches"] += 1
         n = _batch_len(batch)
         if n:
             self._cur["samples"] += n
@@ -264,7 +310,7 @@ def _patch_torch(probe: Probe) -> None:
     def next_(self):
         _before_batch(probe)
         batch = probe.timed("data", base_next, self)
-        probe.note_batch(batch)
+        probe.note_batch(batch, torch.is_grad_enabled())
         return batch
 
     dl._BaseDataLoaderIter.__next__ = next_
@@ -312,6 +358,21 @@ def _patch_torch(probe: Probe) -> None:
 
     torch.Tensor.to = to
     torch.Tensor.cuda = cuda
+
+    base_compile = torch.compile
+
+    def compile_(*args, **kwargs):  # so that the verdict does not advise compiling a compiled model
+        probe.facts["compiled"] = True
+        return base_compile(*args, **kwargs)
+
+    torch.compile = compile_
+    base_module_compile = getattr(torch.nn.Module, "compile", None)
+    if base_module_compile is not None:
+        def module_compile(self, *args, **kwargs):
+            probe.facts["compiled"] = True
+            return base_module_compile(self, *args, **kwargs)
+
+        torch.nn.Module.compile = module_compile
 
     autocast = torch.amp.autocast_mode.autocast
     base_enter = autocast.__enter__
@@ -419,6 +480,8 @@ def _timed_fn(probe: Probe, kind: str, fn):
 
 def _patch_fastfeed_loader(probe: Probe) -> None:
     """fastfeed.Loader's iteration, timed like a DataLoader's (its module is imported only if the script uses it)."""
+    import torch
+
     from fastfeed.loader.loader import Loader
 
     base_iter = Loader.__iter__
@@ -433,7 +496,7 @@ def _patch_fastfeed_loader(probe: Probe) -> None:
                     batch = probe.timed("data", next, it)
                 except StopIteration:
                     return
-                probe.note_batch(batch)
+                probe.note_batch(batch, torch.is_grad_enabled())
                 yield batch
         return gen()
 

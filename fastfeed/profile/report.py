@@ -66,7 +66,7 @@ def _process_summary(rep: dict) -> dict:
         "h2d_bytes_per_step": sum(r["h2d_bytes"] for r in recs) / n,
         "h2d_pageable_share": (sum(r["h2d_pageable_bytes"] for r in recs) / max(1, sum(r["h2d_bytes"] for r in recs))),
         "facts": facts, "machine": rep.get("machine"), "gpu": gpu, "overhead": rep.get("overhead"),
-        "per_step": per_step,
+        "per_step": per_step, "left_out": rep.get("left_out", []),
     }
 
 
@@ -115,6 +115,11 @@ def format_report(summary: dict, baseline: dict | None = None) -> str:
              f"steps end at each {summary['processes'][0]['step_boundary']} step"]
     if ended:
         lines.append(f"  ({ended}; the table covers the steps measured before)")
+    left = summary["processes"][0]["left_out"]
+    if left:
+        lines.append(f"  ({len(left)} step(s) left out and measured again: each also took batches with autograd off, "
+                     f"{sum(s['eval_batches'] for s in left)} in all (an evaluation pass), and took "
+                     f"{sum(s['step_s'] for s in left):.2f} s)")
     base = baseline["run"] if baseline else None
 
     def row(name, value, fmt, base_value=None):

@@ -128,8 +128,10 @@ def launch_bound(p: dict, procs: list[dict]) -> dict | None:
     return _finding("compute efficiency", "the GPU is idle between kernels",
                     [f"GPU busy {util:.0f}% of the time (below {LOW_GPU_UTIL_PCT:.0f}%) while the step barely waits "
                      "for data: the CPU cannot launch kernels fast enough, or works between them"],
-                    "torch.compile the model (fewer, larger kernels; mode='reduce-overhead' adds CUDA graphs), "
-                    "raise the batch size, move per-step Python work off the loop", 0.3)
+                    ("the model is compiled already: try mode='reduce-overhead' (CUDA graphs: one launch a step), "
+                     if p["facts"].get("compiled") else
+                     "torch.compile the model (fewer, larger kernels; mode='reduce-overhead' adds CUDA graphs), ")
+                    + "raise the batch size, move per-step Python work off the loop", 0.3)
 
 
 def full_precision(p: dict, procs: list[dict]) -> dict | None:
@@ -150,7 +152,8 @@ def full_precision(p: dict, procs: list[dict]) -> dict | None:
 def compute_bound(p: dict, procs: list[dict]) -> dict:
     parts = p["share"]
     top = max(("forward+other", "backward", "optimizer"), key=lambda k: parts[k])
-    advice = ("the input pipeline keeps up: speed up the model's step (bf16 autocast, channels_last, torch.compile, "
+    compiled = "" if p["facts"].get("compiled") else "torch.compile, "
+    advice = (f"the input pipeline keeps up: speed up the model's step (bf16 autocast, channels_last, {compiled}"
               "a larger batch), not the loader")
     return _finding("compute", "the step is the model's own work",
                     [f"data wait {100 * _wait_share(p):.0f}% of the step (threshold {100 * DATA_WAIT_SHARE:.0f}%); "
