@@ -165,8 +165,8 @@ def main(argv=None) -> int:
                 got = measure(dali_loader(shards, a.batch, a.threads, 0 if a.device == "cuda" else None),
                               a.seconds, a.warmup, a.device)
             else:
-                loader, batches = fastfeed_loader(shards, a.batch, a.device, verify_checksums=name != "fastfeed-nocheck",
-                                                  extra=variants.get(name))
+                loader, batches = fastfeed_loader(shards, a.batch, a.device,
+                                                  verify_checksums=name != "fastfeed-nocheck", extra=variants.get(name))
                 got = measure(batches, a.seconds, a.warmup, a.device,
                               settled=lambda: loader.stats()["info"]["tuning_settled"], max_warmup=a.max_warmup)
                 info = loader.stats()["info"]

@@ -3,15 +3,16 @@
 It computes what the CPU renderer (render.py + resample.py) computes, to the bit: per tile, Pillow's antialiased
 bilinear resize of the tile's source rectangle into its destination rectangle (mirrored when the output is
 flipped), in Pillow's fixed point. The host plans only each tile (a row of numbers: where its source is, its source
-box and scale, where it goes); two Triton kernels compute Pillow's coefficients (resample.py `_coeffs`, in float64
-with no fused multiply-adds, so to the bit) and apply them over every tile of the batch at once:
+box and scale, where it goes). On the GPU, one kernel computes Pillow's coefficients for every output column and
+row (resample.py `_coeffs`, in float64 with no fused multiply-adds, so to the bit), and two apply them over every
+tile of the batch at once:
   1. horizontal: for each tile, each source row its vertical filter reads -> a uint8 row of the tile's output width;
   2. vertical: each output row of each tile from those rows -> its place in the [B, S, S, 3] canvas.
-Each kernel's rows are numbered across the batch, one program a row: it finds its tile by a binary search of the
+Each pass's rows are numbered across the batch, one program a row: it finds its tile by a binary search of the
 tiles' first rows, then walks the row in blocks, each value through as many taps as its own tile's filter has (a
-batch mixes tiles shrunk 2x, 7 taps, with magnified ones, 3). So a batch decoded on the GPU differs from the CPU path only by its decoder (within the decode contract), and
-the boxes, which never see pixels, are the same. Rotated or sheared tiles are the CPU renderer's (settings.py routes
-such an augmentation there).
+batch mixes tiles shrunk 2x, 7 taps, with magnified ones, 3). So a batch decoded on the GPU differs from the CPU
+path only by its decoder (within the decode contract), and the boxes, which never see pixels, are the same. Rotated
+or sheared tiles are the CPU renderer's (settings.py routes such an augmentation there).
 
 Triton kernels run on CPU tensors under TRITON_INTERPRET=1, which is how the tests check them without a GPU.
 """
