@@ -70,11 +70,12 @@ def batches(feed: str, yolo: Path, packed: Path, batch: int, size: int, device, 
         while True:
             for b in loader:
                 yield to_ultralytics(b)
-    workers = len(os.sched_getaffinity(0))
-    loader = ultralytics_loader(yolo, batch, size, workers)
     if feed == "ultralytics":
+        loader = ultralytics_loader(yolo, batch, size, len(os.sched_getaffinity(0)))
         while True:
             yield from loader
+    # the resident batch: one batch, so no worker processes (killed mid-read, they printed ConnectionResetError)
+    loader = ultralytics_loader(yolo, batch, size, 0)
     one = next(iter(loader))
     one = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in one.items()}
     del loader
