@@ -5,7 +5,8 @@ conversions (pack/validate.py) and by the tests' reference. PIL only: no numba, 
 
 - Orientation: policy "ignore" (default; torchvision's ImageFolder) or "exif" (the EXIF tag applied, displayed
   size). The tag is read from JPEG APP1 / PNG eXIf by fastfeed.image.headers.exif_orientation on the CPU path and
-  by DALI on DALI's; from other formats, which only PIL decodes, by PIL (`orientation_tag`).
+  by DALI on DALI's; from other formats, and from a JPEG/PNG whose tag those readers disagree on (both only PIL
+  decodes), by PIL (`orientation_tag`).
 - 16-bit samples -> v >> 8, whatever the content (no stretching, no clipping).
 - Alpha (RGBA, LA, PA, palette tRNS) is dropped: the colour channels as stored, exactly torchvision's
   `convert("RGB")`. No compositing: a background colour would make fastfeed differ from ImageFolder by up to
@@ -23,7 +24,8 @@ import numpy as np
 from PIL import Image
 
 from fastfeed.constants import DEFAULT_ORIENTATION, ORIENTATIONS
-from fastfeed.image.headers import exif_orientation, png_text_over_limit, without_png_text
+from fastfeed.image.headers import (exif_orientation, exif_orientation_plain, png_text_over_limit,
+                                    without_png_text)
 
 __all__ = ["TRANSPOSE", "GREY_MODES", "to_rgb", "to_8bit", "orientation_tag", "contract_image"]
 
@@ -59,13 +61,17 @@ def to_rgb(img: Image.Image) -> Image.Image:
 def orientation_tag(data, img: Image.Image, policy: str) -> int:
     """The EXIF transpose to apply to `img` (opened from `data`) under `policy` (1 = none). JPEG and PNG: the tag
     in the file's header (read without PIL, as DALI's decoders read it). TIFF: 1, PIL applies its tag itself as it
-    opens one. Other formats (WebP, ...): the tag PIL reads."""
+    opens one. Other formats (WebP, ...), and a JPEG/PNG whose EXIF readers disagree on
+    (headers.exif_orientation_plain): the tag PIL reads."""
     if policy != "exif":
         return 1
-    if img.format in ("JPEG", "MPO", "PNG"):
-        return exif_orientation(data)
     if img.format == "TIFF":
         return 1
+    if img.format in ("JPEG", "MPO", "PNG") and exif_orientation_plain(data):
+        return exif_orientation(data)
+    # Other formats, and a JPEG/PNG whose tag readers disagree on (pack keeps those for this decode alone): PIL's tag,
+    # as the reference (ImageOps.exif_transpose) reads it: after loading, which reads a PNG's chunks after its pixels.
+    img.load()
     try:
         tag = int(img.getexif().get(0x0112, 1))
     except Exception:  # noqa: BLE001 - a malformed EXIF block means no usable tag, not a bad image

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["STANDALONE_MARKERS", "PNG_SIGNATURE", "tiff_orientation", "exif_orientation", "png_file_exif_orientation",
+__all__ = ["STANDALONE_MARKERS", "PNG_SIGNATURE", "tiff_orientation", "exif_orientation", "exif_orientation_plain",
+           "png_file_exif_orientation",
            "swaps_axes", "jpeg_end", "PngFacts", "png_facts", "png_raw_size", "png_data_ok", "png_text_over_limit",
            "without_png_text", "jpeg_without_junk_after_soi", "jpeg_without_junk_before_markers"]
 
@@ -104,6 +105,84 @@ def _png_exif_orientation(data) -> int:
             break
         pos += 12 + length
     return 1
+
+
+def exif_orientation_plain(data) -> bool:
+    """Whether every reader of the orientation tag (this module, DALI's parsers, PIL's `getexif`, the tests'
+    reference) finds the same one in this JPEG or PNG: at most one EXIF block, in reach of `exif_orientation`, whose
+    IFD0 holds at most one orientation entry, of type SHORT and count 1, and no XMP or text-chunk copy of the tag
+    that PIL alone would read. Readers disagree on anything else (a LONG tag, a second block, a PNG eXIf that repeats
+    the JPEG "Exif" header): pack keeps such files for the contract's PIL decode (pack/validate.py)."""
+    if bytes(data[:8]) == PNG_SIGNATURE:
+        return _png_exif_plain(data)
+    if bytes(data[:2]) != b"\xff\xd8":
+        return True
+    blocks, xmp, pos, n = [], False, 2, len(data)
+    while pos + 4 <= n and data[pos] == 0xFF:
+        while pos < n and data[pos] == 0xFF:
+            pos += 1
+        if pos + 3 > n:
+            break
+        marker = data[pos]
+        if marker in _STANDALONE:
+            pos += 1
+            continue
+        if marker in (0xDA, 0xD9):
+            break
+        (length,) = struct.unpack_from(">H", data, pos + 1)
+        if marker == 0xE1:
+            seg = bytes(data[pos + 3 : pos + 1 + length])
+            if seg[:6] == b"Exif\x00\x00":
+                blocks.append((pos, seg[6:]))
+            elif seg.startswith(b"http://ns.adobe.com/xap/1.0/\x00") and b"tiff:Orientation" in seg:
+                xmp = True
+        pos += 1 + length
+    if len(blocks) > 1 or (blocks and blocks[0][0] + 64 > _EXIF_SCAN):
+        return False
+    entries = _orientation_entries(blocks[0][1]) if blocks else []
+    return _entries_plain(entries) and not (xmp and not entries)
+
+
+def _png_exif_plain(data) -> bool:
+    blocks, other, pos, n = [], False, 8, len(data)
+    while pos + 8 <= n:
+        length, kind = struct.unpack(">I4s", bytes(data[pos : pos + 8]))
+        if kind == b"eXIf":
+            blocks.append(bytes(data[pos + 8 : pos + 8 + length]))
+        elif kind in (b"tEXt", b"zTXt", b"iTXt"):
+            key = bytes(data[pos + 8 : pos + 8 + min(length, 80)]).split(b"\x00", 1)[0]
+            other = other or key in (b"Raw profile type exif", b"XML:com.adobe.xmp")
+        elif kind == b"IEND":
+            break
+        pos += 12 + length
+    if len(blocks) > 1 or (blocks and blocks[0][:6] == b"Exif\x00\x00"):
+        return False
+    entries = _orientation_entries(blocks[0]) if blocks else []
+    return _entries_plain(entries) and not (other and not entries)
+
+
+def _orientation_entries(tiff: bytes) -> list[tuple[int, int]]:
+    """(type, count) of each orientation entry of IFD0 of a TIFF-structured EXIF block; [] when malformed."""
+    if len(tiff) < 8 or tiff[:4] not in (b"II*\x00", b"MM\x00*"):
+        return []
+    e = "<" if tiff[:2] == b"II" else ">"
+    (ifd,) = struct.unpack_from(e + "I", tiff, 4)
+    if ifd + 2 > len(tiff):
+        return []
+    (count,) = struct.unpack_from(e + "H", tiff, ifd)
+    found = []
+    for k in range(count):
+        at = ifd + 2 + 12 * k
+        if at + 12 > len(tiff):
+            break
+        tag, typ, num = struct.unpack_from(e + "HHI", tiff, at)
+        if tag == 0x0112:
+            found.append((typ, num))
+    return found
+
+
+def _entries_plain(entries: list[tuple[int, int]]) -> bool:
+    return len(entries) <= 1 and all(typ == 3 and num == 1 for typ, num in entries)
 
 
 def png_file_exif_orientation(f) -> int:

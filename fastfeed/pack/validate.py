@@ -39,9 +39,9 @@ import struct
 from dataclasses import dataclass, replace
 
 from fastfeed.image import jpeg, transcode
-from fastfeed.image.headers import (PNG_SIGNATURE, exif_orientation, jpeg_end, jpeg_without_junk_after_soi,
-                                    jpeg_without_junk_before_markers, png_data_ok, png_facts, png_text_over_limit,
-                                    without_png_text)
+from fastfeed.image.headers import (PNG_SIGNATURE, exif_orientation, exif_orientation_plain, jpeg_end,
+                                    jpeg_without_junk_after_soi, jpeg_without_junk_before_markers, png_data_ok,
+                                    png_facts, png_text_over_limit, without_png_text)
 from fastfeed.pack.containers import TAR_REASON, container, is_tar
 
 __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "check_for_pil", "SUPPORTED_FORMATS",
@@ -224,6 +224,8 @@ def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.Ima
                 "lossless/extended JPEG" if info.jpeg_kind == jpeg.KIND_OTHER_JPEG else
                 f"{info.colorspace.upper()} JPEG")
         return _keep_for_pil(data, "jpeg", opts, change, what, info)
+    if not exif_orientation_plain(data):  # DALI's and PIL's readers disagree on its tag: PIL's decode, with PIL's tag
+        return _keep_for_pil(data, "jpeg", opts, change, "JPEG whose EXIF orientation readers disagree on", info)
     if opts.scan_check and transcode.HAVE_SCAN_CHECK:
         err = (scan or None) if scan is not None and change is None else transcode.check_scans([data], 1)[0]
         if err is not None:
@@ -289,6 +291,8 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
     err = _pil_reads_png_chunks(data, f)
     if err is not None:
         return Rejected(err)
+    if not exif_orientation_plain(data):
+        return _keep_for_pil(data, "png", opts, change, "PNG whose EXIF orientation readers disagree on")
     info = jpeg.ImageInfo("png", f.width, f.height, jpeg.KIND_NOT_JPEG, None,
                           {0: "gray", 2: "rgb", 3: "palette"}[f.ctype], False, orientation=exif_orientation(data))
     return _maybe_convert(data, "png", info, opts, change)

@@ -198,6 +198,21 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     thumb = _enc(Image.fromarray(photo(16, 12, seed=9), "RGB"), "JPEG", quality=80)
     acc("jpeg_exif_thumbnail.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x00" + thumb)
         + base[2:])
+    # Orientation tags the header readers (fastfeed's, DALI's, PIL's) read differently: a LONG or count-0 entry, two
+    # entries, a block past the first 64 KB, only an XMP copy. Kept for PIL's decode, with PIL's tag (the reference's).
+    acc("jpeg_exif_orientation_long.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00" + _ifd0_orientation(
+        "<", 4, 1, struct.pack("<I", 6))) + base[2:], pil=True, orientation=6)
+    acc("jpeg_exif_orientation_count_0.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00" + _ifd0_orientation(
+        ">", 3, 0, struct.pack(">HH", 6, 0))) + base[2:], pil=True)
+    acc("jpeg_exif_orientation_twice.jpg", base[:2] + _chunk_app(0xE1, b"Exif\x00\x00" + _ifd0_orientation(
+        ">", 3, 1, struct.pack(">HH", 6, 0), again=struct.pack(">HH", 8, 0))) + base[2:], pil=True, orientation=8)
+    big_icc = b"".join(_chunk_app(0xE2, b"ICC_PROFILE\x00" + bytes([k, 2]) + bytes(40000)) for k in (1, 2))
+    acc("jpeg_exif_orientation_after_80kb.jpg", base[:2] + big_icc + _chunk_app(0xE1, _exif(6)) + base[2:], pil=True,
+        orientation=6)
+    xmp = (b"http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta xmlns:x='adobe:ns:meta/'><rdf:RDF xmlns:rdf='http://www.w3.org/"
+           b"1999/02/22-rdf-syntax-ns#'><rdf:Description xmlns:tiff='http://ns.adobe.com/tiff/1.0/' tiff:Orientation=\"6\""
+           b"/></rdf:RDF></x:xmpmeta>")
+    acc("jpeg_xmp_orientation_6.jpg", base[:2] + _chunk_app(0xE1, xmp) + base[2:], pil=True, orientation=6)
     # -- JPEG losslessly fixed
     acc("jpeg_motion_photo_trailer.jpg",
         base + b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + bytes(range(256)) * 4 + b"\xff\xd9MotionPhoto",
@@ -267,6 +282,14 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
         pil=True)
     acc("png_exif_orientation_6.png", _enc(im, "PNG", exif=_exif(6)), orientation=6)
     acc("png_rgba_exif_orientation_8.png", _enc(rgba, "PNG", exif=_exif(8)), pil=True, orientation=8)
+    # An eXIf that repeats JPEG's "Exif" header (DALI then reads no tag), ImageMagick's text copy of the EXIF block
+    # (only PIL reads it): kept for PIL's decode, with PIL's tag.
+    acc("png_exif_with_jpeg_header.png", _png(W, H, 8, 2, _rows(rgb), extra=[(b"eXIf", _exif(6))]), pil=True,
+        orientation=6)
+    hexed = _exif(6)[6:].hex()
+    profile = f"\nexif\n{len(hexed) // 2:8d}\n" + "\n".join(hexed[i:i + 72] for i in range(0, len(hexed), 72)) + "\n"
+    acc("png_raw_profile_exif.png", _png(W, H, 8, 2, _rows(rgb), extra=[
+        (b"zTXt", b"Raw profile type exif\x00\x00" + zlib.compress(profile.encode()))]), pil=True, orientation=6)
     # -- PNG rejected, or kept for PIL where only PIL reads it
     good_png = _enc(im, "PNG")
     rej("png_truncated.png", good_png[: len(good_png) // 2], "truncated")
@@ -468,6 +491,16 @@ def _bmp_top_down(bmp: bytes) -> bytes:
     b[off:off + h * stride] = b"".join(reversed(rows))
     b[22:26] = struct.pack("<i", -h)
     return bytes(b)
+
+
+def _ifd0_orientation(e: str, typ: int, count: int, value: bytes, again: bytes | None = None) -> bytes:
+    """A TIFF-structured EXIF block (byte order `e`) whose IFD0 holds one orientation entry as given (`again`: a
+    second one, of type SHORT)."""
+    entries = [struct.pack(e + "HHI", 0x0112, typ, count) + value]
+    if again is not None:
+        entries.append(struct.pack(e + "HHI", 0x0112, 3, 1) + again)
+    return ((b"II*\x00" if e == "<" else b"MM\x00*") + struct.pack(e + "IH", 8, len(entries)) + b"".join(entries)
+            + struct.pack(e + "I", 0))
 
 
 def _chunk_app(marker: int, body: bytes) -> bytes:
