@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -240,3 +241,64 @@ def test_a_key_whose_members_are_apart_is_rejected_saying_so(tmp_path):
                                                  ("k2.txt", b"two")]).parent
     with pytest.raises(DatasetError, match="first: members of key k1 are not next to each other"):
         index_shards(str(apart))
+
+
+def test_a_bad_sample_is_named_by_its_shard_and_key_where_another_shard_reuses_the_key(tmp_path, caplog):
+    """Shards written apart (two webdataset runs, each counting its keys from 0) reuse keys: each bad sample is
+    logged once, as FILE:KEY, and its stats example and the raised error name its shard."""
+    import webdataset as wds
+
+    src = tmp_path / "s"
+    src.mkdir()
+    for part in range(2):
+        with wds.TarWriter(str(src / f"part{part}.tar")) as sink:
+            for i in range(4):
+                j = 4 * part + i
+                sink.write({"__key__": f"{i:06d}", "jpg": jpeg(j),
+                            "json": b"{not json" if i == 1 else json.dumps({"id": j}).encode()})
+    index_shards(str(src))
+    with caplog.at_level("WARNING", logger="fastfeed"), loader(src, fields=["json"]) as ld:
+        batches = list(ld)
+        stats = ld.stats()["skipped"]
+    for b in batches:  # each position's JSON is its own image's
+        assert [v["id"] for v in b["json"]] == which(b["images"], 8)
+    files = [str(src / "part0.tar"), str(src / "part1.tar")]
+    logged = [r.getMessage() for r in caplog.records if "replaced by another sample" in r.getMessage()]
+    assert sorted(logged) == [f"fastfeed: sample {f}:000001 replaced by another sample of its batch (bad_field: "
+                              ".json: not a valid json member (JSONDecodeError: Expecting property name enclosed in "
+                              "double quotes: line 1 column 2 (char 1)))" for f in files]
+    assert sorted((e["file"], e["key"]) for e in stats["examples"]) == [(f, "000001") for f in files]
+    with loader(src, fields=["json"], on_error="raise") as ld:
+        with pytest.raises(fastfeed.LoaderError, match=re.escape(f"{files[0]}:000001")):
+            list(ld)
+
+
+def test_full_verify_names_each_member_the_loader_would_refuse(tmp_path):
+    """Members whose checksums hold but whose values `Loader(fields=...)` refuses (JSON that does not parse, a
+    pickled object array, text that is not UTF-8) fail a full verify, each by shard, key and field, as the Loader
+    skips them; --quick checks bytes only."""
+    import webdataset as wds
+
+    from fastfeed.pack.verify import verify
+
+    src = tmp_path / "s"
+    src.mkdir()
+    pickled = io.BytesIO()
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    odd = {1: ("json", b"{not json"), 2: ("npy", pickled.getvalue()), 3: ("txt", b"\xff\xfe caption")}
+    with wds.ShardWriter(str(src / "shard-%03d.tar"), maxcount=3, verbose=0) as sink:
+        for i in range(6):
+            sample = {"__key__": f"k{i}", "jpg": jpeg(i), "txt": f"caption {i}", "json": json.dumps({"id": i}),
+                      "npy": npy(np.arange(2) + i)}
+            if i in odd:
+                sample[odd[i][0]] = odd[i][1]
+            sink.write(sample)
+    index_shards(str(src))
+    assert verify(str(src), quick=True).ok
+    report = verify(str(src))
+    assert len(report.errors) == 3, report.errors
+    for err, (i, (name, _)), shard in zip(sorted(report.errors), sorted(odd.items()), ["000", "000", "001"]):
+        assert err.startswith(f"shard-{shard}.tar: key k{i} ") and f".{name} member is a bad record" in err, err
+    with loader(src, fields=["txt", "json", "npy"]) as ld:
+        list(ld)
+        assert ld.stats()["skipped"]["by_reason"] == {"bad_field": 3}

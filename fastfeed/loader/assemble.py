@@ -77,6 +77,8 @@ class SampleTable:
     pil_only: np.ndarray | None = None
     # uint8 [N]: the EXIF orientation each detection sample is displayed by (orientation "exif"), None otherwise
     orientations: np.ndarray | None = None
+    # file_of(i): the data file holding sample i, for messages: adopted shards may reuse a key in another shard
+    file_of: Callable[[int], str] | None = None
 
 
 class BatchAssembler:
@@ -85,12 +87,12 @@ class BatchAssembler:
 
     def __init__(self, settings, table: SampleTable, stats):
         self.settings, self.table, self.stats = settings, table, stats
-        self._logged: set[str] = set()  # samples already named in a warning (at most 1,000)
+        self._logged: set[int] = set()  # sample ids already named in a warning (at most 1,000)
 
     def produce(self, plan, j: int, slot, decoder, stream):
         """Batch j of `plan` from its ring batch (or the RingReadError the ring raised for it), decoded by `decoder`
         on `stream` (None on the CPU): (images, labels, event, replaced), the event recorded on `stream` after the
-        batch, `replaced` the [(code, key, detail)] of its positions holding another sample, for `report`."""
+        batch, `replaced` the [(code, sample id, detail)] of its positions holding another sample, for `report`."""
         s = self.settings
         if isinstance(slot, BaseException) and not isinstance(slot, RingReadError):
             raise slot
@@ -141,7 +143,7 @@ class BatchAssembler:
                 rb.release()  # the decoder has returned: nothing reads the slot any more
         self.stats.add("samples", len(indices))
         self.stats.add("batches", 1)
-        return batch, event, [(code, self.table.keys[indices[p]], detail) for p, code, detail in replaced]
+        return batch, event, [(code, int(indices[p]), detail) for p, code, detail in replaced]
 
     def _decode(self, plan, k, decoder, indices, samples, bad, values=None):
         """Batch k of `plan` on the device — (images, labels) for classification, the detection dict for "detect",
@@ -307,14 +309,21 @@ class BatchAssembler:
             return _EMPTY, f"{type(e).__name__}: {e}"
 
     def _names(self, indices, positions) -> str:
-        names = [str(self.table.keys[indices[p]]) for p in list(positions)[:8]]
+        names = [self._name(int(indices[p])) for p in list(positions)[:8]]
         return ", ".join(names) + (" ..." if len(list(positions)) > 8 else "")
+
+    def _name(self, i: int) -> str:
+        """Sample i as messages name it: its file and key (FILE:KEY, as rejected.jsonl's sources), or its key."""
+        key = str(self.table.keys[i])
+        return key if self.table.file_of is None else f"{self.table.file_of(i)}:{key}"
 
     def report(self, replaced) -> None:
         """Count and log a batch's replaced samples (`produce`'s last item) as the batch is handed to the loop (see
         the module docstring); called by the consumer's thread only."""
-        for code, key, detail in replaced:
-            self.stats.skip(code, key=str(key))
-            if str(key) not in self._logged and len(self._logged) < 1000:
-                self._logged.add(str(key))
-                log.warning("fastfeed: sample %s replaced by another sample of its batch (%s: %s)", key, code, detail)
+        for code, i, detail in replaced:
+            self.stats.skip(code, key=str(self.table.keys[i]),
+                            file=None if self.table.file_of is None else self.table.file_of(i))
+            if i not in self._logged and len(self._logged) < 1000:
+                self._logged.add(i)
+                log.warning("fastfeed: sample %s replaced by another sample of its batch (%s: %s)", self._name(i),
+                            code, detail)

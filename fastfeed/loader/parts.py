@@ -37,7 +37,8 @@ def sample_table(ds, settings, extents, fields) -> SampleTable:
                        widths=np.asarray(widths), heights=np.asarray(heights), keys=ds.keys, read=read,
                        bad_checksums=check, targets=targets, fields=fields,
                        pil_only=np.asarray(getattr(ds, "pil_only", np.zeros(len(ds), dtype=bool)), dtype=bool),
-                       orientations=None if settings.orientation != "exif" or tags is None else np.asarray(tags))
+                       orientations=None if settings.orientation != "exif" or tags is None else np.asarray(tags),
+                       file_of=getattr(ds, "file_of", None))
 
 
 def decoder_factory(settings, table: SampleTable, climber, stats):

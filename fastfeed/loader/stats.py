@@ -134,12 +134,16 @@ class StageStats:
         with self._lock:
             self._counters[name] = self._counters.get(name, 0) + n
 
-    def skip(self, reason: str, key: str | None = None, n: int = 1) -> None:
-        """Count `n` skipped samples for `reason`; the first MAX_SKIP_EXAMPLES keys are kept as examples."""
+    def skip(self, reason: str, key: str | None = None, n: int = 1, file: str | None = None) -> None:
+        """Count `n` skipped samples for `reason`; the first MAX_SKIP_EXAMPLES keys (with their data file, where
+        given) are kept as examples."""
         with self._lock:
             self._skip_reasons[reason] = self._skip_reasons.get(reason, 0) + n
             if key is not None and len(self._skip_examples) < MAX_SKIP_EXAMPLES:
-                self._skip_examples.append({"key": str(key), "reason": reason})
+                example = {"key": str(key), "reason": reason}
+                if file is not None:
+                    example["file"] = str(file)
+                self._skip_examples.append(example)
 
     def set_info(self, name: str, value: Any) -> None:
         """Attach a JSON-serialisable fact (an auto-tuned thread count, the decoder chosen) to snapshots."""

@@ -11,7 +11,9 @@ Quick mode (`quick=True`, no decoding):
   - every sample's bytes against its xxh3 checksum (format version 2; version 1 datasets have none: skipped, and
     the report says so), and every field member's (a semantic pack's mask, an adopted dataset's members).
 Full mode adds a decode of every image with the Loader's CPU decoder (`fastfeed.decode.cpu.decode_rgb`), under
-the pixel limit the pack used. PIL warnings are not errors: what the Loader decodes, verify accepts.
+the pixel limit the pack used, and of every field member's value as `Loader(fields=...)` reads it (text that is not
+UTF-8, JSON that does not parse, an array torch has no tensor for: a bad record there). PIL warnings are not
+errors: what the Loader decodes, verify accepts.
 
 Every problem names the file and the sample key (and source path), so the bad original can be found. `verify`
 raises DatasetError only when the dataset cannot be opened at all; everything else lands in the report.
@@ -28,6 +30,7 @@ import numpy as np
 
 from fastfeed.datasets import open_dataset
 from fastfeed.formats.base import data_path, shard_root
+from fastfeed.formats.fields import PICKLED, FieldError, decode_value, value_kind
 from fastfeed.formats.integrity import checksum, sha256_file
 from fastfeed.image.headers import png_text_over_limit, without_png_text
 from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
@@ -69,7 +72,7 @@ def verify(path: str, workers: int | None = None, decode: bool = True, quick: bo
         report.errors += errors
         report.notes += notes
         report.checked += checked
-        good = _check_samples(ds, report)
+        good = _check_samples(ds, report, quick)
         if not quick:
             _decode_all(ds, report, good, workers)
     return report
@@ -94,7 +97,7 @@ def _check_files(ds, report: VerifyReport) -> set[str]:
 # ---- per-sample checksums and decode ----------------------------------------------------------------------------
 
 
-def _check_samples(ds, report: VerifyReport) -> list[int]:
+def _check_samples(ds, report: VerifyReport, quick: bool) -> list[int]:
     """Read every sample and check its checksum; returns the samples whose bytes are as packed (or unknown)."""
     sums = ds.checksums
     if sums is None:
@@ -114,16 +117,17 @@ def _check_samples(ds, report: VerifyReport) -> list[int]:
         good.append(i)
     if sums is not None:
         report.checked.append("per-sample checksums")
-    _check_fields(ds, report)
+    _check_fields(ds, report, quick)
     return good
 
 
-def _check_fields(ds, report: VerifyReport) -> None:
+def _check_fields(ds, report: VerifyReport, quick: bool) -> None:
     """Every field member of the samples (an adopted dataset's, a semantic pack's mask) against its xxh3 in the
-    table."""
+    table; unless quick, its value as the Loader reads it."""
     names = [n for n in getattr(ds.manifest, "fields", []) if ds.field_extents(n).checksum is not None]
     for name in names:
         fe = ds.field_extents(name)
+        kind = None if quick or name.rsplit(".", 1)[-1] in PICKLED else value_kind(name)
         for i in np.flatnonzero(fe.size >= 0).tolist():
             try:
                 data = ds.read_range(i, int(fe.offset[i]), int(fe.size[i]))
@@ -133,8 +137,15 @@ def _check_fields(ds, report: VerifyReport) -> None:
             if checksum(data) != int(fe.checksum[i]):
                 report.errors.append(f"{os.path.relpath(ds.file_of(i), ds.root)}: {_name(ds, i)}: .{name} member "
                                      "checksum mismatch (bytes changed after packing or indexing)")
+                continue
+            if kind is not None:
+                try:
+                    decode_value(kind, data)
+                except FieldError as e:
+                    report.errors.append(f"{os.path.relpath(ds.file_of(i), ds.root)}: {_name(ds, i)}: .{name} "
+                                         f"member is a bad record for Loader(fields=[{name!r}]): {e}")
     if names:
-        report.checked.append("member checksums")
+        report.checked += ["member checksums"] if quick else ["member checksums", "member values"]
 
 
 def _decode_all(ds, report: VerifyReport, indices: list[int], workers: int | None) -> None:
