@@ -329,6 +329,17 @@ def test_samples_without_a_cls_beside_labelled_ones_are_counted_and_warned(tmp_p
     assert index_shards(str(folder), str(tmp_path / "dt")).manifest.extra == {}
 
 
+def test_fields_some_samples_lack_are_counted_and_inspect_says_so(tmp_path):
+    """Loader(fields=["txt"]) skips a sample without its .txt as a bad record: inspect says how many lack it."""
+    samples = [{k: v for k, v in sample(i).items() if not (k == "txt" and i % 3 == 0)} for i in range(9)]
+    m = index_shards(str(write_shards(tmp_path / "s", samples)), str(tmp_path / "ds")).manifest
+    assert m.extra == {"without_field": {"txt": 3}}
+    proc = subprocess.run([sys.executable, "-m", "fastfeed.cli", "inspect", str(tmp_path / "ds")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "fields:      cls, json, npy, txt (missing in 3)" in proc.stdout, proc.stdout
+
+
 def test_the_shards_pack_wrote_for_segmentation_are_adopted(tmp_path):
     """pack writes `cls` -1 ("no class label") into detection and segmentation shards: index adopts those shards as
     they are (copied without their manifest), and their masks load; another negative label is still rejected."""

@@ -52,7 +52,9 @@ def summarize(m) -> str:
     if advice:
         lines.append(f"advice:      {advice}")
     if m.fields:
-        lines.insert(2, f"fields:      {', '.join(m.fields)}  (Loader(fields=[...]))")
+        lacking = m.extra.get("without_field", {})
+        shown = [f"{n} (missing in {lacking[n]})" if lacking.get(n) else n for n in m.fields]
+        lines.insert(2, f"fields:      {', '.join(shown)}  (Loader(fields=[...]) skips a sample missing one)")
     if getattr(m, "task", "classify") == "detect":
         lines.insert(1, _detect_lines(m))
     elif getattr(m, "task", "classify") == "semantic":

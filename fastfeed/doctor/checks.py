@@ -296,7 +296,8 @@ def check_manifest(path: str, gpu: bool = True) -> list[Check]:
         out.append(Check("manifest", FAIL, f"{man.num_samples} samples, {man.kind}: {shown}",
                          f"`fastfeed verify {path}` for details; re-pack or re-copy the dataset"))
     else:
-        note = f", {man.rejected} source files rejected at pack time" if man.rejected else ""
+        when = "indexed" if man.source_kind == "shards" else "packed"
+        note = f", {man.rejected} source files rejected when {when}" if man.rejected else ""
         out.append(Check("manifest", OK, f"{man.num_samples} samples, {len(man.classes)} classes, {man.kind}, "
                          f"{len(man.shards)} shard(s){note}"))
     if not gpu:

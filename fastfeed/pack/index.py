@@ -265,6 +265,11 @@ def _write(out: str, src: str, root: str, rels: list[str], results: list, option
     names = table_names if classes else [n for n in table_names if n != "cls"]
     # Shards where only some samples carry a cls: the others' label -1 would stop a loss mid-epoch, so it is said.
     unlabelled = int((labels < 0).sum()) if classes else 0
+    # Fields some samples lack: Loader(fields=[...]) skips those samples as bad records, so inspect says how many.
+    lacking = {n: int((table[columns(n)[1]] < 0).sum()) for n in names if n != "cls"}
+    extra = {"without_field": {n: k for n, k in lacking.items() if k}} if any(lacking.values()) else {}
+    if unlabelled:
+        extra["without_cls"] = unlabelled
     for rel, res in zip(rels, results):
         idx = f"{_IDX_VERSION} {len(res.idx_lines)}\n" + "".join(line + "\n" for line in res.idx_lines)
         idx_path = os.path.join(out, rel[: -len(".tar")] + ".idx")
@@ -274,7 +279,7 @@ def _write(out: str, src: str, root: str, rels: list[str], results: list, option
     manifest = write_dataset(
         out, "wds", table, shards, rejected, classes=classes, class_to_idx={c: i for i, c in enumerate(classes)},
         source=root, source_kind="shards", options=options, part=None, created_by="fastfeed index",
-        extra={"without_cls": unlabelled} if unlabelled else {}, fields=names, data_root=data_root,
+        extra=extra, fields=names, data_root=data_root,
         version=ADOPTED_FORMAT_VERSION)
     return manifest, rejected
 
