@@ -1,5 +1,5 @@
 """Put first on PYTHONPATH by `fastfeed profile`: installs the profiler's hooks in every Python process of the profiled
-command (fastfeed/profile/probe.py), then runs the sitecustomize this one shadows, if there is one."""
+command (fastfeed/profile/probe.py, hooks.py), then runs the sitecustomize this one shadows, if there is one."""
 import importlib.util
 import os
 import sys
