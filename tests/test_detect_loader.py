@@ -6,6 +6,7 @@ output image, and every coloured area must lie in a box of its class.
 from __future__ import annotations
 
 import colorsys
+import io
 import json
 import math
 import re
@@ -320,6 +321,141 @@ def test_an_image_decoded_in_another_frame_is_a_reported_skip(exif_yolo, monkeyp
     assert swapped and not swapped & scored and len(scored) == len(ds) - len(swapped)
     assert loader.stats()["skipped"]["total"] == len(swapped)
     loader.close()
+
+
+# Files whose EXIF orientation the header readers (fastfeed's, DALI's) and PIL's read differently, each written with
+# the tag PIL displays it by (`tag`): (name, bytes of the stored image `im` and `tag`, the tag fastfeed's header
+# reader finds). Pack keeps them for PIL's decode with PIL's tag; the cases are tests/odd_images/build.py's.
+def _odd_exif_variants():
+    import struct
+    import zlib
+
+    from odd_images.build import _chunk_app, _exif, _ifd0_orientation, _png, _rows
+
+    def jpeg(im):
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=95, subsampling=0)  # 4:4:4: sharp colour edges
+        return buf.getvalue()
+
+    def app1(im, body):
+        data = jpeg(im)
+        return data[:2] + _chunk_app(0xE1, body) + data[2:]
+
+    def xmp(tag):
+        return (b"http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta xmlns:x='adobe:ns:meta/'><rdf:RDF xmlns:rdf='http://"
+                b"www.w3.org/1999/02/22-rdf-syntax-ns#'><rdf:Description xmlns:tiff='http://ns.adobe.com/tiff/1.0/' "
+                b"tiff:Orientation=\"%d\"/></rdf:RDF></x:xmpmeta>" % tag)
+
+    def raw_profile(tag):
+        hexed = _exif(tag)[6:].hex()
+        text = f"\nexif\n{len(hexed) // 2:8d}\n" + "\n".join(hexed[i:i + 72] for i in range(0, len(hexed), 72))
+        return b"Raw profile type exif\x00\x00" + zlib.compress(text.encode() + b"\n")
+
+    return [
+        ("jpeg_long", lambda im, t: app1(im, b"Exif\x00\x00" + _ifd0_orientation("<", 4, 1, struct.pack("<I", t))),
+         lambda t: 1),
+        # two SHORT entries: the header reader takes the first, PIL the last
+        ("jpeg_twice", lambda im, t: app1(im, b"Exif\x00\x00" + _ifd0_orientation(
+            ">", 3, 1, struct.pack(">HH", 6 if t < 5 else 1, 0), again=struct.pack(">HH", t, 0))),
+         lambda t: 6 if t < 5 else 1),
+        ("jpeg_xmp", lambda im, t: app1(im, xmp(t)), lambda t: 1),
+        ("png_raw_profile", lambda im, t: _png(im.width, im.height, 8, 2, _rows(np.asarray(im)),
+                                               extra=[(b"zTXt", raw_profile(t))]), lambda t: 1),
+        ("png_exif_jpeg_header", lambda im, t: _png(im.width, im.height, 8, 2, _rows(np.asarray(im)),
+                                                    extra=[(b"eXIf", _exif(t))]), lambda t: t),
+    ]
+
+
+def make_odd_exif_scenes(folder, tags=(1, 2, 3, 5, 6, 8)) -> dict[str, dict]:
+    """Non-square scenes (solid rectangles of class colours on flat grey) in `folder`, each stored turned and
+    written with an EXIF tag its readers disagree on, PIL's of which displays the scene: {file name: truth in the
+    displayed frame}. Every tag of `tags` with every variant, so that PIL's tag and the header reader's differ both
+    where one swaps the axes and where neither does."""
+    from fastfeed.image.contract import TRANSPOSE
+    from fastfeed.image.headers import exif_orientation
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    truth = {}
+    for name, make, header_tag in _odd_exif_variants():
+        for tag in tags:
+            w, h = int(rng.integers(90, 140)), int(rng.integers(50, 80))
+            img = np.full((h, w, 3), 128, np.uint8)
+            boxes, labels = [], []
+            for c in (0, 1):  # one object in each half
+                bw, bh = int(rng.integers(12, w // 3)), int(rng.integers(12, h // 2))
+                x0, y0 = c * (w // 2) + int(rng.integers(0, w // 2 - bw)), int(rng.integers(0, h - bh))
+                img[y0:y0 + bh, x0:x0 + bw] = np.round(np.array(colorsys.hsv_to_rgb(CLASS_HUES[c], 1, .9)) * 255)
+                boxes.append((x0, y0, x0 + bw, y0 + bh))
+                labels.append(c)
+            stored = Image.fromarray(img)
+            if tag > 1:
+                op = TRANSPOSE[tag]
+                stored = stored.transpose(_UNDO.get(op, op))
+            data = make(stored, tag)
+            file = f"{name}_{tag}.{'png' if name.startswith('png') else 'jpg'}"
+            (folder / file).write_bytes(data)
+            # the premise: PIL shows the scene, fastfeed's header reader finds the other tag
+            assert Image.open(io.BytesIO(data)).getexif().get(0x0112, 1) == tag, file
+            assert exif_orientation(data) == header_tag(tag), file
+            truth[file] = {"size": (w, h), "boxes": boxes, "labels": labels, "mask": np.zeros((h, w), np.uint8)}
+            for (x0, y0, x1, y1), c in zip(boxes, labels):
+                truth[file]["mask"][y0:y1, x0:x1] = c + 1
+    return truth
+
+
+@pytest.fixture(scope="module")
+def odd_exif_packs(tmp_path_factory):
+    """make_odd_exif_scenes labelled in the displayed frame, packed from a YOLO layout and from a COCO JSON."""
+    from conftest import run_pack
+
+    root = tmp_path_factory.mktemp("odd-exif")
+    truth = make_odd_exif_scenes(root / "yolo" / "images")
+    (root / "yolo" / "labels").mkdir()
+    (root / "yolo" / "data.yaml").write_text("names: [red, lime]\n")
+    coco = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "red"}, {"id": 2, "name": "lime"}]}
+    for i, (file, t) in enumerate(sorted(truth.items())):
+        (w, h), stem = t["size"], file.rsplit(".", 1)[0]
+        (root / "yolo" / "labels" / f"{stem}.txt").write_text("".join(
+            f"{c} {(x0 + x1) / 2 / w:.6f} {(y0 + y1) / 2 / h:.6f} {(x1 - x0) / w:.6f} {(y1 - y0) / h:.6f}\n"
+            for (x0, y0, x1, y1), c in zip(t["boxes"], t["labels"])))
+        coco["images"].append({"id": i, "file_name": file, "width": w, "height": h})
+        coco["annotations"] += [{"id": len(coco["annotations"]) + j, "image_id": i, "category_id": c + 1,
+                                 "bbox": [x0, y0, x1 - x0, y1 - y0], "iscrowd": 0}
+                                for j, ((x0, y0, x1, y1), c) in enumerate(zip(t["boxes"], t["labels"]))]
+    (root / "coco.json").write_text(json.dumps(coco))
+    run_pack(root / "yolo", root / "yolo-out", "--format", "wds")
+    run_pack(root / "yolo" / "images", root / "coco-out", "--annotations", str(root / "coco.json"), "--format", "wds")
+    return root, truth
+
+
+@pytest.mark.parametrize("source", ["yolo", "coco"])
+def test_boxes_of_images_whose_exif_readers_disagree_are_in_the_frame_the_loader_shows(odd_exif_packs, source):
+    """Images whose EXIF tag fastfeed's header reader and PIL read differently are kept for PIL's decode with PIL's
+    tag: the annotations are turned into pixels in that same frame (YOLO's fractions by its displayed size), so
+    nothing is reported, evaluation boxes are the scene's exactly and the oracle holds in training."""
+    root, truth = odd_exif_packs
+    out = root / f"{source}-out"
+    manifest = json.loads((out / "fastfeed.json").read_text())
+    assert manifest["rejected"] == 0, (out / "rejected.jsonl").read_text()
+    with fastfeed.Loader(out, batch_size=4, train=False, image_size=S, dtype=torch.uint8, device="cpu") as loader:
+        ds = loader.dataset
+        assert len(ds) == len(truth) and ds.pil_only.all()
+        for batch in loader:
+            check_boxes_against_pixels(batch)
+            for k in range(len(batch["images"])):
+                t = truth[str(ds.sources[int(batch["ids"][k])]).rsplit("/", 1)[-1]]
+                h, w = batch["orig_size"][k].tolist()
+                assert (w, h) == t["size"]
+                (sx, sy), (px, py) = batch["scale"][k].tolist(), batch["pad"][k].tolist()
+                want = np.array(t["boxes"], np.float64) * [sx, sy, sx, sy] + [px, py, px, py]
+                assert np.allclose(batch["boxes"][batch["batch_idx"] == k].numpy(), want, atol=1e-3)
+        assert loader.stats()["skipped"]["total"] == 0
+    with fastfeed.Loader(out, batch_size=4, image_size=S, dtype=torch.uint8, device="cpu", seed=4) as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert sum(check_boxes_against_pixels(b) for b in loader) > len(truth)
+        assert loader.stats()["skipped"]["total"] == 0
 
 
 def test_large_photos_decode_at_a_draft_with_the_full_decodes_pixels(tmp_path, monkeypatch):

@@ -475,6 +475,24 @@ def test_annotations_are_in_the_displayed_frame_unless_told_otherwise(tmp_path):
         pack(imgs, tmp_path / "classes", "--orientation", "exif")
 
 
+def test_the_scanners_frame_is_the_sample_tables_on_every_odd_image(tmp_path):
+    """YOLO's fractions become pixels by the size and EXIF tag the scan reads (annotations/common.py `_probe_size`);
+    the Loader shows each image by the size and tag pack's validation stores: on every accepted file of the odd-image
+    corpus (EXIF tags the readers disagree on, formats only PIL reads, large headers) the two are the same."""
+    from odd_images.build import build_corpus
+
+    from fastfeed.pack.annotations.common import _probe_size
+    from fastfeed.pack.validate import LoadOptions, load_image
+
+    checked = 0
+    for case in build_corpus(str(tmp_path / "odd")):
+        res = load_image(case.path, LoadOptions())
+        if case.expect != "accept" or res.change is not None:  # a changed file is not what the scan reads
+            continue
+        assert _probe_size(case.path) == (res.width, res.height, res.orientation), case.name
+        checked += 1
+    assert checked > 40
+
 def test_inspect_and_summary_say_what_a_detection_dataset_holds(coco, tmp_path, capsys):
     imgs, ann = coco
     assert main(["pack", str(imgs), str(tmp_path / "o"), "--annotations", str(ann)]) == 0

@@ -315,6 +315,26 @@ def test_masks_of_exif_rotated_photos_are_in_the_displayed_frame(tmp_path):
         assert loader.stats()["skipped"]["total"] == swapped  # masks of the displayed size, images as stored
 
 
+def test_masks_of_images_whose_exif_readers_disagree_are_in_the_frame_the_loader_shows(tmp_path):
+    """Images whose EXIF tag fastfeed's header reader and PIL read differently (kept for PIL's decode with PIL's
+    tag), their masks drawn on the scene PIL displays: packed with --masks, none is rejected and the oracle holds
+    in evaluation and training."""
+    from conftest import run_pack
+    from test_detect_loader import make_odd_exif_scenes
+
+    truth = make_odd_exif_scenes(tmp_path / "img")
+    (tmp_path / "masks").mkdir()
+    for file, t in truth.items():
+        (tmp_path / "masks" / f"{file.rsplit('.', 1)[0]}.png").write_bytes(_png(t["mask"]))
+    run_pack(tmp_path / "img", tmp_path / "out", "--masks", str(tmp_path / "masks"))
+    assert json.loads((tmp_path / "out" / "fastfeed.json").read_text())["rejected"] == 0
+    for train in (False, True):
+        with fastfeed.Loader(tmp_path / "out", batch_size=4, image_size=S, dtype=torch.uint8, device="cpu",
+                             train=train, augment=DetectAugment(mosaic=0.5, **NO_HSV) if train else None) as loader:
+            assert len(loader.dataset) == len(truth) and loader.dataset.pil_only.all()
+            assert sum(check_masks_against_pixels(b) for b in loader) > 10_000
+            assert loader.stats()["skipped"]["total"] == 0
+
 def test_arguments_are_checked(seg_set):
     shards, _ = seg_set
     with pytest.raises(ValueError, match="mask="):

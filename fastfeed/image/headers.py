@@ -7,7 +7,6 @@ decode contract, docs/decode-contract.md).
 """
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["STANDALONE_MARKERS", "PNG_SIGNATURE", "tiff_orientation", "exif_orientation", "exif_orientation_plain",
-           "png_file_exif_orientation",
+           "exif_header",
            "swaps_axes", "jpeg_end", "PngFacts", "png_facts", "png_raw_size", "png_data_ok", "png_text_over_limit",
            "without_png_text", "jpeg_without_junk_after_soi", "jpeg_without_junk_before_markers"]
 
@@ -185,20 +184,63 @@ def _entries_plain(entries: list[tuple[int, int]]) -> bool:
     return len(entries) <= 1 and all(typ == 3 and num == 1 for typ, num in entries)
 
 
-def png_file_exif_orientation(f) -> int:
-    """exif_orientation of the PNG open in `f` (binary, seekable), wherever its eXIf chunk lies: only the chunks'
-    headers and the eXIf chunk are read, so a scan need not read a large PNG whole to find its tag."""
-    f.seek(8)
-    while True:
-        head = f.read(8)
-        if len(head) < 8:
-            return 1
-        length, kind = struct.unpack(">I4s", head)
-        if kind == b"eXIf":
-            return _png_exif_body_orientation(f.read(length))
-        if kind == b"IEND":
-            return 1
-        f.seek(length + 4, os.SEEK_CUR)
+def exif_header(f) -> bytes:
+    """What the EXIF readers of this module read of the JPEG or PNG open in `f` (binary, seekable), without reading
+    its image data: a JPEG's bytes up to its first scan, a PNG's signature and its eXIf and text chunks wherever they
+    lie (the other chunks left out, a text chunk cut after its keyword). `exif_orientation` and
+    `exif_orientation_plain` give on it what they give on the whole file; b"" for other formats."""
+    f.seek(0)
+    data = f.read(_EXIF_SCAN)
+    if data[:8] == PNG_SIGNATURE:
+        out, pos = [PNG_SIGNATURE], 8
+        while True:
+            f.seek(pos)
+            head = f.read(8)
+            if len(head) < 8:
+                break
+            length, kind = struct.unpack(">I4s", head)
+            if kind == b"eXIf":
+                out.append(_png_chunk(kind, f.read(length)))
+            elif kind in (b"tEXt", b"zTXt", b"iTXt"):
+                out.append(_png_chunk(kind, f.read(min(length, 80)).split(b"\x00", 1)[0] + b"\x00"))
+            elif kind == b"IEND":
+                break
+            pos += 12 + length
+        return b"".join(out)
+    if data[:2] != b"\xff\xd8":
+        return b""
+    while (end := _jpeg_scan_at(data)) is None:
+        more = f.read(len(data))
+        if not more:
+            return data
+        data += more
+    return data[:end + 4]
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+
+def _jpeg_scan_at(data) -> int | None:
+    """Where the JPEG header walk in `data` stops (its first scan or end marker, or bytes that are no marker), or
+    None when the header runs past `data`."""
+    pos, n = 2, len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return pos
+        while pos < n and data[pos] == 0xFF:
+            pos += 1
+        if pos + 3 > n:
+            return None
+        marker = data[pos]
+        if marker in _STANDALONE:
+            pos += 1
+            continue
+        if marker in (0xDA, 0xD9):
+            return pos - 1
+        (length,) = struct.unpack_from(">H", data, pos + 1)
+        pos += 1 + length
+    return None
 
 
 def _png_exif_body_orientation(body: bytes) -> int:

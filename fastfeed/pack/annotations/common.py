@@ -1,12 +1,14 @@
-"""What the detection layouts share: names files, image sizes read from headers (YOLO's normalised labels need
-them to become pixels), and the check every entry passes before it is kept."""
+"""What the detection layouts share: names files, image sizes and EXIF tags as pack stores them (YOLO's normalised
+labels need them to become pixels), and the check every entry passes before it is kept."""
 from __future__ import annotations
 
+import io
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 from fastfeed.image import jpeg
-from fastfeed.image.headers import PNG_SIGNATURE, png_file_exif_orientation
+from fastfeed.image.contract import orientation_tag
+from fastfeed.image.headers import exif_header, exif_orientation, exif_orientation_plain
 from fastfeed.pack.sources import Source, SourceEntry
 from fastfeed.targets import check_annotation
 
@@ -39,7 +41,7 @@ def read_names(path: str) -> list[str]:
 
 
 def _probe_sizes(paths: list[str]) -> list[tuple[int, int, int] | str]:
-    """(width, height, EXIF orientation) of each image from its header (no decode), or why it is unreadable."""
+    """(width, height, EXIF orientation) of each image as pack will store them, or why it is unreadable."""
     if not paths:
         return []
     with ThreadPoolExecutor(max_workers=min(8, len(paths)), thread_name_prefix="fastfeed-scan-probe") as pool:
@@ -47,21 +49,41 @@ def _probe_sizes(paths: list[str]) -> list[tuple[int, int, int] | str]:
 
 
 def _probe_size(path: str) -> tuple[int, int, int] | str:
+    """The size and tag the sample table will hold, so that annotations are turned into the frame the Loader shows:
+    a JPEG's or PNG's from its header (no decode), unless its EXIF readers disagree on the tag; then, and for other
+    formats, PIL's, as pack's validation keeps such a file for PIL's decode with PIL's tag (pack/validate.py)."""
     try:
         with open(path, "rb") as f:
             head = f.read(_PROBE_BYTES)
-            try:
-                info = jpeg.probe(head)
-            except jpeg.ImageProbeError:
-                info = jpeg.probe(head + f.read())  # a big EXIF/ICC segment before the frame header
-            # The probe reads a JPEG's tag; a PNG's eXIf chunk is found as the decoders find it, anywhere in the
-            # file (after large text or ICC chunks it lies past the head).
-            tag = png_file_exif_orientation(f) if head[:8] == PNG_SIGNATURE else info.orientation
+            meta = exif_header(f)
+            if meta and exif_orientation_plain(meta):
+                f.seek(len(head))
+                try:
+                    try:
+                        info = jpeg.probe(head)
+                    except jpeg.ImageProbeError:
+                        info = jpeg.probe(head + f.read())  # a big EXIF/ICC segment before the frame header
+                    return info.width, info.height, exif_orientation(meta)
+                except jpeg.ImageProbeError:
+                    pass  # a header only PIL reads: pack keeps the file for PIL's decode if PIL decodes it
+            f.seek(0)
+            data = f.read()
     except OSError as e:
         return e.strerror or str(e)
-    except jpeg.ImageProbeError as e:
-        return str(e)
-    return info.width, info.height, tag
+    return _pil_size(data)
+
+
+def _pil_size(data: bytes) -> tuple[int, int, int] | str:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            tag = orientation_tag(data, im, "exif")  # (loads the image where PIL's tag is read)
+            return im.width, im.height, tag
+    except UnidentifiedImageError:  # (PIL's message names the buffer's address: the same file, the same reason)
+        return "not an image PIL reads"
+    except Exception as e:  # noqa: BLE001 - PIL's plugins raise many types; pack's validation rejects the file too
+        return f"{type(e).__name__}: {e}"
 
 
 def _add(src: Source, entry: SourceEntry, where: str) -> None:
