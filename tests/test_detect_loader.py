@@ -458,6 +458,35 @@ def test_boxes_of_images_whose_exif_readers_disagree_are_in_the_frame_the_loader
         assert loader.stats()["skipped"]["total"] == 0
 
 
+def test_jpegs_pack_codes_again_keep_the_frame_their_exif_shows(odd_exif_packs):
+    """--jpeg reencode codes every JPEG again, its EXIF carried over: where the readers disagree on that EXIF's tag,
+    the table holds PIL's, as for a file kept as it is, so the boxes stay on their pixels."""
+    from conftest import run_pack
+
+    root, truth = odd_exif_packs
+    out = root / "reencoded"
+    run_pack(root / "yolo", out, "--format", "wds", "--jpeg", "reencode", "--quality", "100")  # few artefacts
+    manifest = json.loads((out / "fastfeed.json").read_text())
+    assert manifest["rejected"] == 0, (out / "rejected.jsonl").read_text()
+    assert manifest["changes"].get("reencoded_jpeg", 0) > 0  # the files were coded again
+    # Lossy coding blurs the colours past the rectangles, so the frame is checked without the colour oracle: each
+    # stored file displays at the scene's size by the tag the table holds, and the boxes are the scene's exactly.
+    with fastfeed.Loader(out, batch_size=4, train=False, image_size=S, dtype=torch.uint8, device="cpu") as loader:
+        ds = loader.dataset
+        for i in range(len(ds)):
+            with Image.open(io.BytesIO(ds.read(i))) as im:
+                assert int(ds.orientations[i]) == im.getexif().get(0x0112, 1), ds.sources[i]
+        for batch in loader:
+            for k in range(len(batch["images"])):
+                t = truth[str(ds.sources[int(batch["ids"][k])]).rsplit("/", 1)[-1]]
+                h, w = batch["orig_size"][k].tolist()
+                assert (w, h) == t["size"]
+                (sx, sy), (px, py) = batch["scale"][k].tolist(), batch["pad"][k].tolist()
+                want = np.array(t["boxes"], np.float64) * [sx, sy, sx, sy] + [px, py, px, py]
+                assert np.allclose(batch["boxes"][batch["batch_idx"] == k].numpy(), want, atol=1e-3)
+        assert loader.stats()["skipped"]["total"] == 0
+
+
 def test_large_photos_decode_at_a_draft_with_the_full_decodes_pixels(tmp_path, monkeypatch):
     """Photos eight times larger than the output: the CPU path decodes each JPEG at a DCT-scaled draft that keeps
     two source pixels per output pixel for its largest tile, the batches pass the oracle, and they are the full-size

@@ -158,7 +158,7 @@ def _reencode(data: bytes, quality: int) -> bytes:
             grey = im.mode in GREY_MODES
             target = "L" if grey else "RGB"
             icc = im.info.get("icc_profile") if im.mode == target else None
-            exif = im.info.get("exif") if im.format == "JPEG" else None  # keeps the EXIF orientation tag
+            exif = exif_to_carry(im, data)
             # The decode contract's rules (16-bit -> v >> 8, alpha dropped), not PIL's clipping convert().
             converted = im if im.mode == target else (to_8bit(im) if grey else to_rgb(im)).convert(target)
             buf = io.BytesIO()
@@ -172,6 +172,20 @@ def _reencode(data: bytes, quality: int) -> bytes:
             KeyError) as e:
         raise ImageProbeError(f"cannot decode image for re-encoding: {type(e).__name__}: {e}") from e
     return buf.getvalue()
+
+
+def exif_to_carry(im, data) -> bytes | None:
+    """The EXIF block to write into a JPEG coded from `im` (opened from `data`, loaded), so that it keeps the tag it
+    is displayed by: a JPEG's own block where every reader finds the same tag in it; else PIL's reading of the file
+    (an XMP-only tag, a PNG's eXIf or text-chunk copy, a LONG entry), written plainly, or None where it has none."""
+    from fastfeed.image.headers import exif_orientation_plain
+
+    if im.format == "JPEG" and exif_orientation_plain(data):
+        return im.info.get("exif")
+    exif = im.getexif()
+    if im.format != "JPEG" and exif.get(0x0112, 1) == 1:
+        return None  # nothing to display it by (and a PNG's text and metadata stay out of a JPEG, as before)
+    return exif.tobytes() if len(exif) else None
 
 
 # ---- advice for doctor / inspect -----------------------------------------------------------------------------

@@ -496,8 +496,9 @@ def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, chan
             new = jpeg.probe(out)
         except (OSError, ValueError, SyntaxError, EOFError) as e:
             return Rejected(f"cannot decode image for --max-side re-encoding: {type(e).__name__}: {e}")
+        tag, odd = _coded_tag(out, new.orientation)
         return Loaded(out, "jpg", w, h, new.jpeg_kind, True, new.hw_decodable, change=_worse(change, DOWNSCALED),
-                      orientation=new.orientation)
+                      orientation=tag, pil_only=odd)
     kept = Loaded(data, EXTENSIONS.get(fmt, fmt), info.width, info.height, info.jpeg_kind, False, info.hw_decodable,
                   change=change, orientation=info.orientation, pil_only=pil_only)
     if opts.jpeg_mode == "keep" or (info.hw_decodable and opts.jpeg_mode in transcode.PREPARE_MODES):
@@ -514,9 +515,24 @@ def _maybe_convert(data, fmt: str, info: jpeg.ImageInfo, opts: LoadOptions, chan
         return kept
     new = jpeg.probe(out)
     code = TRANSCODED if action == "transcoded" else REENCODED
+    tag, odd = _coded_tag(out, new.orientation)
     return Loaded(out, EXTENSIONS.get(new.format, new.format), new.width, new.height, new.jpeg_kind, True,
-                  new.hw_decodable, change=_worse(change, code), orientation=new.orientation,
-                  pil_only=pil_only and code == TRANSCODED)
+                  new.hw_decodable, change=_worse(change, code), orientation=tag,
+                  pil_only=odd or (pil_only and code == TRANSCODED))
+
+
+def _coded_tag(out: bytes, header_tag: int) -> tuple[int, bool]:
+    """(the EXIF tag to store, whether only PIL's decode may read it) for JPEG bytes pack coded itself: they carry
+    the source's EXIF over, and where its readers disagree on the tag (headers.exif_orientation_plain) the table
+    holds PIL's, as for a source kept for PIL (`_keep_for_pil`)."""
+    if exif_orientation_plain(out):
+        return header_tag, False
+    from PIL import Image
+
+    from fastfeed.image.contract import orientation_tag
+
+    with Image.open(io.BytesIO(out)) as im:
+        return orientation_tag(out, im, "exif"), True
 
 
 def _downscale(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:
@@ -528,11 +544,11 @@ def _downscale(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, in
     # was checked before.
     with Image.open(io.BytesIO(data)) as im:
         w, h = im.size
-        exif = im.info.get("exif") if im.format == "JPEG" else None  # keeps the EXIF orientation tag
         scale = max_side / max(w, h)
         size = (max(1, round(w * scale)), max(1, round(h * scale)))
         im.draft("RGB", size)  # JPEG: decode at a reduced DCT scale first
         rgb = to_rgb(im)
+        exif = transcode.exif_to_carry(im, data)  # keeps the tag it is displayed by (read after the pixels)
         out = rgb.resize(size, Image.BICUBIC, reducing_gap=3.0)
     buf = io.BytesIO()
     out.save(buf, format="JPEG", quality=quality, optimize=False, progressive=False, **({"exif": exif} if exif else {}))
