@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -69,3 +70,38 @@ def test_a_reader_that_goes_away_is_no_error(tmp_path):
     finally:
         os.close(write)
     assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def _pack_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastfeed.cli", "pack", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.integration
+def test_pack_refuses_an_out_inside_its_source(tmp_path):
+    """A second pack (--overwrite, --resume) would scan the first one's output: an ImageFolder gains OUT as a
+    class, its rejected.jsonl lists the old shards."""
+    from PIL import Image
+
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(src / "a" / "0.png")
+    for out in (src / "out", src):
+        proc = _pack_cli(src, out, "--quiet")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "is SRC" in proc.stderr and "inside it" in proc.stderr, proc.stderr
+    assert sorted(os.listdir(src)) == ["a"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("option,value", [("--num-parts", "0"), ("--workers", "-1"), ("--max-pixels", "0"),
+                                          ("--shuffle-seed", "-1")])
+def test_pack_refuses_an_out_of_range_option_before_writing(tmp_path, option, value):
+    from PIL import Image
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "src" / "a" / "0.png")
+    proc = _pack_cli(tmp_path / "src", tmp_path / "out", option, value)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"fastfeed pack: error: {option} must be") and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()

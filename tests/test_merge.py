@@ -129,3 +129,20 @@ def test_a_damaged_part_is_refused_naming_the_part_and_sample(tree, tmp_path):
         merge(str(out))
     assert sorted(n for n in os.listdir(out) if not n.startswith("part-")) == []  # nothing half-written left
     assert (out / "part-00000" / "fastfeed.json").exists()
+
+
+def test_parts_packed_from_a_changed_source_are_refused(tmp_path):
+    """Files added between two parts' packs: the plans differ, so merged they would repeat some images and lose
+    others. Each key is a position in the listing, so the parts' overlapping keys give it away."""
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    for i in range(40):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(src / "a" / f"{i:02d}.png")
+    out = tmp_path / "parts"
+    pack(str(src), str(out), PackOptions(num_parts=2, part=0))
+    for i in range(40, 50):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(src / "a" / f"{i:02d}.png")
+    pack(str(src), str(out), PackOptions(num_parts=2, part=1))
+    with pytest.raises(PackError, match=r"part-00000 and part-00001 both hold sample \d+: the source changed"):
+        merge(str(out))
+    assert not (out / "fastfeed.json").exists()

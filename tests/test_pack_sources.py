@@ -76,3 +76,45 @@ def test_pack_follows_links_and_reports_them_in_the_summary(linked_tree, tmp_pat
     assert res.manifest.num_samples == 8
     assert [r["reason"] for r in res.rejected] == ["symlink loop (folder links to its own ancestor)"]
     assert "followed symlinks to 6 file(s) (5 outside the source folder)" in res.summary()
+
+
+@pytest.fixture()
+def two_images(tmp_path):
+    for n in ("a", "b"):
+        (tmp_path / f"{n}.jpg").write_bytes(_jpeg(ord(n)))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name,text", [
+    ("list.csv", "path,label\na.jpg,0\nb.jpg,1\n"),
+    ("list.jsonl", '{"path": "a.jpg", "label": 0}\n{"path": "b.jpg", "label": 1}\n'),
+])
+def test_a_list_saved_with_a_bom_reads_whole(two_images, name, text):
+    """Spreadsheet exports start with a UTF-8 BOM: it must not hide the CSV's 'path' column or the first row."""
+    (two_images / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+    src = scan_source(str(two_images / name))
+    assert src.rejected == [] and [(e.rel, e.label) for e in src.entries] == [("a.jpg", 0), ("b.jpg", 1)]
+
+
+def test_bad_csv_rows_are_reported_and_bad_csv_files_refused(two_images, tmp_path):
+    lst = two_images / "list.csv"
+    lst.write_bytes(b"path,label\na.jpg,0,spare,fields\nb\x00.jpg,1\nb.jpg,1\n")
+    src = scan_source(str(lst))
+    assert [e.rel for e in src.entries] == ["b.jpg"]
+    assert [r["reason"] for r in src.rejected] == ["bad list row: 4 fields where the header has 2",
+                                                    "bad list row: the path holds a NUL byte"]
+    # a quote never closed would swallow every later row into one caption
+    lst.write_text('path,label,caption\na.jpg,0,"never closed\nb.jpg,1,fine\n')
+    with pytest.raises(ValueError, match=r"list.csv' is not valid CSV after line \d+: unexpected end of data"):
+        scan_source(str(lst))
+    lst.write_text("path,label,path\na.jpg,0,b.jpg\n")
+    with pytest.raises(ValueError, match="the CSV header names 'path' more than once"):
+        scan_source(str(lst))
+
+
+def test_a_jsonl_path_with_a_nul_byte_is_a_reported_row_not_a_crash(two_images, tmp_path):
+    lst = two_images / "list.jsonl"
+    lst.write_text('{"path": "a.jpg\\u0000x", "label": 0}\n{"path": "b.jpg", "label": 1}\n')
+    r = pack(str(lst), str(tmp_path / "out"), PackOptions())
+    assert r.manifest.num_samples == 1
+    assert r.rejected == [{"path": f"{lst}:1", "reason": "bad list row: the path holds a NUL byte"}]

@@ -64,7 +64,8 @@ def _parts(out: str) -> list[tuple[str, Manifest]]:
 
     def same(m: Manifest) -> tuple:
         opts = {k: v for k, v in m.options.items() if k != "part"}
-        return (m.kind, m.source, m.classes, opts, (m.part or {}).get("count"), m.created_by, m.task)
+        return (m.kind, m.version, m.source, m.classes, opts, (m.part or {}).get("count"), m.created_by, m.task,
+                list(m.fields))
 
     for n, m in parts:
         if same(m) != same(first):
@@ -89,6 +90,7 @@ def merge(out: str) -> Manifest:
             rejected.extend(json.loads(line) for line in f if line.strip())
         notes.extend(m.extra.get("transcode_failed", []))
         failed += int(m.extra.get("jpeg_actions", {}).get("transcode_failed", 0))
+    _check_disjoint(parts, tables)
     _drop_stale(out)
     try:
         metas: list | None = [] if first.task == "detect" else None
@@ -115,6 +117,18 @@ def merge(out: str) -> Manifest:
     for name, _ in parts:  # the merged dataset holds every byte of them now
         shutil.rmtree(os.path.join(out, name))
     return manifest
+
+
+def _check_disjoint(parts: list[tuple[str, Manifest]], tables: list[dict[str, np.ndarray]]) -> None:
+    """A key is a position in the source listing, so parts of one plan never share one. Parts that do were packed
+    from different listings (files added or removed between them): merged, they would repeat some images and lose
+    others."""
+    seen: dict[str, str] = {}
+    for (name, _), t in zip(parts, tables):
+        for k in t["key"].tolist():
+            if seen.setdefault(k, name) != name:
+                raise PackError(f"cannot merge: {seen[k]} and {name} both hold sample {k}: the source changed "
+                                f"between their packs; re-pack every part with --overwrite")
 
 
 def _drop_stale(out: str) -> None:

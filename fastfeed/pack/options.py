@@ -2,6 +2,7 @@
 and a resume's fingerprint record."""
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 from fastfeed.constants import ORIENTATIONS
@@ -10,7 +11,7 @@ from fastfeed.pack.base import WRITERS, PackError
 from fastfeed.pack.sources import Source
 from fastfeed.pack.validate import DEFAULT_MAX_PIXELS
 
-__all__ = ["PackOptions", "resolve_jpeg_mode", "check_options", "check_annotated", "recorded_options",
+__all__ = ["PackOptions", "resolve_jpeg_mode", "check_options", "check_annotated", "check_out", "recorded_options",
            "NO_TRANSCODER_NOTE", "NO_SCAN_CHECK_NOTE"]
 
 NO_TRANSCODER_NOTE = ("lossless JPEG transcoding unavailable (fastfeed._native built without libjpeg): "
@@ -83,8 +84,16 @@ def check_options(o: PackOptions) -> None:
         raise PackError(f"--format must be one of {', '.join(sorted(WRITERS))}, got {o.format!r}")
     if o.shard_size < 4096:
         raise PackError(f"--shard-size {o.shard_size} is too small")
-    if o.num_parts < 1 or not 0 <= o.part < o.num_parts:
+    if o.num_parts < 1:
+        raise PackError(f"--num-parts must be >= 1, got {o.num_parts}")
+    if not 0 <= o.part < o.num_parts:
         raise PackError(f"--part must be in 0..{o.num_parts - 1}, got {o.part}")
+    if o.workers is not None and o.workers < 0:  # 0, like None, means the usable cores
+        raise PackError(f"--workers must be >= 1 (or 0: the cores this process may use), got {o.workers}")
+    if o.shuffle_seed is not None and o.shuffle_seed < 0:
+        raise PackError(f"--shuffle-seed must be >= 0, got {o.shuffle_seed}")
+    if o.max_pixels < 1:  # else every image is rejected as a decompression bomb
+        raise PackError(f"--max-pixels must be >= 1, got {o.max_pixels}")
     if not 1 <= o.quality <= 100:
         raise PackError(f"--quality must be in 1..100, got {o.quality}")
     if o.max_side is not None and o.max_side < 16:
@@ -107,3 +116,14 @@ def check_annotated(src: Source, o: PackOptions) -> None:
     if src.fields and not WRITERS[o.format].stores_fields:
         raise ValueError(f"members beside the image ({', '.join(src.fields)}: masks, captions) are stored in "
                          f"WebDataset shards; use --format wds (not --format {o.format})")
+
+
+def check_out(src: str, out: str) -> None:
+    """Refuse an OUT folder at or inside a source folder: a later pack (--resume, --overwrite) would scan the earlier
+    output as source files, an ImageFolder would gain OUT as a class, and --resume would refuse a changed listing."""
+    if "://" in src or "://" in out or not os.path.isdir(src):  # URLs: fastfeed/pack/remote.py; a list file
+        return
+    root, target = os.path.realpath(src), os.path.realpath(out)
+    if os.path.commonpath([root, target]) == root:
+        raise PackError(f"OUT {out} is SRC {src} or a folder inside it: the pack would read its own output as "
+                        "source files; choose an OUT outside SRC")

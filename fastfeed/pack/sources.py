@@ -209,7 +209,8 @@ def _scan_list(path: str) -> Source:
 
 
 def _read_list_text(path: str, lower: str, rows: list, src: Source) -> None:
-    with open(path, encoding="utf-8", newline="") as f:
+    # utf-8-sig: spreadsheet exports start with a BOM, which would otherwise hide the header's first column name
+    with open(path, encoding="utf-8-sig", newline="") as f:
         if lower.endswith((".jsonl", ".ndjson")):
             _read_jsonl(f, path, rows, src)
         elif lower.endswith(".csv"):
@@ -254,6 +255,15 @@ def _finish_list(src: Source, rows: list, base: str) -> None:
         src.entries.append(SourceEntry(os.path.abspath(full), p, label, meta, members=members))
 
 
+def _row_path(p: str) -> str:
+    """A list row's path, checked: no file has an empty name or one with a NUL byte (os calls refuse it)."""
+    if not p:
+        raise ValueError("empty path")
+    if "\0" in p:
+        raise ValueError("the path holds a NUL byte")
+    return p
+
+
 def _parse_label(value: object) -> object:
     if value is None or value == "":
         return -1
@@ -282,27 +292,39 @@ def _with_columns(meta: dict | None, columns: dict) -> dict | None:
 
 
 def _read_csv(f, path: str, rows: list, src: Source) -> None:
-    reader = csv.DictReader(f)
+    reader = csv.DictReader(f, strict=True)
     if not reader.fieldnames or "path" not in reader.fieldnames:
         raise ValueError(f"list file {path!r}: the CSV header must name a 'path' column (and optionally "
                          f"'label', 'metadata')")
+    twice = sorted({c for c in reader.fieldnames if reader.fieldnames.count(c) > 1})
+    if twice:  # DictReader would keep the last of them and drop the others
+        raise ValueError(f"list file {path!r}: the CSV header names {', '.join(map(repr, twice))} more than once")
     caption = next((c for c in CAPTION_COLUMNS if c in reader.fieldnames), None)
     others = [c for c in reader.fieldnames if c not in _LIST_COLUMNS and c != caption]
-    for row in reader:
-        where = f"{path}:{reader.line_num}"
-        try:
-            p = (row.get("path") or "").strip()
-            if not p:
-                raise ValueError("empty path")
-            meta_text = (row.get("metadata") or "").strip()
-            meta = json.loads(meta_text) if meta_text else None
-            if meta is not None and not isinstance(meta, dict):
-                raise ValueError("metadata must be a JSON object")
-            meta = _with_columns(meta, {c: row.get(c) for c in others})
-            text = None if caption is None else (row.get(caption) or "")
-            rows.append((p, _parse_label(row.get("label")), meta, text))
-        except ValueError as e:
-            src.rejected.append({"path": where, "reason": f"bad list row: {e}"})
+    try:
+        for row in reader:
+            _read_csv_row(reader, row, path, rows, src, caption, others)
+    except csv.Error as e:  # strict: a quote never closed would otherwise swallow every later row into one field
+        raise ValueError(f"list file {path!r} is not valid CSV after line {reader.line_num}: {e}") from None
+
+
+def _read_csv_row(reader: csv.DictReader, row: dict, path: str, rows: list, src: Source, caption: str | None,
+                  others: list[str]) -> None:
+    where = f"{path}:{reader.line_num}"
+    try:
+        if None in row:  # DictReader's key for the fields past the header's columns
+            raise ValueError(f"{len(reader.fieldnames) + len(row[None])} fields where the header has "
+                             f"{len(reader.fieldnames)}")
+        p = _row_path((row.get("path") or "").strip())
+        meta_text = (row.get("metadata") or "").strip()
+        meta = json.loads(meta_text) if meta_text else None
+        if meta is not None and not isinstance(meta, dict):
+            raise ValueError("metadata must be a JSON object")
+        meta = _with_columns(meta, {c: row.get(c) for c in others})
+        text = None if caption is None else (row.get(caption) or "")
+        rows.append((p, _parse_label(row.get("label")), meta, text))
+    except ValueError as e:
+        src.rejected.append({"path": where, "reason": f"bad list row: {e}"})
 
 
 def _read_jsonl(f, path: str, rows: list, src: Source) -> None:
@@ -336,6 +358,7 @@ def _read_object(obj, where: str, rows: list, src: Source) -> None:
     try:
         if not isinstance(obj, dict) or not isinstance(obj.get("path"), str) or not obj["path"]:
             raise ValueError("each row must be an object with a non-empty 'path'")
+        _row_path(obj["path"])
         meta = obj.get("metadata")
         if meta is not None and not isinstance(meta, dict):
             raise ValueError("metadata must be a JSON object")
