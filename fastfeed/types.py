@@ -279,6 +279,6 @@ def parse_size(text: str) -> int:
         value = float(num)
     except ValueError:
         raise ValueError(f"cannot parse size {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"size must be positive, got {text!r}")
+    if not value > 0 or value == float("inf"):  # (NaN fails `> 0`)
+        raise ValueError(f"size must be a positive finite number, got {text!r}")
     return int(value * units[unit])

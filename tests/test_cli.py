@@ -90,7 +90,22 @@ def test_pack_refuses_an_out_inside_its_source(tmp_path):
         proc = _pack_cli(src, out, "--quiet")
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert "is SRC" in proc.stderr and "inside it" in proc.stderr, proc.stderr
+    from fastfeed.pack import PackError, PackOptions, pack
+
+    with pytest.raises(PackError, match="inside it"):  # the Python API refuses it the same way
+        pack(str(src), str(src / "out"), PackOptions())
     assert sorted(os.listdir(src)) == ["a"]
+
+
+def test_a_shard_size_past_any_number_is_refused_in_one_line(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "src" / "a" / "0.png")
+    for size in ("1e400", "nan"):
+        proc = _pack_cli(tmp_path / "src", tmp_path / "out", "--shard-size", size)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith("fastfeed pack: error: ") and proc.stderr.count("\n") == 1, proc.stderr
 
 
 @pytest.mark.integration

@@ -80,7 +80,6 @@ def _demo_marker(src: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from fastfeed.pack import PackError, PackOptions, parse_size
-    from fastfeed.pack.options import check_out
     from fastfeed.pack.remote import pack_any as _remote_pack
 
     try:
@@ -106,7 +105,6 @@ def run(args: argparse.Namespace) -> int:
             masks=args.masks,
             orientation=args.orientation,
         )
-        check_out(args.src, args.out)
         result = _remote_pack(args.src, args.out, opts, engine=args.engine, ray_address=args.ray_address,
                               staging=args.staging)  # hook: URLs and --engine ray (fastfeed/pack/remote.py)
     except (PackError, ValueError, OSError) as e:

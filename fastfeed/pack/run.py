@@ -48,8 +48,8 @@ from fastfeed.pack.annotations import MASK_MEMBER, annotation_stats, sample_issu
 from fastfeed.pack.annotations import scan as scan_source
 from fastfeed.pack.base import WRITERS, FormatWriter, PackError
 from fastfeed.pack.journal import JOURNAL_DIR, Journal
-from fastfeed.pack.options import (NO_SCAN_CHECK_NOTE, PackOptions, check_annotated, check_options, recorded_options,
-                                   resolve_jpeg_mode)
+from fastfeed.pack.options import (NO_SCAN_CHECK_NOTE, PackOptions, check_annotated, check_options, check_out,
+                                   recorded_options, resolve_jpeg_mode)
 from fastfeed.pack.reader import BatchItem, BatchResult
 from fastfeed.pack.sources import Source
 from fastfeed.pack.validate import LoadOptions, Loaded
@@ -194,6 +194,7 @@ def _fingerprint(src: Source, o: PackOptions) -> dict:
 def pack(src_path: str, out: str, o: PackOptions) -> PackResult:
     """Pack `src_path` into `out` (or `out/part-NNNNN` with num_parts > 1). Raises PackError on refusal."""
     check_options(o)
+    check_out(src_path, out)
     mode, jpeg_note = resolve_jpeg_mode(o.jpeg_mode, _transcode.HAVE_TRANSCODE)
     o = replace(o, jpeg_mode=mode)
     if o.scan_check and not _transcode.HAVE_SCAN_CHECK:
