@@ -203,6 +203,57 @@ def test_pack_to_a_missing_bucket_fails_before_packing(s3, demo_tree, tmp_path):
     assert not (tmp_path / "stage").exists()
 
 
+def test_a_missing_bucket_is_named_by_the_loader_and_by_index_before_any_shard_is_read(s3, cache_dir, tmp_path):
+    """Reading, adopting from or indexing into a bucket that does not exist says so, not "no fastfeed.json" (an
+    unfinished upload) or "no such shard", and `index` into it refuses before reading a shard, not at the upload."""
+    with pytest.raises(DatasetError, match="bucket 'no-such-bucket' does not exist"):
+        open_dataset("s3://no-such-bucket/ds")
+    from fastfeed.pack.index import index_shards
+
+    with pytest.raises(DatasetError, match="bucket 'no-such-bucket' does not exist"):
+        index_shards("s3://no-such-bucket/shards/", str(tmp_path / "ds"))
+    s3.fs().pipe(f"{BUCKET}/nb-shards/part-0000.tar", b"not a tar, never read")
+    with pytest.raises(DatasetError, match="bucket 'no-such-bucket' does not exist"):
+        index_shards(f"s3://{BUCKET}/nb-shards/", "s3://no-such-bucket/ds")
+
+
+def test_an_unwritable_cache_folder_is_a_dataset_error_naming_it(s3, remote_wds, tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    cache = tmp_path / "file" / "cache"
+    with pytest.raises(DatasetError, match=f"{cache}: the shard cache folder cannot be written"):
+        open_dataset(remote_wds, cache_dir=str(cache))
+    proc = _cli("doctor", remote_wds, env={"FASTFEED_CACHE": str(cache)})  # a failed check, not a traceback
+    assert "Traceback" not in proc.stderr and "cannot be written" in proc.stdout, proc.stdout + proc.stderr
+
+
+_FULL_CHILD = """
+import resource, signal, sys, time
+from fastfeed.datasets import open_dataset
+from fastfeed.formats import DatasetError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as a full disk does
+ds = open_dataset(sys.argv[1], cache_dir=sys.argv[2], cache_size=1 << 40, retry_timeout=30)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # no shard fits
+t0 = time.monotonic()
+try:
+    ds.extents()
+except DatasetError as e:
+    print(f"{time.monotonic() - t0:.1f}", e)
+"""
+
+
+def test_a_full_disk_under_the_cache_is_an_error_naming_the_shard_and_the_cache_at_once(s3, remote_wds, tmp_path):
+    """A shard that cannot be written into the cache (no space, a quota, a file-size limit) is not retried for the
+    retry timeout as if the store had failed: the error names the shard and the cache's folder at once."""
+    cache = tmp_path / "c"
+    proc = subprocess.run([sys.executable, "-c", _FULL_CHILD, remote_wds, str(cache)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seconds, message = proc.stdout.split(" ", 1)
+    assert float(seconds) < 10, proc.stdout
+    assert "shard-" in message and f"cannot be written into the shard cache at {cache}" in message, message
+    assert not [p for p in cache.rglob("*.part")]
+
+
 def test_missing_manifest_is_a_clear_dataset_error(s3, cache_dir):
     s3.fs().pipe(f"{BUCKET}/half/shard-000000.tar", b"x" * 10)
     with pytest.raises(DatasetError, match="no fastfeed.json"):
@@ -392,6 +443,9 @@ def test_cli_inspect_verify_doctor_accept_a_url(s3, remote_wds, cache_dir):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = _cli("doctor", remote_wds)
     assert "does not exist" not in proc.stdout and "samples" in proc.stdout, proc.stdout
+    proc = _cli("bench", remote_wds, "--steps", "2", "--warmup", "0", "--max-warmup", "0", "--batch-size", "8",
+                "--image-size", "32", "--device", "cpu", "--no-progress")
+    assert proc.returncode == 0 and "samples/s" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_reader_never_sees_the_manifest_before_the_files_it_lists(s3, wds_path, tmp_path):

@@ -80,3 +80,44 @@ def test_server_stopped_mid_epoch_is_a_loader_error_naming_the_shard_within_a_bo
     assert got < n_batches
     assert isinstance(info.value.__cause__, DatasetError) and "shard-" in str(info.value)
     assert elapsed < 30, elapsed
+
+
+def test_a_detection_dataset_streams_through_a_cache_smaller_than_it(tmp_path, monkeypatch):
+    """Loader(task="detect") reads every sample's annotation when it is built: at a URL that fetches every shard,
+    and the cache must not have to hold them all at once (pinned until the epoch) for order="shard" to stream.
+    Built with a cache of 3/4 of the dataset, nothing is left pinned, the limit holds throughout, and the epoch's
+    batches are the local pack's, bit for bit."""
+    from tests.test_detect_loader import make_yolo
+
+    server = S3Server()
+    try:
+        for k, v in server.env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("FASTFEED_CACHE", str(tmp_path / "cache"))
+        make_yolo(tmp_path / "src", n=48)
+        url = f"s3://{BUCKET}/detect-stream"
+        for out in (url, str(tmp_path / "local")):
+            proc = _cli("pack", str(tmp_path / "src"), out, "--quiet", "--format", "wds", "--shard-size", "200KB")
+            assert proc.returncode == 0, proc.stderr
+        with open_dataset(url, cache_size=1) as probe:
+            sizes = [s.bytes for s in probe.manifest.shards]
+        limit = sum(sizes) * 3 // 4
+        assert len(sizes) > 20 and max(sizes) * 8 < limit
+
+        def batches(path, **kw):
+            with fastfeed.Loader(path, batch_size=2, image_size=64, dtype=torch.uint8, device="cpu", seed=5,
+                                 train=True, order="shard", **kw) as loader:
+                cache = getattr(loader.dataset, "cache", None)
+                if cache is not None:
+                    assert cache.pinned() == [] and cache.usage() <= limit
+                got = []
+                for b in loader:
+                    got.append([b[k].clone() for k in ("images", "boxes", "labels", "batch_idx")])
+                    assert cache is None or cache.usage() <= limit
+            return got
+
+        remote, local = batches(url, cache_size=limit), batches(str(tmp_path / "local"))
+        assert len(remote) == len(local) == 24
+        assert all(torch.equal(a, b) for r, w in zip(remote, local) for a, b in zip(r, w))
+    finally:
+        server.stop()

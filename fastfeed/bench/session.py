@@ -168,9 +168,9 @@ def run_bench(cfg: BenchConfig, loaders: dict[str, Callable[[], Iterable]] | Non
     if loaders is None:
         if not cfg.dataset:
             raise ValueError("a packed DATASET is required")
-        from fastfeed.formats.base import load_manifest
+        from fastfeed.remote import read_manifest  # a folder or a dataset URL, as the Loader takes
 
-        manifest = load_manifest(cfg.dataset)
+        manifest = read_manifest(cfg.dataset)
         task = manifest.task
         if task != "classify" and (cfg.consumer != "none" or cfg.compare == "torch"):
             raise ValueError(f"{cfg.dataset} is a {task!r} dataset: bench measures its loader alone (--consumer "

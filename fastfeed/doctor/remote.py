@@ -23,7 +23,11 @@ def check_remote(url: str, storage_options: dict | None = None) -> list:
     out = [Check("manifest", OK, f"{url}: {m.num_samples} samples, {len(m.classes)} classes, {m.kind}, "
                  f"{len(m.shards)} shard(s), {gib(total)}")]
     cache = default_cache_dir()
-    limit = default_cache_size(cache)
+    try:
+        limit = default_cache_size(cache)
+    except DatasetError as e:  # the folder cannot be written: the Loader would fail the same way
+        out.append(Check("cache", FAIL, str(e), "set FASTFEED_CACHE to a writable local disk"))
+        return out
     if total > limit:
         out.append(Check("cache", WARN, f"shard cache {cache} holds at most {gib(limit)}, the dataset is "
                          f"{gib(total)}: each rank's epoch must fit", "set FASTFEED_CACHE to a larger local disk "

@@ -43,7 +43,7 @@ from fastfeed.pack.table import new_rows, rows_to_table, write_dataset
 from fastfeed.pack.validate import TRIMMED, Loaded, LoadOptions, check_for_pil, check_image
 from fastfeed.pack.wds import WdsWriter
 from fastfeed.pack.writers import atomic_write
-from fastfeed.remote.store import is_url, join, retrying, url_to_fs
+from fastfeed.remote.store import is_url, join, missing_bucket, retrying, url_to_fs
 from fastfeed.types import ADOPTED_FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, ShardInfo
 from fastfeed.world import usable_cpus
 
@@ -103,6 +103,7 @@ def find_shards(src: str, storage_options: dict | None = None) -> tuple[str, lis
 
 def _find_remote(src: str, storage_options: dict | None) -> tuple[str, list[str]]:
     fs, base = url_to_fs(src.rstrip("/"), storage_options)
+    _check_bucket(fs, src, base)
     if retrying(lambda: fs.isdir(base), f"list {src}"):
         root = base.rstrip("/")
         found = sorted(retrying(lambda: fs.find(root), f"list {src}"))
@@ -121,6 +122,12 @@ def _find_remote(src: str, storage_options: dict | None) -> tuple[str, list[str]
     if not paths:
         raise DatasetError(f"{src}: no .tar shards found", path=src)
     return fs.unstrip_protocol(root), [posixpath.relpath(p, root) for p in paths]
+
+
+def _check_bucket(fs, url: str, base: str) -> None:
+    problem = missing_bucket(fs, url, base)
+    if problem:
+        raise DatasetError(problem, path=url)
 
 
 # webdataset reads these too, but a compressed member has no byte range to read in place.
@@ -226,6 +233,7 @@ def _refuse_existing(out: str, overwrite: bool, storage_options: dict | None, na
     rather than being the shards' folder."""
     if is_url(out):
         fs, base = url_to_fs(out.rstrip("/"), storage_options)
+        _check_bucket(fs, out, base)
         there = retrying(lambda: fs.exists(join(base, MANIFEST_NAME)), f"look at {out}")
     else:
         there = os.path.exists(os.path.join(out, MANIFEST_NAME))

@@ -31,7 +31,7 @@ from dataclasses import asdict, replace
 from fastfeed.pack import PackError, PackOptions, PackResult, merge, pack
 from fastfeed.pack.merge import part_names
 from fastfeed.pack.run import OWNED_NAMES, clear_folder, part_folder
-from fastfeed.remote.store import is_url, join, local_path, retrying, url_to_fs
+from fastfeed.remote.store import is_url, join, local_path, missing_bucket, retrying, url_to_fs
 from fastfeed.types import MANIFEST_NAME, Manifest
 from fastfeed.world import usable_cpus
 
@@ -259,15 +259,9 @@ def _check_not_merged(url: str, storage_options: dict | None) -> None:
 
 def _check_bucket(fs, url: str, base: str) -> None:
     """Fail before packing, not at the upload, when the bucket of an s3:// or gs:// URL does not exist."""
-    if url.split("://", 1)[0] not in ("s3", "s3a", "gs", "gcs"):
-        return
-    bucket = base.strip("/").split("/", 1)[0]
-    try:
-        exists = fs.exists(bucket)
-    except PermissionError:  # allowed to write objects but not to look at the bucket: let the upload decide
-        return
-    if not exists:
-        raise PackError(f"{url}: bucket {bucket!r} does not exist (or these credentials cannot see it)")
+    problem = missing_bucket(fs, url, base)
+    if problem:
+        raise PackError(problem)
 
 
 def _remote_names(fs, base: str) -> set[str]:

@@ -35,11 +35,13 @@ import hashlib
 import os
 import secrets
 import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+from fastfeed.remote.store import LOCAL_DISK_ERRNOS
 from fastfeed.types import DatasetError, parse_size
 
 __all__ = ["ShardCache", "default_cache_dir", "default_cache_size", "CacheStats"]
@@ -63,9 +65,21 @@ def default_cache_size(cache_dir: str) -> int:
     env = os.environ.get("FASTFEED_CACHE_SIZE")
     if env:
         return parse_size(env)
-    os.makedirs(cache_dir, exist_ok=True)
+    _make_writable(cache_dir)
     held = sum(size for _, size, _ in _scan(cache_dir)[0])
     return (shutil.disk_usage(cache_dir).free + held) // 2
+
+
+def _make_writable(cache_dir: str) -> None:
+    """Create the cache folder; DatasetError naming it when it cannot be written, rather than a raw OSError from
+    the first lock file or download."""
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache_dir):
+            pass
+    except OSError as e:
+        raise DatasetError(f"{cache_dir}: the shard cache folder cannot be written ({e.strerror or e}); point "
+                           f"$FASTFEED_CACHE (or cache_dir=) at a writable folder") from None
 
 
 @dataclass
@@ -83,7 +97,7 @@ class ShardCache:
 
     def __init__(self, cache_dir: str | None = None, max_bytes: int | None = None):
         self.cache_dir = os.path.abspath(cache_dir or default_cache_dir())
-        os.makedirs(self.cache_dir, exist_ok=True)
+        _make_writable(self.cache_dir)
         self.max_bytes = int(max_bytes) if max_bytes is not None else default_cache_size(self.cache_dir)
         if self.max_bytes <= 0:
             raise ValueError(f"cache size must be positive, got {self.max_bytes}")
@@ -155,7 +169,16 @@ class ShardCache:
                 open(tmp, "wb").close()
             t0 = time.perf_counter()
             try:
-                download(tmp)
+                try:
+                    download(tmp)
+                except DatasetError as e:
+                    if isinstance(e.__cause__, OSError) and e.__cause__.errno in LOCAL_DISK_ERRNOS:
+                        raise DatasetError(
+                            f"{name}: cannot be written into the shard cache at {self.cache_dir} "
+                            f"({e.__cause__.strerror}; {shutil.disk_usage(self.cache_dir).free} bytes free there): "
+                            f"free space, lower cache_size / $FASTFEED_CACHE_SIZE (now {self.max_bytes} bytes) "
+                            f"or point $FASTFEED_CACHE at a larger disk") from e.__cause__
+                    raise
                 _verify(tmp, size, sha256, name)
                 with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
@@ -231,7 +254,8 @@ def _verify(tmp: str, size: int, sha256: str, name: str) -> None:
     got = os.path.getsize(tmp)
     if got != size:
         raise DatasetError(f"{name}: downloaded {got} bytes, the manifest says {size} (the remote object is "
-                           f"truncated or was modified; re-pack or re-upload the dataset)")
+                           f"truncated or was modified; re-pack, re-index (`fastfeed index --overwrite`) or "
+                           f"re-upload the dataset)")
     h = hashlib.sha256()
     with open(tmp, "rb") as f:
         while chunk := f.read(_COPY_CHUNK):

@@ -30,7 +30,7 @@ from fastfeed.formats.base import TableDataset, _check_columns, load_table, read
 from fastfeed.formats.lmdb import LmdbDataset
 from fastfeed.formats.wds import WdsDataset
 from fastfeed.remote.cache import ShardCache
-from fastfeed.remote.store import is_url, join, resolve_retry_timeout, retrying, url_to_fs
+from fastfeed.remote.store import is_url, join, missing_bucket, resolve_retry_timeout, retrying, url_to_fs
 from fastfeed.types import MANIFEST_NAME, REJECTED_NAME, SAMPLES_NAME, DatasetError, Extents, Manifest
 
 __all__ = ["open_remote", "read_manifest", "RemoteWdsDataset", "RemoteLmdbDataset", "FETCH_MODES"]
@@ -105,6 +105,9 @@ def _manifest_text(url: str, fs, base: str, retry_timeout: float | None) -> str:
         raise DatasetError(f"{name}: unreadable ({e})") from None
     except DatasetError as e:
         if isinstance(e.__cause__, FileNotFoundError):
+            problem = missing_bucket(fs, url, base)
+            if problem:
+                raise DatasetError(problem) from None
             raise DatasetError(f"{url}: no {MANIFEST_NAME}, so this is not a complete fastfeed dataset "
                                f"(an unfinished upload, or parts not merged yet)") from None
         raise
