@@ -72,26 +72,38 @@ def _jpeg_exif_orientation(data, scan: int) -> int | None:
     head = bytes(data[:scan])
     if head[:2] != b"\xff\xd8":
         return 1
-    pos, n = 2, len(head)
-    while pos + 4 <= n and head[pos] == 0xFF:
-        while pos < n and head[pos] == 0xFF:
+    segments, end = _jpeg_segments(head)
+    for pos, marker, length in segments:
+        seg = head[pos + 3 : pos + 1 + length]
+        if marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
+            if pos + 1 + length > len(head) and len(data) > len(head):  # a large EXIF block (thumbnail): all of it
+                seg = bytes(data[pos + 3 : pos + 1 + length])
+            return tiff_orientation(seg[6:])
+    return None if end is None and len(data) > len(head) else 1
+
+
+def _jpeg_segments(data) -> tuple[list[tuple[int, int, int]], int | None]:
+    """A JPEG header's segments before its first scan, each (its marker byte's position, the marker, its length),
+    and where the walk stopped: the 0xFF of the scan's or end's marker, or a byte that starts no marker; None when
+    the header runs past `data`. Every header walk of this module's EXIF readers is this one."""
+    segments, pos, n = [], 2, len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return segments, pos
+        while pos < n and data[pos] == 0xFF:
             pos += 1
         if pos + 3 > n:
-            return None
-        marker = head[pos]
+            return segments, None
+        marker = data[pos]
         if marker in _STANDALONE:
             pos += 1
             continue
-        if marker == 0xDA or marker == 0xD9:
-            return 1
-        (length,) = struct.unpack_from(">H", head, pos + 1)
-        seg = head[pos + 3 : pos + 1 + length]
-        if marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
-            if pos + 1 + length > n and len(data) > n:  # a large EXIF block (thumbnail): read all of it
-                seg = bytes(data[pos + 3 : pos + 1 + length])
-            return tiff_orientation(seg[6:])
+        if marker in (0xDA, 0xD9):
+            return segments, pos - 1
+        (length,) = struct.unpack_from(">H", data, pos + 1)
+        segments.append((pos, marker, length))
         pos += 1 + length
-    return None if pos + 4 > n and len(data) > n else 1
+    return segments, None
 
 
 def _png_exif_orientation(data) -> int:
@@ -116,26 +128,14 @@ def exif_orientation_plain(data) -> bool:
         return _png_exif_plain(data)
     if bytes(data[:2]) != b"\xff\xd8":
         return True
-    blocks, xmp, pos, n = [], False, 2, len(data)
-    while pos + 4 <= n and data[pos] == 0xFF:
-        while pos < n and data[pos] == 0xFF:
-            pos += 1
-        if pos + 3 > n:
-            break
-        marker = data[pos]
-        if marker in _STANDALONE:
-            pos += 1
-            continue
-        if marker in (0xDA, 0xD9):
-            break
-        (length,) = struct.unpack_from(">H", data, pos + 1)
+    blocks, xmp = [], False
+    for pos, marker, length in _jpeg_segments(data)[0]:
         if marker == 0xE1:
             seg = bytes(data[pos + 3 : pos + 1 + length])
             if seg[:6] == b"Exif\x00\x00":
                 blocks.append((pos, seg[6:]))
             elif seg.startswith(b"http://ns.adobe.com/xap/1.0/\x00") and b"tiff:Orientation" in seg:
                 xmp = True
-        pos += 1 + length
     if len(blocks) > 1 or (blocks and blocks[0][0] + 64 > _EXIF_SCAN):
         return False
     entries = _orientation_entries(blocks[0][1]) if blocks else []
@@ -209,7 +209,7 @@ def exif_header(f) -> bytes:
         return b"".join(out)
     if data[:2] != b"\xff\xd8":
         return b""
-    while (end := _jpeg_scan_at(data)) is None:
+    while (end := _jpeg_segments(data)[1]) is None:
         more = f.read(len(data))
         if not more:
             return data
@@ -219,28 +219,6 @@ def exif_header(f) -> bytes:
 
 def _png_chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
-
-
-def _jpeg_scan_at(data) -> int | None:
-    """Where the JPEG header walk in `data` stops (its first scan or end marker, or bytes that are no marker), or
-    None when the header runs past `data`."""
-    pos, n = 2, len(data)
-    while pos + 4 <= n:
-        if data[pos] != 0xFF:
-            return pos
-        while pos < n and data[pos] == 0xFF:
-            pos += 1
-        if pos + 3 > n:
-            return None
-        marker = data[pos]
-        if marker in _STANDALONE:
-            pos += 1
-            continue
-        if marker in (0xDA, 0xD9):
-            return pos - 1
-        (length,) = struct.unpack_from(">H", data, pos + 1)
-        pos += 1 + length
-    return None
 
 
 def _png_exif_body_orientation(body: bytes) -> int:
