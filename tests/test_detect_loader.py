@@ -429,6 +429,18 @@ def odd_exif_packs(tmp_path_factory):
     return root, truth
 
 
+def check_boxes_are_the_scenes(batch, ds, truth) -> None:
+    """An evaluation batch of make_odd_exif_scenes: each image at its scene's displayed size, its boxes the scene's
+    exactly, through the letterbox's scale and pad."""
+    for k in range(len(batch["images"])):
+        t = truth[str(ds.sources[int(batch["ids"][k])]).rsplit("/", 1)[-1]]
+        h, w = batch["orig_size"][k].tolist()
+        assert (w, h) == t["size"]
+        (sx, sy), (px, py) = batch["scale"][k].tolist(), batch["pad"][k].tolist()
+        want = np.array(t["boxes"], np.float64) * [sx, sy, sx, sy] + [px, py, px, py]
+        assert np.allclose(batch["boxes"][batch["batch_idx"] == k].numpy(), want, atol=1e-3)
+
+
 @pytest.mark.parametrize("source", ["yolo", "coco"])
 def test_boxes_of_images_whose_exif_readers_disagree_are_in_the_frame_the_loader_shows(odd_exif_packs, source):
     """Images whose EXIF tag fastfeed's header reader and PIL read differently are kept for PIL's decode with PIL's
@@ -443,13 +455,7 @@ def test_boxes_of_images_whose_exif_readers_disagree_are_in_the_frame_the_loader
         assert len(ds) == len(truth) and ds.pil_only.all()
         for batch in loader:
             check_boxes_against_pixels(batch)
-            for k in range(len(batch["images"])):
-                t = truth[str(ds.sources[int(batch["ids"][k])]).rsplit("/", 1)[-1]]
-                h, w = batch["orig_size"][k].tolist()
-                assert (w, h) == t["size"]
-                (sx, sy), (px, py) = batch["scale"][k].tolist(), batch["pad"][k].tolist()
-                want = np.array(t["boxes"], np.float64) * [sx, sy, sx, sy] + [px, py, px, py]
-                assert np.allclose(batch["boxes"][batch["batch_idx"] == k].numpy(), want, atol=1e-3)
+            check_boxes_are_the_scenes(batch, ds, truth)
         assert loader.stats()["skipped"]["total"] == 0
     with fastfeed.Loader(out, batch_size=4, image_size=S, dtype=torch.uint8, device="cpu", seed=4) as loader:
         for epoch in range(2):
@@ -477,13 +483,7 @@ def test_jpegs_pack_codes_again_keep_the_frame_their_exif_shows(odd_exif_packs):
             with Image.open(io.BytesIO(ds.read(i))) as im:
                 assert int(ds.orientations[i]) == im.getexif().get(0x0112, 1), ds.sources[i]
         for batch in loader:
-            for k in range(len(batch["images"])):
-                t = truth[str(ds.sources[int(batch["ids"][k])]).rsplit("/", 1)[-1]]
-                h, w = batch["orig_size"][k].tolist()
-                assert (w, h) == t["size"]
-                (sx, sy), (px, py) = batch["scale"][k].tolist(), batch["pad"][k].tolist()
-                want = np.array(t["boxes"], np.float64) * [sx, sy, sx, sy] + [px, py, px, py]
-                assert np.allclose(batch["boxes"][batch["batch_idx"] == k].numpy(), want, atol=1e-3)
+            check_boxes_are_the_scenes(batch, ds, truth)
         assert loader.stats()["skipped"]["total"] == 0
 
 
