@@ -107,15 +107,24 @@ def _jpeg_segments(data) -> tuple[list[tuple[int, int, int]], int | None]:
 
 
 def _png_exif_orientation(data) -> int:
-    pos, n = 8, len(data)
+    bodies, _ = _png_exif_chunks(data)
+    return _png_exif_body_orientation(bodies[0]) if bodies else 1
+
+
+def _png_exif_chunks(data) -> tuple[list[bytes], list[bytes]]:
+    """A PNG's eXIf chunk bodies and its text chunks' keywords, in file order, up to IEND: what this module's EXIF
+    readers look at."""
+    bodies, keys, pos, n = [], [], 8, len(data)
     while pos + 8 <= n:
         length, kind = struct.unpack(">I4s", bytes(data[pos : pos + 8]))
         if kind == b"eXIf":
-            return _png_exif_body_orientation(bytes(data[pos + 8 : pos + 8 + length]))
-        if kind == b"IEND":
+            bodies.append(bytes(data[pos + 8 : pos + 8 + length]))
+        elif kind in (b"tEXt", b"zTXt", b"iTXt"):
+            keys.append(bytes(data[pos + 8 : pos + 8 + min(length, 80)]).split(b"\x00", 1)[0])
+        elif kind == b"IEND":
             break
         pos += 12 + length
-    return 1
+    return bodies, keys
 
 
 def exif_orientation_plain(data) -> bool:
@@ -143,17 +152,8 @@ def exif_orientation_plain(data) -> bool:
 
 
 def _png_exif_plain(data) -> bool:
-    blocks, other, pos, n = [], False, 8, len(data)
-    while pos + 8 <= n:
-        length, kind = struct.unpack(">I4s", bytes(data[pos : pos + 8]))
-        if kind == b"eXIf":
-            blocks.append(bytes(data[pos + 8 : pos + 8 + length]))
-        elif kind in (b"tEXt", b"zTXt", b"iTXt"):
-            key = bytes(data[pos + 8 : pos + 8 + min(length, 80)]).split(b"\x00", 1)[0]
-            other = other or key in (b"Raw profile type exif", b"XML:com.adobe.xmp")
-        elif kind == b"IEND":
-            break
-        pos += 12 + length
+    blocks, keys = _png_exif_chunks(data)
+    other = any(key in (b"Raw profile type exif", b"XML:com.adobe.xmp") for key in keys)
     if len(blocks) > 1 or (blocks and blocks[0][:6] == b"Exif\x00\x00"):
         return False
     entries = _orientation_entries(blocks[0]) if blocks else []
