@@ -1,7 +1,8 @@
 """Builds the native core `fastfeed._native` from csrc/.
 
 No build-time dependency on CUDA or torch: pinning happens at run time through torch's cudart.
-xxHash (csrc/third_party/xxhash, BSD-2) is vendored; OpenSSL's libcrypto is linked when its header is found.
+xxHash (csrc/third_party/xxhash, BSD-2) and libdeflate's decompressor (csrc/third_party/libdeflate, MIT; a static C
+library built first) are vendored; OpenSSL's libcrypto is linked when its header is found.
 libjpeg (turbo) is linked when its header is found, enabling the lossless progressive->baseline transcoder;
 without it the extension still builds and `fastfeed._native.HAVE_LIBJPEG` is False.
 
@@ -60,7 +61,27 @@ if sanitize:
 # FASTFEED_SKIP_NATIVE=1 so that pip does not compile it a second time.
 skip_native = os.environ.get("FASTFEED_SKIP_NATIVE") == "1"
 
+# libdeflate (the PNG decode's inflate, csrc/png_decode.cpp) is C: a static library of its own, linked into the
+# extension, so that the C++ flags never reach it.
+DEFLATE = "csrc/third_party/libdeflate"
+deflate_lib = ("fastfeed_deflate", {
+    "sources": sorted(glob.glob(f"{DEFLATE}/lib/*.c") + glob.glob(f"{DEFLATE}/lib/*/*.c")),
+    "include_dirs": [DEFLATE],
+    "cflags": (["-O0", "-g1", f"-fsanitize={sanitize}"] if sanitize else ["-O2"]) + ["-w"],  # its warnings are not ours
+})
+
+
+class BuildExt(build_ext):
+    """build_ext that builds the C library first (`build_ext --inplace` alone would not)."""
+
+    def run(self):
+        if self.distribution.has_c_libraries():
+            self.run_command("build_clib")
+        super().run()
+
+
 setup(
+    libraries=[] if skip_native else [deflate_lib],
     ext_modules=[] if skip_native else [
         Pybind11Extension(
             "fastfeed._native",
@@ -75,5 +96,5 @@ setup(
             extra_link_args=link_args,
         )
     ],
-    cmdclass={"build_ext": build_ext},
+    cmdclass={"build_ext": BuildExt},
 )

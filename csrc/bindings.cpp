@@ -14,8 +14,9 @@ namespace py = pybind11;
 
 void bind_ring(py::module_& m);  // csrc/ring_bindings.cpp
 
-// ---- jpeg bindings (owner: jpeg) -------------------------------------------------------------------------
+// ---- jpeg and png bindings (owner: jpeg) -------------------------------------------------------------------------
 #include "jpeg_transcode.h"
+#include "png_decode.h"
 
 namespace {
 
@@ -71,6 +72,20 @@ fastfeed::TranscodeOptions make_options(bool progressive, bool arithmetic, bool 
     return o;
 }
 
+// The array of `height` rows of `width` RGBX pixels a native decode made: a view of `out` that keeps a memoryview
+// of it (an export: a bytearray cannot be resized under it), or the owner of `owned` through a capsule.
+py::array_t<std::uint8_t> rgbx_array(std::uint8_t* pixels, std::unique_ptr<std::uint8_t[]>& owned, bool in_out,
+                                     int height, int width, const py::object& out) {
+    py::object owner;
+    if (in_out) {
+        owner = py::memoryview(out);
+    } else {
+        owner = py::capsule(owned.get(), [](void* p) { delete[] static_cast<std::uint8_t*>(p); });
+        owned.release();  // the capsule frees them now
+    }
+    return py::array_t<std::uint8_t>({height, width, 4}, pixels, owner);
+}
+
 }  // namespace
 
 static void bind_jpeg(py::module_& m) {
@@ -107,17 +122,8 @@ static void bind_jpeg(py::module_& m) {
                                                  dest ? dest->mutable_span() : fastfeed::MutableByteSpan{}, scale);
             }
             if (!r.ok) return py::str(r.error);
-            // The array keeps a memoryview of `out` (an export: a bytearray cannot be resized under it), or owns
-            // its pixels through a capsule.
-            py::object owner;
-            if (r.in_out()) {
-                owner = py::memoryview(out);
-            } else {
-                owner = py::capsule(r.owned.get(), [](void* p) { delete[] static_cast<std::uint8_t*>(p); });
-                r.owned.release();  // the capsule frees them now
-            }
-            py::array_t<std::uint8_t> array({r.height, r.width, 4}, r.pixels, owner);
-            return py::make_tuple(array, r.x, r.y, r.image_width, r.image_height);
+            return py::make_tuple(rgbx_array(r.pixels, r.owned, r.in_out(), r.height, r.width, out), r.x, r.y,
+                                  r.image_width, r.image_height);
         },
         py::arg("data"), py::arg("x0"), py::arg("y0"), py::arg("x1"), py::arg("y1"), py::arg("out") = py::none(),
         py::arg("scale") = 1,
@@ -128,6 +134,25 @@ static void bind_jpeg(py::module_& m) {
         "out: a writable buffer the pixels go into, from its start, when they fit (the array is then a view of it); "
         "else the array has memory of its own. scale: 2, 4 or 8 decodes at that DCT scale (PIL's draft), the window "
         "in the scaled image's pixels; the image size returned stays the full one.");
+
+    m.def(
+        "decode_png_rgbx",
+        [](py::handle data, py::object out) -> py::object {
+            ReadOnlyBuffer buf(data);
+            std::optional<WritableBuffer> dest;
+            if (!out.is_none()) dest.emplace(out);
+            fastfeed::PngResult r;
+            {
+                py::gil_scoped_release nogil;
+                r = fastfeed::decode_png_rgbx(buf.span(), dest ? dest->mutable_span() : fastfeed::MutableByteSpan{});
+            }
+            if (!r.ok) return py::str(r.error);
+            return rgbx_array(r.pixels, r.owned, r.in_out(), r.height, r.width, out);
+        },
+        py::arg("data"), py::arg("out") = py::none(),
+        "The pixels of an 8-bit grey, RGB or palette PNG without transparency, interlacing or animation "
+        "(csrc/png_decode.h), GIL released: uint8 array [height, width, 4], RGBX, grey as R = G = B; or a str: why "
+        "not (another kind of PNG, damaged data), for the caller to decode it with PIL. out: as decode_jpeg_region's.");
 
     m.def(
         "transcode_to_baseline",

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "byte_span.h"
+
 namespace fastfeed {
 
 struct TranscodeOptions {
@@ -37,16 +39,6 @@ class JpegError : public std::runtime_error {
 class JpegUnavailable : public std::runtime_error {
   public:
     using std::runtime_error::runtime_error;
-};
-
-struct ByteSpan {
-    const std::uint8_t* data;
-    std::size_t size;
-};
-
-struct MutableByteSpan {
-    std::uint8_t* data = nullptr;
-    std::size_t size = 0;
 };
 
 struct TranscodeResult {

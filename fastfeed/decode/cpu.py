@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from PIL import Image
 
+from fastfeed import _native
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common,
                                   is_image, replaced_list, resolve_errors)
@@ -40,9 +41,9 @@ from fastfeed.decode.kernels import emit_chw, emit_hwc
 from fastfeed.decode.lut import make_lut, numpy_view
 from fastfeed.decode.recycle import OutputBuffers
 from fastfeed.image.contract import TRANSPOSE, contract_image, orientation_tag, to_rgb
-from fastfeed.image.headers import png_text_over_limit, swaps_axes, without_png_text
+from fastfeed.image.headers import PNG_SIGNATURE, png_text_over_limit, swaps_axes, without_png_text
 
-__all__ = ["PilDecoder", "decode_rgb", "starts_with_soi", "whole_jpeg_rgbx"]
+__all__ = ["PilDecoder", "decode_rgb", "starts_with_png", "starts_with_soi", "whole_jpeg_rgbx", "whole_png_rgbx"]
 
 _STAGING_BUFFERS = 2
 
@@ -86,6 +87,14 @@ def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, 
         out = _resized_region(sample, (x0, y0, x1, y1), image_size)
         if out is not None:
             return out
+    if img.format == "PNG":
+        got = whole_png_rgbx(sample)
+        if got is not None:  # PIL's pixels, in PIL's layout for RGB: resized as RGBX, the pad byte dropped after
+            img = Image.frombuffer("RGBX", got[1], got[0], "raw", "RGBX", 0, 1)
+            if tag != 1:
+                img = img.transpose(TRANSPOSE[tag])
+            out = img.resize((image_size, image_size), Image.BILINEAR, box=(x0, y0, x1, y1))
+            return np.asarray(out)[:, :, :3]
     img.load()
     if tag != 1:
         img = img.transpose(TRANSPOSE[tag])
@@ -96,19 +105,18 @@ def decode_rgb(sample, box: tuple[float, float, float, float], image_size: int, 
     return np.asarray(out)
 
 
-def _region_decoder():
-    """The native core's window decode (csrc/jpeg_transcode.h decode_jpeg_region), when it was built with libjpeg."""
-    from fastfeed import _native
-
-    return _native.decode_jpeg_region if getattr(_native, "HAVE_LIBJPEG", False) else None
-
-
-_REGION_DECODE = _region_decoder()
+# The native core's window decode (csrc/jpeg_transcode.h decode_jpeg_region), when it was built with libjpeg.
+_REGION_DECODE = _native.decode_jpeg_region if _native.HAVE_LIBJPEG else None
 
 
 def starts_with_soi(sample) -> bool:
     """Whether the record starts with JPEG's start-of-image marker."""
     return len(sample) >= 4 and sample[0] == 0xFF and sample[1] == 0xD8
+
+
+def starts_with_png(sample) -> bool:
+    """Whether the record starts with PNG's signature."""
+    return bytes(sample[:8]) == PNG_SIGNATURE
 
 
 def _ends_with_eoi(sample) -> bool:
@@ -140,6 +148,19 @@ def whole_jpeg_rgbx(sample, out: np.ndarray | None = None, scale: int = 1):
 
 
 _WHOLE = 1 << 30  # a window edge past any image's: the whole image
+
+
+def whole_png_rgbx(sample, out: np.ndarray | None = None):
+    """(uint8 [h, w, 4] RGBX, the image's (width, height)): an 8-bit grey, RGB or palette PNG without transparency,
+    decoded by the native core (csrc/png_decode.h: PIL's pixels, its inflate about 2.5x faster than zlib's), into
+    `out` (a uint8 buffer, from its start) when they fit. None for any other file or PNG, or where the native decode
+    refuses it (damaged data): the caller decodes it with PIL, by the contract's rules."""
+    if not starts_with_png(sample):
+        return None
+    got = _native.decode_png_rgbx(sample, out)
+    if isinstance(got, str):
+        return None
+    return got, (got.shape[1], got.shape[0])
 
 
 def _resized_region(sample, box, image_size: int):

@@ -19,7 +19,7 @@ import torch
 
 from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IMAGE, Replaced, is_image,
                                   replaced_list, resolve_errors)
-from fastfeed.decode.cpu import starts_with_soi
+from fastfeed.decode.cpu import starts_with_png, starts_with_soi
 from fastfeed.decode.recycle import OutputBuffers, SourceArena
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
 from fastfeed.detect.hsv import apply_hsv_torch, finish_nhwc
@@ -254,10 +254,10 @@ class DetectDecoder:
         ids = np.asarray(request.ids, np.int64)
         zooms = source_zooms(drawn)
         pil = request.pil if request.pil is not None else np.zeros(len(samples), dtype=bool)
-        # the JPEGs the native core decodes (all but PIL's) go into one recycled buffer
+        # the JPEGs and PNGs the native core decodes (all but PIL's) go into one recycled buffer
         tags = np.ones(len(ids), np.int64) if self.orientations is None else self.orientations[ids]
-        outs = self._arena.take([decoded_nbytes((self.widths[i], self.heights[i]), z, t)
-                                 if starts_with_soi(s) and not p else 0
+        outs = self._arena.take([decoded_nbytes((self.widths[i], self.heights[i]), z, t, draft=starts_with_soi(s))
+                                 if (starts_with_soi(s) or starts_with_png(s)) and not p else 0
                                  for s, i, z, t, p in zip(samples, ids.tolist(), zooms.tolist(), tags.tolist(),
                                                           pil.tolist())])
         results = self._each(self._decode_one, samples, ids.tolist(), zooms.tolist(), pil.tolist(), outs)

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from fastfeed.decode.cpu import whole_jpeg_rgbx
+from fastfeed.decode.cpu import starts_with_soi, whole_jpeg_rgbx, whole_png_rgbx
 from fastfeed.detect.geometry import BatchGeometry
 from fastfeed.detect.hsv import apply_hsv_inplace, finish
 from fastfeed.detect.resample import resize_into
@@ -166,12 +166,13 @@ def draft_denominator(stored: tuple[int, int], draft_size: tuple[int, int] | Non
     return next((d for d in (8, 4, 2) if scale >= d), 1)
 
 
-def decoded_nbytes(size: tuple[int, int], zoom: float, tag: int = 1) -> int:
-    """The bytes of the RGBX pixels `decode_for` makes of an RGB or grey JPEG natively (`out`'s size for it): twice
-    that where its EXIF tag turns or mirrors it (the stored pixels and the displayed ones)."""
+def decoded_nbytes(size: tuple[int, int], zoom: float, tag: int = 1, draft: bool = True) -> int:
+    """The bytes of the RGBX pixels `decode_for` makes of an RGB or grey JPEG natively (`out`'s size for it), or
+    with `draft` False of a PNG (decoded whole): twice that where its EXIF tag turns or mirrors it (the stored pixels
+    and the displayed ones)."""
     W0, H0 = (int(v) for v in size)
     stored = (H0, W0) if swaps_axes(tag) else (W0, H0)
-    d = draft_denominator(stored, _draft_size(stored, zoom))
+    d = draft_denominator(stored, _draft_size(stored, zoom)) if draft else 1
     return -(-W0 // d) * -(-H0 // d) * 4 * (2 if int(tag) in _DISPLAY else 1)
 
 
@@ -190,6 +191,10 @@ def _decode(data, draft_size, native: bool = False, out=None,
 
 def _decode_as_is(data, draft_size, native, out=None,
                   stored=None) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
+    if native and not starts_with_soi(data):
+        got = whole_png_rgbx(data, out)  # (no draft: a PNG decodes whole)
+        if got is not None:
+            return got[0], 1.0, got[1]
     if native and (draft_size is None or stored is not None):
         denom = draft_denominator(stored, draft_size)
         got = whole_jpeg_rgbx(data, out, denom)  # at PIL's draft scale: its pixels to the bit
