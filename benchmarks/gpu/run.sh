@@ -54,7 +54,9 @@
 #   detect             detection batches at 640 px, batch 64, to the GPU (DALI staged: the GPU path; else the CPU
 #                      one): fastfeed against ultralytics' own train loader (bench_detect.py; carry .carry/ul: the
 #                      ultralytics wheels), on 4 cores (taskset) and 16; FF_KWARGS='{"pipelines": 2}' passes more
-#                      Loader arguments, MODE=val compares the evaluation batches [makes its own set]
+#                      Loader arguments, MODE=val compares the evaluation batches, VARIANT=png (bench_detect.py
+#                      --variant) a kind of data the project does not ship, CORE_COUNTS="4" fewer core counts
+#                      [makes its own set]
 #   detect-sweep       the GPU detection loader alone under several Loader settings, side by side (detect_sweep.py;
 #                      SWEEP='[{...}, ...]' for other settings) [makes detect's set]
 #   detect-ceiling     where the GPU detection path's ceiling is: DALI's whole-image decode alone and GpuDetectDecoder
@@ -187,10 +189,11 @@ run_step() {  # $1 = step, rest: its arguments
                    --json $OUT/progressive-$tag.json 2>&1 | quiet | grep -E "^\[|img/s" | tail -8 ;;
   detect) need native || return 1
           [ -d .carry/ul ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/ul/*.whl
-          for cores in 4 16; do
+          for cores in ${CORE_COUNTS:-4 16}; do
             CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 240 taskset -c 0-$((cores - 1)) python3 \
                 benchmarks/bench_detect.py --workdir $W/detect --num-images 2000 --batch 64 --device cuda \
                 --seconds 25 --mode ${MODE:-train} ${FF_KWARGS:+--loader-kwargs "$FF_KWARGS"} \
+                ${VARIANT:+--variant $VARIANT} \
                 --json $OUT/detect-$cores-$tag.json 2>&1 \
                 | grep -E "^round|^fastfeed /|images,"
           done
