@@ -74,8 +74,8 @@
 #                      the GPU), on 16 cores and under taskset -c 0-(N-1) for each N [makes detect's set]
 #   yolo-train [N...]  YOLOv8n training (yolo_train.py), batch 64, 640 px, bf16, under taskset -c 0-(N-1) for each N
 #                      (default 4): the resident-batch ceiling, ultralytics' loader, fastfeed (carry .carry/ul);
-#                      MODELS="yolov8n yolov8s" for other models, FEEDS="resident fastfeed" for fewer feeds
-#                      [makes detect's set]
+#                      MODELS="yolov8n yolov8s" for other models, FEEDS="resident fastfeed" for fewer feeds,
+#                      VARIANT=png on bench_detect.py's kind of data [makes detect's set]
 #   profile            fastfeed profile on a plain ResNet-50 script (rn50_train.py): fed by a DataLoader with 2
 #                      workers (verdict: data supply), by fastfeed's defaults (not data supply), and the latter again
 #                      without the profiler (its cost) [base]
@@ -259,6 +259,7 @@ run_step() {  # $1 = step, rest: its arguments
               for feed in ${FEEDS:-resident ultralytics fastfeed}; do
                 CUDA_VISIBLE_DEVICES=0 YOLO_OFFLINE=1 timeout 200 taskset -c 0-$((cores - 1)) python3 \
                     benchmarks/gpu/yolo_train.py --feed $feed --model $model.yaml --workdir $W/detect \
+                    ${VARIANT:+--variant $VARIANT} \
                     --json $OUT/yolo-$model-$cores-$feed-$tag.json 2>&1 | grep -E '^\{|decoder=|Error' | tail -2
               done
             done

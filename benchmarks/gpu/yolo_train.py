@@ -2,7 +2,8 @@
 waits for data.
 
     python benchmarks/gpu/yolo_train.py --feed FEED [--model yolov8n.yaml] [--batch 64]
-                                        [--size 640] [--steps 100] [--warmup 30] [--workdir DIR] [--json FILE]
+                                        [--size 640] [--steps 100] [--warmup 30] [--workdir DIR] [--variant NAME]
+                                        [--json FILE]
 
 The model is ultralytics' DetectionModel built from its yaml (no weights, 4 classes), trained with ultralytics' own
 loss (v8DetectionLoss, its default gains), SGD (lr 0.01, momentum 0.937, nesterov), bf16 autocast, batch 64 at 640
@@ -18,7 +19,8 @@ Two more, to tell where a gap between fastfeed and the ceiling comes from (not f
   resident+fastfeed-apart  the resident batch, with the same loader taking batches at the resident pace in another
                            process on the same cores and GPU: its CPU and GPU work without sharing this one's GIL.
 Run each feed in its own process under `taskset -c 0-(N-1)` for a rank's N cores (run.sh's `yolo-train` step).
-Data: benchmarks/bench_detect.py's (ImageNet-like JPEGs, 1-8 boxes each, YOLO layout and its fastfeed pack).
+Data: benchmarks/bench_detect.py's (ImageNet-like JPEGs, 1-8 boxes each, YOLO layout and its fastfeed pack), or with
+`--variant` one of its kinds of data the project does not ship (`png`, ...).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_detect import DEFAULT_WORKDIR, prepare_data, ultralytics_loader  # noqa: E402
+from bench_detect import DEFAULT_WORKDIR, VARIANTS, prepare_data, ultralytics_loader, variant_data  # noqa: E402
 
 
 def fastfeed_loader(packed: Path, batch: int, size: int, device):
@@ -116,6 +118,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--num-images", type=int, default=2000)
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    p.add_argument("--variant", choices=VARIANTS, help="bench_detect.py's kind of data set (detection variants only)")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
@@ -126,7 +129,8 @@ def main(argv=None) -> int:
 
     device = torch.device(a.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    yolo, packed = prepare_data(a.workdir, a.num_images)
+    yolo, packed = (variant_data(a.workdir, a.num_images, a.variant) if a.variant
+                    else prepare_data(a.workdir, a.num_images))
     model = DetectionModel(cfg=a.model, nc=4, verbose=False).to(device)
     model.args = get_cfg()  # the loss gains (box, cls, dfl), as the trainer sets them
     model.train()

@@ -137,6 +137,11 @@ _MAGIC = (
 )
 
 
+def starts_with_png(sample) -> bool:
+    """Whether the record starts with PNG's signature."""
+    return bytes(sample[:8]) == b"\x89PNG\r\n\x1a\n"
+
+
 def is_image(sample: np.ndarray, pil_only: bool = False) -> bool:
     """Cheap signature check (no decode): catches empty and non-image records before they fail a whole batch.
     `pil_only` (samples.npz): pack decoded the sample with PIL, which is trusted, as some formats PIL reads (TGA)

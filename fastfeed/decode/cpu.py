@@ -35,15 +35,15 @@ from PIL import Image
 from fastfeed import _native
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common,
-                                  is_image, replaced_list, resolve_errors)
+                                  is_image, replaced_list, resolve_errors, starts_with_png)
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
 from fastfeed.decode.kernels import emit_chw, emit_hwc
 from fastfeed.decode.lut import make_lut, numpy_view
 from fastfeed.decode.recycle import OutputBuffers
 from fastfeed.image.contract import TRANSPOSE, contract_image, orientation_tag, to_rgb
-from fastfeed.image.headers import PNG_SIGNATURE, png_text_over_limit, swaps_axes, without_png_text
+from fastfeed.image.headers import png_text_over_limit, swaps_axes, without_png_text
 
-__all__ = ["PilDecoder", "decode_rgb", "starts_with_png", "starts_with_soi", "whole_jpeg_rgbx", "whole_png_rgbx"]
+__all__ = ["PilDecoder", "decode_rgb", "starts_with_soi", "whole_jpeg_rgbx", "whole_png_rgbx"]
 
 _STAGING_BUFFERS = 2
 
@@ -112,11 +112,6 @@ _REGION_DECODE = _native.decode_jpeg_region if _native.HAVE_LIBJPEG else None
 def starts_with_soi(sample) -> bool:
     """Whether the record starts with JPEG's start-of-image marker."""
     return len(sample) >= 4 and sample[0] == 0xFF and sample[1] == 0xD8
-
-
-def starts_with_png(sample) -> bool:
-    """Whether the record starts with PNG's signature."""
-    return bytes(sample[:8]) == PNG_SIGNATURE
 
 
 def _ends_with_eoi(sample) -> bool:
@@ -306,11 +301,14 @@ class PilDecoder:
     def whole(self, samples, pil_only: bool = False) -> list:
         """Each sample decoded whole by the decode contract, pixels as stored (no orientation): (uint8 [h, w, 3],
         None), or (None, (code, detail)) where it fails. DALI's decoder uses this for the samples it routes here
-        (decode/dali.py decode_whole), all of them `pil_only` (is_image)."""
+        (decode/dali.py decode_whole): `pil_only` ones (is_image), and PNGs the native core decodes."""
         def one(sample):
             if not is_image(sample, pil_only):
                 return None, (NOT_IMAGE, "unknown file signature")
             try:
+                got = whole_png_rgbx(sample)
+                if got is not None:
+                    return np.ascontiguousarray(got[0][:, :, :3]), None
                 return np.asarray(contract_image(sample, "ignore")), None
             except Exception as e:  # noqa: BLE001 - any decode failure is a corrupt record, reported per position
                 return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")

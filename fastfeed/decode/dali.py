@@ -52,10 +52,11 @@ import numpy as np
 from fastfeed.constants import IMAGENET_MEAN, IMAGENET_STD
 from fastfeed.constants import DEFAULT_DALI_THREADS, DEFAULT_HW_DECODER_LOAD
 from fastfeed.decode.base import (DECODE_ERROR, NOT_IMAGE, DecodeResult, apply_replacements, check_common, is_image,
-                                  replaced_list, resolve_errors)
+                                  replaced_list, resolve_errors, starts_with_png)
 from fastfeed.decode.crop import DEFAULT_ORIENTATION, Windows
 from fastfeed.decode.dali_graph import chroma_mode, graph, slice_around
 from fastfeed.decode.route import ContractRoute, routed
+from fastfeed.image.headers import exif_orientation
 
 __all__ = ["DaliDecoder", "WholeImages", "dali_available"]
 
@@ -300,6 +301,12 @@ class DaliDecoder:
             raise ValueError("this decoder crops and resizes: call it with windows")
         n = len(samples)
         positions = routed(pil)
+        # The PNGs every decoder reads go to the CPU's native decode as well: PIL's pixels, 2.4x faster than DALI's
+        # CPU PNG decoder, which bounded a PNG data set on a rank's few cores (docs/design/decoders.md#png). (Not
+        # one DALI would turn by its EXIF tag: the route hands back pixels as stored.)
+        taken = set(positions)
+        positions = sorted(taken.union(p for p in range(n) if p not in taken and starts_with_png(samples[p])
+                                       and (self.orientation != "exif" or exif_orientation(samples[p]) == 1)))
         contract, bad = self._route.whole(samples, positions)
         out, bad, good, pinned = self._decode_good(samples, None, positions, bad)
         parts, shapes = [], np.zeros((0, 3), np.int64)
@@ -419,7 +426,7 @@ def _subset(samples, windows: Windows | None, positions: list[int]):
 def _clamp_displayed(samples, windows: Windows, positions) -> Windows:
     """The windows clamped to each JPEG/PNG's displayed size (header size, axes swapped for EXIF tags 5..8), so
     that a window computed on a wrong size can never send DALI's ROI decode outside the rotated image."""
-    from fastfeed.image.headers import exif_orientation, swaps_axes
+    from fastfeed.image.headers import swaps_axes
     from fastfeed.image.jpeg import displayed_size
 
     W = windows.x.astype(np.int64) + windows.w

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from fastfeed.decode.base import (BAD_FIELD, DECODE_ERROR, MISSING_FIELD, NOT_IMAGE, Replaced, is_image,
-                                  replaced_list, resolve_errors)
-from fastfeed.decode.cpu import starts_with_png, starts_with_soi
+                                  replaced_list, resolve_errors, starts_with_png)
+from fastfeed.decode.cpu import starts_with_soi
 from fastfeed.decode.recycle import OutputBuffers, SourceArena
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
 from fastfeed.detect.hsv import apply_hsv_torch, finish_nhwc
