@@ -34,6 +34,21 @@ def test_dali_threads_follow_the_share_the_hardware_decoder_cannot_take():
     assert _threads(0.7, 32, num_threads=3) == 3  # an explicit count wins
 
 
+def test_a_detection_pipeline_on_the_gpu_gets_the_threads_its_pngs_need(monkeypatch):
+    """The pipeline tuner starts one GPU pipeline; a detection-like one decodes its PNGs on its own threads until a
+    second comes, so its threads are the PNG share of the rank's cores, not half of it (as a classification
+    pipeline's, whose DALI threads were measured for two). The settings alone, for a GPU this machine need not have."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    kw = dict(world=World(cpus=4, local_world_size=1), decoder="dali", num_threads="auto", device="cuda",
+              images=ImageProfile(median_pixels=200_000, cpu_decode_share=1.0))
+    assert settings_for(task="detect", **kw).decode_threads == 4
+    assert settings_for(task="semantic", **kw).decode_threads == 4
+    assert settings_for(**kw).decode_threads == 2
+    jpegs = dict(kw, images=ImageProfile(median_pixels=200_000, cpu_decode_share=0.0))
+    assert settings_for(task="detect", **jpegs).decode_threads == 2  # the hardware decoder does the work
+
+
 def test_large_photos_share_the_decode_with_dalis_cuda_decoder():
     photo = _dali(0.0, 16)  # ImageNet-like: the hardware decoder takes every JPEG, two threads feed it
     assert (photo.hw_decoder_load, photo.decode_threads) == (1.0, 2)
