@@ -226,7 +226,7 @@ def resolve_settings(*, world: World, batch_size, train, image_size, device, dec
     if tuned:
         pipelines = DEFAULT_DALI_PIPELINES if dali_cpu else AUTO_START_PIPELINES
         # Threads for two pipelines; but a detection-like pipeline decodes its PNGs on them alone until the tuner adds
-        # a second, so there they are sized for one (benchmarks/README.md#detection-batches-on-the-cpu, the GPU rows).
+        # a second, so there they are sized for one (benchmarks/README.md#yolov8-training, PNG photos).
         threads_for = 1 if task in GEOMETRY_TASKS else DEFAULT_DALI_PIPELINES
         limit = max(DEFAULT_DALI_PIPELINES, min(MAX_AUTO_PIPELINES, world.cpus_per_rank // CORES_PER_PIPELINE))
         floor = DEFAULT_DALI_PIPELINES if dali_cpu else MIN_AUTO_PIPELINES
