@@ -72,10 +72,11 @@ fastfeed::TranscodeOptions make_options(bool progressive, bool arithmetic, bool 
     return o;
 }
 
-// The array of `height` rows of `width` RGBX pixels a native decode made: a view of `out` that keeps a memoryview
-// of it (an export: a bytearray cannot be resized under it), or the owner of `owned` through a capsule.
-py::array_t<std::uint8_t> rgbx_array(std::uint8_t* pixels, std::unique_ptr<std::uint8_t[]>& owned, bool in_out,
-                                     int height, int width, const py::object& out) {
+// The array of `height` rows of `width` pixels (`channels` bytes each) a native decode made: a view of `out` that
+// keeps a memoryview of it (an export: a bytearray cannot be resized under it), or the owner of `owned` through a
+// capsule.
+py::array_t<std::uint8_t> pixel_array(std::uint8_t* pixels, std::unique_ptr<std::uint8_t[]>& owned, bool in_out,
+                                      int height, int width, const py::object& out, int channels = 4) {
     py::object owner;
     if (in_out) {
         owner = py::memoryview(out);
@@ -83,7 +84,23 @@ py::array_t<std::uint8_t> rgbx_array(std::uint8_t* pixels, std::unique_ptr<std::
         owner = py::capsule(owned.get(), [](void* p) { delete[] static_cast<std::uint8_t*>(p); });
         owned.release();  // the capsule frees them now
     }
-    return py::array_t<std::uint8_t>({height, width, 4}, pixels, owner);
+    if (channels == 1) return py::array_t<std::uint8_t>({height, width}, pixels, owner);
+    return py::array_t<std::uint8_t>({height, width, channels}, pixels, owner);
+}
+
+// decode_png's binding: an array of `form`'s pixels, or a str (why not).
+py::object decode_png_array(py::handle data, const py::object& out, fastfeed::PngPixels form) {
+    ReadOnlyBuffer buf(data);
+    std::optional<WritableBuffer> dest;
+    if (!out.is_none()) dest.emplace(out);
+    fastfeed::PngResult r;
+    {
+        py::gil_scoped_release nogil;
+        r = fastfeed::decode_png(buf.span(), form, dest ? dest->mutable_span() : fastfeed::MutableByteSpan{});
+    }
+    if (!r.ok) return py::str(r.error);
+    return pixel_array(r.pixels, r.owned, r.in_out(), r.height, r.width, out,
+                      form == fastfeed::PngPixels::Rgbx ? 4 : 1);
 }
 
 }  // namespace
@@ -122,7 +139,7 @@ static void bind_jpeg(py::module_& m) {
                                                  dest ? dest->mutable_span() : fastfeed::MutableByteSpan{}, scale);
             }
             if (!r.ok) return py::str(r.error);
-            return py::make_tuple(rgbx_array(r.pixels, r.owned, r.in_out(), r.height, r.width, out), r.x, r.y,
+            return py::make_tuple(pixel_array(r.pixels, r.owned, r.in_out(), r.height, r.width, out), r.x, r.y,
                                   r.image_width, r.image_height);
         },
         py::arg("data"), py::arg("x0"), py::arg("y0"), py::arg("x1"), py::arg("y1"), py::arg("out") = py::none(),
@@ -137,22 +154,18 @@ static void bind_jpeg(py::module_& m) {
 
     m.def(
         "decode_png_rgbx",
-        [](py::handle data, py::object out) -> py::object {
-            ReadOnlyBuffer buf(data);
-            std::optional<WritableBuffer> dest;
-            if (!out.is_none()) dest.emplace(out);
-            fastfeed::PngResult r;
-            {
-                py::gil_scoped_release nogil;
-                r = fastfeed::decode_png_rgbx(buf.span(), dest ? dest->mutable_span() : fastfeed::MutableByteSpan{});
-            }
-            if (!r.ok) return py::str(r.error);
-            return rgbx_array(r.pixels, r.owned, r.in_out(), r.height, r.width, out);
-        },
+        [](py::handle data, py::object out) { return decode_png_array(data, out, fastfeed::PngPixels::Rgbx); },
         py::arg("data"), py::arg("out") = py::none(),
         "The pixels of an 8-bit grey, RGB or palette PNG without transparency, interlacing or animation "
         "(csrc/png_decode.h), GIL released: uint8 array [height, width, 4], RGBX, grey as R = G = B; or a str: why "
         "not (another kind of PNG, damaged data), for the caller to decode it with PIL. out: as decode_jpeg_region's.");
+
+    m.def(
+        "decode_png_samples",
+        [](py::handle data, py::object out) { return decode_png_array(data, out, fastfeed::PngPixels::Samples); },
+        py::arg("data"), py::arg("out") = py::none(),
+        "decode_png_rgbx's PNGs, grey and palette ones only, as their stored samples: uint8 array [height, width] of "
+        "grey levels or palette indices (a label image's class ids: numpy's view of PIL's L and P images); or a str.");
 
     m.def(
         "transcode_to_baseline",

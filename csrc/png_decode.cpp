@@ -78,7 +78,8 @@ bool unfilter(int type, std::uint8_t* cur, const std::uint8_t* prev, std::size_t
             return true;
         case 4:
             for (std::size_t i = 0; i < BPP && i < n; ++i) cur[i] = std::uint8_t(cur[i] + prev[i]);
-            for (std::size_t i = BPP; i < n; ++i) cur[i] = std::uint8_t(cur[i] + paeth(cur[i - BPP], prev[i], prev[i - BPP]));
+            for (std::size_t i = BPP; i < n; ++i)
+                cur[i] = std::uint8_t(cur[i] + paeth(cur[i - BPP], prev[i], prev[i - BPP]));
             return true;
         default:
             return false;
@@ -173,7 +174,7 @@ void to_rgbx(const Header& h, const std::uint8_t* row, std::uint8_t* out, int& m
 
 }  // namespace
 
-PngResult decode_png_rgbx(ByteSpan input, MutableByteSpan out, std::size_t max_pixels) {
+PngResult decode_png(ByteSpan input, PngPixels form, MutableByteSpan out, std::size_t max_pixels) {
     PngResult r;
     try {
         warm_up_libdeflate();
@@ -186,6 +187,11 @@ PngResult decode_png_rgbx(ByteSpan input, MutableByteSpan out, std::size_t max_p
         }
         if (h.colour_type == 3 && h.palette_size == 0) {
             r.error = "a palette image without its palette";
+            return r;
+        }
+        const bool rgbx = form == PngPixels::Rgbx;
+        if (!rgbx && h.colour_type == 2) {
+            r.error = "an RGB image (one sample a pixel asked for)";
             return r;
         }
         const std::size_t row_bytes = std::size_t(h.width) * h.channels;
@@ -221,7 +227,8 @@ PngResult decode_png_rgbx(ByteSpan input, MutableByteSpan out, std::size_t max_p
             return r;
         }
 
-        const std::size_t out_bytes = std::size_t(h.width) * h.height * 4;
+        const std::size_t pixel_bytes = rgbx ? 4 : 1;
+        const std::size_t out_bytes = std::size_t(h.width) * h.height * pixel_bytes;
         if (out.data != nullptr && out.size >= out_bytes) {
             r.pixels = out.data;
         } else {
@@ -241,10 +248,15 @@ PngResult decode_png_rgbx(ByteSpan input, MutableByteSpan out, std::size_t max_p
                 r.pixels = nullptr;
                 return r;
             }
-            to_rgbx(h, row + 1, r.pixels + y * h.width * 4, max_index);
+            std::uint8_t* dst = r.pixels + y * h.width * pixel_bytes;
+            if (rgbx) {
+                to_rgbx(h, row + 1, dst, max_index);
+            } else {
+                std::memcpy(dst, row + 1, row_bytes);
+            }
             prev = row + 1;
         }
-        if (h.colour_type == 3 && max_index >= h.palette_size) {
+        if (rgbx && h.colour_type == 3 && max_index >= h.palette_size) {  // (an id needs no colour)
             r.error = "a palette index past the palette";
             r.owned.reset();
             r.pixels = nullptr;

@@ -272,3 +272,33 @@ def test_the_gpu_paths_whole_decode_takes_pngs_natively(monkeypatch):
         np.testing.assert_array_equal(images[3], shown)
         assert np.abs(images[1].astype(int) - pil_rgb(buf.getvalue())).mean() < 0.5  # the JPEG: DALI's libjpeg
         assert native == ([plain, other, turned] if orientation == "ignore" else [plain, other])
+
+
+def test_label_pngs_decode_to_their_stored_samples():
+    """decode_png_samples (a mask's class ids): numpy's view of PIL's L and P images, a palette index past the
+    palette included (an id needs no colour); RGB refused. decode_mask takes it and keeps its checks."""
+    from fastfeed.detect.masks import MaskError, decode_mask
+
+    rng = np.random.default_rng(7)
+    for ctype, palette in ((0, None), (3, np.arange(30).reshape(10, 3)), (3, np.arange(768).reshape(256, 3) % 256)):
+        for w, h in ((1, 1), (33, 7), (5, 40)):
+            ids = rng.integers(0, 256 if palette is None or len(palette) == 256 else 20, (h, w), dtype=np.uint8)
+            png = encode(ids, ctype, rng, palette)
+            with Image.open(io.BytesIO(png)) as im:
+                want = np.asarray(im)
+            got = _native.decode_png_samples(png)
+            assert not isinstance(got, str), got
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(got, ids)
+            mask = decode_mask(png, (w, h))
+            assert mask.dtype == np.uint8
+            np.testing.assert_array_equal(mask, ids)
+            with pytest.raises(MaskError, match=f"the mask is {w}x{h}, its image {w + 1}x{h}"):
+                decode_mask(png, (w + 1, h))
+    rgb = encode(rng.integers(0, 256, (4, 5, 3), dtype=np.uint8), 2, rng)
+    assert isinstance(_native.decode_png_samples(rgb), str)
+    with pytest.raises(MaskError, match="RGB image"):
+        decode_mask(rgb, (5, 4))
+    buf = io.BytesIO()
+    Image.fromarray(np.full((3, 4), 700, np.uint16)).save(buf, "PNG")  # 16-bit ids: PIL's decode
+    np.testing.assert_array_equal(decode_mask(buf.getvalue(), (4, 3)), np.full((3, 4), 700, np.uint16))

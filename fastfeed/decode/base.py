@@ -12,6 +12,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from fastfeed.constants import DTYPE_NAMES
+from fastfeed.image.headers import PNG_SIGNATURE
 
 __all__ = ["DecodeResult", "Replaced", "CorruptSampleError", "ON_ERROR", "DTYPES", "NOT_IMAGE", "DECODE_ERROR",
            "MISSING_FIELD", "BAD_FIELD", "replacement_map", "check_common", "is_image"]
@@ -123,7 +124,7 @@ def check_common(image_size, dtype, mean, std, on_error, batch_size, num_threads
 
 _MAGIC = (
     b"\xff\xd8\xff",  # JPEG
-    b"\x89PNG\r\n\x1a\n",
+    PNG_SIGNATURE,
     b"GIF87a",
     b"GIF89a",
     b"BM",
@@ -139,7 +140,7 @@ _MAGIC = (
 
 def starts_with_png(sample) -> bool:
     """Whether the record starts with PNG's signature."""
-    return bytes(sample[:8]) == b"\x89PNG\r\n\x1a\n"
+    return bytes(sample[:8]) == PNG_SIGNATURE
 
 
 def is_image(sample: np.ndarray, pil_only: bool = False) -> bool:
