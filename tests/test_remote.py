@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -274,6 +275,26 @@ def test_truncated_object_is_a_checksum_error_naming_the_shard(s3, demo_tree, ca
         assert [n for n in os.listdir(ds.root) if n.endswith(".part")] == []
         with pytest.raises(DatasetError, match=name):
             ds.extents()  # fetch="all" cannot hand the ring a path that is not verified
+
+
+def test_verify_names_every_damaged_remote_shard_and_checks_the_rest(s3, demo_tree, cache_dir):
+    """Two shards changed on the server: `fastfeed verify` reports both (not the first and stop), says their samples
+    went unchecked, and checks the other shards."""
+    url = f"s3://{BUCKET}/damaged"
+    assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "2MB").returncode == 0
+    fs = s3.fs()
+    with open_dataset(url) as ds:
+        shards = [s.path for s in ds.manifest.shards]
+        counts = np.bincount(ds.shard_index, minlength=len(shards))
+    assert len(shards) >= 4
+    fs.pipe(f"{BUCKET}/damaged/{shards[1]}", fs.cat(f"{BUCKET}/damaged/{shards[1]}")[:-4096])
+    fs.pipe(f"{BUCKET}/damaged/{shards[3]}", b"\0" * 512)
+    proc = _cli("verify", url, "--quick")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    for k in (1, 3):
+        assert re.search(rf"{shards[k]}.*its {counts[k]} samples were not checked", out), out
+    assert shards[0] not in out and shards[2] not in out
 
 
 _SHARE_CHILD = """

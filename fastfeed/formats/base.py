@@ -325,9 +325,11 @@ class TableDataset:
         src = self.sources
         return f"key {self.keys[i]} (sample {i}" + (f", source {src[i]})" if src is not None else ")")
 
-    def check_layout(self, damaged: set[str]) -> tuple[list[str], list[str], list[str]]:
+    def check_layout(self, damaged: set[str], unavailable: frozenset[str] = frozenset()
+                     ) -> tuple[list[str], list[str], list[str]]:
         """`fastfeed verify`'s cross-check of the format's own records against samples.npz: (errors, notes,
-        names of what was checked). `damaged`: manifest paths of data files whose sha256 is wrong."""
+        names of what was checked). `damaged`: manifest paths of data files whose sha256 is wrong; `unavailable`:
+        those among them not to be read at all (a remote shard that could not be fetched)."""
         return [], [], []
 
     def file_of(self, i: int) -> str:

@@ -195,7 +195,8 @@ class LmdbDataset(TableDataset):
         for i, k in enumerate(self.keys):
             yield Sample(str(k), self.read(i), int(labels[i]), self.metadata(i))
 
-    def check_layout(self, damaged: set[str]) -> tuple[list[str], list[str], list[str]]:
+    def check_layout(self, damaged: set[str], unavailable: frozenset[str] = frozenset()
+                     ) -> tuple[list[str], list[str], list[str]]:
         """Each `cls/KEY` record against the label and each `img/KEY` size, walked only when data.mdb matches its
         sha256: liblmdb trusts its pages, and a damaged file can make it crash, so it is not handed one."""
         import lmdb

@@ -114,12 +114,15 @@ class WdsDataset(TableDataset):
                     yield Sample(str(keys[i]), data, int(labels[i]), meta)
                     i += 1
 
-    def check_layout(self, damaged: set[str]) -> tuple[list[str], list[str], list[str]]:
+    def check_layout(self, damaged: set[str], unavailable: frozenset[str] = frozenset()
+                     ) -> tuple[list[str], list[str], list[str]]:
         """Each shard's `.idx` (DALI reads it: a wrong offset there means wrong bytes on the DALI path) and each
         image's tar header against samples.npz (name, offset, size), each `.cls` member against the label."""
         errors: list[str] = []
         t = self._table
         for s_idx, shard in enumerate(self.manifest.shards):
+            if shard.path in unavailable:
+                continue
             idx_rel = shard.path[: -len(".tar")] + ".idx"
             rows = np.flatnonzero(t["shard"] == s_idx)
             rows = rows[np.argsort(t["offset"][rows], kind="stable")]

@@ -63,16 +63,23 @@ def verify(path: str, workers: int | None = None, decode: bool = True, quick: bo
     quick = (not decode) if quick is None else quick
     report = VerifyReport(path, quick=quick)
     with open_dataset(path) as ds:
-        getattr(ds, "fetch_all", lambda: None)()  # hook: a remote dataset fetches (and sha-checks) every shard
         report.num_samples = len(ds)
         report.num_files = len(ds.manifest.shards)
         report.checked.append("manifest and sample table")
-        damaged = _check_files(ds, report)
-        errors, notes, checked = ds.check_layout(damaged)  # the format's own records (formats/wds.py, lmdb.py)
+        # a remote dataset fetches (and sha-checks) every shard first; one it cannot have is reported, and its
+        # samples are left out of the checks below
+        unfetched = ds.fetch_each() if hasattr(ds, "fetch_each") else {}
+        left_out = np.isin(ds.shard_index, list(unfetched)) if unfetched else np.zeros(len(ds), bool)
+        for s, why in unfetched.items():
+            report.errors.append(f"{why}; its {int(np.count_nonzero(ds.shard_index == s))} samples were not checked")
+        unavailable = frozenset(ds.manifest.shards[s].path for s in unfetched)
+        damaged = _check_files(ds, report, unavailable)
+        # the format's own records (formats/wds.py, lmdb.py)
+        errors, notes, checked = ds.check_layout(damaged, unavailable)
         report.errors += errors
         report.notes += notes
         report.checked += checked
-        good = _check_samples(ds, report, quick)
+        good = _check_samples(ds, report, quick, left_out)
         if not quick:
             _decode_all(ds, report, good, workers)
     return report
@@ -82,9 +89,12 @@ def _name(ds, i: int) -> str:
     return ds.describe(i)
 
 
-def _check_files(ds, report: VerifyReport) -> set[str]:
-    damaged = set()
+def _check_files(ds, report: VerifyReport, unfetched: set[str]) -> set[str]:
+    """The manifest paths of the data files whose sha256 is wrong (each reported), `unfetched` ones among them."""
+    damaged = set(unfetched)
     for shard in ds.manifest.shards:
+        if shard.path in unfetched:
+            continue
         digest = sha256_file(data_path(shard_root(ds.root, ds.manifest), shard.path))
         if digest != shard.sha256:
             damaged.add(shard.path)
@@ -97,14 +107,15 @@ def _check_files(ds, report: VerifyReport) -> set[str]:
 # ---- per-sample checksums and decode ----------------------------------------------------------------------------
 
 
-def _check_samples(ds, report: VerifyReport, quick: bool) -> list[int]:
-    """Read every sample and check its checksum; returns the samples whose bytes are as packed (or unknown)."""
+def _check_samples(ds, report: VerifyReport, quick: bool, left_out: np.ndarray) -> list[int]:
+    """Read every sample but the `left_out` ones and check its checksum; returns the samples whose bytes are as
+    packed (or unknown)."""
     sums = ds.checksums
     if sums is None:
         report.notes.append(f"format version {ds.manifest.version} dataset: no per-sample checksums, skipped "
                             f"(re-pack to get them)")
     good = []
-    for i in range(len(ds)):
+    for i in np.flatnonzero(~left_out).tolist():
         try:
             data = ds.read(i, check=False)
         except DatasetError as e:
@@ -117,18 +128,18 @@ def _check_samples(ds, report: VerifyReport, quick: bool) -> list[int]:
         good.append(i)
     if sums is not None:
         report.checked.append("per-sample checksums")
-    _check_fields(ds, report, quick)
+    _check_fields(ds, report, quick, left_out)
     return good
 
 
-def _check_fields(ds, report: VerifyReport, quick: bool) -> None:
-    """Every field member of the samples (an adopted dataset's, a semantic pack's mask) against its xxh3 in the
-    table; unless quick, its value as the Loader reads it."""
+def _check_fields(ds, report: VerifyReport, quick: bool, left_out: np.ndarray) -> None:
+    """Every field member of the samples but the `left_out` ones (an adopted dataset's, a semantic pack's mask)
+    against its xxh3 in the table; unless quick, its value as the Loader reads it."""
     names = [n for n in getattr(ds.manifest, "fields", []) if ds.field_extents(n).checksum is not None]
     for name in names:
         fe = ds.field_extents(name)
         kind = None if quick or name.rsplit(".", 1)[-1] in PICKLED else value_kind(name)
-        for i in np.flatnonzero(fe.size >= 0).tolist():
+        for i in np.flatnonzero((fe.size >= 0) & ~left_out).tolist():
             try:
                 data = ds.read_range(i, int(fe.offset[i]), int(fe.size[i]))
             except DatasetError as e:

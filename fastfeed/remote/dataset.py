@@ -273,12 +273,12 @@ class RemoteWdsDataset(WdsDataset):
                 self._futures.pop(int(s), None)
             self.cache.unpin(list.__getitem__(self._paths, int(s)))
 
-    def prepare_epoch(self, indices, wait: bool = True) -> None:
+    def prepare_epoch(self, indices, wait: bool = True) -> list[tuple[int, Future]]:
         """Fetch the shards of an epoch's sample `indices`, in the order the epoch first reads them; shards
         pinned for an earlier epoch and not needed now are unpinned (evictable). With `wait`, returns once all
         are local (raises DatasetError naming a shard that cannot be fetched); without, use `ensure_local`
         before each batch is read. The epoch's shards must fit the cache (streaming with a smaller cache:
-        fastfeed/remote/epoch.py)."""
+        fastfeed/remote/epoch.py). Returns (shard, its fetch's future) of each."""
         shards = self.shards_of(indices)
         need = sum(self.manifest.shards[s].bytes for s in shards)
         if need > self.cache.max_bytes:
@@ -289,6 +289,7 @@ class RemoteWdsDataset(WdsDataset):
         if wait:
             for f in futures:
                 f.result()
+        return list(zip(shards, futures))
 
     def ensure_local(self, sample_ids, timeout: float | None = None) -> None:
         """Block until the shards of `sample_ids` are in the cache (fetching them if nobody is). Raises
@@ -310,12 +311,24 @@ class RemoteWdsDataset(WdsDataset):
     def fetch_all(self) -> None:
         self.prepare_epoch(np.arange(len(self)), wait=True)
 
-    def check_layout(self, damaged: set[str]):
+    def fetch_each(self) -> dict[int, str]:
+        """Fetch (and sha256-check) every shard, as fetch_all, but go on past one that cannot be had: {shard: why}
+        of those (`fastfeed verify` reports every damaged shard, not the first)."""
+        failed = {}
+        for s, fut in self.prepare_epoch(np.arange(len(self)), wait=False):
+            try:
+                fut.result()
+            except DatasetError as e:
+                failed[s] = str(e)
+        return failed
+
+    def check_layout(self, damaged: set[str], unavailable: frozenset[str] = frozenset()):
         """`fastfeed verify` also cross-checks each shard's DALI `.idx`: bring those (small) files too, from where
         the manifest is (not where the shards are, when they are apart)."""
         for shard in self.manifest.shards:
-            self._fetch_small(shard.path[: -len(".tar")] + ".idx")
-        return super().check_layout(damaged)
+            if shard.path not in unavailable:
+                self._fetch_small(shard.path[: -len(".tar")] + ".idx")
+        return super().check_layout(damaged, unavailable)
 
     def extents(self) -> Extents:
         if self.fetch == "all":
