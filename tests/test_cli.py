@@ -95,6 +95,12 @@ def test_pack_refuses_an_out_inside_its_source(tmp_path):
     with pytest.raises(PackError, match="inside it"):  # the Python API refuses it the same way
         pack(str(src), str(src / "out"), PackOptions())
     assert sorted(os.listdir(src)) == ["a"]
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    for extra in ((), ("--overwrite",)):  # an OUT that is a file: named, and left as it was
+        proc = _pack_cli(src, a_file, "--quiet", *extra)
+        assert proc.returncode == 2 and f"OUT {a_file} is a file, not a folder" in proc.stderr, proc.stderr
+    assert a_file.read_text() == "mine"
 
 
 def test_a_shard_size_past_any_number_is_refused_in_one_line(tmp_path):
