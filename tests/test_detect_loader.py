@@ -10,6 +10,7 @@ import io
 import json
 import math
 import re
+import struct
 
 import numpy as np
 import pytest
@@ -327,7 +328,6 @@ def test_an_image_decoded_in_another_frame_is_a_reported_skip(exif_yolo, monkeyp
 # the tag PIL displays it by (`tag`): (name, bytes of the stored image `im` and `tag`, the tag fastfeed's header
 # reader finds). Pack keeps them for PIL's decode with PIL's tag; the cases are tests/odd_images/build.py's.
 def _odd_exif_variants():
-    import struct
     import zlib
 
     from odd_images.build import _chunk_app, _exif, _ifd0_orientation, _png, _rows
@@ -565,6 +565,41 @@ def test_dalis_whole_decode_displays_each_tag_as_the_cpu_path(exif_yolo):
         assert np.abs(img - ref).mean() < 0.5, i
     loader.close()
 
+
+def test_the_gpu_paths_whole_decode_takes_pngs_natively(monkeypatch):
+    """DaliDecoder.decode_whole (the detection GPU path's decode; DALI's CPU backend here) hands the PNGs every
+    decoder reads to the native decode (PIL's pixels), except one DALI turns by its EXIF tag under "exif", which
+    DALI decodes and displays; JPEGs stay DALI's."""
+    pytest.importorskip("nvidia.dali")
+    import fastfeed.decode.cpu as cpu
+    from fastfeed.decode.dali import DaliDecoder
+    from test_png_decode import chunk, encode, pil_rgb
+
+    rng = np.random.default_rng(6)
+    pixels = [rng.integers(0, 256, (30 + i, 41, 3), dtype=np.uint8) for i in range(3)]
+    exif = b"MM\x00\x2a\x00\x00\x00\x08" + struct.pack(">HHHIHH", 1, 0x0112, 3, 1, 6, 0) + b"\0" * 4
+    plain, other = encode(pixels[0], 2, rng), encode(pixels[1], 2, rng)
+    turned = encode(pixels[2], 2, rng, before=chunk(b"eXIf", exif))
+    buf = io.BytesIO()
+    Image.fromarray(pixels[0]).save(buf, "JPEG", quality=95)
+    samples = [np.frombuffer(b, np.uint8) for b in (plain, buf.getvalue(), other, turned)]
+    native = []
+    inner = cpu.whole_png_rgbx
+    monkeypatch.setattr(cpu, "whole_png_rgbx", lambda s, out=None: (native.append(bytes(s)), inner(s, out))[1])
+    for orientation in ("ignore", "exif"):
+        native.clear()
+        with DaliDecoder(device_id=None, whole_images=True, batch_size=4, num_threads=2,
+                         orientation=orientation) as d:
+            got = d.decode_whole(samples)
+        assert not got.bad
+        flat = got.flat.numpy()
+        images = [flat[o:o + w * h * 3].reshape(h, w, 3) for o, (w, h) in zip(got.offset, got.size)]
+        np.testing.assert_array_equal(images[0], pixels[0])
+        np.testing.assert_array_equal(images[2], pixels[1])
+        shown = pixels[2] if orientation == "ignore" else np.rot90(pixels[2], -1)
+        np.testing.assert_array_equal(images[3], shown)
+        assert np.abs(images[1].astype(int) - pil_rgb(buf.getvalue())).mean() < 0.5  # the JPEG: DALI's libjpeg
+        assert native == ([plain, other, turned] if orientation == "ignore" else [plain, other])
 
 @pytest.mark.gpu
 def test_on_the_gpu_exif_rotated_images_are_the_cpu_ones(exif_yolo):

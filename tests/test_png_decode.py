@@ -239,41 +239,6 @@ def test_classification_crop_of_a_png_is_pils():
     np.testing.assert_array_equal(decode_rgb(turned, box, 16, orientation="exif"), want)
 
 
-def test_the_gpu_paths_whole_decode_takes_pngs_natively(monkeypatch):
-    """DaliDecoder.decode_whole (the detection GPU path's decode; DALI's CPU backend here) hands the PNGs every
-    decoder reads to the native decode (PIL's pixels), except one DALI turns by its EXIF tag under "exif", which
-    DALI decodes and displays; JPEGs stay DALI's."""
-    pytest.importorskip("nvidia.dali")
-    import fastfeed.decode.cpu as cpu
-    from fastfeed.decode.dali import DaliDecoder
-
-    rng = np.random.default_rng(6)
-    pixels = [rng.integers(0, 256, (30 + i, 41, 3), dtype=np.uint8) for i in range(3)]
-    exif = b"MM\x00\x2a\x00\x00\x00\x08" + struct.pack(">HHHIHH", 1, 0x0112, 3, 1, 6, 0) + b"\0" * 4
-    plain, other = encode(pixels[0], 2, rng), encode(pixels[1], 2, rng)
-    turned = encode(pixels[2], 2, rng, before=chunk(b"eXIf", exif))
-    buf = io.BytesIO()
-    Image.fromarray(pixels[0]).save(buf, "JPEG", quality=95)
-    samples = [np.frombuffer(b, np.uint8) for b in (plain, buf.getvalue(), other, turned)]
-    native = []
-    inner = cpu.whole_png_rgbx
-    monkeypatch.setattr(cpu, "whole_png_rgbx", lambda s, out=None: (native.append(bytes(s)), inner(s, out))[1])
-    for orientation in ("ignore", "exif"):
-        native.clear()
-        with DaliDecoder(device_id=None, whole_images=True, batch_size=4, num_threads=2,
-                         orientation=orientation) as d:
-            got = d.decode_whole(samples)
-        assert not got.bad
-        flat = got.flat.numpy()
-        images = [flat[o:o + w * h * 3].reshape(h, w, 3) for o, (w, h) in zip(got.offset, got.size)]
-        np.testing.assert_array_equal(images[0], pixels[0])
-        np.testing.assert_array_equal(images[2], pixels[1])
-        shown = pixels[2] if orientation == "ignore" else np.rot90(pixels[2], -1)
-        np.testing.assert_array_equal(images[3], shown)
-        assert np.abs(images[1].astype(int) - pil_rgb(buf.getvalue())).mean() < 0.5  # the JPEG: DALI's libjpeg
-        assert native == ([plain, other, turned] if orientation == "ignore" else [plain, other])
-
-
 def test_label_pngs_decode_to_their_stored_samples():
     """decode_png_samples (a mask's class ids): numpy's view of PIL's L and P images, a palette index past the
     palette included (an id needs no colour); RGB refused. decode_mask takes it and keeps its checks."""
