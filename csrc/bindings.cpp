@@ -100,7 +100,7 @@ py::object decode_png_array(py::handle data, const py::object& out, fastfeed::Pn
     }
     if (!r.ok) return py::str(r.error);
     return pixel_array(r.pixels, r.owned, r.in_out(), r.height, r.width, out,
-                      form == fastfeed::PngPixels::Rgbx ? 4 : 1);
+                       form == fastfeed::PngPixels::Rgbx ? 4 : form == fastfeed::PngPixels::Rgb ? 3 : 1);
 }
 
 }  // namespace
@@ -159,6 +159,13 @@ static void bind_jpeg(py::module_& m) {
         "The pixels of an 8-bit grey, RGB or palette PNG without transparency, interlacing or animation "
         "(csrc/png_decode.h), GIL released: uint8 array [height, width, 4], RGBX, grey as R = G = B; or a str: why "
         "not (another kind of PNG, damaged data), for the caller to decode it with PIL. out: as decode_jpeg_region's.");
+
+    m.def(
+        "decode_png_rgb",
+        [](py::handle data, py::object out) { return decode_png_array(data, out, fastfeed::PngPixels::Rgb); },
+        py::arg("data"), py::arg("out") = py::none(),
+        "decode_png_rgbx's pixels as uint8 [height, width, 3] RGB (the layout DALI's whole-image decode hands on); or "
+        "a str.");
 
     m.def(
         "decode_png_samples",

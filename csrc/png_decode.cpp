@@ -9,6 +9,9 @@
 
 #include "third_party/libdeflate/libdeflate.h"
 
+// The colour rows are written as 32-bit words (R, G, B, X in memory order).
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "png_decode.cpp assumes a little-endian machine");
+
 namespace fastfeed {
 namespace {
 
@@ -147,10 +150,16 @@ std::string read_chunks(ByteSpan in, Header& h, std::size_t max_pixels) {
     }
 }
 
-// One unfiltered row of `channels`-byte pixels as RGBX words.
-void to_rgbx(const Header& h, const std::uint8_t* row, std::uint8_t* out, int& max_index) {
+// One unfiltered row of `channels`-byte pixels as RGBX words, or RGB when `rgb` (the palette holds RGBX words).
+template <bool RGB>
+void to_colour(const Header& h, const std::uint8_t* row, std::uint8_t* out, int& max_index) {
+    constexpr std::size_t n = RGB ? 3 : 4;
     const std::size_t w = h.width;
     if (h.colour_type == 2) {
+        if (RGB) {
+            std::memcpy(out, row, 3 * w);
+            return;
+        }
         for (std::size_t x = 0; x < w; ++x) {
             out[4 * x] = row[3 * x];
             out[4 * x + 1] = row[3 * x + 1];
@@ -160,13 +169,13 @@ void to_rgbx(const Header& h, const std::uint8_t* row, std::uint8_t* out, int& m
     } else if (h.colour_type == 0) {
         for (std::size_t x = 0; x < w; ++x) {
             const std::uint32_t v = std::uint32_t(row[x]) * 0x010101u | 0xFF000000u;
-            std::memcpy(out + 4 * x, &v, 4);
+            std::memcpy(out + n * x, &v, n);  // (little-endian: R, G, B, then X)
         }
     } else {
         int top = 0;
         for (std::size_t x = 0; x < w; ++x) {
             top = row[x] > top ? row[x] : top;
-            std::memcpy(out + 4 * x, &h.palette[row[x]], 4);
+            std::memcpy(out + n * x, &h.palette[row[x]], n);
         }
         max_index = top > max_index ? top : max_index;
     }
@@ -189,8 +198,8 @@ PngResult decode_png(ByteSpan input, PngPixels form, MutableByteSpan out, std::s
             r.error = "a palette image without its palette";
             return r;
         }
-        const bool rgbx = form == PngPixels::Rgbx;
-        if (!rgbx && h.colour_type == 2) {
+        const bool colour = form != PngPixels::Samples;
+        if (!colour && h.colour_type == 2) {
             r.error = "an RGB image (one sample a pixel asked for)";
             return r;
         }
@@ -227,7 +236,7 @@ PngResult decode_png(ByteSpan input, PngPixels form, MutableByteSpan out, std::s
             return r;
         }
 
-        const std::size_t pixel_bytes = rgbx ? 4 : 1;
+        const std::size_t pixel_bytes = form == PngPixels::Rgbx ? 4 : form == PngPixels::Rgb ? 3 : 1;
         const std::size_t out_bytes = std::size_t(h.width) * h.height * pixel_bytes;
         if (out.data != nullptr && out.size >= out_bytes) {
             r.pixels = out.data;
@@ -249,14 +258,16 @@ PngResult decode_png(ByteSpan input, PngPixels form, MutableByteSpan out, std::s
                 return r;
             }
             std::uint8_t* dst = r.pixels + y * h.width * pixel_bytes;
-            if (rgbx) {
-                to_rgbx(h, row + 1, dst, max_index);
+            if (form == PngPixels::Rgbx) {
+                to_colour<false>(h, row + 1, dst, max_index);
+            } else if (form == PngPixels::Rgb) {
+                to_colour<true>(h, row + 1, dst, max_index);
             } else {
                 std::memcpy(dst, row + 1, row_bytes);
             }
             prev = row + 1;
         }
-        if (rgbx && h.colour_type == 3 && max_index >= h.palette_size) {  // (an id needs no colour)
+        if (colour && h.colour_type == 3 && max_index >= h.palette_size) {  // (an id needs no colour)
             r.error = "a palette index past the palette";
             r.owned.reset();
             r.pixels = nullptr;

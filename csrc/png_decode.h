@@ -20,20 +20,21 @@
 
 namespace fastfeed {
 
-// What a pixel becomes: RGBX (X = 255, PIL's layout for RGB), or the stored sample itself (grey level, palette index:
-// a label image's class id, as numpy reads PIL's L and P images) for grey and palette PNGs (RGB ones are refused).
-enum class PngPixels { Rgbx, Samples };
+// What a pixel becomes: RGBX (X = 255, PIL's layout for RGB), RGB, or the stored sample itself (grey level, palette
+// index: a label image's class id, as numpy reads PIL's L and P images) for grey and palette PNGs (RGB ones are
+// refused).
+enum class PngPixels { Rgbx, Rgb, Samples };
 
 struct PngResult {
     bool ok = false;
-    std::uint8_t* pixels = nullptr;  // height rows of width pixels (4 or 1 bytes each): in `out`, or owned
+    std::uint8_t* pixels = nullptr;  // height rows of width pixels (4, 3 or 1 bytes each): in `out`, or owned
     std::unique_ptr<std::uint8_t[]> owned;
     int width = 0, height = 0;
     std::string error;  // when !ok: why not
     bool in_out() const { return pixels != nullptr && pixels != owned.get(); }
 };
 
-// As RGBX, grey comes as R = G = B and a palette through its colours, as PIL converts them to RGB. The pixels go into
+// As colour, grey comes as R = G = B and a palette through its colours, as PIL converts them to RGB. The pixels go into
 // `out` when it holds them, else into memory of their own. Images of more than `max_pixels` are refused (the
 // caller's decoder applies its own limit). Never throws for bad input.
 PngResult decode_png(ByteSpan input, PngPixels form, MutableByteSpan out = {},

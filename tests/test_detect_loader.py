@@ -584,8 +584,8 @@ def test_the_gpu_paths_whole_decode_takes_pngs_natively(monkeypatch):
     Image.fromarray(pixels[0]).save(buf, "JPEG", quality=95)
     samples = [np.frombuffer(b, np.uint8) for b in (plain, buf.getvalue(), other, turned)]
     native = []
-    inner = cpu.whole_png_rgbx
-    monkeypatch.setattr(cpu, "whole_png_rgbx", lambda s, out=None: (native.append(bytes(s)), inner(s, out))[1])
+    inner = cpu._native.decode_png_rgb
+    monkeypatch.setattr(cpu._native, "decode_png_rgb", lambda s, out=None: (native.append(bytes(s)), inner(s, out))[1])
     for orientation in ("ignore", "exif"):
         native.clear()
         with DaliDecoder(device_id=None, whole_images=True, batch_size=4, num_threads=2,

@@ -267,3 +267,17 @@ def test_label_pngs_decode_to_their_stored_samples():
     buf = io.BytesIO()
     Image.fromarray(np.full((3, 4), 700, np.uint16)).save(buf, "PNG")  # 16-bit ids: PIL's decode
     np.testing.assert_array_equal(decode_mask(buf.getvalue(), (4, 3)), np.full((3, 4), 700, np.uint16))
+
+
+def test_rgb_is_the_rgbx_decode_without_its_pad():
+    """decode_png_rgb (the detection GPU path's PNGs, handed on as DALI's RGB): the same pixels in 3 bytes."""
+    rng = np.random.default_rng(8)
+    for ctype, palette in ((0, None), (2, None), (3, np.arange(60).reshape(20, 3))):
+        pixels = (rng.integers(0, 256, (9, 14, 3), dtype=np.uint8) if ctype == 2 else
+                  rng.integers(0, 20 if palette is not None else 256, (9, 14), dtype=np.uint8))
+        png = encode(pixels, ctype, rng, palette)
+        rgb = _native.decode_png_rgb(png)
+        assert rgb.shape == (9, 14, 3) and rgb.flags.c_contiguous
+        np.testing.assert_array_equal(rgb, pil_rgb(png))
+        np.testing.assert_array_equal(rgb, native_rgb(png))
+    assert isinstance(_native.decode_png_rgb(b"\x89PNG\r\n\x1a\n" + b"\0" * 40), str)

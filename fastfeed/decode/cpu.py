@@ -306,9 +306,9 @@ class PilDecoder:
             if not is_image(sample, pil_only):
                 return None, (NOT_IMAGE, "unknown file signature")
             try:
-                got = whole_png_rgbx(sample)
-                if got is not None:
-                    return np.ascontiguousarray(got[0][:, :, :3]), None
+                rgb = _native.decode_png_rgb(sample) if starts_with_png(sample) else None
+                if isinstance(rgb, np.ndarray):  # (else a reason: PIL decodes it)
+                    return rgb, None
                 return np.asarray(contract_image(sample, "ignore")), None
             except Exception as e:  # noqa: BLE001 - any decode failure is a corrupt record, reported per position
                 return None, (DECODE_ERROR, f"{type(e).__name__}: {e}")
