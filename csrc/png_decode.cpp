@@ -139,12 +139,14 @@ std::string read_chunks(ByteSpan in, Header& h, std::size_t max_pixels) {
                                std::uint32_t(body[3 * i + 2]) << 16 | 0xFF000000u;
         } else if (is(kind, "tRNS")) {
             return "transparency";
-        } else if (is(kind, "acTL")) {
-            return "animated";
+        } else if (is(kind, "acTL") || is(kind, "fcTL") || is(kind, "fdAT")) {
+            return "APNG chunks (PIL reads a frame's rectangle)";
+        } else if (is(kind, "IHDR")) {
+            return "a second IHDR (PIL takes the last)";
         } else if (is(kind, "IEND")) {
             return "no pixel data";
-        } else if (kind[0] >= 'A' && kind[0] <= 'Z' && !is(kind, "IHDR")) {
-            return "an unknown critical chunk";  // (a second IHDR included)
+        } else if (kind[0] >= 'A' && kind[0] <= 'Z') {
+            return "an unknown critical chunk";
         }
         pos += std::size_t(length) + 12;
     }

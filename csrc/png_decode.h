@@ -3,10 +3,13 @@
 // time, and libdeflate (vendored: csrc/third_party/libdeflate) inflates a whole stream about 2.5x faster than zlib,
 // which PIL and OpenCV use. The pixels are the file's, exactly: PNG is lossless, so any correct decoder gives PIL's.
 //
-// Anything else — another bit depth or colour type, interlacing, transparency, animation, a wrong checksum before the
-// pixel data (PIL refuses those files), pixel data that does not inflate to exactly the rows the header promises, a
-// palette index past the palette — is refused with the reason, and the caller decodes the file with PIL, by the
-// decode contract's rules. So a success always means PIL's pixels; a refusal changes nothing but the speed.
+// Anything else — another bit depth or colour type, interlacing, transparency, APNG chunks, a second IHDR, a wrong
+// checksum before the pixel data (PIL refuses those files), pixel data that does not inflate to exactly the rows the
+// header promises, a palette index past the palette — is refused with the reason, and the caller decodes the file
+// with PIL, by the decode contract's rules. The bytes the Loader hands it passed pack's checks (PIL opened them, zlib
+// inflated their pixel data: fastfeed/pack/validate.py), and on those a success means PIL's pixels. On arbitrary
+// bytes it may decode a few PIL refuses (a malformed ancillary chunk PIL parses, a deflate stream zlib is stricter
+// about): callers that validate use PIL.
 //
 // No Python headers here; bindings.cpp owns the GIL policy. Thread-safe: each call owns its decompressor.
 #pragma once

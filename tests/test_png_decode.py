@@ -144,6 +144,13 @@ def _refusals(rng):
     damaged = bytearray(good)
     damaged[good.index(b"IDAT") + 10] ^= 0x40
     yield "pil-refuses: damaged pixel data", bytes(damaged)
+    # a second IHDR: PIL takes the last (another size and colour type), libpng refuses the file
+    second = chunk(b"IHDR", struct.pack(">IIBBBBB", 33, 9, 8, 0, 0, 0, 0))
+    yield "pil-decodes: a second IHDR", encode(rgb, 2, rng, before=second)
+    # an APNG frame's control chunk without acTL: PIL decodes the pixel data into the frame's rectangle
+    frame = struct.pack(">IIIIIHHBB", 0, 11, 5, 0, 0, 1, 10, 0, 0)
+    yield "pil-decodes: an fcTL before the pixels", encode(rgb, 2, rng, before=chunk(b"fcTL", frame))
+    yield "pil-refuses: an fdAT before the pixels", encode(rgb, 2, rng, before=chunk(b"fdAT", b"\0\0\0\1"))
 
 
 def test_what_it_refuses_names_a_reason_and_the_cpu_paths_give_pils_answer():
@@ -163,7 +170,23 @@ def test_what_it_refuses_names_a_reason_and_the_cpu_paths_give_pils_answer():
         else:
             assert name.startswith("pil-decodes"), name
             np.testing.assert_array_equal(decode_rgbx(png)[:, :, :3], want, err_msg=name)
-    assert len(names) == 16
+    assert len(names) == 19
+
+
+def test_pack_keeps_the_pngs_whose_header_or_frame_chunks_only_pil_reads_for_pil():
+    """A second IHDR or an APNG frame chunk before the pixel data: PIL decodes another image than libpng (DALI) and
+    the native decode would, so pack stores such a file for PIL's decode on every path (`pil_only`), sized as PIL
+    decodes it."""
+    from fastfeed.pack.validate import Loaded, LoadOptions, check_image
+
+    cases = {name: png for name, png in _refusals(np.random.default_rng(1))
+             if "IHDR" in name or "fcTL" in name}
+    assert len(cases) == 2
+    for name, png in cases.items():
+        got = check_image(png, LoadOptions(jpeg_mode="keep"))
+        assert isinstance(got, Loaded) and got.pil_only, name
+        assert (got.width, got.height) == Image.open(io.BytesIO(png)).size, name
+        np.testing.assert_array_equal(decode_rgbx(png)[:, :, :3], pil_rgb(png), err_msg=name)
 
 
 def test_damaged_files_are_refused_or_decoded_as_pil_decodes_them():
@@ -260,6 +283,10 @@ def test_label_pngs_decode_to_their_stored_samples():
             np.testing.assert_array_equal(mask, ids)
             with pytest.raises(MaskError, match=f"the mask is {w}x{h}, its image {w + 1}x{h}"):
                 decode_mask(png, (w + 1, h))
+    odd = encode(ids, 0, rng, before=chunk(b"gAMA", b""))  # a metadata chunk PIL refuses, the native decode skips
+    assert isinstance(decode_mask(odd, (w, h)), np.ndarray)
+    with pytest.raises(MaskError, match="does not decode"):  # pack's check of a mask: PIL's
+        decode_mask(odd, (w, h), native=False)
     rgb = encode(rng.integers(0, 256, (4, 5, 3), dtype=np.uint8), 2, rng)
     assert isinstance(_native.decode_png_samples(rgb), str)
     with pytest.raises(MaskError, match="RGB image"):

@@ -41,11 +41,12 @@ class MaskError(ValueError):
     """A mask that cannot be a label image for its sample (not decodable, not single-channel, another size)."""
 
 
-def decode_mask(data, size: tuple[int, int]) -> np.ndarray:
+def decode_mask(data, size: tuple[int, int], native: bool = True) -> np.ndarray:
     """A mask's bytes -> its class ids, uint8 or uint16 [h, w], checked to be `size` (the image's stored width,
-    height). Raises MaskError naming what is wrong. An 8-bit grey or palette PNG is decoded by the native core
-    (csrc/png_decode.h: its samples, numpy's view of PIL's image; inflated faster), anything else by PIL."""
-    ids = _native.decode_png_samples(data) if starts_with_png(data) else None
+    height). Raises MaskError naming what is wrong. With `native`, an 8-bit grey or palette PNG is decoded by the
+    native core (csrc/png_decode.h: its samples, numpy's view of PIL's image; inflated faster), anything else by PIL;
+    pack checks a mask with PIL alone (`native` False), which refuses a few files the native decode would take."""
+    ids = _native.decode_png_samples(data) if native and starts_with_png(data) else None
     if isinstance(ids, np.ndarray):
         _check_size(ids.shape[1], ids.shape[0], size)
         return ids

@@ -337,7 +337,8 @@ class PngFacts:
     end: int  # offset just past the IEND chunk
     idat: list  # (offset, length) of each IDAT body
     trns: bool = False
-    animated: bool = False
+    animated: bool = False  # APNG's chunks (acTL, fcTL, fdAT): PIL reads a frame's rectangle, libpng the default image
+    repeated_header: bool = False  # a second IHDR: PIL takes the last, libpng refuses the file
     # Chunks whose CRC is wrong, by where the decoders care: PIL checks every chunk before the first IDAT and
     # refuses the file; libpng refuses a critical chunk's (IHDR, PLTE, IDAT) and skips an ancillary one's.
     bad_crc_before_idat: bytes | None = None  # the first such chunk's type
@@ -387,8 +388,10 @@ def png_facts(data) -> PngFacts | str:
             facts.palette_ok &= not facts.idat and 0 < length <= 768 and length % 3 == 0
         elif kind == b"tRNS":
             facts.trns = True
-        elif kind == b"acTL":
+        elif kind in (b"acTL", b"fcTL", b"fdAT"):
             facts.animated = True
+        elif kind == b"IHDR":
+            facts.repeated_header = True
         elif kind == b"IEND":
             facts.end = nxt
             return facts if facts.idat else "bad image header: PNG without pixel data (no IDAT)"

@@ -68,7 +68,7 @@ def _mask_size(data: bytes) -> tuple[int, int] | Rejected:
                         "would hold class ids the file never had")
     size = (facts.width, facts.height)
     try:
-        decode_mask(data, size)  # a PNG's header size is the size PIL decodes
+        decode_mask(data, size, native=False)  # a PNG's header size is the size PIL decodes
     except MaskError as e:
         return Rejected(str(e))
     return size

@@ -283,10 +283,11 @@ def _check_png(data, opts: LoadOptions) -> Loaded | Rejected:
                       f"PNG with an unknown critical chunk ({f.unknown_critical.decode('latin-1')})"
                       if f.unknown_critical else
                       "PNG with a missing, repeated, misplaced or malformed palette"
-                      if not f.palette_ok or f.palettes > 1 or (f.ctype == 3 and not f.palettes) else None)
+                      if not f.palette_ok or f.palettes > 1 or (f.ctype == 3 and not f.palettes) else
+                      "PNG with a second image header (IHDR)" if f.repeated_header else None)
     if f.depth != 8 or f.ctype in (4, 6) or f.trns or f.animated or libpng_refuses:
-        what = ("APNG" if f.animated else f"{f.depth}-bit PNG" if f.depth != 8 else libpng_refuses or
-                "PNG with transparency")
+        what = ("APNG (or an APNG frame's chunks)" if f.animated else f"{f.depth}-bit PNG" if f.depth != 8 else
+                libpng_refuses or "PNG with transparency")
         return _keep_for_pil(data, "png", opts, change, what)  # (PIL decodes it whole there, metadata included)
     err = _pil_reads_png_chunks(data, f)
     if err is not None:
