@@ -457,6 +457,42 @@ def test_streaming_with_a_cache_smaller_than_the_dataset_stays_under_its_limit(s
         assert stats["downloads"] == len(sizes) and stats["evictions"] > 0
 
 
+def test_the_lookahead_never_fills_the_cache_with_pinned_shards(s3, demo_tree, tmp_path, monkeypatch):
+    """EpochFetch fetches shards past the ring's window only as far as the cache holds them beside the window: a
+    download that finds the cache full of pinned shards fails, and for a shard of the window that failed the epoch
+    (seen under load: the Loader test in test_remote_loader.py). Every download here finishes before the next
+    batch, and none may find the cache full."""
+    from fastfeed.remote.epoch import EpochFetch
+
+    url = f"s3://{BUCKET}/lookahead"
+    assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "1MB").returncode == 0
+    batch_size, slots = 8, 3
+    with open_dataset(url, cache_dir=str(tmp_path / "probe"), cache_size=1, fetch="on_demand") as probe:
+        sizes = [s.bytes for s in probe.manifest.shards]
+    limit = 10 * max(sizes)
+    assert limit < sum(sizes) * 0.7
+    with open_dataset(url, cache_dir=str(tmp_path / "c"), cache_size=limit, fetch="on_demand") as ds:
+        full = []
+        make_room = ds.cache._make_room
+
+        def watched(*args, **kwargs):
+            try:
+                return make_room(*args, **kwargs)
+            except DatasetError as e:
+                full.append(str(e))
+                raise
+
+        monkeypatch.setattr(ds.cache, "_make_room", watched)
+        order = np.argsort(ds.shard_index, kind="stable")
+        fetch = EpochFetch(ds, order, batch_size, slots, lookahead=len(sizes))
+        for k in range(fetch.num_batches):
+            assert fetch.before_batch(k)
+            for f in ds.prefetch(ds.shards_of(order[k * batch_size:(k + slots + 1) * batch_size])):
+                f.result()  # the window's downloads done before the next batch's release
+            time.sleep(0.05)  # and the lookahead's
+        assert full == [] and ds.cache_stats()["downloads"] == len(sizes)
+
+
 def test_cli_inspect_verify_doctor_accept_a_url(s3, remote_wds, cache_dir):
     proc = _cli("inspect", remote_wds)
     assert proc.returncode == 0 and "samples:" in proc.stdout, proc.stderr

@@ -10,7 +10,8 @@ took it. So the runner keeps reads safe by calling, for every batch position k i
 and `EpochFetch(...)` itself makes batches 0..num_slots-1 local before the ring starts. By the same rule, when
 batch k is about to be taken every batch up to k - 1 - num_slots has been released, so a shard whose last
 batch is that old will not be read again this epoch: it is unpinned (evictable). Downloads run in the epoch's
-shard order, `lookahead` shards beyond what the window needs, `parallel` at a time (the dataset's pool). So with
+shard order, `lookahead` shards beyond what the window needs (as many of them as the cache holds beside the
+window), `parallel` at a time (the dataset's pool). So with
 order="shard" training starts after the first shard, download overlaps decode, and a cache smaller than the
 dataset suffices (it must hold the window plus the lookahead); with order="global" nearly every batch touches
 every shard, so the first window is the whole dataset.
@@ -59,6 +60,8 @@ class EpochFetch:
         self._last_sorted = last[self._by_last]
         self._submitted = 0
         self._released = 0
+        self._bytes = np.array([s.bytes for s in dataset.manifest.shards], dtype=np.int64)
+        self._held = 0  # bytes of the shards submitted and not released: pinned in the cache once fetched
         dataset.retain(self._by_first)
         self.stopped = not all(self._ensure(k, stop) for k in range(min(self.ahead, self.num_batches)))
 
@@ -67,7 +70,9 @@ class EpochFetch:
         that cannot be fetched."""
         done = np.searchsorted(self._last_sorted, k - 1 - self.ahead, side="right")
         if done > self._released:
-            self.dataset.release(self._by_last[self._released:done])
+            released = self._by_last[self._released:done]
+            self.dataset.release(released)
+            self._held -= int(self._bytes[released].sum())
             self._released = int(done)
         return self._ensure(k + self.ahead, stop)
 
@@ -75,9 +80,11 @@ class EpochFetch:
         if k >= self.num_batches:
             return True
         need = int(np.searchsorted(self._first_sorted, k, side="right"))
-        upto = min(len(self._by_first), need + self.lookahead)
+        upto = self._within_cache(need, min(len(self._by_first), need + self.lookahead))
         if upto > self._submitted:
-            self.dataset.prefetch(self._by_first[self._submitted:upto])
+            submitted = self._by_first[self._submitted:upto]
+            self.dataset.prefetch(submitted)
+            self._held += int(self._bytes[submitted].sum())
             self._submitted = upto
         ids = self.indices[k * self.batch_size:(k + 1) * self.batch_size]
         for _, fut in self.dataset.fetch_futures(ids):
@@ -89,6 +96,22 @@ class EpochFetch:
                     if stop is not None and stop.is_set():
                         return False
         return True
+
+
+    def _within_cache(self, need: int, upto: int) -> int:
+        """`upto` (shards in fetch order) lowered so that the lookahead past the window's `need` never holds more
+        than the cache: pinned shards cannot be evicted, and a download that finds the cache full of them fails. The
+        window itself is fetched whatever it holds (a cache smaller than the window is an error naming it)."""
+        limit = getattr(getattr(self.dataset, "cache", None), "max_bytes", None)
+        start = max(need, self._submitted)
+        if limit is None or upto <= start:
+            return upto
+        held = self._held + int(self._bytes[self._by_first[self._submitted:start]].sum())
+        for j in range(start, upto):
+            held += int(self._bytes[self._by_first[j]])
+            if held > limit:
+                return j
+        return upto
 
 
 def epoch_fetch(dataset, indices, batch_size: int, num_slots: int,
