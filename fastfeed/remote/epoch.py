@@ -97,7 +97,6 @@ class EpochFetch:
                         return False
         return True
 
-
     def _within_cache(self, need: int, upto: int) -> int:
         """`upto` (shards in fetch order) lowered so that the lookahead past the window's `need` never holds more
         than the cache: pinned shards cannot be evicted, and a download that finds the cache full of them fails. The
