@@ -1,5 +1,6 @@
-// The pybind11 module of the native core (with ring_bindings.cpp, the ring's part, the only pybind11 files). The
-// C++ they bind (ring.h, jpeg_transcode.h, tar_writer.h, image_probe.h) never includes pybind11; the GIL policy
+// The pybind11 module of the native core (with ring_bindings.cpp and png_bindings.cpp, the ring's and the PNG
+// decode's parts, and py_buffers.h, the only pybind11 files). The C++ they bind (ring.h, jpeg_transcode.h,
+// png_decode.h, tar_writer.h, image_probe.h) never includes pybind11; the GIL policy
 // lives here and there: every call that can block (waiting for a slot, reading files, transcoding) runs under
 // py::gil_scoped_release, and so do destructors that join threads, so shutdown cannot deadlock against a worker
 // that needs the GIL (none do: workers never touch Python objects).
@@ -13,49 +14,13 @@
 namespace py = pybind11;
 
 void bind_ring(py::module_& m);  // csrc/ring_bindings.cpp
+void bind_png(py::module_& m);   // csrc/png_bindings.cpp
 
-// ---- jpeg and png bindings (owner: jpeg) -------------------------------------------------------------------------
+// ---- jpeg bindings (owner: jpeg) -------------------------------------------------------------------------
 #include "jpeg_transcode.h"
-#include "png_decode.h"
+#include "py_buffers.h"
 
 namespace {
-
-// A contiguous read-only view of any bytes-like object (bytes, bytearray, memoryview, uint8 numpy array).
-// Acquired and released with the GIL held; while held, the exporter cannot resize or free the memory, so the
-// view may be read with the GIL released.
-class ReadOnlyBuffer {
-  public:
-    explicit ReadOnlyBuffer(py::handle obj) : ReadOnlyBuffer(obj, PyBUF_SIMPLE) {}
-    ReadOnlyBuffer(ReadOnlyBuffer&& other) noexcept : view_(other.view_), held_(other.held_) { other.held_ = false; }
-    ReadOnlyBuffer(const ReadOnlyBuffer&) = delete;
-    ReadOnlyBuffer& operator=(const ReadOnlyBuffer&) = delete;
-    ReadOnlyBuffer& operator=(ReadOnlyBuffer&&) = delete;
-    ~ReadOnlyBuffer() {
-        if (held_) PyBuffer_Release(&view_);
-    }
-    fastfeed::ByteSpan span() const {
-        return {static_cast<const std::uint8_t*>(view_.buf), static_cast<std::size_t>(view_.len)};
-    }
-
-  protected:
-    ReadOnlyBuffer(py::handle obj, int flags) {
-        if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) throw py::error_already_set();
-        held_ = true;
-    }
-    Py_buffer view_{};
-
-  private:
-    bool held_ = false;
-};
-
-// The same of a writable buffer (a uint8 numpy array, a bytearray); it refuses a read-only one (bytes).
-class WritableBuffer : public ReadOnlyBuffer {
-  public:
-    explicit WritableBuffer(py::handle obj) : ReadOnlyBuffer(obj, PyBUF_WRITABLE) {}
-    fastfeed::MutableByteSpan mutable_span() const {
-        return {static_cast<std::uint8_t*>(view_.buf), static_cast<std::size_t>(view_.len)};
-    }
-};
 
 py::bytes to_bytes(const std::vector<std::uint8_t>& v) {
     return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
@@ -72,37 +37,6 @@ fastfeed::TranscodeOptions make_options(bool progressive, bool arithmetic, bool 
     return o;
 }
 
-// The array of `height` rows of `width` pixels (`channels` bytes each) a native decode made: a view of `out` that
-// keeps a memoryview of it (an export: a bytearray cannot be resized under it), or the owner of `owned` through a
-// capsule.
-py::array_t<std::uint8_t> pixel_array(std::uint8_t* pixels, std::unique_ptr<std::uint8_t[]>& owned, bool in_out,
-                                      int height, int width, const py::object& out, int channels = 4) {
-    py::object owner;
-    if (in_out) {
-        owner = py::memoryview(out);
-    } else {
-        owner = py::capsule(owned.get(), [](void* p) { delete[] static_cast<std::uint8_t*>(p); });
-        owned.release();  // the capsule frees them now
-    }
-    if (channels == 1) return py::array_t<std::uint8_t>({height, width}, pixels, owner);
-    return py::array_t<std::uint8_t>({height, width, channels}, pixels, owner);
-}
-
-// decode_png's binding: an array of `form`'s pixels, or a str (why not).
-py::object decode_png_array(py::handle data, const py::object& out, fastfeed::PngPixels form) {
-    ReadOnlyBuffer buf(data);
-    std::optional<WritableBuffer> dest;
-    if (!out.is_none()) dest.emplace(out);
-    fastfeed::PngResult r;
-    {
-        py::gil_scoped_release nogil;
-        r = fastfeed::decode_png(buf.span(), form, dest ? dest->mutable_span() : fastfeed::MutableByteSpan{});
-    }
-    if (!r.ok) return py::str(r.error);
-    return pixel_array(r.pixels, r.owned, r.in_out(), r.height, r.width, out,
-                       form == fastfeed::PngPixels::Rgbx ? 4 : form == fastfeed::PngPixels::Rgb ? 3 : 1);
-}
-
 }  // namespace
 
 static void bind_jpeg(py::module_& m) {
@@ -113,7 +47,7 @@ static void bind_jpeg(py::module_& m) {
     m.def(
         "transcode",
         [](py::handle data, bool progressive, bool arithmetic, bool optimize_coding, bool copy_markers, bool strict) {
-            ReadOnlyBuffer buf(data);
+            pybuf::ReadOnlyBuffer buf(data);
             const auto options = make_options(progressive, arithmetic, optimize_coding, copy_markers, strict);
             std::vector<std::uint8_t> out;
             {
@@ -129,8 +63,8 @@ static void bind_jpeg(py::module_& m) {
     m.def(
         "decode_jpeg_region",
         [](py::handle data, int x0, int y0, int x1, int y1, py::object out, int scale) -> py::object {
-            ReadOnlyBuffer buf(data);
-            std::optional<WritableBuffer> dest;
+            pybuf::ReadOnlyBuffer buf(data);
+            std::optional<pybuf::WritableBuffer> dest;
             if (!out.is_none()) dest.emplace(out);
             fastfeed::RegionResult r;
             {
@@ -139,8 +73,8 @@ static void bind_jpeg(py::module_& m) {
                                                  dest ? dest->mutable_span() : fastfeed::MutableByteSpan{}, scale);
             }
             if (!r.ok) return py::str(r.error);
-            return py::make_tuple(pixel_array(r.pixels, r.owned, r.in_out(), r.height, r.width, out), r.x, r.y,
-                                  r.image_width, r.image_height);
+            return py::make_tuple(pybuf::pixel_array(r.pixels, r.owned, r.in_out(), r.height, r.width, out), r.x,
+                                  r.y, r.image_width, r.image_height);
         },
         py::arg("data"), py::arg("x0"), py::arg("y0"), py::arg("x1"), py::arg("y1"), py::arg("out") = py::none(),
         py::arg("scale") = 1,
@@ -153,31 +87,9 @@ static void bind_jpeg(py::module_& m) {
         "in the scaled image's pixels; the image size returned stays the full one.");
 
     m.def(
-        "decode_png_rgbx",
-        [](py::handle data, py::object out) { return decode_png_array(data, out, fastfeed::PngPixels::Rgbx); },
-        py::arg("data"), py::arg("out") = py::none(),
-        "The pixels of an 8-bit grey, RGB or palette PNG without transparency, interlacing or animation "
-        "(csrc/png_decode.h), GIL released: uint8 array [height, width, 4], RGBX, grey as R = G = B; or a str: why "
-        "not (another kind of PNG, damaged data), for the caller to decode it with PIL. out: as decode_jpeg_region's.");
-
-    m.def(
-        "decode_png_rgb",
-        [](py::handle data, py::object out) { return decode_png_array(data, out, fastfeed::PngPixels::Rgb); },
-        py::arg("data"), py::arg("out") = py::none(),
-        "decode_png_rgbx's pixels as uint8 [height, width, 3] RGB (the layout DALI's whole-image decode hands on); or "
-        "a str.");
-
-    m.def(
-        "decode_png_samples",
-        [](py::handle data, py::object out) { return decode_png_array(data, out, fastfeed::PngPixels::Samples); },
-        py::arg("data"), py::arg("out") = py::none(),
-        "decode_png_rgbx's PNGs, grey and palette ones only, as their stored samples: uint8 array [height, width] of "
-        "grey levels or palette indices (a label image's class ids: numpy's view of PIL's L and P images); or a str.");
-
-    m.def(
         "transcode_to_baseline",
         [](py::handle data) {
-            ReadOnlyBuffer buf(data);
+            pybuf::ReadOnlyBuffer buf(data);
             std::vector<std::uint8_t> out;
             {
                 py::gil_scoped_release nogil;
@@ -191,7 +103,7 @@ static void bind_jpeg(py::module_& m) {
     m.def(
         "transcode_many",
         [](py::iterable items, int num_threads) {
-            std::vector<ReadOnlyBuffer> buffers;
+            std::vector<pybuf::ReadOnlyBuffer> buffers;
             for (py::handle item : items) buffers.emplace_back(item);
             std::vector<fastfeed::ByteSpan> spans;
             spans.reserve(buffers.size());
@@ -219,7 +131,7 @@ static void bind_jpeg(py::module_& m) {
         "check_jpegs",
         [](py::iterable items, int num_threads) {
             if (num_threads < 0) throw py::value_error("num_threads must be >= 0");
-            std::vector<ReadOnlyBuffer> buffers;
+            std::vector<pybuf::ReadOnlyBuffer> buffers;
             for (py::handle item : items) buffers.emplace_back(item);
             std::vector<fastfeed::ByteSpan> spans;
             spans.reserve(buffers.size());
@@ -342,7 +254,7 @@ static void bind_tar(py::module_& m) {
                 Busy busy(w);
                 fastfeed::TarWriter& core = w.live();
                 std::vector<fastfeed::TarSample> in;
-                std::deque<ReadOnlyBuffer> held;  // keeps every stored bytes object's memory put while unlocked
+                std::deque<pybuf::ReadOnlyBuffer> held;  // keeps every stored bytes object's memory put while unlocked
                 for (py::handle sample : samples) {
                     fastfeed::TarSample ts;
                     for (py::handle member : py::reinterpret_borrow<py::iterable>(sample)) {
@@ -389,7 +301,7 @@ static void bind_tar(py::module_& m) {
                                     throw py::type_error("check must return None, a reason (str) or (name, bytes)");
                                 c.kind = fastfeed::TarCheck::Replace;
                                 c.name = member_name(t[0]);
-                                ReadOnlyBuffer rb(t[1]);
+                                pybuf::ReadOnlyBuffer rb(t[1]);
                                 const auto sp = rb.span();
                                 c.data.assign(sp.data, sp.data + sp.size);
                             }
@@ -457,7 +369,7 @@ static void bind_tar(py::module_& m) {
     m.def(
         "probe_jpeg",
         [](py::handle data) {
-            ReadOnlyBuffer buf(data);
+            pybuf::ReadOnlyBuffer buf(data);
             const auto span = buf.span();
             fastfeed::SampleProbe p;
             {
@@ -473,7 +385,7 @@ static void bind_tar(py::module_& m) {
     m.def(
         "header_failures",
         [](py::iterable samples) {
-            std::vector<ReadOnlyBuffer> buffers;
+            std::vector<pybuf::ReadOnlyBuffer> buffers;
             for (py::handle item : samples) buffers.emplace_back(item);
             std::vector<std::size_t> failing;
             {
@@ -496,7 +408,7 @@ static void bind_tar(py::module_& m) {
     m.def(
         "xxh3_64",
         [](py::handle data) {
-            ReadOnlyBuffer buf(data);
+            pybuf::ReadOnlyBuffer buf(data);
             const auto span = buf.span();
             py::gil_scoped_release nogil;
             return fastfeed::xxh3_64(span.data, span.size);
@@ -505,8 +417,9 @@ static void bind_tar(py::module_& m) {
 }
 
 PYBIND11_MODULE(_native, m) {
-    m.doc() = "fastfeed native core: prefetch ring, JPEG transcoder, tar shard writer";
+    m.doc() = "fastfeed native core: prefetch ring, JPEG transcoder, PNG decode, tar shard writer";
     bind_ring(m);
     bind_jpeg(m);
+    bind_png(m);
     bind_tar(m);
 }

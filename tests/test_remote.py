@@ -429,19 +429,26 @@ def test_epoch_fetch_streams_shards_through_the_native_ring(s3, remote_wds, wds_
         assert epoch_fetch(local, order, batch_size, slots) is None  # local datasets: no hook
 
 
+def _small_shards(demo_tree, name: str, tmp_path) -> tuple[str, list[int], int]:
+    """demo_tree packed to s3://BUCKET/name in 1-MB shards: (url, the shards' sizes, a cache limit of 10 shards,
+    under 70% of the dataset)."""
+    url = f"s3://{BUCKET}/{name}"
+    assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "1MB").returncode == 0
+    with open_dataset(url, cache_dir=str(tmp_path / "probe"), cache_size=1, fetch="on_demand") as probe:
+        sizes = [s.bytes for s in probe.manifest.shards]
+    limit = 10 * max(sizes)
+    assert limit < sum(sizes) * 0.7
+    return url, sizes, limit
+
+
 def test_streaming_with_a_cache_smaller_than_the_dataset_stays_under_its_limit(s3, demo_tree, wds_path, tmp_path):
     """order="shard" through the ring with a cache that holds about half the dataset: shards whose batches the
     ring is done with are released and evicted (LRU), every byte read is right, the limit always holds."""
     from fastfeed.loader.ring import PrefetchRing
     from fastfeed.remote.epoch import EpochFetch
 
-    url = f"s3://{BUCKET}/small-shards"
-    assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "1MB").returncode == 0
+    url, sizes, limit = _small_shards(demo_tree, "small-shards", tmp_path)
     batch_size, slots = 8, 3
-    with open_dataset(url, cache_dir=str(tmp_path / "probe"), cache_size=1, fetch="on_demand") as probe:
-        sizes = [s.bytes for s in probe.manifest.shards]
-    limit = 10 * max(sizes)
-    assert limit < sum(sizes) * 0.7
     with open_dataset(url, cache_dir=str(tmp_path / "c"), cache_size=limit, fetch="on_demand") as ds, \
             open_dataset(wds_path) as local:
         order = np.argsort(ds.shard_index, kind="stable")
@@ -464,13 +471,8 @@ def test_the_lookahead_never_fills_the_cache_with_pinned_shards(s3, demo_tree, t
     batch, and none may find the cache full."""
     from fastfeed.remote.epoch import EpochFetch
 
-    url = f"s3://{BUCKET}/lookahead"
-    assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "1MB").returncode == 0
+    url, sizes, limit = _small_shards(demo_tree, "lookahead", tmp_path)
     batch_size, slots = 8, 3
-    with open_dataset(url, cache_dir=str(tmp_path / "probe"), cache_size=1, fetch="on_demand") as probe:
-        sizes = [s.bytes for s in probe.manifest.shards]
-    limit = 10 * max(sizes)
-    assert limit < sum(sizes) * 0.7
     with open_dataset(url, cache_dir=str(tmp_path / "c"), cache_size=limit, fetch="on_demand") as ds:
         full = []
         make_room = ds.cache._make_room
