@@ -62,7 +62,9 @@ class EpochFetch:
         self._released = 0
         self._bytes = np.array([s.bytes for s in dataset.manifest.shards], dtype=np.int64)
         self._held = 0  # bytes of the shards submitted and not released: pinned in the cache once fetched
-        dataset.retain(self._by_first)
+        # The previous epoch's pins go (a dataset at a URL is never read on into the next epoch, so its reads are
+        # over): kept, they would hold cache room that `_held` does not count. Those still cached are hits again.
+        dataset.retain(())
         self.stopped = not all(self._ensure(k, stop) for k in range(min(self.ahead, self.num_batches)))
 
     def before_batch(self, k: int, stop: threading.Event | None = None) -> bool:
