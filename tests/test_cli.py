@@ -100,7 +100,13 @@ def test_pack_refuses_an_out_inside_its_source(tmp_path):
     for extra in ((), ("--overwrite",)):  # an OUT that is a file: named, and left as it was
         proc = _pack_cli(src, a_file, "--quiet", *extra)
         assert proc.returncode == 2 and f"OUT {a_file} is a file, not a folder" in proc.stderr, proc.stderr
+    proc = _pack_cli(src, f"{a_file}/", "--quiet")
+    assert proc.returncode == 2 and "is a file, not a folder" in proc.stderr, proc.stderr
     assert a_file.read_text() == "mine"
+    nowhere = tmp_path / "dangling"
+    nowhere.symlink_to(tmp_path / "missing")
+    proc = _pack_cli(src, nowhere, "--quiet")
+    assert proc.returncode == 2 and "is a link to nothing, not a folder" in proc.stderr, proc.stderr
 
 
 def test_a_shard_size_past_any_number_is_refused_in_one_line(tmp_path):

@@ -122,8 +122,10 @@ def check_out(src: str, out: str) -> None:
     """Refuse an OUT that is a file, and an OUT folder at or inside a source folder: a later pack (--resume,
     --overwrite) would scan the earlier output as source files, an ImageFolder would gain OUT as a class, and --resume
     would refuse a changed listing."""
-    if "://" not in out and os.path.exists(out) and not os.path.isdir(out):
-        raise PackError(f"OUT {out} is a file, not a folder: the dataset is a folder of files; choose another OUT")
+    path = out.rstrip("/") or out  # ("file/" names the file too)
+    if "://" not in out and os.path.lexists(path) and not os.path.isdir(path):
+        what = "a link to nothing" if not os.path.exists(path) else "a file"
+        raise PackError(f"OUT {out} is {what}, not a folder: the dataset is a folder of files; choose another OUT")
     if "://" in src or "://" in out or not os.path.isdir(src):  # URLs: fastfeed/pack/remote.py; a list file
         return
     root, target = os.path.realpath(src), os.path.realpath(out)
