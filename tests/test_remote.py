@@ -278,10 +278,12 @@ def test_truncated_object_is_a_checksum_error_naming_the_shard(s3, demo_tree, ca
 
 
 def test_verify_names_every_damaged_remote_shard_and_checks_the_rest(s3, demo_tree, cache_dir):
-    """Two shards changed on the server: `fastfeed verify` reports both (not the first and stop), says their samples
-    went unchecked, and checks the other shards."""
+    """Two shards changed on the server after a first verify cached every shard: `fastfeed verify` checks the server's
+    bytes, not the cached copies, reports both (not the first and stop), says their samples went unchecked, and
+    checks the other shards."""
     url = f"s3://{BUCKET}/damaged"
     assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "2MB").returncode == 0
+    assert _cli("verify", url, "--quick").returncode == 0  # every shard now cached, and good
     fs = s3.fs()
     with open_dataset(url) as ds:
         shards = [s.path for s in ds.manifest.shards]

@@ -144,20 +144,22 @@ class ShardCache:
 
     # ------------------------------------------------------------------ fetch
     def ensure(self, path: str, size: int, sha256: str, download: Callable[[str], None], name: str,
-               wait_timeout: float | None = None) -> str:
+               wait_timeout: float | None = None, refresh: bool = False) -> str:
         """Make `path` a complete, verified local copy and pin it; returns `path`.
 
         `download(tmp)` writes the remote bytes to the file `tmp` (retrying by itself, bounded); `name` is how
-        errors name the shard. `wait_timeout` bounds the wait for another process's download of it."""
+        errors name the shard. `wait_timeout` bounds the wait for another process's download of it. `refresh`:
+        download and verify it even when a copy is cached (`fastfeed verify` checks the remote bytes); the copy is
+        replaced by rename, so a reader holding it open keeps reading the old one."""
         self.pin(path)
-        if _complete(path, size):
+        if not refresh and _complete(path, size):
             self._count(hits=1)
             _touch(path)
             return path
         fd = os.open(path + ".dl", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             _flock_wait(fd, fcntl.LOCK_EX, wait_timeout, name)
-            if _complete(path, size):  # someone else downloaded it while we waited
+            if not refresh and _complete(path, size):  # someone else downloaded it while we waited
                 self._count(hits=1)
                 _touch(path)
                 return path

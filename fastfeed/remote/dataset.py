@@ -76,11 +76,11 @@ class _Remote:
             f.write(data)
         os.replace(tmp, dest)
 
-    def ensure(self, shard, mirror: str, wait_timeout: float | None = None) -> str:
+    def ensure(self, shard, mirror: str, wait_timeout: float | None = None, refresh: bool = False) -> str:
         dest = os.path.join(mirror, shard.path)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         return self.cache.ensure(dest, shard.bytes, shard.sha256, lambda tmp: self.download_to(shard.path, tmp),
-                                 f"{self.url}/{shard.path}", wait_timeout)
+                                 f"{self.url}/{shard.path}", wait_timeout, refresh)
 
 
 def read_manifest(path: str, storage_options: dict | None = None,
@@ -273,23 +273,27 @@ class RemoteWdsDataset(WdsDataset):
                 self._futures.pop(int(s), None)
             self.cache.unpin(list.__getitem__(self._paths, int(s)))
 
-    def prepare_epoch(self, indices, wait: bool = True) -> list[tuple[int, Future]]:
+    def prepare_epoch(self, indices, wait: bool = True) -> None:
         """Fetch the shards of an epoch's sample `indices`, in the order the epoch first reads them; shards
         pinned for an earlier epoch and not needed now are unpinned (evictable). With `wait`, returns once all
         are local (raises DatasetError naming a shard that cannot be fetched); without, use `ensure_local`
         before each batch is read. The epoch's shards must fit the cache (streaming with a smaller cache:
-        fastfeed/remote/epoch.py). Returns (shard, its fetch's future) of each."""
+        fastfeed/remote/epoch.py)."""
+        futures = self.prefetch(self._retain_all(indices))
+        if wait:
+            for f in futures:
+                f.result()
+
+    def _retain_all(self, indices) -> list[int]:
+        """The shards of sample `indices`, pinned once fetched, each other shard unpinned; DatasetError when they do
+        not fit the cache together."""
         shards = self.shards_of(indices)
         need = sum(self.manifest.shards[s].bytes for s in shards)
         if need > self.cache.max_bytes:
             raise DatasetError(f"{self.url}: this epoch reads {len(shards)} shards, {need} bytes, more than the "
                                f"shard cache limit of {self.cache.max_bytes} bytes; raise cache_size")
         self.retain(shards)
-        futures = self.prefetch(shards)
-        if wait:
-            for f in futures:
-                f.result()
-        return list(zip(shards, futures))
+        return shards
 
     def ensure_local(self, sample_ids, timeout: float | None = None) -> None:
         """Block until the shards of `sample_ids` are in the cache (fetching them if nobody is). Raises
@@ -312,10 +316,12 @@ class RemoteWdsDataset(WdsDataset):
         self.prepare_epoch(np.arange(len(self)), wait=True)
 
     def fetch_each(self) -> dict[int, str]:
-        """Fetch (and sha256-check) every shard, as fetch_all, but go on past one that cannot be had: {shard: why}
-        of those (`fastfeed verify` reports every damaged shard, not the first)."""
+        """Download and sha256-check every shard again, a cached copy too (the remote bytes are what `fastfeed
+        verify` checks), and go on past one that cannot be had: {shard: why} of those."""
+        refreshed = [(s, self._pool.submit(self._remote.ensure, self.manifest.shards[s], self.root, None, True))
+                     for s in self._retain_all(np.arange(len(self)))]
         failed = {}
-        for s, fut in self.prepare_epoch(np.arange(len(self)), wait=False):
+        for s, fut in refreshed:
             try:
                 fut.result()
             except DatasetError as e:
