@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from fastfeed.decode.cpu import starts_with_soi, whole_jpeg_rgbx, whole_png_rgbx
+from fastfeed.decode.cpu import whole_jpeg_rgbx, whole_png_rgbx
 from fastfeed.detect.geometry import BatchGeometry
 from fastfeed.detect.hsv import apply_hsv_inplace, finish
 from fastfeed.detect.resample import resize_into
@@ -191,8 +191,8 @@ def _decode(data, draft_size, native: bool = False, out=None,
 
 def _decode_as_is(data, draft_size, native, out=None,
                   stored=None) -> tuple[Image.Image | np.ndarray, float, tuple[int, int]]:
-    if native and not starts_with_soi(data):
-        got = whole_png_rgbx(data, out)  # (no draft: a PNG decodes whole)
+    if native:
+        got = whole_png_rgbx(data, out)  # None for anything but a PNG (no draft: a PNG decodes whole)
         if got is not None:
             return got[0], 1.0, got[1]
     if native and (draft_size is None or stored is not None):
