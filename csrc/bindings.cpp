@@ -129,8 +129,16 @@ static void bind_jpeg(py::module_& m) {
 
     m.def(
         "check_jpegs",
-        [](py::iterable items, int num_threads) {
+        [](py::iterable items, int num_threads, const std::string& method) {
             if (num_threads < 0) throw py::value_error("num_threads must be >= 0");
+            using Method = fastfeed::ScanCheckOptions::Method;
+            fastfeed::ScanCheckOptions options;
+            if (method == "libjpeg")
+                options.method = Method::libjpeg;
+            else if (method == "walk")
+                options.method = Method::walk;
+            else if (method != "default")
+                throw py::value_error("method must be 'default', 'libjpeg' or 'walk', got '" + method + "'");
             std::vector<pybuf::ReadOnlyBuffer> buffers;
             for (py::handle item : items) buffers.emplace_back(item);
             std::vector<fastfeed::ByteSpan> spans;
@@ -139,7 +147,7 @@ static void bind_jpeg(py::module_& m) {
             std::vector<std::string> results;
             {
                 py::gil_scoped_release nogil;
-                results = fastfeed::check_jpeg_scans_many(spans, num_threads);
+                results = fastfeed::check_jpeg_scans_many(spans, num_threads, options);
             }
             py::list out(results.size());
             for (std::size_t i = 0; i < results.size(); ++i) {
@@ -150,10 +158,12 @@ static void bind_jpeg(py::module_& m) {
             }
             return out;
         },
-        py::arg("items"), py::arg("num_threads") = 0,
+        py::arg("items"), py::arg("num_threads") = 0, py::arg("method") = "default",
         "The scan check (csrc/jpeg_transcode.h check_jpeg_scans) over many JPEGs on native threads (0: one per "
         "CPU), GIL released, no output. One entry per input: None when every pixel is coded, else libjpeg's "
-        "message. Raises JpegUnavailable when built without libjpeg.");
+        "message. method 'libjpeg' (libjpeg's pass alone) and 'walk' (csrc/jpeg_entropy.h's walk alone, 'not "
+        "proven by the walk' where it proves nothing) are for the tests. Raises JpegUnavailable when built "
+        "without libjpeg.");
 }
 
 // ---- tar writer bindings (owner: pack) ---------------------------------------------------------------------

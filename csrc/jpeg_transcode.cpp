@@ -8,6 +8,8 @@
 // frame up (transcode_jpeg, check_jpeg_scans, decode_jpeg_region), which destroy them on every path.
 #include "jpeg_transcode.h"
 
+#include "jpeg_entropy.h"
+
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -211,11 +213,44 @@ bool run_libjpeg(Decompressor& d, Compressor& c, Failure& failure, ByteSpan inpu
     return true;
 }
 
+// The common file's scan check without libjpeg's decode (jpeg_entropy.h): true only when the walk proves what
+// libjpeg's pass would find. Reads the headers libjpeg parsed; calls no libjpeg function.
+bool scan_proven_complete(const jpeg_decompress_struct& c, std::size_t max_memory) {
+    if (c.progressive_mode || c.arith_code || c.data_precision != 8 || c.unread_marker != 0 ||
+        c.comps_in_scan != c.num_components || c.num_components > 4 || c.Ss != 0 || c.Se != DCTSIZE2 - 1 ||
+        c.Ah != 0 || c.Al != 0 || c.src == nullptr)
+        return false;
+    ScanLayout layout;
+    layout.width = static_cast<int>(c.image_width);
+    layout.height = static_cast<int>(c.image_height);
+    layout.num_components = c.comps_in_scan;
+    layout.restart_interval = c.restart_interval;
+    std::uint64_t blocks = 0;  // libjpeg's coefficient buffers hold every block: its memory limit applies here too
+    for (int i = 0; i < c.comps_in_scan; ++i) {
+        const jpeg_component_info* comp = c.cur_comp_info[i];
+        if (comp == nullptr) return false;
+        layout.components[i] = {comp->h_samp_factor, comp->v_samp_factor, comp->dc_tbl_no, comp->ac_tbl_no};
+        blocks += (std::uint64_t(c.image_width) / 8 + 4) * (std::uint64_t(c.image_height) / 8 + 4);  // at most
+    }
+    if (blocks * sizeof(JBLOCK) > max_memory / 2) return false;  // near the limit: libjpeg decides
+    for (int t = 0; t < NUM_HUFF_TBLS; ++t) {
+        if (const JHUFF_TBL* h = c.dc_huff_tbl_ptrs[t]) layout.dc[t] = {h->bits, h->huffval};
+        if (const JHUFF_TBL* h = c.ac_huff_tbl_ptrs[t]) layout.ac[t] = {h->bits, h->huffval};
+    }
+    return baseline_scan_complete(layout, {c.src->next_input_byte, c.src->bytes_in_buffer});
+}
+
 // The scan check's libjpeg calls, under their own setjmp (same rules as run_libjpeg).
 bool run_scan_check(Decompressor& d, Failure& failure, ByteSpan input, const ScanCheckOptions& options) {
     if (setjmp(failure.jump)) return false;
     open_decompressor(d, input, options.max_memory, options.max_scans);
     jpeg_read_header(&d.cinfo, TRUE);
+    using Method = ScanCheckOptions::Method;
+    if (options.method != Method::libjpeg && scan_proven_complete(d.cinfo, options.max_memory)) return true;
+    if (options.method == Method::walk) {
+        std::snprintf(failure.message, sizeof(failure.message), "%s", kNotProven);
+        return false;
+    }
     jpeg_read_coefficients(&d.cinfo);  // every scan, entropy-decoded into the coefficient buffers
     jpeg_finish_decompress(&d.cinfo);  // up to the EOI marker
     return true;

@@ -60,7 +60,12 @@ bool have_libjpeg() noexcept;
 struct ScanCheckOptions {
     int max_scans = 500;                            // as TranscodeOptions: more scans is an error
     std::size_t max_memory = std::size_t(1) << 30;  // coefficient memory per image; beyond it: an error message
+    // How: jpeg_entropy.h's walk, then libjpeg where it proves nothing (the default); libjpeg alone; or the walk
+    // alone, where "not proven" is an answer (the last two for the tests, which compare them).
+    enum class Method { walk_then_libjpeg, libjpeg, walk } method = Method::walk_then_libjpeg;
 };
+// The walk-alone method's answer for a file it does not prove.
+inline constexpr const char* kNotProven = "not proven by the walk";
 std::string check_jpeg_scans(ByteSpan input, const ScanCheckOptions& options = {});
 
 // check_jpeg_scans over many inputs on up to `num_threads` threads (0: hardware concurrency); one entry per input.

@@ -18,11 +18,13 @@ py=${PYTHON:-$root/.venv/bin/python}
 [ -x "$py" ] || py=python3
 which=${1:-all}
 # the native core: the ring, the JPEG transcoder (transcode_many runs its own threads), the tar writer, the
-# JPEG probe and scan check (check_jpegs and the writer's reader threads run them), the window decode, the PNG decode
+# JPEG probe and scan check with its walk (check_jpegs and the writer's reader threads run them), the window decode,
+# the PNG decode
 tests=("$root/tests/test_ring.py" "$root/tests/test_ring_binding.py" "$root/tests/test_ring_shutdown.py"
        "$root/tests/test_ring_digests.py"
        "$root/tests/test_jpeg_transcode.py" "$root/tests/test_pack_native.py" "$root/tests/test_image_probe.py"
-       "$root/tests/test_scan_check.py" "$root/tests/test_jpeg_region.py" "$root/tests/test_png_decode.py")
+       "$root/tests/test_scan_check.py" "$root/tests/test_scan_walk.py" "$root/tests/test_jpeg_region.py"
+       "$root/tests/test_png_decode.py")
 
 run_variant() {
     local name=$1 flags=$2 runtime tmp log status
