@@ -16,19 +16,21 @@ constexpr int kMaxBlocksInMcu = 10;    // libjpeg's D_MAX_BLOCKS_IN_MCU: more is
 constexpr std::size_t kPadding = 512;  // zeros after a segment: one block reads at most 64 * 31 bits past it
 
 // A lookup entry says what the next symbols cost, never their values (the verdict needs none):
-// - bits 0-5: the first symbol's bits, code and value bits (0: its code is longer than the lookup);
-// - bits 6-12: its k step: r + 1 for a coefficient, 16 for ZRL, 64 for EOB (libjpeg ends the block at any s == 0
-//   symbol but ZRL), so that k >= 64 ends a block either way;
-// - bits 13-18 and 19-25: bits and k step of the first two symbols together, where the second fits in the window
-//   too (else those of the first alone). DC entries hold one symbol.
+// - bits 0-5: the bits of the first two symbols together (code and value bits), where the second fits in the
+//   window too, else those of the first alone; lowest, so that the walk's one serial step (shift the bit buffer
+//   by them, look the next entry up) needs no extraction;
+// - bits 6-12: the first symbol's k step: r + 1 for a coefficient, 16 for ZRL, 64 for EOB (libjpeg ends the block
+//   at any s == 0 symbol but ZRL), so that k >= 64 ends a block either way;
+// - bits 13-18 and 19-25: the first symbol's bits (0: its code is longer than the lookup), and the k step of both.
+// DC entries hold one symbol.
 using Entry = std::uint32_t;
 constexpr int kStepEob = 64;
-inline int first_bits(Entry e) { return e & 63; }
+inline int both_bits(Entry e) { return e & 63; }
 inline int first_step(Entry e) { return (e >> 6) & 127; }
-inline int both_bits(Entry e) { return (e >> 13) & 63; }
+inline int first_bits(Entry e) { return (e >> 13) & 63; }
 inline int both_step(Entry e) { return (e >> 19) & 127; }
 inline Entry make(int bits1, int step1, int bits, int step) {
-    return Entry(bits1) | Entry(step1) << 6 | Entry(bits) << 13 | Entry(step) << 19;
+    return Entry(bits) | Entry(step1) << 6 | Entry(bits1) << 13 | Entry(step) << 19;
 }
 
 Entry symbol_entry(std::uint8_t symbol, int length, bool dc) {
@@ -151,7 +153,7 @@ inline void skip(Bits& b, int bits) {
 inline bool block(Bits& b, const Table& dc, const Table& ac) {
     const Entry d = next(b, dc);
     if (d == 0) return false;
-    skip(b, first_bits(d));
+    skip(b, both_bits(d));  // a DC entry's one symbol
     for (int k = 1; k < 64;) {
         const Entry e = next(b, ac);
         if (e == 0) return false;

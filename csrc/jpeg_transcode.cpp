@@ -228,7 +228,10 @@ bool scan_proven_complete(const jpeg_decompress_struct& c, std::size_t max_memor
     std::uint64_t blocks = 0;  // libjpeg's coefficient buffers hold every block: its memory limit applies here too
     for (int i = 0; i < c.comps_in_scan; ++i) {
         const jpeg_component_info* comp = c.cur_comp_info[i];
-        if (comp == nullptr) return false;
+        // libjpeg latches each component's quantisation table as the scan starts: one not defined is its error.
+        if (comp == nullptr || comp->quant_tbl_no < 0 || comp->quant_tbl_no >= NUM_QUANT_TBLS ||
+            c.quant_tbl_ptrs[comp->quant_tbl_no] == nullptr)
+            return false;
         layout.components[i] = {comp->h_samp_factor, comp->v_samp_factor, comp->dc_tbl_no, comp->ac_tbl_no};
         blocks += (std::uint64_t(c.image_width) / 8 + 4) * (std::uint64_t(c.image_height) / 8 + 4);  // at most
     }

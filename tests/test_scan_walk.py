@@ -98,6 +98,35 @@ def test_a_table_whose_codes_overflow_is_libjpegs_to_refuse(nth):
     assert verdict == check([data], "libjpeg") and "Huffman" in verdict[0]
 
 
+def _without_quantisation_tables(data: bytes) -> bytes:
+    out, pos = bytearray(data[:2]), 2
+    while data[pos + 1] != 0xDA:
+        (length,) = struct.unpack_from(">H", data, pos + 2)
+        if data[pos + 1] != 0xDB:
+            out += data[pos:pos + 2 + length]
+        pos += 2 + length
+    return bytes(out + data[pos:])
+
+
+def _quantisation_table_number(data: bytes, component: int, number: int) -> bytes:
+    b = bytearray(data)
+    sof = b.find(b"\xff\xc0")
+    b[sof + 10 + 3 * component + 2] = number  # after marker, length, precision, height, width, count: id, hv, table
+    return bytes(b)
+
+
+@pytest.mark.parametrize("damage", ["no DQT", "table 3", "table 255"])
+def test_a_component_without_its_quantisation_table_is_libjpegs_to_refuse(damage):
+    """Found by an adversarial run: the walk reads no quantisation table, libjpeg refuses a component whose table
+    was never defined when the scan starts; the walk must leave such a file to it."""
+    data = _encode(64, 48, quality=90)
+    data = (_without_quantisation_tables(data) if damage == "no DQT"
+            else _quantisation_table_number(data, 2, int(damage.split()[1])))
+    assert check([data], "walk") == [NOT_PROVEN]
+    verdict = check([data], "default")
+    assert verdict == check([data], "libjpeg") and "Quantization table" in verdict[0]
+
+
 def _scan_bounds(data: bytes) -> tuple[int, int]:
     """(first byte of the entropy-coded data, position of the final EOI)."""
     sos = data.find(b"\xff\xda")
@@ -147,7 +176,8 @@ def _mutants(data: bytes, rng: random.Random, n: int) -> list[bytes]:
         elif kind == 9:  # sampling factors, table selectors, the scan's spectral fields
             sof = max(data.find(b"\xff\xc0"), data.find(b"\xff\xc1"))
             sos = data.find(b"\xff\xda")
-            field = rng.choice([sof + 11, sof + 14, sos + 6, sos + 7, start - 3, start - 2, start - 1])
+            field = rng.choice([sof + 11, sof + 12, sof + 14, sof + 15, sos + 6, sos + 7, start - 3, start - 2,
+                                start - 1])
             b[field] = rng.randrange(256)
         elif kind == 10:  # the restart interval
             dri = data.find(b"\xff\xdd")
