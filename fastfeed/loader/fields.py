@@ -42,25 +42,32 @@ class SampleFields:
         """(images, {name: [value per position]}, {position: (code, detail)}) for one batch of the ring's reads
         (uint8 views; an empty one is a failed read, already reported)."""
         images, bad = [], {}
-        values = {n: [None] * len(indices) for n in self.names if self.kinds[n] != "label"}
-        for p, (i, raw) in enumerate(zip(indices.tolist(), reads)):
-            if not len(raw):
-                images.append(raw)
+        # The batch's rows of each column as Python ints, gathered once: a numpy scalar per sample and column would
+        # cost more than the values themselves (this runs under the GIL, beside the other workers).
+        image_at, image_size = self.image_at[indices].tolist(), self.image_size[indices].tolist()
+        for raw, a, n in zip(reads, image_at, image_size):
+            images.append(raw[a:a + n] if len(raw) else raw)
+        values = {}
+        for name in self.names:
+            kind = self.kinds[name]
+            if kind == "label":
                 continue
-            a = int(self.image_at[i])
-            images.append(raw[a:a + int(self.image_size[i])])
-            for name, out in values.items():
-                at, size = int(self.at[name][i]), int(self.size[name][i])
+            out = values[name] = [None] * len(indices)
+            sums = self.checksum[name]
+            rows = zip(self.at[name][indices].tolist(), self.size[name][indices].tolist(),
+                       sums[indices].tolist() if sums is not None else [None] * len(indices))
+            for p, (raw, (at, size, expected)) in enumerate(zip(reads, rows)):
+                if not len(raw):
+                    continue
                 if size < 0:
                     bad.setdefault(p, (MISSING_FIELD, f"no .{name} member"))
                     continue
                 member = raw[at:at + size]
-                sums = self.checksum[name]
-                if sums is not None and checksum(member) != int(sums[i]):
+                if expected is not None and checksum(member) != expected:
                     bad.setdefault(p, ("checksum", f"its .{name} member does not match the checksum in the table"))
                     continue
                 try:
-                    out[p] = decode_value(self.kinds[name], member)
+                    out[p] = decode_value(kind, member)
                 except FieldError as e:
                     bad.setdefault(p, (BAD_FIELD, f".{name}: {e}"))
         return images, values, bad
