@@ -168,7 +168,8 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t0
     if loader:  # the loop's wait for fastfeed's batches in the timed steps
         waited = round(loader.stats()["stages"]["wait"]["seconds"] - waited, 3)
-    row = {"feed": a.feed, "model": a.model, "cores": len(os.sched_getaffinity(0)), "batch": a.batch,
+    row = {"feed": a.feed, "model": a.model, "data": a.variant or "jpeg", "cores": len(os.sched_getaffinity(0)),
+           "batch": a.batch,
            "size": a.size, "steps": a.steps, "images_per_s": n / wall, "wall_s": wall,
            "data_wait_s": waited,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
