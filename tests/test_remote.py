@@ -299,6 +299,20 @@ def test_verify_names_every_damaged_remote_shard_and_checks_the_rest(s3, demo_tr
     assert shards[0] not in out and shards[2] not in out
 
 
+def test_verify_names_a_missing_remote_index_by_its_name_not_its_cache_copy(s3, demo_tree, cache_dir):
+    url = f"s3://{BUCKET}/no-idx"
+    assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "2MB").returncode == 0
+    with open_dataset(url) as ds:
+        shard = ds.manifest.shards[1].path
+    idx = shard[: -len(".tar")] + ".idx"
+    s3.fs().rm(f"{BUCKET}/no-idx/{idx}")
+    proc = _cli("verify", url, "--quick")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert f"{idx}: unreadable DALI index (No such file or directory)" in out
+    assert str(cache_dir) not in out
+
+
 _SHARE_CHILD = """
 import json, sys
 from fastfeed.datasets import open_dataset

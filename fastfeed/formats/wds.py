@@ -129,7 +129,10 @@ class WdsDataset(TableDataset):
             try:
                 lines = read_regular(data_path(self.root, idx_rel)).decode("utf-8").splitlines()  # in the folder
             except (OSError, UnicodeDecodeError) as e:
-                errors.append(f"{idx_rel}: unreadable DALI index ({e})")
+                # Named by the dataset's own name for it; the path it was read from (for a dataset at a URL, a
+                # copy in the shard cache) would only mislead.
+                why = e.strerror if isinstance(e, OSError) and e.strerror else e
+                errors.append(f"{idx_rel}: unreadable DALI index ({why})")
                 lines = None
             if lines is not None:
                 head = lines[0].split() if lines else []
