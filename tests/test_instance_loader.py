@@ -131,14 +131,17 @@ def test_evaluation_masks_and_the_clients(seg_pack):
     loader.close()
 
 
-def test_segment_needs_polygons(tmp_path):
+def test_segment_needs_polygons(tmp_path, caplog):
+    """A boxes-only set is refused for instance masks, without first warning that its masks will come out empty
+    (found by an adversarial run)."""
     from conftest import run_pack
     from test_detect_loader import make_yolo
 
     make_yolo(tmp_path / "src", n=4)
     run_pack(tmp_path / "src", tmp_path / "out", "--format", "wds")
-    with pytest.raises(ValueError, match="polygons"):
+    with caplog.at_level("WARNING", logger="fastfeed"), pytest.raises(ValueError, match="polygons"):
         fastfeed.Loader(tmp_path / "out", task="segment", batch_size=2, device="cpu")
+    assert [r.getMessage() for r in caplog.records if "empty instance masks" in r.getMessage()] == []
 
 
 def test_objects_without_an_outline_are_named_and_get_empty_masks(tmp_path, caplog):

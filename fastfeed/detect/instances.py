@@ -125,7 +125,10 @@ def without_masks(targets) -> np.ndarray:
 
 def missing_masks_note(targets, keys) -> str | None:
     """A warning's text when some objects trained on have no outline (a partly segmented set: their instance masks
-    come out empty, which a mask loss takes for an object of no pixels), naming the first such sample; else None."""
+    come out empty, which a mask loss takes for an object of no pixels), naming the first such sample; else None.
+    None too for a set with no outline at all, which the decoder refuses (DetectDecoder): no promise before that."""
+    if not has_masks(targets):
+        return None
     rows = np.flatnonzero(without_masks(targets))
     if not len(rows):
         return None
