@@ -103,6 +103,55 @@ def test_arrays_torch_cannot_hold_are_bad_records_and_big_endian_ones_load(tmp_p
             list(ld)
 
 
+def test_fields_no_sample_carries_together_are_refused_by_name(tmp_path):
+    """Found by an adversarial run: each field is somewhere, but no sample has both; the Loader said every batch
+    was undecodable images and sent the user to `fastfeed verify`, which passes."""
+    src = tmp_path / "s"
+    write_tar(src / "a.tar", [("k0.jpg", jpeg(0)), ("k0.a", b"x"), ("k1.jpg", jpeg(1)), ("k1.b", b"y")])
+    index_shards(str(src))
+    with pytest.raises(ValueError, match=r"no sample carries every requested field \['a', 'b'\].*\.a 1, \.b 1"):
+        loader(src, fields=["a", "b"])
+
+
+def test_a_batch_of_samples_without_a_field_says_so_and_what_to_do(tmp_path):
+    """Every sample of a batch lacks a requested member and so does the rest of the epoch: the error names each
+    sample's reason (not a decode failure), counts only other samples, and does not send the user to verify."""
+    src = tmp_path / "s"
+    k3 = jpeg(3)
+    members = [(f"k{i}.jpg", jpeg(i)) for i in range(3)] + [("k3.jpg", k3), ("k3.txt", b"only one")]
+    tar = write_tar(src / "a.tar", members)
+    index_shards(str(src))
+    data = bytearray(tar.read_bytes())  # the one sample with a caption changed after indexing: its checksum fails
+    at = data.find(k3) + len(k3) // 2
+    data[at] ^= 0xFF
+    tar.write_bytes(bytes(data))
+    with loader(src, fields=["txt"], batch_size=1, train=True, shuffle=False) as ld:
+        with pytest.raises(fastfeed.LoaderError) as err:
+            next(iter(ld))
+    msg = str(err.value)
+    assert "k0: missing_field: no .txt member" in msg and "none of 3 other samples" in msg, msg
+    assert "verify" not in msg and "Loader(path).dataset.fields" in msg, msg
+
+
+def test_cls_as_a_field_is_missing_where_a_sample_has_no_label(tmp_path):
+    """fields=["cls"] asks for the label member: a sample without one is a bad record, like any missing field,
+    not a batch value of -1."""
+    src = tmp_path / "s"
+    members = []
+    for i in range(4):
+        members += [(f"s{i}.jpg", jpeg(i))] + ([(f"s{i}.cls", b"%d" % (i + 1))] if i != 2 else [])
+    write_tar(src / "a.tar", members)
+    index_shards(str(src))
+    with loader(src, fields=["cls"], batch_size=4) as ld:
+        (b,) = list(ld)
+        stats = ld.stats()["skipped"]
+    ids = which(b["images"], 4)
+    assert 2 not in ids and stats["by_reason"] == {"missing_field": 1}
+    for p, i in enumerate(ids):
+        if b["labels"][p] != fastfeed.IGNORE_INDEX:  # the position holding a copy in its place is not scored
+            assert b["cls"][p] == i + 1
+
+
 def test_values_that_fit_no_tensor_are_field_errors():
     with pytest.raises(FieldError, match="does not fit an int64"):
         decode_value("int", b"99999999999999999999")

@@ -262,7 +262,8 @@ class BatchAssembler:
                     for p, code, detail in zip(exc.positions, exc.codes, exc.details)]
         order = plan.indices
         start = min((k + 1) * plan.batch_size, len(order))
-        candidates = np.concatenate((order[start:], order[:start]))[:_FILL_CANDIDATES]
+        candidates = np.concatenate((order[start:], order[:start]))
+        candidates = candidates[~np.isin(candidates, indices)][:_FILL_CANDIDATES]  # a small epoch wraps to this batch
         for c in candidates.tolist():
             data, err = self._read_one(c)
             values = None
@@ -285,9 +286,13 @@ class BatchAssembler:
             labels = self._finish_labels(plan, k, self.table.labels[torch.full((n,), c, dtype=torch.int64)],
                                          everywhere)
             return self._classification(images, labels, values, {}), replaced
-        raise LoaderError(f"batch {k} of epoch {plan.epoch}: every sample is bad "
-                          f"({self._names(indices, range(n))}) and none of {len(candidates)} other samples of the "
-                          "epoch decodes either; check the dataset with `fastfeed verify`")
+        reasons = "; ".join(f"{self._names(indices, [p])}: {code}: {detail}" for p, code, detail in replaced[:4])
+        advice = ("the samples lack members `fields` asks for (Loader(path).dataset.fields lists them)"
+                  if all(code in (MISSING_FIELD, BAD_FIELD) for _, code, _ in replaced)
+                  else "check the dataset with `fastfeed verify`")
+        raise LoaderError(f"batch {k} of epoch {plan.epoch}: every sample is bad ({reasons}"
+                          f"{'; ...' if len(replaced) > 4 else ''}) and none of {len(candidates)} other samples of "
+                          f"the epoch is usable either; {advice}")
 
     def _finish_labels(self, plan, k: int, labels: torch.Tensor, replaced: dict) -> torch.Tensor:
         """In evaluation a position that holds no sample of its own (padding, a replaced sample) is labelled

@@ -50,7 +50,10 @@ class SampleFields:
         values = {}
         for name in self.names:
             kind = self.kinds[name]
-            if kind == "label":
+            if kind == "label":  # its values are the labels; only a sample without one is found here
+                for p, size in enumerate(self.size[name][indices].tolist()):
+                    if size < 0 and len(reads[p]):
+                        bad.setdefault(p, (MISSING_FIELD, f"no .{name} member"))
                 continue
             out = values[name] = [None] * len(indices)
             sums = self.checksum[name]
@@ -86,8 +89,10 @@ def plan_fields(dataset, names: tuple[str, ...]) -> tuple[Extents, SampleFields]
     start, end = base.offset.copy(), base.offset + base.size
     at, size, sums, kinds = {}, {}, {}, {}
     for n in names:
-        if n == "cls":
+        if n == "cls":  # the label column, never read; a sample without a label (-1) lacks it like a member
             kinds[n] = "label"
+            labels = np.asarray(dataset.labels, dtype=np.int64)
+            at[n], size[n], sums[n] = np.zeros_like(labels), np.where(labels >= 0, 0, -1), None
             continue
         kinds[n] = value_kind(n)
         fe = dataset.field_extents(n)
@@ -95,8 +100,14 @@ def plan_fields(dataset, names: tuple[str, ...]) -> tuple[Extents, SampleFields]
         start = np.where(has, np.minimum(start, fe.offset), start)
         end = np.where(has, np.maximum(end, fe.offset + fe.size), end)
         at[n], size[n], sums[n] = fe.offset, fe.size, fe.checksum
+    carried = np.logical_and.reduce([size[n] >= 0 for n in names])
+    if not carried.any():  # every sample would be a bad record: say so now, by field
+        counts = ", ".join(f".{n} {int((size[n] >= 0).sum())}" for n in names)
+        raise ValueError(f"{dataset.root}: no sample carries every requested field {list(names)} (samples with "
+                         f"each, of {len(carried)}: {counts})")
     for n in at:
-        at[n] = at[n] - start
+        if kinds[n] != "label":
+            at[n] = at[n] - start
     spans = Extents(base.paths, base.file_index, start, end - start)
     return spans, SampleFields(tuple(names), kinds, base.offset - start, base.size.astype(np.int64), at, size, sums)
 
