@@ -66,6 +66,18 @@ def test_the_members_are_tarfiles(entries, fmt):
     assert got == tarfile_members(data)
 
 
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_an_archive_appended_after_the_end_marker_is_reported_not_read(fmt):
+    """Found by an adversarial run: two tars concatenated (`cat a.tar b.tar`) read as the first alone in tarfile,
+    webdataset and DALI; the walk lists the first's members too, and says the rest of the file was not read."""
+    first = archive([("a.jpg", b"1" * 700), ("a.txt", b"one")], FORMATS[fmt])
+    second = archive([("b.jpg", b"2" * 700)], FORMATS[fmt])
+    got, _, problem = walked(first + second)
+    assert got == tarfile_members(first) == tarfile_members(first + second)
+    assert problem is not None and f"from offset {len(first)}" in problem and "not read" in problem
+    assert walked(first + bytes(4096))[2] is None  # zeros after the marker are padding, not data
+
+
 def test_a_global_pax_header_and_utf8_names():
     data = archive([("d/é" * 40 + ".txt", b"x" * 700), ("k.cls", b"3")], tarfile.PAX_FORMAT,
                    pax_headers={"comment": "global"})

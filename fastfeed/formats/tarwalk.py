@@ -60,8 +60,13 @@ def walk_tar(buf, size: int | None = None) -> tuple[list[TarMember], list[tuple[
             if pos + _BLOCK > size:
                 raise _Damaged(f"a header cut short at offset {pos}")
             hdr = buf[pos:pos + _BLOCK]
-            if hdr == _ZERO:
-                break  # the end-of-archive marker
+            if hdr == _ZERO:  # the end-of-archive marker
+                after = _first_data_after(buf, pos + _BLOCK, size)
+                if after is not None:
+                    problem = (f"data after the end-of-archive marker (from offset {after}: another archive "
+                               "appended to this one?) is not read, as webdataset and DALI do not read it; split "
+                               "the file into its archives")
+                break
             stored.append(_octal(hdr[148:156], pos, "checksum"))
             headers.append(pos)
             length = _size(hdr[124:136], pos)
@@ -107,6 +112,18 @@ def walk_tar(buf, size: int | None = None) -> tuple[list[TarMember], list[tuple[
     if problem and not members:
         problem = _compressed(buf[:8]) or problem
     return members, [(name, why) for _, name, why in skipped], problem
+
+
+def _first_data_after(buf, pos: int, size: int, chunk: int = 1 << 20) -> int | None:
+    """The offset of the first non-zero byte from `pos` on, or None: an archive ends in zero blocks, padded with
+    zeros to its record size, so anything else there is data no tar reader reads."""
+    while pos < size:
+        block = bytes(buf[pos:min(size, pos + chunk)])
+        stripped = block.lstrip(b"\0")
+        if stripped:
+            return pos + len(block) - len(stripped)
+        pos += len(block)
+    return None
 
 
 def read_header(block: bytes) -> tuple[str, int] | None:
