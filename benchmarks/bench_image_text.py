@@ -3,9 +3,13 @@
 
     python benchmarks/bench_image_text.py [--workdir DIR] [--num-images 3000] [--per-shard 500] [--batch-size 64]
                                           [--seconds 30] [--rounds 2] [--json F] [--baseline-python PY]
+                                          [--img2dataset-size N]
 
 Data: bench_index.py's shards (`fastfeed.demo_data` photos, 300-800 px, each with a caption, a JSON object and a
 class, written by webdataset's ShardWriter: img2dataset's layout), adopted with `fastfeed index` for fastfeed.
+`--img2dataset-size N`: the same samples with each photo as img2dataset writes it by default (`resize_mode=border`:
+scaled to fit N x N with OpenCV's INTER_AREA, padded with black to N x N, JPEG quality 95), the shards most
+LAION-style downloads are.
 
 Baseline: `open_clip_train.data.get_wds_dataset` as OpenCLIP's trainer builds it for training (shard and sample
 shuffle, webdataset's "pilrgb" decode, the RN50 train transform -- RandomResizedCrop(224, scale 0.9-1, bicubic),
@@ -106,6 +110,38 @@ def baseline_env(workdir: Path) -> str:
     return str(python)
 
 
+def img2dataset_shards(shards: Path, size: int) -> Path:
+    """`shards` with every jpg member as img2dataset's default resize_mode="border" writes it (see the docstring)."""
+    import tarfile
+
+    import cv2
+    import numpy as np
+    import webdataset as wds
+
+    out = shards.parent / f"{shards.name}-img2dataset-{size}"
+    tars = sorted(shards.glob("*.tar"))
+    if out.exists() and len(list(out.glob("*.tar"))) == len(tars):
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    for t in tars:
+        with tarfile.open(t) as src, wds.TarWriter(str(out / t.name)) as sink:
+            samples: dict = {}
+            for m in src:
+                key, ext = m.name.split(".", 1)
+                samples.setdefault(key, {"__key__": key})[ext] = src.extractfile(m).read()
+            for sample in samples.values():
+                img = cv2.imdecode(np.frombuffer(sample["jpg"], np.uint8), cv2.IMREAD_COLOR)
+                h, w = img.shape[:2]
+                r = size / max(h, w)
+                img = cv2.resize(img, (max(1, round(w * r)), max(1, round(h * r))), interpolation=cv2.INTER_AREA)
+                top, left = (size - img.shape[0]) // 2, (size - img.shape[1]) // 2
+                img = cv2.copyMakeBorder(img, top, size - img.shape[0] - top, left, size - img.shape[1] - left,
+                                         cv2.BORDER_CONSTANT, value=(0, 0, 0))
+                sample["jpg"] = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])[1].tobytes()
+                sink.write(sample)
+    return out
+
+
 def _side(argv: list[str], python: str = sys.executable) -> dict:
     proc = subprocess.run([python, str(Path(__file__).resolve()), *argv], capture_output=True, text=True,
                           timeout=1800)
@@ -126,6 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--baseline-python", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--img2dataset-size", type=int, default=None)
     ap.add_argument("--side", choices=("fastfeed", "openclip"), help=argparse.SUPPRESS)  # a child's job
     ap.add_argument("--data", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -143,7 +180,9 @@ def main(argv=None) -> int:
 
     a.workdir.mkdir(parents=True, exist_ok=True)
     shards = prepare(a.workdir, a.num_images, a.per_shard)
-    adopted = a.workdir / f"adopted-{a.num_images}-{a.per_shard}"
+    if a.img2dataset_size:
+        shards = img2dataset_shards(shards, a.img2dataset_size)
+    adopted = a.workdir / f"adopted-{shards.name}"
     if not (adopted / "fastfeed.json").exists():
         index_shards(str(shards), str(adopted))
     tars = sorted(shards.glob("*.tar"))
