@@ -28,7 +28,8 @@ _FLOAT64_MAX = int(np.finfo(np.float64).max)
 @dataclass(frozen=True)
 class SampleFields:
     """Where each requested member lies relative to the start of its sample's read (`at`, -1 sizes: absent), its
-    checksum (None: not recorded), and the image's place in the read. "cls" is the label column: never read."""
+    checksum (None: not recorded), and the image's place in the read. "cls" is the label column: never read, its
+    size -1 where the sample has no label."""
 
     names: tuple[str, ...]
     kinds: dict  # name -> value_kind, or "label"
