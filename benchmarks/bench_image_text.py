@@ -110,12 +110,26 @@ def baseline_env(workdir: Path) -> str:
     return str(python)
 
 
-def img2dataset_shards(shards: Path, size: int) -> Path:
-    """`shards` with every jpg member as img2dataset's default resize_mode="border" writes it (see the docstring)."""
-    import tarfile
-
+def img2dataset_jpeg(data: bytes, size: int) -> bytes:
+    """A JPEG as img2dataset's default resize_mode="border" writes it: scaled to fit size x size (OpenCV's
+    INTER_AREA), padded with black to size x size, encoded at quality 95."""
     import cv2
     import numpy as np
+
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    h, w = img.shape[:2]
+    r = size / max(h, w)
+    img = cv2.resize(img, (max(1, round(w * r)), max(1, round(h * r))), interpolation=cv2.INTER_AREA)
+    top, left = (size - img.shape[0]) // 2, (size - img.shape[1]) // 2
+    img = cv2.copyMakeBorder(img, top, size - img.shape[0] - top, left, size - img.shape[1] - left,
+                             cv2.BORDER_CONSTANT, value=(0, 0, 0))
+    return cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])[1].tobytes()
+
+
+def img2dataset_shards(shards: Path, size: int) -> Path:
+    """`shards` with every jpg member as img2dataset writes it (img2dataset_jpeg)."""
+    import tarfile
+
     import webdataset as wds
 
     out = shards.parent / f"{shards.name}-img2dataset-{size}"
@@ -130,14 +144,7 @@ def img2dataset_shards(shards: Path, size: int) -> Path:
                 key, ext = m.name.split(".", 1)
                 samples.setdefault(key, {"__key__": key})[ext] = src.extractfile(m).read()
             for sample in samples.values():
-                img = cv2.imdecode(np.frombuffer(sample["jpg"], np.uint8), cv2.IMREAD_COLOR)
-                h, w = img.shape[:2]
-                r = size / max(h, w)
-                img = cv2.resize(img, (max(1, round(w * r)), max(1, round(h * r))), interpolation=cv2.INTER_AREA)
-                top, left = (size - img.shape[0]) // 2, (size - img.shape[1]) // 2
-                img = cv2.copyMakeBorder(img, top, size - img.shape[0] - top, left, size - img.shape[1] - left,
-                                         cv2.BORDER_CONSTANT, value=(0, 0, 0))
-                sample["jpg"] = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])[1].tobytes()
+                sample["jpg"] = img2dataset_jpeg(sample["jpg"], size)
                 sink.write(sample)
     return out
 

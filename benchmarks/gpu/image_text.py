@@ -3,12 +3,13 @@
 
     python benchmarks/gpu/image_text.py --workdir DIR [--num-images 5000] [--batch 256] [--seconds 20]
                                         [--threads 4] [--device cuda|cpu] [--no-check-row]
-                                        [--variants JSON] [--json FILE]
+                                        [--variants JSON] [--json FILE] [--img2dataset-size N]
 
 Data: `fastfeed.demo_data` photos (ImageNet-like, 300-800 px), each written with a caption (`.txt`), a JSON object and
 a class into tar shards of 1,000 samples, laid out as webdataset's ShardWriter lays them out (written here with
 `tarfile`: the GPU host has no webdataset package), then adopted by `fastfeed index` (which writes DALI's `.idx`
-files beside them).
+files beside them). `--img2dataset-size N`: each photo as img2dataset's default writes it (bench_image_text.py's
+`img2dataset_jpeg`: fitted into N x N, black border, JPEG 95), the shards LAION-style downloads are.
 
 DALI: `fn.readers.webdataset(ext=["jpg", "txt"])` with those index files, random shuffle, the captions as bytes, and
 dali_reference.py's augmentation (`decoders.image_random_crop` on the hardware decoder, resize to 224, flip and
@@ -31,16 +32,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # dali_reference
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench_image_text
 
 PER_SHARD = 1000
 
 
-def prepare(workdir: Path, num_images: int) -> Path:
+def prepare(workdir: Path, num_images: int, img2dataset_size: int | None = None) -> Path:
     """The shards (adopted by `fastfeed index` where they lie), made only when missing."""
+    from bench_image_text import img2dataset_jpeg
+
     from fastfeed.demo_data import make_dataset
     from fastfeed.pack.index import index_shards
 
-    shards = workdir / f"image-text-{num_images}"
+    shards = workdir / (f"image-text-{num_images}" + (f"-img2dataset-{img2dataset_size}" if img2dataset_size else ""))
     if (shards / "fastfeed.json").exists():
         return shards
     photos = sorted(make_dataset(workdir / f"photos-{num_images}", num_images=num_images, num_classes=10,
@@ -50,7 +54,9 @@ def prepare(workdir: Path, num_images: int) -> Path:
         with tarfile.open(shards / f"shard-{s // PER_SHARD:06d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
             for i, path in enumerate(photos[s:s + PER_SHARD], start=s):
                 key = f"{i:08d}"
-                members = {"jpg": path.read_bytes(), "txt": f"a photo of a {path.parent.name}".encode(),
+                image = path.read_bytes()
+                image = img2dataset_jpeg(image, img2dataset_size) if img2dataset_size else image
+                members = {"jpg": image, "txt": f"a photo of a {path.parent.name}".encode(),
                            "json": json.dumps({"id": i}).encode(), "cls": str(hash(path.parent.name) % 10).encode()}
                 for ext, data in members.items():
                     info = tarfile.TarInfo(f"{key}.{ext}")
@@ -150,9 +156,10 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="[]",
                    help="more fastfeed rows, each a JSON object of Loader arguments, e.g. '[{\"decoder\": \"dali\"}]'")
     p.add_argument("--json", type=Path)
+    p.add_argument("--img2dataset-size", type=int, default=None)
     a = p.parse_args(argv)
     variants = {f"fastfeed {json.dumps(v, sort_keys=True)}": v for v in json.loads(a.variants)}
-    shards = prepare(a.workdir, a.num_images)
+    shards = prepare(a.workdir, a.num_images, a.img2dataset_size)
     for f in shards.glob("*.tar"):  # the page cache warm for both
         f.read_bytes()
     print(f"{a.num_images} images, batch {a.batch}, 224 px, {len(os.sched_getaffinity(0))} cores, {a.device}, "

@@ -45,7 +45,8 @@
 #   image-text         image-text batches at 224 px on adopted shards against DALI's webdataset reader
 #                      (image_text.py: 5,000 photos with captions, batch 256, the loaders alone; and fastfeed
 #                      with verify_checksums=False, what hashing each image beside its fields costs; NOCHECK= drops
-#                      that row, VARIANTS='[{...}]' adds rows of other Loader arguments, ROUNDS=N)
+#                      that row, VARIANTS='[{...}]' adds rows of other Loader arguments, ROUNDS=N, IMG2DATASET=256
+#                      the photos as img2dataset's default writes them)
 #   index [N...]       fastfeed index against tar -tf + sha256sum over the same shards (bench_index.py: 3,000
 #                      ImageNet-like JPEGs with captions in 6 shards), on all cores and under taskset -c 0-(N-1)
 #                      for each N; needs webdataset (stage-dali 5 installs .carry/x2) [makes its own set]
@@ -174,6 +175,7 @@ run_step() {  # $1 = step, rest: its arguments
   image-text) need native dali || return 1
               CUDA_VISIBLE_DEVICES=0 timeout 400 python3 $G/image_text.py --workdir $W/image-text \
                   ${VARIANTS:+--variants "$VARIANTS"} ${ROUNDS:+--rounds $ROUNDS} ${NOCHECK---no-check-row} \
+                  ${IMG2DATASET:+--img2dataset-size $IMG2DATASET} \
                   --json $OUT/image-text-$tag.json 2>&1 | grep -E "^round|^fastfeed|images," ;;
   odd-corpus) need native dali || return 1
               CUDA_VISIBLE_DEVICES=0 timeout 120 python3 tools/odd_corpus_gpu.py 2>&1 | quiet > $OUT/odd-corpus-$tag.log
