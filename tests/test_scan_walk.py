@@ -65,7 +65,8 @@ def test_the_walk_proves_every_clean_baseline_encode_itself(baselines):
 
 
 def test_what_the_walk_does_not_read_goes_to_libjpeg():
-    """Progressive and arithmetic-free multi-scan files are not the walk's: it proves nothing, libjpeg answers."""
+    """A progressive file is not the walk's to read, and a frame that claims more rows than its scan codes is not
+    complete: the walk proves neither, and libjpeg answers."""
     prog = _encode(96, 64, quality=90, progressive=True)
     assert check([prog], "walk") == [NOT_PROVEN]
     assert check([prog], "default") == check([prog], "libjpeg") == [None]
