@@ -214,3 +214,67 @@ def test_a_parquet_list_is_read_as_jsonl_is(photos, tmp_path):
     (photos / "broken.parquet").write_bytes(b"PAR1 not parquet")
     with pytest.raises(Exception, match="not a readable Parquet file"):
         run_pack(photos / "broken.parquet", tmp_path / "broken", "--format", "wds")
+
+
+def test_a_csv_row_with_too_few_fields_is_rejected_like_one_with_too_many(photos, tmp_path):
+    """Found by an adversarial run: a short row's missing cells became an empty caption and null columns."""
+    src = tmp_path / "l"
+    src.mkdir()
+    for i in range(3):
+        (src / f"im{i}.jpg").write_bytes((photos / f"im{i}.jpg").read_bytes())
+    (src / "list.csv").write_text("path,caption,id\nim0.jpg,zero,0\nim1.jpg,one\nim2.jpg\n", encoding="utf-8")
+    out = tmp_path / "out"
+    run_pack(src / "list.csv", out, "--format", "wds")
+    rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["path"].rsplit(":", 1)[1], r["reason"]) for r in rejected] == [
+        ("3", "bad list row: 2 fields where the header has 3"), ("4", "bad list row: 1 fields where the header has 3")]
+    assert [v for n, v in members(out).items() if n.endswith(".txt")] == [b"zero"]
+
+
+def test_parquet_dates_and_decimals_become_json_text_and_bytes_a_named_rejection(photos, tmp_path):
+    """Found by an adversarial run: a timestamp column ended the pack in a traceback."""
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    when = datetime.datetime(2024, 5, 17, 8, 30, 1)
+    table = pa.table({"path": ["im0.jpg", "im1.jpg"], "caption": ["a", "b"],
+                      "taken": pa.array([when, when], pa.timestamp("s")),
+                      "day": pa.array([when.date(), when.date()], pa.date32()),
+                      "price": pa.array([decimal.Decimal("12.50"), decimal.Decimal("0.10")], pa.decimal128(5, 2))})
+    pq.write_table(table, photos / "dated.parquet")
+    out = tmp_path / "out"
+    run_pack(photos / "dated.parquet", out, "--format", "wds")
+    with fastfeed.Loader(out, batch_size=2, image_size=32, device="cpu", train=False, fields=["txt", "json"]) as ld:
+        metas = {text: meta for batch in ld for text, meta in zip(batch["txt"], batch["json"])}
+    assert metas["a"] == {"taken": "2024-05-17T08:30:01", "day": "2024-05-17", "price": "12.50"}
+    assert metas["b"]["price"] == "0.10"
+    pq.write_table(pa.table({"path": ["im0.jpg"], "caption": ["a"], "blob": [b"\x00\x01"]}), photos / "blob.parquet")
+    with pytest.raises(Exception, match="nothing was packed"):
+        run_pack(photos / "blob.parquet", tmp_path / "blob", "--format", "wds")
+
+
+def test_img2dataset_images_sharing_a_stem_and_captions_not_utf8_are_rejected_by_name(photos, tmp_path):
+    """Found by an adversarial run: of two images with one stem the last was packed silently; a caption that is not
+    UTF-8 packed, then failed verify and every epoch as a bad record."""
+    src = tmp_path / "i2d"
+    captions = make_img2dataset_files(src, photos)
+    (src / "00000" / "000000000.png").write_bytes(_png(photos / "im0.jpg"))
+    (src / "00000" / "000000001.txt").write_bytes(b"caf\xe9")
+    out = tmp_path / "out"
+    run_pack(src, out, "--format", "wds")
+    rejected = {json.loads(x)["path"]: json.loads(x)["reason"] for x in (out / "rejected.jsonl").read_text().splitlines()}
+    assert set(rejected) == {str(src / "00000" / "000000000.jpg"), str(src / "00000" / "000000000.png"),
+                             str(src / "00000" / "000000001.txt")}
+    assert "share the stem" in rejected[str(src / "00000" / "000000000.png")]
+    assert rejected[str(src / "00000" / "000000001.txt")].startswith("unreadable caption")
+    assert len([n for n in members(out) if n.endswith(".txt")]) == len(captions) - 2
+    assert verify(str(out)).ok
+
+
+def _png(jpeg_path) -> bytes:
+    buf = io.BytesIO()
+    Image.open(jpeg_path).save(buf, "PNG")
+    return buf.getvalue()

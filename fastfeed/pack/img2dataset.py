@@ -45,6 +45,7 @@ def scan_img2dataset(root: str) -> Source:
             continue  # the stats, parquet and other files img2dataset writes at the top
         folder = os.path.join(root, shard)
         stems: dict[str, dict[str, str]] = {}
+        images: dict[str, list[str]] = {}
         for name, sub_is_dir in _listdir(folder, src):
             if sub_is_dir:
                 src.rejected.append({"path": os.path.join(folder, name), "reason": "folder inside an img2dataset "
@@ -53,6 +54,8 @@ def scan_img2dataset(root: str) -> Source:
             stem, ext = os.path.splitext(name)
             kind = ext.lower() if ext.lower() in _SIDECARS else "image"
             stems.setdefault(stem, {})[kind] = name
+            if kind == "image":
+                images.setdefault(stem, []).append(name)
         for stem in sorted(stems):
             files = stems[stem]
             where = {k: os.path.join(folder, v) for k, v in files.items()}
@@ -60,8 +63,20 @@ def scan_img2dataset(root: str) -> Source:
                 for path in where.values():
                     src.rejected.append({"path": path, "reason": "no image beside it"})
                 continue
+            if len(images[stem]) > 1:  # which of them the caption and JSON describe is not written anywhere
+                names = ", ".join(sorted(images[stem]))
+                for name in sorted(images[stem]):
+                    src.rejected.append({"path": os.path.join(folder, name), "reason": f"files {names} share the "
+                                         "stem its caption and JSON are named by: which one they describe is unknown"})
+                continue
             if ".txt" not in files:
                 src.rejected.append({"path": where["image"], "reason": "no caption (.txt) beside it"})
+                continue
+            try:  # a caption is text: one that is not UTF-8 would pack, then fail as a bad record in every epoch
+                with open(where[".txt"], "rb") as f:
+                    f.read().decode("utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                src.rejected.append({"path": where[".txt"], "reason": f"unreadable caption: {e}"})
                 continue
             meta = None
             if ".json" in files:

@@ -20,6 +20,8 @@ target lies outside the source folder; the pack summary reports both (`Source.sy
 from __future__ import annotations
 
 import csv
+import datetime
+import decimal
 import json
 import os
 from dataclasses import dataclass, field
@@ -315,6 +317,9 @@ def _read_csv_row(reader: csv.DictReader, row: dict, path: str, rows: list, src:
         if None in row:  # DictReader's key for the fields past the header's columns
             raise ValueError(f"{len(reader.fieldnames) + len(row[None])} fields where the header has "
                              f"{len(reader.fieldnames)}")
+        given = sum(row[c] is not None for c in reader.fieldnames)  # DictReader fills a short row's end with None
+        if given < len(reader.fieldnames):
+            raise ValueError(f"{given} fields where the header has {len(reader.fieldnames)}")
         p = _row_path((row.get("path") or "").strip())
         meta_text = (row.get("metadata") or "").strip()
         meta = json.loads(meta_text) if meta_text else None
@@ -350,7 +355,31 @@ def _read_parquet(path: str, rows: list, src: Source) -> None:
     except Exception as e:  # noqa: BLE001 - pyarrow's errors are many; any of them means the file is unreadable
         raise ValueError(f"list file {path!r} is not a readable Parquet file: {e}") from None
     for n, obj in enumerate(table.to_pylist(), 1):
+        try:
+            obj = {k: v if k == "path" else _json_value(v, k) for k, v in obj.items()}
+        except ValueError as e:
+            src.rejected.append({"path": f"{path}:{n}", "reason": f"bad list row: {e}"})
+            continue
         _read_object(obj, f"{path}:{n}", rows, src)
+
+
+def _json_value(value, column: str):
+    """A Parquet cell as the sample's JSON holds it: dates, times and timestamps as ISO 8601 text, a duration in
+    seconds, a decimal as its exact text; bytes have no JSON form (ValueError naming the column)."""
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        raise ValueError(f"column {column!r} holds bytes, which a sample's JSON cannot hold (drop the column, or "
+                         "store such data as a member of its own)")
+    if isinstance(value, dict):
+        return {k: _json_value(v, column) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v, column) for v in value]
+    return value
 
 
 def _read_object(obj, where: str, rows: list, src: Source) -> None:
