@@ -82,6 +82,31 @@ def test_server_stopped_mid_epoch_is_a_loader_error_naming_the_shard_within_a_bo
     assert elapsed < 30, elapsed
 
 
+@pytest.mark.parametrize("order", ["shard", "global"])
+def test_a_cache_too_small_for_the_read_ahead_is_said_before_any_download(demo_tree, tmp_path, monkeypatch, order):
+    """Found by an adversarial run: a cache that holds the dataset's first shards but not the ring's read-ahead
+    window failed some batches in, saying the cache was pinned by running readers. Now the epoch refuses before it
+    downloads anything, saying how many bytes the read-ahead holds at once, and the cache stays empty."""
+    server = S3Server()
+    try:
+        for k, v in server.env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("FASTFEED_CACHE", str(tmp_path / "cache"))
+        url = f"s3://{BUCKET}/window-{order}"
+        assert _cli("pack", str(demo_tree), url, "--quiet", "--shard-size", "1MB").returncode == 0
+        with open_dataset(url, cache_size=1) as probe:
+            sizes = [s.bytes for s in probe.manifest.shards]
+        limit = max(sizes) * 2  # two shards: less than any read-ahead of 16-sample batches over 1-MB shards
+        assert len(sizes) > 4
+        with _loader(url, cache_size=limit, train=True, shuffle=True, order=order, batch_size=8) as loader:
+            with pytest.raises(DatasetError, match=r"holds up to \d+ bytes of shards at once .* more than the shard "
+                                                  rf"cache limit of {limit} bytes; raise cache_size"):
+                next(iter(loader))
+            assert loader.dataset.cache.usage() == 0
+    finally:
+        server.stop()
+
+
 def test_a_detection_dataset_streams_through_a_cache_smaller_than_it(tmp_path, monkeypatch):
     """Loader(task="detect") reads every sample's annotation when it is built: at a URL that fetches every shard,
     and the cache must not have to hold them all at once (pinned until the epoch) for order="shard" to stream.

@@ -62,10 +62,32 @@ class EpochFetch:
         self._released = 0
         self._bytes = np.array([s.bytes for s in dataset.manifest.shards], dtype=np.int64)
         self._held = 0  # bytes of the shards submitted and not released: pinned in the cache once fetched
+        self._check_window(first, last, used)
         # The previous epoch's pins go (a dataset at a URL is never read on into the next epoch, so its reads are
         # over): kept, they would hold cache room that `_held` does not count. Those still cached are hits again.
         dataset.retain(())
         self.stopped = not all(self._ensure(k, stop) for k in range(min(self.ahead, self.num_batches)))
+
+    def _check_window(self, first, last, used) -> None:
+        """DatasetError, before any download, when the window's shards cannot all be pinned in the cache at once:
+        shard s is held while batches first[s] - ahead .. last[s] + ahead are taken (the rules above), and a cache
+        full of pinned shards fails the next download midway through the epoch."""
+        from fastfeed.types import DatasetError
+
+        limit = getattr(getattr(self.dataset, "cache", None), "max_bytes", None)
+        if limit is None or not len(used):
+            return
+        events = np.zeros(self.num_batches + 1, dtype=np.int64)
+        np.add.at(events, np.clip(first[used] - self.ahead, 0, self.num_batches), self._bytes[used])
+        np.add.at(events, np.minimum(last[used] + self.ahead + 1, self.num_batches), -self._bytes[used])
+        held = np.cumsum(events)
+        k = int(np.argmax(held))
+        if held[k] > limit:
+            url = getattr(self.dataset, "url", "this dataset")
+            raise DatasetError(f"{url}: streaming this epoch holds up to {int(held[k])} bytes of shards at once (those "
+                               f"the ring's {self.ahead}-batch read-ahead spans around batch {k}), more than the shard "
+                               f"cache limit of {limit} bytes; raise cache_size (with order=\"global\" nearly every "
+                               "batch reads every shard, so the cache must hold the whole dataset)", path=url)
 
     def before_batch(self, k: int, stop: threading.Event | None = None) -> bool:
         """Make batch k + num_slots local; False if `stop` was set first. Raises DatasetError naming a shard
