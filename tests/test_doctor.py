@@ -5,6 +5,7 @@ import json
 import resource
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from fastfeed.cli import main
@@ -272,3 +273,25 @@ def test_virtual_disk_warns_only_on_measured_slowness(tmp_path):
     slow = {**fast, "mb_per_s": 12.0, "p50_ms": 80.0}
     c = check_storage(str(data), mounts, str(sys_block), probe=slow)
     assert c.status == WARN and "measured slow" in c.message and "12 MB/s" in c.message
+
+
+@pytest.mark.parametrize("env, expected", [(None, 10.0), ("3", 3.0), ("60", 10.0)])
+def test_doctor_on_a_url_waits_no_longer_than_the_retry_timeout_asked_for(monkeypatch, env, expected):
+    """Found by an adversarial run: doctor kept its own 10 s bound on a dead endpoint whatever
+    FASTFEED_RETRY_TIMEOUT said; it now takes the shorter of the two."""
+    from fastfeed.doctor import remote
+    from fastfeed.types import DatasetError
+
+    seen = []
+
+    def read_manifest(url, storage_options=None, retry_timeout=None):
+        seen.append(retry_timeout)
+        raise DatasetError(f"{url}: unreachable")
+
+    if env is None:
+        monkeypatch.delenv("FASTFEED_RETRY_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("FASTFEED_RETRY_TIMEOUT", env)
+    monkeypatch.setattr(remote, "read_manifest", read_manifest)
+    (check,) = remote.check_remote("s3://nowhere/ds")
+    assert seen == [expected] and "unreachable" in check.message

@@ -4,17 +4,18 @@ from __future__ import annotations
 from fastfeed.doctor.check import FAIL, OK, WARN, Check, gib
 from fastfeed.remote.cache import default_cache_dir, default_cache_size
 from fastfeed.remote.dataset import read_manifest
+from fastfeed.remote.store import resolve_retry_timeout
 from fastfeed.types import DatasetError
 
 __all__ = ["check_remote"]
 
-_DOCTOR_RETRY_S = 10.0  # doctor must answer fast; a dataset that needs longer is reported as unreachable
+_DOCTOR_RETRY_S = 10.0  # at most: doctor must answer fast; a dataset that needs longer is reported as unreachable
 
 
 def check_remote(url: str, storage_options: dict | None = None) -> list:
     """doctor Checks: the manifest is reachable and readable; the shard cache can hold the dataset."""
     try:
-        m = read_manifest(url, storage_options, retry_timeout=_DOCTOR_RETRY_S)
+        m = read_manifest(url, storage_options, retry_timeout=min(_DOCTOR_RETRY_S, resolve_retry_timeout(None)))
     except DatasetError as e:
         return [Check("dataset", FAIL, str(e), "check the URL and the credentials/endpoint the client reads "
                       "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_ENDPOINT_URL for s3://, "
