@@ -62,6 +62,7 @@ class EpochFetch:
         self._released = 0
         self._bytes = np.array([s.bytes for s in dataset.manifest.shards], dtype=np.int64)
         self._held = 0  # bytes of the shards submitted and not released: pinned in the cache once fetched
+        self._limit = getattr(getattr(dataset, "cache", None), "max_bytes", None)  # the cache's, None: no cache
         self._check_window(first, last, used)
         # The previous epoch's pins go (a dataset at a URL is never read on into the next epoch, so its reads are
         # over): kept, they would hold cache room that `_held` does not count. Those still cached are hits again.
@@ -74,7 +75,7 @@ class EpochFetch:
         full of pinned shards fails the next download midway through the epoch."""
         from fastfeed.types import DatasetError
 
-        limit = getattr(getattr(self.dataset, "cache", None), "max_bytes", None)
+        limit = self._limit
         if limit is None or not len(used):
             return
         events = np.zeros(self.num_batches + 1, dtype=np.int64)
@@ -125,7 +126,7 @@ class EpochFetch:
         """`upto` (shards in fetch order) lowered so that the lookahead past the window's `need` never holds more
         than the cache: pinned shards cannot be evicted, and a download that finds the cache full of them fails. The
         window itself is fetched whatever it holds (a cache smaller than the window is an error naming it)."""
-        limit = getattr(getattr(self.dataset, "cache", None), "max_bytes", None)
+        limit = self._limit
         start = max(need, self._submitted)
         if limit is None or upto <= start:
             return upto
