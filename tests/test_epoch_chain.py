@@ -1,4 +1,4 @@
-"""A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch] in fastfeed/loader/loader.py):
+"""A Loader reads on into the next epoch (NOTE [Reading on into the next epoch] in fastfeed/loader/loader.py):
 what it read ahead is exactly what a fresh Loader gives for that epoch, and whatever asks for another epoch or
 state gets that instead. So does its first read, started at construction (NOTE [Reading before the first
 iteration]). Real packed data from conftest.py (160 demo JPEGs), the CPU path."""
@@ -105,14 +105,14 @@ def epoch_0_restarted(loader) -> list:
     return collect(loader)
 
 
-def test_a_training_loader_reads_epoch_0_before_its_first_iteration(wds_path):
-    with make_loader(wds_path, train=False) as evaluation, make_loader(wds_path) as loader:
+@pytest.mark.parametrize("train", [True, False])
+def test_a_loader_reads_epoch_0_before_its_first_iteration(wds_path, train):
+    with make_loader(wds_path, train=train) as loader:
         assert wait_for_a_read(loader) > 0  # constructed, never iterated
-        assert evaluation.stats()["ring"]["bytes_read"] == 0  # built first, and still nothing read
         starts = count_ring_starts(loader)
         primed = collect(loader)
         assert starts == [], "the first iteration started the ring again instead of running on from its read"
-    with make_loader(wds_path) as ref:
+    with make_loader(wds_path, train=train) as ref:
         starts = count_ring_starts(ref)
         assert_same_batches(primed, epoch_0_restarted(ref))
         assert len(starts) == 2
@@ -143,9 +143,8 @@ def decodes_early(monkeypatch):
 
 
 def test_decoding_before_the_first_iteration_gives_epoch_0_and_is_continued(wds_path, decodes_early):
-    with make_loader(wds_path, train=False) as evaluation, make_loader(wds_path) as loader:
+    with make_loader(wds_path) as loader:
         assert wait_for_read_on(loader, consumed=0) > 0  # decoded, never iterated
-        assert evaluation.stats()["counters"].get("batches", 0) == 0  # an evaluation Loader decodes nothing early
         state = loader.state_dict()
         assert (state["epoch"], state["sampling"]) == (0, None)  # nothing handed out yet
         run, starts = loader._parked, count_ring_starts(loader)
@@ -215,11 +214,19 @@ def test_an_epoch_left_early_is_not_read_on_from(wds_path):
         assert_same_batches(collect(loader), fresh_epoch(wds_path, 1))
 
 
-def test_an_evaluation_loader_does_not_read_on(wds_path):
-    with make_loader(wds_path, train=False) as loader:
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_an_evaluation_loader_reads_on_into_its_next_pass(wds_path, world_size):
+    """Its next pass starts with decoded batches, and every pass is the same batches, a short last one included
+    (160 images, 13 a batch: each of 3 ranks gets 54, padded, in 5 batches, the last of 2)."""
+    kw = dict(train=False, batch_size=13, rank=world_size - 1, world_size=world_size)
+    with make_loader(wds_path, **kw) as loader:
         first = collect(loader)
-        assert wait_for_read_on(loader, consumed=len(first), timeout=0.3) == 0  # nothing decoded past the epoch
+        assert wait_for_read_on(loader, consumed=len(first)) > 0  # decoded before the loop asked for pass 2
+        starts = count_ring_starts(loader)
         assert_same_batches(collect(loader), first)  # eval output does not depend on the epoch
+        assert_same_batches(collect(loader), first)
+        assert starts == [], "a later pass started the ring again instead of continuing the run that read on"
+    assert len(first) == len(loader) and sum(len(y) for _, y in first) == -(-160 // world_size)
 
 
 @pytest.mark.integration  # a fresh interpreter
@@ -301,7 +308,7 @@ def test_the_next_epoch_is_decoded_while_a_worker_still_holds_this_ones_last_bat
     (1, 4, 1, True, 1, False),    # 160 batches, 9 slots: the ring wraps around many times an epoch
     (7, 3, 2, True, 2, False),    # 11 batches per rank, 8 slots
     (25, 4, 4, True, 1, False),   # 6 batches, fewer than the 12 slots
-    (13, 2, 3, False, 3, False),  # evaluation: padded, a short last batch, no reading on
+    (13, 2, 3, False, 3, False),  # evaluation: padded, a short last batch
     (5, 3, 1, True, 1, True),     # the smallest ring: pipelines + 1 slots
     (8, 4, 2, False, 1, True),
 ])

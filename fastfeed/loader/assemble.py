@@ -9,7 +9,7 @@ The decode workers of `epoch.EpochRun` share one assembler, which changes nothin
 keeps the log of the samples already named).
 
 A batch's replaced samples are counted in `stats()["skipped"]` (and logged) when the run hands the batch to the loop
-(`report`), not when it is decoded: a training Loader decodes the next epoch's first batches while the loop finishes
+(`report`), not when it is decoded: a Loader decodes the next epoch's first batches while the loop finishes
 this one (NOTE [Reading on into the next epoch] in fastfeed/loader/loader.py), and counted at decode time a bad sample
 in them would show in the stats of the epoch before, or not, as the decode won or lost the race with the loop's
 `stats()` call. Counted at hand-out, the skips are those of the batches the loop got.

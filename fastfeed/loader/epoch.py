@@ -28,7 +28,7 @@ waits and fewer are not slower; the two take turns (`ConsumerPace.claim`). A wor
 nothing; one beyond the decoders built builds its own, kept for later runs. The ring is sized for the most the tuner
 may run. Which thread decodes a batch never changes which batch comes at a position.
 Iteration is lazy: `iter(loader)` only makes a generator; the epoch is chosen (and a loaded state consumed) at its
-first `next()`, so frameworks that call `iter()` to probe the object change nothing (a training Loader's ring has
+first `next()`, so frameworks that call `iter()` to probe the object change nothing (a Loader's ring has
 been reading epoch 0 since the constructor: NOTE [Reading before the first iteration] in loader.py).
 Shutdown: every blocking wait (ring, room in the window, the consumer's wait) polls a stop flag every 0.1 s; the
 consumer leaving the loop early (break, exception, Ctrl-C, garbage collection of the generator) sets the flag,
@@ -84,7 +84,7 @@ class EpochRun:
     past the decoders given builds its own with `new_decoder(index)` and appends it to `decoders` (the owner's list, so
     the next run has it). The count changes which thread decodes a batch, never which batch comes at a position.
 
-    ring_started: the owner already started the ring on this plan's order (a training Loader does at construction:
+    ring_started: the owner already started the ring on this plan's order (a Loader does at construction:
     NOTE [Reading before the first iteration] in fastfeed/loader/loader.py), so `begin()` does not start it again.
     """
 

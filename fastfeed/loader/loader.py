@@ -15,27 +15,28 @@ The decode workers, their hand-offs, the consumer's wait, shutdown, lazy iterati
 and shutdown] in fastfeed/loader/epoch.py, beside the code that implements it.
 
 NOTE [Reading on into the next epoch]
-A training Loader does not stop at the end of an epoch. Once the ring's read-ahead (its slots) reaches the end of
-epoch e, the run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and queues its order in
-the ring behind e's (`PrefetchRing.extend`: batch numbers, and so slots, count on), so the ring reads e + 1's first
-batches into the slots e's batches free and the workers decode them as they would e's next batch. Positions count on
-across epochs. When the loop has taken all of e, the run is parked; the next iteration continues it if it runs exactly
-epoch e + 1 with no loaded state (a plain `for` again, or set_epoch(e + 1)), else the parked run is stopped and a new
-one starts (set_epoch to another epoch, load_state_dict, close). So an epoch boundary costs the loop nothing: the
-next epoch's first batches neither wait for the loop to ask nor for the workers to drain e (what a boundary cost
-before: docs/design/epochs.md#reading-on-into-the-next-epoch).
-A loop that breaks out of an epoch stops the run as before. Evaluation Loaders do not read on: their next pass usually
-comes after a training epoch, which their read-ahead would only compete with; nor do datasets at a URL (their shard
-cache follows one epoch). Workers still reading when the interpreter exits are stopped by an exit hook that runs
+A Loader does not stop at the end of an epoch. Once the ring's read-ahead (its slots) reaches the end of epoch e, the
+run plans epoch e + 1 (as iterating again would: the same seed, no resume state) and queues its order in the ring
+behind e's (`PrefetchRing.extend`: batch numbers, and so slots, count on), so the ring reads e + 1's first batches
+into the slots e's batches free and the workers decode them as they would e's next batch. Positions count on across
+epochs. When the loop has taken all of e, the run is parked; the next iteration continues it if it runs exactly epoch
+e + 1 with no loaded state (a plain `for` again, or set_epoch(e + 1)), else the parked run is stopped and a new one
+starts (set_epoch to another epoch, load_state_dict, close). So an epoch boundary costs the loop nothing: the next
+epoch's first batches neither wait for the loop to ask nor for the workers to drain e (what a boundary cost before:
+docs/design/epochs.md#reading-on-into-the-next-epoch).
+An evaluation Loader reads on into its next pass the same way, as DALI's iterators and ultralytics' evaluation loader
+do: between passes it holds the decoded window (`prefetch` + `pipelines` batches), and its next pass starts with no
+pipeline to fill. A loop that breaks out of an epoch stops the run as before. Datasets at a URL do not read on (their
+shard cache follows one epoch). Workers still reading when the interpreter exits are stopped by an exit hook that runs
 before DALI's own (`lifecycle`).
 
 NOTE [Reading before the first iteration]
-A training Loader starts its ring on epoch 0's order in the constructor, before it builds the decoders, so the first
+A Loader starts its ring on epoch 0's order in the constructor, before it builds the decoders, so the first
 batches are read (and the arena faulted in) while the first GPU pipeline is built. The first iteration runs on from
 that read if it runs epoch 0 with no loaded state (a plain `for`, or set_epoch(0)); otherwise (set_epoch to another
 epoch, load_state_dict) the ring is started again on the right order and the early read, at most one ring's worth of
-batches, is simply dropped. Large photos, whose first batch is the most bytes to read, gain the most. Evaluation
-Loaders and datasets at a URL do not, for the reasons they do not read on.
+batches, is simply dropped. Large photos, whose first batch is the most bytes to read, gain the most. Datasets at a
+URL do not, for the reason they do not read on.
 With decoders on the GPU ("dali", "hybrid") the constructor also starts epoch 0's run once they are built, and parks it
 as an epoch read on into is (NOTE [Reading on into the next epoch]): the first batches are decoded, within the usual
 window, while the script builds its model, and the first iteration continues that run under the same rule (another
@@ -224,8 +225,8 @@ class Loader:
         self._ring = PrefetchRing(extents, s.batch_size, num_threads=s.reader_threads, num_slots=slots,
                                   slot_bytes=slot_bytes, pin_memory=s.device.type == "cuda",
                                   digests=self._table.bad_checksums is not None, digest_window=window)
-        # A training Loader's ring reads epoch 0 while the decoders are built (NOTE [Reading before the first
-        # iteration]); a failed build must not leave it reading.
+        # The ring reads epoch 0 while the decoders are built (NOTE [Reading before the first iteration]); a failed
+        # build must not leave it reading.
         self._primed = self._prime()
         # The hybrid decoder's CPU share, one for all pipelines, tuned on the loop (fastfeed/tuning/climber.py).
         self._climber = ShareClimber(self._pace, settle=s.ring_slots, start=s.hybrid_start_share) \
@@ -405,7 +406,7 @@ class Loader:
         if self._decoders is None:  # the last run could not free them: NOTE [Loader pipeline and shutdown]
             self._decoders = self._build_decoders()
         fetch = self._fetch_shards()
-        # A training Loader reads on into the next epoch (NOTE [Reading on into the next epoch]).
+        # A Loader reads on into the next epoch (NOTE [Reading on into the next epoch]).
         planner = self._planner
         chain = (lambda epoch: planner(epoch + 1, None)) if self._reads_ahead else None
         self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
@@ -560,10 +561,9 @@ class Loader:
     @property
     def _reads_ahead(self) -> bool:
         """Whether the ring reads beyond the epochs the loop asked for: epoch 0 from the constructor and the next
-        epoch at the end of each (the two NOTEs on reading). A training Loader over local data only: an evaluation
-        pass's read-ahead would compete with the training it follows, and a dataset at a URL keeps in its shard cache
-        only the epoch it runs (remote/epoch.py)."""
-        return self.settings.train and not self._fetched_per_epoch
+        epoch at the end of each (the two NOTEs on reading). Over local data only: a dataset at a URL keeps in its
+        shard cache only the epoch it runs (remote/epoch.py)."""
+        return not self._fetched_per_epoch
 
     @property
     def _decodes_early(self) -> bool:
