@@ -41,6 +41,7 @@ fastfeed::TranscodeOptions make_options(bool progressive, bool arithmetic, bool 
 
 static void bind_jpeg(py::module_& m) {
     m.attr("HAVE_LIBJPEG") = fastfeed::have_libjpeg();
+    m.attr("UNCODED_COEFFICIENTS") = fastfeed::kUncodedCoefficients;
     py::register_exception<fastfeed::JpegError>(m, "JpegError", PyExc_ValueError);
     py::register_exception<fastfeed::JpegUnavailable>(m, "JpegUnavailable", PyExc_RuntimeError);
 

@@ -173,6 +173,19 @@ void open_decompressor(Decompressor& d, ByteSpan input, std::size_t max_memory, 
     jpeg_mem_src(&d.cinfo, input.data, static_cast<unsigned long>(input.size));
 }
 
+// Whether the scans coded every coefficient of every component to its last bit; call after
+// jpeg_read_coefficients. Where a progressive file's scans stop short (DC only, no refinement), libjpeg estimates the
+// missing low frequencies (block smoothing) and other decoders do not, so its pixels depend on the decoder, and a
+// baseline copy of its coefficients would decode like the latter.
+bool all_coefficients_coded(const jpeg_decompress_struct& c) {
+    if (!c.progressive_mode) return true;
+    if (c.coef_bits == nullptr) return false;
+    for (int ci = 0; ci < c.num_components; ++ci)
+        for (int k = 0; k < DCTSIZE2; ++k)
+            if (c.coef_bits[ci][k] != 0) return false;
+    return true;
+}
+
 // All libjpeg calls happen here, under one setjmp. Returns false on error, with the message in failure and the
 // stage in *stage. Keep every local trivially destructible (see the top of this file).
 bool run_libjpeg(Decompressor& d, Compressor& c, Failure& failure, ByteSpan input, const TranscodeOptions& options,
@@ -186,6 +199,10 @@ bool run_libjpeg(Decompressor& d, Compressor& c, Failure& failure, ByteSpan inpu
     }
     jpeg_read_header(&d.cinfo, TRUE);
     jvirt_barray_ptr* coefficients = jpeg_read_coefficients(&d.cinfo);
+    if (!all_coefficients_coded(d.cinfo)) {  // a copy would not decode to the source's pixels: not lossless
+        std::snprintf(failure.message, sizeof(failure.message), "%s", kUncodedCoefficients);
+        return false;
+    }
 
     *stage = "writing";
     c.created = true;
@@ -256,6 +273,10 @@ bool run_scan_check(Decompressor& d, Failure& failure, ByteSpan input, const Sca
     }
     jpeg_read_coefficients(&d.cinfo);  // every scan, entropy-decoded into the coefficient buffers
     jpeg_finish_decompress(&d.cinfo);  // up to the EOI marker
+    if (!all_coefficients_coded(d.cinfo)) {
+        std::snprintf(failure.message, sizeof(failure.message), "%s", kUncodedCoefficients);
+        return false;
+    }
     return true;
 }
 

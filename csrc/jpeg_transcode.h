@@ -66,6 +66,10 @@ struct ScanCheckOptions {
 };
 // The walk-alone method's answer for a file it does not prove.
 inline constexpr const char* kNotProven = "not proven by the walk";
+// The answer (and the transcode's refusal) for a progressive file whose scans leave coefficients uncoded: every
+// pixel is coded, but libjpeg estimates the missing frequencies and other decoders do not.
+inline constexpr const char* kUncodedCoefficients =
+    "progressive scans that leave coefficients uncoded (decoders estimate them differently)";
 std::string check_jpeg_scans(ByteSpan input, const ScanCheckOptions& options = {});
 
 // check_jpeg_scans over many inputs on up to `num_threads` threads (0: hardware concurrency); one entry per input.

@@ -75,6 +75,28 @@ def test_arithmetic_coded_to_baseline_is_pixel_identical(progressive):
     assert np.array_equal(pixels(src), pixels(out))
 
 
+@pytest.mark.parametrize("arithmetic", [False, True])
+def test_a_progression_that_stops_short_is_refused_and_found_by_the_scan_check(arithmetic):
+    """Cut after any of its first 9 scans, a progressive file leaves coefficients uncoded, which libjpeg estimates
+    (block smoothing) and a baseline copy would not: the transcode refuses it and the scan check names it. All 10
+    scans: a lossless copy, and a clean check."""
+    from odd_images.build import _first_scans
+
+    src = progressive_jpeg("4:2:0")
+    if arithmetic:
+        src = native().transcode(src, arithmetic=True, progressive=True)
+    for k in range(1, 10):
+        cut = _first_scans(src, k)
+        pixels(cut)  # PIL decodes it
+        assert transcode.check_scans([cut]) == [transcode.UNCODED_COEFFICIENTS], k
+        with pytest.raises(transcode.JpegTranscodeError, match="leave coefficients uncoded"):
+            transcode.transcode_to_baseline(cut)
+    with pytest.raises(ValueError, match="10 scans"):
+        _first_scans(src, 10)
+    assert transcode.check_scans([src]) == [None]
+    assert np.array_equal(pixels(src), pixels(transcode.transcode_to_baseline(src)))
+
+
 def test_cmyk_progressive_transcodes_but_stays_cmyk():
     src = encode(photo().convert("CMYK"), progressive=True)
     out = transcode.transcode_to_baseline(src)

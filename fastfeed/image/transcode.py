@@ -9,7 +9,10 @@ What the hardware decoder takes, and how an image is classified, is `fastfeed.im
   ======== =============================================== ============================================
   keep     nothing                                         identical
   baseline progressive and arithmetic-coded JPEGs are       identical (DCT coefficients are copied, only
-           transcoded to baseline Huffman; the rest kept    the entropy coding changes; markers kept)
+           transcoded to baseline Huffman; the rest kept    the entropy coding changes; markers kept); a
+                                                            progressive file whose scans leave
+                                                            coefficients uncoded is refused (libjpeg
+                                                            estimates them, a copy would not)
   reencode as baseline, then whatever the hardware decoder  lossy for the re-encoded images only
            still rejects (CMYK/YCCK/RGB JPEGs, exotic
            subsampling, 12-bit, lossless, PNG/GIF/WebP/...)
@@ -40,6 +43,7 @@ __all__ = [
     "PREPARE_MODES",
     "HAVE_TRANSCODE",
     "HAVE_SCAN_CHECK",
+    "UNCODED_COEFFICIENTS",
     "JpegTranscodeError",
     "TranscodeUnavailableError",
     "prepare",
@@ -69,6 +73,9 @@ def _have_transcode() -> bool:
 HAVE_TRANSCODE = _have_transcode()
 # The scan check needs libjpeg too (csrc/jpeg_transcode.h check_jpeg_scans).
 HAVE_SCAN_CHECK = HAVE_TRANSCODE
+# check_scans' answer for a progressive JPEG whose scans leave coefficients uncoded (csrc/jpeg_transcode.h): every
+# pixel is coded, but decoders estimate the missing frequencies differently, so no baseline copy is lossless.
+UNCODED_COEFFICIENTS = getattr(_native(), "UNCODED_COEFFICIENTS", None)
 
 
 # ---- transcoding ---------------------------------------------------------------------------------------------
@@ -114,8 +121,8 @@ def check_scans(items: Sequence, num_threads: int = 0) -> list[str | None]:
     """Decode every scan of each JPEG to its DCT coefficients (libjpeg's Huffman/arithmetic pass; no IDCT, no
     output) on `num_threads` native threads (0: one per CPU), GIL released. One entry per input: None when every
     pixel is coded in the file, else libjpeg's message (premature end of the scan data or file, a bad code, lost
-    restart markers, an unsupported or malformed header...). Decoders fill uncoded pixels differently (PIL grey,
-    nvJPEG otherwise), so such a file gives different pixels per decoder. See csrc/jpeg_transcode.h
+    restart markers, an unsupported or malformed header..., or UNCODED_COEFFICIENTS). Decoders fill uncoded pixels
+    (and estimate uncoded coefficients) differently, so such a file gives different pixels per decoder. See csrc/jpeg_transcode.h
     check_jpeg_scans for which libjpeg warnings count. Raises TranscodeUnavailableError without libjpeg."""
     native = _require_native()
     if num_threads < 0:

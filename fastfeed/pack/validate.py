@@ -10,6 +10,9 @@ Pack accepts every image torchvision's ImageFolder would load, and keeps every p
   Loader hands such a sample to the decode contract's PIL decode on every path, so the rules (first frame,
   16-bit -> v >> 8, alpha dropped) apply when it is decoded, never to what is stored;
 - arithmetic-coded JPEGs: transcoded losslessly to baseline (native core), else stored as they are (`pil_only`);
+- progressive JPEGs whose scans leave coefficients uncoded (DC only, refinements missing): stored as they are,
+  `pil_only`, never transcoded: libjpeg (so PIL and torchvision) estimates the missing frequencies, other decoders
+  and a baseline copy of the coefficients do not;
 - JPEGs whose scans do not code every pixel (the frame header claims more rows than the scans hold, a bad
   Huffman code, lost restart markers: the scan check, transcode.check_scans) but that PIL loads: stored as they
   are, `pil_only`: decoders fill the uncoded pixels differently, PIL (so torchvision) fills them its way. The
@@ -228,6 +231,8 @@ def _check_jpeg_info(data, opts: LoadOptions, change: str | None, info: jpeg.Ima
         return _keep_for_pil(data, "jpeg", opts, change, "JPEG whose EXIF orientation readers disagree on", info)
     if opts.scan_check and transcode.HAVE_SCAN_CHECK:
         err = (scan or None) if scan is not None and change is None else transcode.check_scans([data], 1)[0]
+        if err == transcode.UNCODED_COEFFICIENTS:  # kept as it is: a baseline copy would lose libjpeg's estimates
+            return _keep_for_pil(data, "jpeg", replace(opts, jpeg_mode="keep"), change, f"JPEG with {err}", info)
         if err is not None:
             return _keep_for_pil(data, "jpeg", opts, change, f"JPEG with corrupt scan data ({err})", info)
     if info.jpeg_kind == jpeg.KIND_ARITHMETIC and opts.jpeg_mode == "keep":

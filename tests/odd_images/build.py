@@ -124,6 +124,27 @@ def _sof_patch(jpeg: bytes, marker: int | None = None, precision: int | None = N
         pos += 2 + ln
 
 
+def _first_scans(jpeg: bytes, k: int) -> bytes:
+    """The JPEG cut after its first `k` scans, then EOI: a progressive file whose scans stop short (as a scan script
+    without the refinements writes it). libjpeg's simple progression, which PIL writes, has 10 scans for colour:
+    the DC scan first, the last luma AC refinement last."""
+    pos, scans = 2, 0
+    while True:
+        assert jpeg[pos] == 0xFF
+        m = jpeg[pos + 1]
+        if m == 0xDA:
+            if scans == k:
+                return jpeg[:pos] + b"\xff\xd9"
+            scans += 1
+            pos += 2 + struct.unpack_from(">H", jpeg, pos + 2)[0]
+            while not (jpeg[pos] == 0xFF and jpeg[pos + 1] not in (0x00, *range(0xD0, 0xD8))):  # the scan's data
+                pos += 1
+        elif m == 0xD9:
+            raise ValueError(f"the JPEG has {scans} scans, not more than {k}")
+        else:
+            pos += 2 + struct.unpack_from(">H", jpeg, pos + 2)[0]
+
+
 def _adobe_transform(jpeg: bytes, transform: int) -> bytes:
     """Set the Adobe APP14 colour transform byte (0 = CMYK, 2 = YCCK) of a 4-component JPEG."""
     i = jpeg.index(b"\xff\xeeAdobe") if b"\xff\xeeAdobe" in jpeg else jpeg.index(b"\xff\xee")
@@ -158,6 +179,11 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     # -- JPEG as stored
     acc("jpeg_baseline.jpg", base)
     acc("jpeg_progressive.jpg", _enc(im, "JPEG", quality=90, progressive=True))
+    # Progressive files whose scans stop short: libjpeg estimates the uncoded coefficients (block smoothing), other
+    # decoders and a baseline copy do not. Stored as they are, for PIL (with libjpeg, so the scan check finds them).
+    progressive = _enc(im, "JPEG", quality=90, progressive=True)
+    acc("jpeg_progressive_dc_only.jpg", _first_scans(progressive, 1), pil=_scan_check())
+    acc("jpeg_progressive_unrefined.jpg", _first_scans(progressive, 9), pil=_scan_check())
     acc("jpeg_444.jpg", _enc(im, "JPEG", quality=90, subsampling=0))
     acc("jpeg_grey.jpg", _enc(grey, "JPEG", quality=90))
     acc("jpeg_icc.jpg", _enc(im, "JPEG", quality=90, icc_profile=_fake_icc()))
