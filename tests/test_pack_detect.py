@@ -384,6 +384,32 @@ def test_voc_classes_file_and_split(voc, tmp_path):
     assert [(r["object"], "unknown class 'cat'" in r["reason"]) for r in recs] == [(1, True)]
 
 
+def test_voc_pairs_annotations_with_images_by_id_and_never_packs_an_image_twice(tmp_path):
+    """<filename> goes stale in XMLs copied for augmented images: the id (the XML's stem) pairs them, as in
+    torchvision's VOCDetection; <filename> only pairs an XML that has no image of its id, and an image one XML
+    holds is never given to another."""
+    root = tmp_path / "voc"
+    jp, an = root / "JPEGImages", root / "Annotations"
+    for stem, seed in (("img1", 1), ("img1_aug", 2), ("lone", 3)):
+        image(jp / f"{stem}.jpg", 40, 30, seed)
+    write(an / "img1.xml", voc_xml("img1.jpg", 40, 30, [("cat", (2, 2, 10, 10), 0)]))
+    write(an / "img1_aug.xml", voc_xml("img1.jpg", 40, 30, [("cat", (21, 11, 30, 20), 0)]))  # stale <filename>
+    write(an / "copy.xml", voc_xml("img1.jpg", 40, 30, [("dog", (1, 1, 5, 5), 0)]))  # no copy.*: img1.jpg is taken
+    write(an / "zz.xml", voc_xml("lone.jpg", 40, 30, [("dog", (6, 6, 9, 9), 0)]))  # no zz.*, lone.jpg has no XML
+    out = tmp_path / "out"
+    m = pack(root, out)
+    with fastfeed.open_dataset(out) as ds:
+        sources = [str(ds.sources[i]) for i in range(len(ds))]
+        got = {str(ds.sources[i]): (ds.metadata(i)["boxes"], ds.read(i)) for i in range(len(ds))}
+    assert sorted(sources) == ["JPEGImages/img1.jpg", "JPEGImages/img1_aug.jpg", "JPEGImages/lone.jpg"]
+    assert m["num_samples"] == 3
+    for name, box in (("img1", [1, 1, 10, 10]), ("img1_aug", [20, 10, 30, 20]), ("lone", [5, 5, 9, 9])):
+        assert got[f"JPEGImages/{name}.jpg"] == ([box], (jp / f"{name}.jpg").read_bytes())
+    recs = rejected(out)
+    assert len(recs) == 1 and recs[0]["path"] == str(an / "copy.xml")
+    assert recs[0]["image"] == "JPEGImages/img1.jpg" and "Annotations/img1.xml" in recs[0]["reason"]
+
+
 # ---- refusals, classification unchanged, inspect -----------------------------------------------------------------
 
 

@@ -14,16 +14,19 @@ from fastfeed.pack.sources import Source, SourceEntry, _listdir
 
 def scan_voc(root: str, split: str | None = None, classes: str | None = None) -> Source:
     """Images of JPEGImages/ (or those `ImageSets/Main/SPLIT.txt` lists), each with Annotations/STEM.xml when it
-    exists (an image without one is a negative)."""
+    exists (an image without one is a negative). An annotation is paired with its image by id (the XML's stem), as
+    torchvision's VOCDetection and detectron2 pair them: `<filename>` is often stale in XMLs copied for augmented
+    images. Only an XML with no image of its stem is paired by its `<filename>`; an image is never packed twice, so
+    an XML naming an image already paired is rejected, naming both annotation files."""
     root = os.path.abspath(root)
     ann_dir, img_dir = os.path.join(root, "Annotations"), os.path.join(root, "JPEGImages")
     if not (os.path.isdir(ann_dir) and os.path.isdir(img_dir)):
         raise ValueError(f"{root}: not a Pascal VOC dataset (needs Annotations/ and JPEGImages/)")
     src = Source(root, "voc", [], [], {}, task="detect")
+    images = [name for name, is_dir in _listdir(img_dir, src) if not is_dir]
     by_stem: dict[str, str] = {}
-    for name, is_dir in _listdir(img_dir, src):
-        if not is_dir:
-            by_stem.setdefault(os.path.splitext(name)[0], name)  # sorted: a.jpg before a.png
+    for name in images:
+        by_stem.setdefault(os.path.splitext(name)[0], name)  # sorted: a.jpg before a.png
     xmls = {os.path.splitext(n)[0]: os.path.join(ann_dir, n) for n, is_dir in _listdir(ann_dir, src)
             if not is_dir and n.endswith(".xml")}
     if split is not None:
@@ -36,12 +39,28 @@ def scan_voc(root: str, split: str | None = None, classes: str | None = None) ->
     else:
         stems = sorted(set(by_stem) | set(xmls))
 
-    parsed = []  # (stem, image name or None, objects or error, declared size)
+    read = {stem: _read_voc(xmls[stem]) for stem in stems if stem in xmls}
+    owner = {by_stem[s]: xmls[s] for s in stems if s in by_stem and s in xmls}  # image name -> its XML
+    images = set(images)
+    for stem in stems:  # XMLs without an image of their id: by <filename>, first come first paired
+        filename = read[stem][2] if stem not in by_stem else None
+        if filename in images and filename not in owner:
+            owner[filename] = xmls[stem]
+    parsed = []  # (XML or None, image name, objects or error, declared size)
     for stem in stems:
         xml = xmls.get(stem)
-        objs, size, filename = ([], None, None) if xml is None else _read_voc(xml)
-        name = filename if filename and os.path.isfile(os.path.join(img_dir, filename)) else by_stem.get(stem)
-        parsed.append((stem, name, objs, size))
+        objs, size, filename = read.get(stem, ([], None, None))
+        if stem in by_stem:
+            if owner.get(by_stem[stem], xml) == xml:  # (else an XML of another id holds it by its <filename>)
+                parsed.append((xml, by_stem[stem], objs, size))
+        elif filename not in images:
+            src.rejected.append({"path": xml, "reason": "annotation file without an image"})
+        elif owner[filename] != xml:
+            src.rejected.append({"path": xml, "image": os.path.join("JPEGImages", filename),
+                                 "reason": f"no image of its id, and its <filename> {filename} is paired with "
+                                           f"{os.path.relpath(owner[filename], root)}: annotation not used"})
+        else:
+            parsed.append((xml, filename, objs, size))
     if classes is not None:
         names = read_names(classes)
     else:
@@ -49,11 +68,7 @@ def scan_voc(root: str, split: str | None = None, classes: str | None = None) ->
                         if isinstance(o, tuple)})
     src.classes = names
     src.class_to_idx = {c: i for i, c in enumerate(names)}
-    for stem, name, objs, size in parsed:
-        xml = xmls.get(stem)
-        if name is None:
-            src.rejected.append({"path": xml, "reason": "annotation file without an image"})
-            continue
+    for xml, name, objs, size in parsed:
         path = os.path.join(img_dir, name)
         rel = os.path.relpath(path, root)
         if isinstance(objs, str):
