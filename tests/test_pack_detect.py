@@ -155,6 +155,33 @@ def test_yolo_flat_layout_without_names_and_roboflow_split(tmp_path):
     assert stored(tmp_path / "out2")["train/images/y.jpg"] == {"boxes": [[0.0, 0.0, 20.0, 20.0]], "labels": [1]}
 
 
+def test_data_yaml_nc_is_the_number_of_classes(tmp_path, capsys):
+    """nc alone gives that many classes (a label past them is an unknown class, reported); an nc other than the
+    number of names stops the pack before anything is written, as ultralytics refuses it."""
+    def yolo_set(name: str, yaml: str) -> Path:
+        root = tmp_path / name
+        write(root / "data.yaml", yaml)
+        image(root / "images" / "x.png", 50, 50)
+        write(root / "labels" / "x.txt", "0 0.5 0.5 0.2 0.2\n1 0.5 0.5 0.2 0.2\n4 0.5 0.5 0.2 0.2\n")
+        return root
+
+    m = pack(yolo_set("nc3", "nc: 3\n"), tmp_path / "o3")
+    assert m["classes"] == ["0", "1", "2"]
+    assert stored(tmp_path / "o3")["images/x.png"]["labels"] == [0, 1]
+    recs = rejected(tmp_path / "o3")
+    assert len(recs) == 1 and recs[0]["path"].endswith("x.txt:3") and "unknown class id 4" in recs[0]["reason"]
+    m = pack(yolo_set("nc6", "nc: 6\n"), tmp_path / "o6")
+    assert m["classes"] == ["0", "1", "2", "3", "4", "5"] and m["rejected"] == 0
+    assert stored(tmp_path / "o6")["images/x.png"]["labels"] == [0, 1, 4]
+
+    bad = yolo_set("nc5", "nc: 5\nnames: [a, b]\n")
+    capsys.readouterr()
+    assert main(["pack", str(bad), str(tmp_path / "o5"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad / "data.yaml") in err and "nc: 5" in err and "2 classes" in err
+    assert not (tmp_path / "o5").exists()
+
+
 @pytest.fixture(scope="module")
 def split_first(tmp_path_factory) -> Path:
     """The "split first" export of Roboflow and ultralytics: ROOT/{train,valid,test}/{images,labels}, and a data.yaml
@@ -225,6 +252,7 @@ def test_data_yaml_path_key_is_where_the_splits_are(tmp_path):
     ("nc: 3\nnames:\n  0: a\n  2: c\ntrain: x\n", ["a", "1", "c"]),
     ("names: {0: a, 1: 'b, c'}\n", ["a", "b, c"]),
     ("train: images\n", None),
+    ("nc: 3\ntrain: images\n", ["0", "1", "2"]),
 ])
 def test_data_yaml_names(text, want, monkeypatch):
     assert parse_yaml_names(text) == want

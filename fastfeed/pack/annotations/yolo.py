@@ -1,7 +1,7 @@
 """YOLO layout (`ROOT/images/` + `ROOT/labels/`, optionally split: `images/train` + `labels/train`, picked with
 `--split`; Roboflow's and ultralytics' split-first export `ROOT/train/images` + `ROOT/train/labels` too, recognised
-by the data.yaml naming them: `_yaml_splits`). Class names from `data.yaml` (`names:` a list or a {id: name} map),
-else `--classes FILE`, else `classes.txt`, else "0", "1", ... Label lines `cls cx cy w h` (normalised) or `cls x1 y1
+by the data.yaml naming them: `_yaml_splits`). Class names from `data.yaml` (`names:` a list or a {id: name} map,
+or `nc:` alone: "0" .. "nc - 1"; an `nc` disagreeing with `names` stops the pack), else `--classes FILE`, else `classes.txt`, else "0", "1", ... Label lines `cls cx cy w h` (normalised) or `cls x1 y1
 x2 y2 ...` (a normalised polygon: its bounds are the box, the polygon is kept), turned into pixels with the image's
 size and EXIF tag as pack stores them (common.py `_probe_size`: from the header, PIL's where the EXIF readers
 disagree): the displayed size under orientation "exif" (axes swapped for EXIF tags 5-8, as ultralytics reads its
@@ -141,11 +141,16 @@ def parse_yaml_kpt_shape(text: str, where: str = "data.yaml") -> tuple[int, int]
 
 
 def parse_yaml_names(text: str, where: str = "data.yaml") -> list[str] | None:
-    """`names:` of a YOLO data.yaml as a list in class order (a {id: name} map becomes a list; missing ids get
-    their number as name), or None when it has none."""
+    """The class names of a YOLO data.yaml in class order: `names:` (a {id: name} map becomes a list; missing ids get
+    their number as name), else "0" .. "nc - 1" from `nc:` alone, or None when it has neither. An `nc` other than
+    the number of classes `names` gives is an error, as in ultralytics' check_det_dataset: which one is right
+    decides which labels are unknown classes."""
     raw = _yaml_value(text, "names", where)
+    nc = _yaml_value(text, "nc", where)
+    if nc is not None and (isinstance(nc, bool) or not isinstance(nc, int) or nc <= 0):
+        raise ValueError(f"{where}: 'nc' must be a positive number of classes, got {nc!r}")
     if raw is None:
-        return None
+        return None if nc is None else [str(i) for i in range(nc)]
     if isinstance(raw, dict):
         try:
             ids = {int(k): str(v) for k, v in raw.items()}
@@ -153,10 +158,14 @@ def parse_yaml_names(text: str, where: str = "data.yaml") -> list[str] | None:
             raise ValueError(f"{where}: names map keys must be class ids (integers)") from None
         if not ids or min(ids) < 0:
             raise ValueError(f"{where}: names map needs class ids 0, 1, ...")
-        return [ids.get(i, str(i)) for i in range(max(ids) + 1)]
-    if isinstance(raw, list) and raw:
-        return [str(v) for v in raw]
-    raise ValueError(f"{where}: 'names' must be a non-empty list or a map {{id: name}}")
+        names = [ids.get(i, str(i)) for i in range(max(ids) + 1)]
+    elif isinstance(raw, list) and raw:
+        names = [str(v) for v in raw]
+    else:
+        raise ValueError(f"{where}: 'names' must be a non-empty list or a map {{id: name}}")
+    if nc is not None and nc != len(names):
+        raise ValueError(f"{where}: 'nc: {nc}' and 'names' ({len(names)} classes) disagree: fix one of them")
+    return names
 
 
 def _tiny_yaml_names(text: str):
@@ -248,7 +257,7 @@ def _yolo_names(root: str, classes: str | None) -> tuple[list[str] | None, tuple
             path = os.path.join(folder, name)
             if os.path.isfile(path):
                 text = _read_yaml(path)
-                found = parse_yaml_names(text, path)
+                found = parse_yaml_names(text, path) if names is None else None  # --classes overrides it
                 if found is not None or names is not None:
                     return names or found, parse_yaml_kpt_shape(text, path)
     path = os.path.join(root, "classes.txt")  # darknet's names file
