@@ -27,7 +27,8 @@ import numpy as np
 
 from fastfeed.rle import RleError, rle_counts
 
-__all__ = ["Targets", "build_targets", "annotation_issues", "check_annotation", "TASKS", "GEOMETRY_TASKS",
+__all__ = ["Targets", "build_targets", "annotation_issues", "check_annotation", "box_size_issue", "TASKS",
+           "GEOMETRY_TASKS",
            "BOX_TASKS", "ANNOTATION_KEYS"]
 
 TASKS = ("classify", "detect", "segment", "semantic")
@@ -126,6 +127,26 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _table(boxes) -> np.ndarray:
+    """Boxes [n, 4] as the Targets table holds them: float32, so that whether a box has area is judged in the
+    precision training uses (x = 5000 plus a width of 1e-4 px is no width in float32)."""
+    with np.errstate(over="ignore"):  # a finite float64 past float32's range is inf there, as in the table
+        return np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+
+
+def _has_area(boxes: np.ndarray) -> np.ndarray:
+    return (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+
+
+def box_size_issue(box) -> str | None:
+    """'zero' or 'negative' when the box [x0, y0, x1, y1] has no area in the Targets table, else None: the scanners'
+    rule for a box of zero size, so that pack rejects every box build_targets would drop for its size alone."""
+    b = _table([box])
+    if _has_area(b)[0]:
+        return None
+    return "negative" if b[0, 2] < b[0, 0] or b[0, 3] < b[0, 1] else "zero"
+
+
 def _clip(boxes: np.ndarray, width: int, height: int) -> np.ndarray:
     out = boxes.copy()
     np.clip(out[:, 0::2], 0, width, out=out[:, 0::2])
@@ -137,15 +158,17 @@ def annotation_issues(ann: dict | None, width: int, height: int) -> list[tuple[i
     """[(object index, reason)] for the objects `build_targets` clips or drops in an image of width x height."""
     if not ann or not ann.get("boxes"):
         return []
-    boxes = np.asarray(ann["boxes"], dtype=np.float64).reshape(-1, 4)
+    boxes = _table(ann["boxes"])
     clipped = _clip(boxes, width, height)
+    area, kept = _has_area(boxes), _has_area(clipped)
     out = []
     for j, (b, c) in enumerate(zip(boxes, clipped)):
-        if not (c[2] > c[0] and c[3] > c[1]):
-            what = "outside the image" if (b[2] > b[0] and b[3] > b[1]) else "of zero size"
-            out.append((j, f"box {j} {b.tolist()} is {what} ({width}x{height}): dropped"))
+        given = list(ann["boxes"][j])  # reported as stored, not as float32 spells it
+        if not kept[j]:
+            what = "outside the image" if area[j] else "of zero size"
+            out.append((j, f"box {j} {given} is {what} ({width}x{height}): dropped"))
         elif not np.array_equal(b, c):
-            out.append((j, f"box {j} {b.tolist()} crosses the image edge ({width}x{height}): clipped"))
+            out.append((j, f"box {j} {given} crosses the image edge ({width}x{height}): clipped"))
     for j, mask in enumerate(ann.get("rle", [])):
         if not _rle_fits(mask, width, height):
             h, w = mask["size"]
@@ -169,8 +192,8 @@ def build_targets(annotations: Iterable[dict | None], widths: Sequence[int], hei
         if not ann or not ann.get("boxes"):
             counts.append(0)
             continue
-        b = _clip(np.asarray(ann["boxes"], dtype=np.float32).reshape(-1, 4), int(w), int(h))
-        keep = (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])
+        b = _clip(_table(ann["boxes"]), int(w), int(h))
+        keep = _has_area(b)
         boxes.append(b[keep])
         labels.append(np.asarray(ann["labels"], dtype=np.int64)[keep])
         crowd.append(np.asarray(ann.get("iscrowd", [0] * len(keep)), dtype=bool)[keep])

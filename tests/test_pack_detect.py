@@ -338,6 +338,28 @@ def test_coco_pack(coco, tmp_path, fmt):
     assert m["objects"]["images_with_objects"] == 3 and m["objects"]["objects"] == 4
 
 
+def test_a_box_with_no_width_in_float32_is_a_zero_size_rejection(tmp_path):
+    """The Loader's table holds boxes in float32: a width that only float64 sees (1e-4 px at x = 5000, 1e-9 px)
+    is a box of zero size in rejected.jsonl, as any other, not a box stored and then silently dropped."""
+    imgs = tmp_path / "c"
+    image(imgs / "wide.png", 6000, 8)
+    bboxes = {1: [5000.0, 1.0, 0.0001, 5.0], 2: [-5.0, 1.0, 10.0, 5.0], 3: [10.0, 1.0, 1e-9, 5.0],
+              4: [20.0, 1.0, 0.01, 5.0]}
+    doc = {"categories": [{"id": 1, "name": "a"}],
+           "images": [{"id": 1, "file_name": "wide.png", "width": 6000, "height": 8}],
+           "annotations": [{"id": k, "image_id": 1, "category_id": 1, "bbox": b, "iscrowd": 0}
+                           for k, b in bboxes.items()]}
+    out = tmp_path / "out"
+    pack(imgs, out, "--annotations", str(write(tmp_path / "c.json", json.dumps(doc))))
+    no_width = {k for k, (x, _, w, _) in bboxes.items() if not np.float32(x + w) > np.float32(x)}
+    assert no_width == {1, 3}
+    recs = rejected(out)
+    assert {r["annotation_id"] for r in recs if "zero size" in r["reason"]} == no_width
+    assert stored(out)["wide.png"]["boxes"] == [[-5.0, 1.0, 5.0, 6.0], [20.0, 1.0, 20.01, 6.0]]
+    with fastfeed.Loader(out, batch_size=1, train=False, image_size=64, device="cpu", decoder="cpu") as ld:
+        assert len(ld.targets.boxes) == 2  # every stored box reaches training (the first clipped)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_coco_parts_merge_to_the_single_pack(coco, tmp_path, fmt):
     from conftest import run_pack

@@ -30,6 +30,16 @@ def test_boxes_are_clipped_to_the_image_and_empty_ones_dropped():
     assert annotation_issues(anns[2], W, H) == []
 
 
+def test_the_report_judges_area_in_the_tables_float32():
+    # x1 - x0 = 1e-4 px at x = 5000 is a width in float64, none in float32: build_targets drops it, and the
+    # report says so
+    ann = {"boxes": [[5000.0, 1.0, 5000.0001, 6.0], [10.0, 1.0, 10.5, 6.0]], "labels": [0, 0]}
+    assert np.float32(5000.0001) == np.float32(5000.0)
+    assert build_targets([ann], [6000], [8]).count(0) == 1
+    assert [(j, why.endswith("of zero size (6000x8): dropped")) for j, why in annotation_issues(ann, 6000, 8)] == [
+        (0, True)]
+
+
 def test_crowd_regions_are_kept_in_the_table_but_not_trained_on():
     ann = {"boxes": [[0, 0, 10, 10], [20, 20, 40, 40], [50, 0, 60, 5]], "labels": [0, 1, 2], "iscrowd": [0, 1, 0]}
     t = build_targets([ann], [W], [H])

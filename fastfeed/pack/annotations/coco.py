@@ -12,6 +12,7 @@ import os
 from fastfeed.pack.annotations.common import _add
 from fastfeed.pack.sources import Source, SourceEntry
 from fastfeed.rle import RleError, rle_counts
+from fastfeed.targets import box_size_issue
 
 def scan_coco(images_root: str, ann_path: str) -> Source:
     """`images_root`: the folder the JSON's `file_name`s are relative to. Images on disk that the JSON does not
@@ -112,8 +113,9 @@ def _coco_object(a: dict, index: dict, bad) -> tuple | None:
         bad(f"malformed bbox {b!r:.80}")
         return None
     x, y, w, h = b
-    if w <= 0 or h <= 0:
-        bad(f"box of {'negative' if min(w, h) < 0 else 'zero'} size (bbox {b}: [x, y, width, height])")
+    no_area = box_size_issue([x, y, x + w, y + h])
+    if no_area is not None:
+        bad(f"box of {no_area} size (bbox {b}: [x, y, width, height])")
         return None
     crowd = a.get("iscrowd", 0)
     if crowd not in (0, 1) or isinstance(crowd, bool):

@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 
 from fastfeed.pack.annotations.common import _add, read_names
 from fastfeed.pack.sources import Source, SourceEntry, _listdir
+from fastfeed.targets import box_size_issue
 
 def scan_voc(root: str, split: str | None = None, classes: str | None = None) -> Source:
     """Images of JPEGImages/ (or those `ImageSets/Main/SPLIT.txt` lists), each with Annotations/STEM.xml when it
@@ -127,9 +128,9 @@ def _read_voc(path: str):
             objs.append("no <name>")
             continue
         box = [x0 - 1, y0 - 1, x1, y1]  # 1-based inclusive pixel indices -> edges
-        if box[2] <= box[0] or box[3] <= box[1]:
-            sign = "negative" if box[2] < box[0] or box[3] < box[1] else "zero"
-            objs.append(f"box of {sign} size (xmin {x0}, ymin {y0}, xmax {x1}, ymax {y1})")
+        no_area = box_size_issue(box)
+        if no_area is not None:
+            objs.append(f"box of {no_area} size (xmin {x0}, ymin {y0}, xmax {x1}, ymax {y1})")
             continue
         difficult = (o.findtext("difficult") or "0").strip()
         objs.append((name, box, 1 if difficult in ("1", "true", "True") else 0))

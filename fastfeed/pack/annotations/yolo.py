@@ -18,6 +18,7 @@ from fastfeed.image.headers import swaps_axes
 
 from fastfeed.pack.annotations.common import _add, _has_file, _probe_sizes, read_names
 from fastfeed.pack.sources import Source, SourceEntry, _count_link, _listdir, _walk_files
+from fastfeed.targets import box_size_issue
 
 _ROUND = 6  # YOLO -> pixels: decimals kept (1e-6 px), so 0.1 * 640 is stored as 64.0, not 64.00000000000001
 _DATA_YAML = ("data.yaml", "dataset.yaml", "data.yml")  # a dataset's names (and its split folders), first found
@@ -398,15 +399,16 @@ def _yolo_annotation(lines, w: int, h: int, num_classes: int, label_path: str, r
             continue
         if len(vals) == 4 or kpt_shape is not None:
             cx, cy, bw, bh = vals[:4]
-            if bw <= 0 or bh <= 0:
-                bad(n, f"box of {'negative' if min(bw, bh) < 0 else 'zero'} size (w {bw}, h {bh})")
-                continue
             box = [_px((cx - bw / 2), w), _px(cy - bh / 2, h), _px(cx + bw / 2, w), _px(cy + bh / 2, h)]
+            no_area = box_size_issue(box)
+            if no_area is not None:
+                bad(n, f"box of {no_area} size (w {bw}, h {bh})")
+                continue
             poly = None
         else:
             poly = [_px(v, w if k % 2 == 0 else h) for k, v in enumerate(vals)]
             box = [min(poly[0::2]), min(poly[1::2]), max(poly[0::2]), max(poly[1::2])]
-            if box[2] <= box[0] or box[3] <= box[1]:
+            if box_size_issue(box) is not None:
                 bad(n, "box of zero size (the polygon has no area)")
                 continue
         boxes.append(box)
