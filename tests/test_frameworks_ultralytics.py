@@ -5,6 +5,7 @@ what it reads of its DataLoader (length, sampler, dataset labels, close_mosaic) 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import re
@@ -108,3 +109,38 @@ def test_mosaic_ends_for_the_last_close_mosaic_epochs_as_in_the_trainer(yolo_dat
     assert tiles == [4, 4, 4, 1, 1]
     UltralyticsLoader(loader).dataset.close_mosaic(hyp=args)  # the trainer's call: nothing left for it to do
     loader.close()
+
+
+def test_hyperparameters_the_loader_does_not_implement_are_named_in_one_warning():
+    """A trainer's flipud, mixup, perspective, copy_paste (...) set on are named with their values in one warning,
+    not silently dropped; ultralytics' own defaults (read from its default.yaml, without importing it) warn of
+    nothing, and every augmentation hyperparameter there is either taken or among those named."""
+    import importlib.util
+    import warnings
+
+    import yaml
+
+    from fastfeed.detect.clients import UNSUPPORTED
+    from fastfeed.detect.geometry import DetectAugment
+
+    spec = importlib.util.find_spec("ultralytics")
+    text = (Path(spec.origin).parent / "cfg" / "default.yaml").read_text()
+    defaults = yaml.safe_load(text)
+    block = text[text.index("hsv_h:"):].split("\n\n")[0]  # the augmentation hyperparameters, hsv_h to the gap
+    augment_keys = [line.split(":")[0] for line in block.splitlines()]
+    classify_only = {"auto_augment", "erasing", "copy_paste_mode"}
+    taken = {f.name for f in dataclasses.fields(DetectAugment)}
+    assert set(augment_keys) - classify_only - taken == set(UNSUPPORTED)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert augment_from_ultralytics(defaults) == DetectAugment(close_mosaic=defaults["close_mosaic"])
+    asked = dict(defaults, flipud=0.5, mixup=0.3, perspective=0.001, copy_paste=0.5, fliplr=0.25)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        aug = augment_from_ultralytics(asked)
+    assert aug.fliplr == 0.25
+    assert len(caught) == 1
+    msg = str(caught[0].message)
+    for shown in ("flipud=0.5", "mixup=0.3", "perspective=0.001", "copy_paste=0.5"):
+        assert shown in msg
+    assert "fliplr" not in msg and "cutmix" not in msg and "bgr" not in msg

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
@@ -156,10 +157,22 @@ class _Labels:
         """The Loader, built with `epochs=`, has turned mosaic off at this epoch by itself."""
 
 
+# ultralytics' detection augmentation hyperparameters the Loader does not implement, with their no-op defaults
+# (default.yaml). The horizontal flip is mirrored by each renderer and target path separately (CPU and GPU
+# renderers, boxes, polygons, masks), not folded into the tile's affine, so a vertical one is no small addition.
+UNSUPPORTED = {"flipud": 0.0, "perspective": 0.0, "bgr": 0.0, "mixup": 0.0, "cutmix": 0.0, "copy_paste": 0.0}
+
+
 def augment_from_ultralytics(args) -> DetectAugment:
     """The DetectAugment of an ultralytics trainer's `args` (or any object or dict with its hyperparameter names):
-    the names both share are taken, the rest keep DetectAugment's defaults, which are ultralytics' own."""
+    the names both share are taken, the rest keep DetectAugment's defaults, which are ultralytics' own. One warning
+    names each hyperparameter of `UNSUPPORTED` set to other than its no-op default: the run trains without it."""
     get = args.get if isinstance(args, dict) else (lambda name, default: getattr(args, name, default))
     names = [f.name for f in dataclasses.fields(DetectAugment) if f.name != "pad_value"]
     given = {name: get(name, None) for name in names}
+    ignored = {k: v for k, off in UNSUPPORTED.items() if (v := get(k, None)) is not None and v != off}
+    if ignored:
+        warnings.warn(f"fastfeed's detection Loader does not implement the ultralytics hyperparameter(s) "
+                      f"{', '.join(f'{k}={v!r}' for k, v in ignored.items())}: this run trains without them "
+                      f"(docs/detection.md, What differs from ultralytics)", UserWarning, stacklevel=2)
     return DetectAugment(**{k: v for k, v in given.items() if v is not None})
