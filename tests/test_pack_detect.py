@@ -338,6 +338,23 @@ def test_coco_pack(coco, tmp_path, fmt):
     assert m["objects"]["images_with_objects"] == 3 and m["objects"]["objects"] == 4
 
 
+def test_coco_iscrowd_may_be_a_json_boolean(tmp_path):
+    """Some exporters write "iscrowd": false / true; pycocotools takes them as 0 and 1, and so does pack."""
+    imgs = tmp_path / "i"
+    image(imgs / "x.png", 50, 40)
+    crowd = {1: False, 2: True, 3: 0, 4: 1, 5: "yes"}
+    doc = {"categories": [{"id": 1, "name": "a"}],
+           "images": [{"id": 1, "file_name": "x.png", "width": 50, "height": 40}],
+           "annotations": [{"id": k, "image_id": 1, "category_id": 1, "bbox": [2 + 8 * k, 2, 5, 5], "iscrowd": c}
+                           for k, c in crowd.items()]}
+    out = tmp_path / "out"
+    pack(imgs, out, "--annotations", str(write(tmp_path / "a.json", json.dumps(doc))))
+    got = stored(out)["x.png"]
+    assert got["iscrowd"] == [0, 1, 0, 1] and all(type(v) is int for v in got["iscrowd"])
+    assert got["boxes"] == [[2 + 8 * k, 2, 7 + 8 * k, 7] for k in (1, 2, 3, 4)]
+    assert [(r["annotation_id"], "iscrowd 'yes'" in r["reason"]) for r in rejected(out)] == [(5, True)]
+
+
 def test_a_box_with_no_width_in_float32_is_a_zero_size_rejection(tmp_path):
     """The Loader's table holds boxes in float32: a width that only float64 sees (1e-4 px at x = 5000, 1e-9 px)
     is a box of zero size in rejected.jsonl, as any other, not a box stored and then silently dropped."""

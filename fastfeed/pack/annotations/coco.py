@@ -1,8 +1,9 @@
 """COCO instances JSON (`--annotations FILE`; SRC is the image folder `file_name`s are relative to). Categories map
 to 0, 1, ... in the order of their ids (the ids are kept in the manifest's `objects.source_ids`); bbox [x, y, w, h]
--> [x, y, x + w, y + h]; `iscrowd`; polygon `segmentation`s kept as "polygons"; an RLE segmentation (a dict) is
-kept as given under "rle" (one entry per object, null for the others) with its box and iscrowd, checked
-(fastfeed/rle.py) with the rest of the annotation; `task="segment"` draws it."""
+-> [x, y, x + w, y + h]; `iscrowd` (0 or 1, JSON's false and true taken as 0 and 1, as pycocotools takes them);
+polygon `segmentation`s kept as "polygons"; an RLE segmentation (a dict) is kept as given under "rle" (one entry per
+object, null for the others) with its box and iscrowd, checked (fastfeed/rle.py) with the rest of the annotation;
+`task="segment"` draws it."""
 from __future__ import annotations
 
 import json
@@ -118,8 +119,8 @@ def _coco_object(a: dict, index: dict, bad) -> tuple | None:
         bad(f"box of {no_area} size (bbox {b}: [x, y, width, height])")
         return None
     crowd = a.get("iscrowd", 0)
-    if crowd not in (0, 1) or isinstance(crowd, bool):
-        bad(f"iscrowd {crowd!r} is not 0 or 1")
+    if crowd not in (0, 1):
+        bad(f"iscrowd {crowd!r} is not 0 or 1 (or false or true)")
         return None
     seg = a.get("segmentation")
     polys, rle = [], None
