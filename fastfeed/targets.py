@@ -154,10 +154,13 @@ def _clip(boxes: np.ndarray, width: int, height: int) -> np.ndarray:
     return out
 
 
-def annotation_issues(ann: dict | None, width: int, height: int) -> list[tuple[int, str]]:
-    """[(object index, reason)] for the objects `build_targets` clips or drops in an image of width x height."""
+def annotation_issues(ann: dict | None, width: int, height: int,
+                      ids: Sequence[int] | None = None) -> list[tuple[int, str]]:
+    """[(object number, reason)] for the objects `build_targets` clips or drops in an image of width x height; an
+    object's number is ids[index] when `ids` is given (its number in the annotation file), else its index."""
     if not ann or not ann.get("boxes"):
         return []
+    ids = range(len(ann["boxes"])) if ids is None else ids
     boxes = _table(ann["boxes"])
     clipped = _clip(boxes, width, height)
     area, kept = _has_area(boxes), _has_area(clipped)
@@ -166,14 +169,14 @@ def annotation_issues(ann: dict | None, width: int, height: int) -> list[tuple[i
         given = list(ann["boxes"][j])  # reported as stored, not as float32 spells it
         if not kept[j]:
             what = "outside the image" if area[j] else "of zero size"
-            out.append((j, f"box {j} {given} is {what} ({width}x{height}): dropped"))
+            out.append((ids[j], f"box {ids[j]} {given} is {what} ({width}x{height}): dropped"))
         elif not np.array_equal(b, c):
-            out.append((j, f"box {j} {given} crosses the image edge ({width}x{height}): clipped"))
+            out.append((ids[j], f"box {ids[j]} {given} crosses the image edge ({width}x{height}): clipped"))
     for j, mask in enumerate(ann.get("rle", [])):
         if not _rle_fits(mask, width, height):
             h, w = mask["size"]
-            out.append((j, f"object {j}'s RLE mask is {w}x{h}, the image {width}x{height}: the mask is not used "
-                           f"(the box is kept)"))
+            out.append((ids[j], f"object {ids[j]}'s RLE mask is {w}x{h}, the image {width}x{height}: the mask is "
+                                f"not used (the box is kept)"))
     return out
 
 

@@ -451,6 +451,23 @@ def test_voc_classes_file_and_split(voc, tmp_path):
     assert [(r["object"], "unknown class 'cat'" in r["reason"]) for r in recs] == [(1, True)]
 
 
+def test_voc_records_number_objects_by_their_xml_element(tmp_path):
+    """rejected.jsonl's "object" for a VOC image is the index of its <object> element, whether the object is
+    rejected while reading the XML or clipped once the image is stored."""
+    root = tmp_path / "voc"
+    image(root / "JPEGImages" / "a.jpg", 40, 30)
+    objects = [("cat", ("x", 1, 5, 5), 0), ("cat", (2, 2, 10, 10), 0), ("dog", (9, 9, 8, 12), 0),
+               ("dog", (31, 21, 45, 35), 0)]  # malformed, kept, zero size, crossing the edge: clipped
+    write(root / "Annotations" / "a.xml", voc_xml("a.jpg", 40, 30, objects))
+    out = tmp_path / "out"
+    m = pack(root, out)
+    assert stored(out)["JPEGImages/a.jpg"]["boxes"] == [[1, 1, 10, 10], [30, 20, 45, 35]]
+    got = sorted((r["object"], r["reason"]) for r in rejected(out))
+    assert [k for k, _ in got] == [0, 2, 3] and m["changes"] == {"clipped_boxes": 1}
+    assert "malformed" in got[0][1] and "zero size" in got[1][1]
+    assert got[2][1].startswith("box 3 ") and got[2][1].endswith("clipped")
+
+
 def test_voc_pairs_annotations_with_images_by_id_and_never_packs_an_image_twice(tmp_path):
     """<filename> goes stale in XMLs copied for augmented images: the id (the XML's stem) pairs them, as in
     torchvision's VOCDetection; <filename> only pairs an XML that has no image of its id, and an image one XML

@@ -42,6 +42,9 @@ class SourceEntry:
     # Detection sources (fastfeed/pack/annotations/): the (width, height) the annotations were made for, checked
     # against the stored image once it is stored.
     size: tuple[int, int] | None = None
+    # Detection sources whose objects have numbers of their own in the annotation file: each stored object's (VOC:
+    # its <object> element's index), so that rejected.jsonl's "object" means one thing for a file's objects.
+    object_ids: tuple[int, ...] | None = None
     # Members stored beside the image as `KEY.ext`: (ext, absolute path) for a file stored byte for byte (a
     # semantic source's mask: fastfeed/pack/annotations/masks.py) or (ext, bytes) for a value (a list's caption);
     # every entry of a source carries the same exts.

@@ -13,9 +13,10 @@ holds what they share (names files, image size probes, the last check before an 
 Nothing here stops a pack for one bad record. Images without objects are kept (negatives: empty lists). A label
 file without its image, an unknown class, a malformed line or record, a box of zero size are rejections
 {"path": annotation file, "reason": ..., "image": ...} naming the object (YOLO: "path" ends in ":LINE"; COCO:
-"annotation_id"; VOC: "object", the index of the <object> element); the image is kept without that object. Only an
-unreadable annotation file drops its image. Whether boxes fit the stored image is checked once it is stored
-(`sample_issues`, with fastfeed.targets.annotation_issues: the Loader's own rule).
+"annotation_id"; VOC: "object", the 0-based index of the <object> element, as in its records of boxes clipped or
+dropped); the image is kept without that object. Only an unreadable annotation file drops its image. Whether boxes
+fit the stored image is checked once it is stored (`sample_issues`, with fastfeed.targets.annotation_issues: the
+Loader's own rule; an object is numbered there by its SourceEntry.object_ids where the source gives them).
 """
 from __future__ import annotations
 
@@ -129,7 +130,7 @@ def sample_issues(entry: SourceEntry, width: int, height: int, tag: int = 1,
         out.append({"path": entry.rel, "reason": f"the {frame} is {width}x{height}, the annotations were made "
                                                  f"for {entry.size[0]}x{entry.size[1]}: boxes may not match (the image is "
                                                  f"kept){hint}"})
-    for j, why in annotation_issues(entry.metadata, width, height):
+    for j, why in annotation_issues(entry.metadata, width, height, entry.object_ids):
         out.append({"path": entry.rel, "reason": why, "object": j})
     return out
 

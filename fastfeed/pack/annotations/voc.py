@@ -76,7 +76,7 @@ def scan_voc(root: str, split: str | None = None, classes: str | None = None) ->
             src.rejected.append({"path": path, "reason": f"annotation file {xml} unreadable ({objs}): "
                                                          f"image not packed"})
             continue
-        ann = {"boxes": [], "labels": [], "difficult": []}
+        ann, ids = {"boxes": [], "labels": [], "difficult": []}, []
         for k, o in enumerate(objs):
             why = o if isinstance(o, str) else None
             if why is None and o[0] not in src.class_to_idx:
@@ -87,7 +87,8 @@ def scan_voc(root: str, split: str | None = None, classes: str | None = None) ->
             ann["boxes"].append(o[1])
             ann["labels"].append(src.class_to_idx[o[0]])
             ann["difficult"].append(o[2])
-        _add(src, SourceEntry(path, rel, -1, ann, size), path)
+            ids.append(k)
+        _add(src, SourceEntry(path, rel, -1, ann, size, object_ids=tuple(ids)), path)
     return src
 
 
