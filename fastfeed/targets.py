@@ -28,8 +28,7 @@ import numpy as np
 from fastfeed.rle import RleError, rle_counts
 
 __all__ = ["Targets", "build_targets", "annotation_issues", "check_annotation", "box_size_issue", "TASKS",
-           "GEOMETRY_TASKS",
-           "BOX_TASKS", "ANNOTATION_KEYS"]
+           "GEOMETRY_TASKS", "BOX_TASKS", "ANNOTATION_KEYS"]
 
 TASKS = ("classify", "detect", "segment", "semantic")
 # The tasks whose batches go through the detection geometry (fastfeed/detect/): boxes, or masks, follow the pixels.

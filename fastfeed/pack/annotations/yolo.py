@@ -1,9 +1,10 @@
 """YOLO layout (`ROOT/images/` + `ROOT/labels/`, optionally split: `images/train` + `labels/train`, picked with
 `--split`; Roboflow's and ultralytics' split-first export `ROOT/train/images` + `ROOT/train/labels` too, recognised
 by the data.yaml naming them: `_yaml_splits`). Class names from `data.yaml` (`names:` a list or a {id: name} map,
-or `nc:` alone: "0" .. "nc - 1"; an `nc` disagreeing with `names` stops the pack), else `--classes FILE`, else `classes.txt`, else "0", "1", ... Label lines `cls cx cy w h` (normalised) or `cls x1 y1
-x2 y2 ...` (a normalised polygon: its bounds are the box, the polygon is kept), turned into pixels with the image's
-size and EXIF tag as pack stores them (common.py `_probe_size`: from the header, PIL's where the EXIF readers
+or `nc:` alone: "0" .. "nc - 1"; an `nc` disagreeing with `names` stops the pack), else `--classes FILE`, else
+`classes.txt`, else "0", "1", ... Label lines `cls cx cy w h` (normalised) or `cls x1 y1 x2 y2 ...` (a normalised
+polygon: its bounds are the box, the polygon is kept), turned into pixels with the image's size and EXIF tag as pack
+stores them (common.py `_probe_size`: from the header, PIL's where the EXIF readers
 disagree): the displayed size under orientation "exif" (axes swapped for EXIF tags 5-8, as ultralytics reads its
 labels against the image OpenCV rotates), else the stored one. Pixels are rounded to 1e-6 px
 (float noise), and a value past the image edge by less than 1e-6 of its side is the edge (6-decimal label files
