@@ -234,14 +234,17 @@ def test_whole_image_dali_pipeline_matches_the_cropped_one(accepted, policy, mon
         chroma_mode(gpu=True)
 
 
-@pytest.mark.parametrize("size", [(4000, 1), (1, 4000), (2, 3000)], ids=["4000x1", "1x4000", "2x3000"])
+@pytest.mark.parametrize("size", [(4000, 1), (1, 4000), (2, 3000), (5, 1), (3, 7)],
+                         ids=["4000x1", "1x4000", "2x3000", "5x1", "3x7"])
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
 @pytest.mark.parametrize("kind", CPU_KINDS)
-def test_a_line_of_pixels_decodes_as_torchvision_resizes_it(size, fmt, kind):
+@pytest.mark.parametrize("policy", ["ignore", "exif"])
+def test_a_line_of_pixels_decodes_as_torchvision_resizes_it(size, fmt, kind, policy):
     """Eval's centre crop of a 1-pixel-thin image is a window under a pixel wide, magnified ~300x: each CPU decoder
     samples it where torchvision's Resize + CenterCrop does, with the pixels around the window that PIL's filter
     reads (before: cpu-pil widened the window to a pixel, 8/255 off on noise; cpu-dali decoded only the window's
-    pixels, 5/255 off on 2 x 3000)."""
+    pixels, 5/255 off on 2 x 3000, and under policy "exif" took the window for the image's edges, up to 7/255 on a
+    5 x 1 PNG)."""
     import io
 
     from PIL import Image
@@ -251,8 +254,8 @@ def test_a_line_of_pixels_decodes_as_torchvision_resizes_it(size, fmt, kind):
     Image.fromarray(np.random.default_rng(w).integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format=fmt,
                                                                                              quality=95)
     data = buf.getvalue()
-    got = _decode_all(kind, [data], np.array([w]), np.array([h]), np.array([1]), "ignore", True)[0]
-    want = reference_eval(data, S).astype(np.int16)
+    got = _decode_all(kind, [data], np.array([w]), np.array([h]), np.array([1]), policy, True)[0]
+    want = reference_eval(data, S, policy).astype(np.int16)
     assert np.abs(got - want).mean() < 0.5
 
 

@@ -429,8 +429,10 @@ def _clamp_displayed(samples, windows: Windows, positions) -> Windows:
     from fastfeed.image.headers import swaps_axes
     from fastfeed.image.jpeg import displayed_size
 
-    W = windows.x.astype(np.int64) + windows.w
-    H = windows.y.astype(np.int64) + windows.h
+    # The sizes the windows were drawn on where they came with them: the decoder reads around a window up to them
+    # (its filter's neighbours), and a thin image's window is most of it.
+    W = windows.x.astype(np.int64) + windows.w if windows.width is None else np.array(windows.width, dtype=np.int64)
+    H = windows.y.astype(np.int64) + windows.h if windows.height is None else np.array(windows.height, dtype=np.int64)
     for i in positions:
         # Tags 1-4 keep the stored size, which the windows were computed on; only 5-8 (axes swapped) can put a
         # window outside the rotated image. Reading the tag costs microseconds; the size is read for rotated ones only.
