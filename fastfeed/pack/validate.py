@@ -359,17 +359,26 @@ def _keep_for_pil(data, fmt: str, opts: LoadOptions, change: str | None, what: s
     codec = _PIL_CODECS.get(fmt)
     if codec is not None and not _pil_has(codec):
         return Rejected(reason)
-    try:
-        with Image.open(io.BytesIO(bytes(data))) as im:  # the first frame of an animation: the contract's choice
+    def decoded(readable: bytes) -> tuple[int, int, str, int] | Rejected:
+        with Image.open(io.BytesIO(readable)) as im:  # the first frame of an animation: the contract's choice
             w, h = im.size
             if w * h > opts.max_pixels:
                 return Rejected(f"decompression bomb: {w}x{h} pixels exceeds the limit of {opts.max_pixels} "
                                 f"(--max-pixels)")
             im.load()
             # After load(): PNG's eXIf may follow the pixel data; what the decoders apply under policy "exif".
-            tag = orientation_tag(data, im, "exif")
-            w, h = im.size
-            mode = im.mode
+            return im.size[0], im.size[1], im.mode, orientation_tag(data, im, "exif")
+
+    try:
+        try:
+            facts = decoded(bytes(data))
+        except ValueError as e:  # PIL's text-chunk limit: the contract decodes it without the text, as here
+            if not png_text_over_limit(e):
+                raise
+            facts = decoded(without_png_text(data))
+        if isinstance(facts, Rejected):
+            return facts
+        w, h, mode, tag = facts
     except UnidentifiedImageError:
         return Rejected(reason)
     except Image.DecompressionBombError as e:
