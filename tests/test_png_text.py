@@ -80,3 +80,28 @@ def test_pack_verify_and_the_cpu_decoders_take_it(tmp_path, decoder, xmp):
         assert ds.read(p) == (tmp_path / "text" / str(ds.sources[p])).read_bytes()
     assert verify(str(tmp_path / "text-wds")).ok
     assert torch.equal(batches["text"][0], batches["plain"][0])
+
+
+def test_a_detection_pack_takes_it_and_its_boxes_are_the_plain_files(tmp_path):
+    """YOLO labels are turned into pixels with the image's size, which pack read with PIL for such a file and, PIL
+    refusing it, rejected the image ("image size unreadable")."""
+    for name in ("text", "plain"):
+        (tmp_path / name / "images").mkdir(parents=True)
+        (tmp_path / name / "labels").mkdir()
+        (tmp_path / name / "data.yaml").write_text("names: [a]\n")
+        for i in range(2):
+            data, pixels = big_text_png(i, xmp=bool(i))
+            if name == "text":
+                (tmp_path / name / "images" / f"{i}.png").write_bytes(data)
+            else:
+                Image.fromarray(pixels).save(tmp_path / name / "images" / f"{i}.png")
+            (tmp_path / name / "labels" / f"{i}.txt").write_text("0 0.5 0.5 0.4 0.25\n")
+    batches = {}
+    for name in ("text", "plain"):
+        run_pack(tmp_path / name, tmp_path / f"{name}-wds")
+        assert not (tmp_path / f"{name}-wds" / "rejected.jsonl").read_text().strip()
+        with fastfeed.Loader(tmp_path / f"{name}-wds", task="detect", batch_size=2, train=False, image_size=64,
+                             device="cpu", dtype=torch.uint8, on_error="raise") as ld:
+            (batches[name],) = list(ld)
+    assert torch.equal(batches["text"]["boxes"], batches["plain"]["boxes"])
+    assert torch.equal(batches["text"]["batch_idx"], torch.tensor([0, 1]))

@@ -34,7 +34,7 @@ from fastfeed.detect.geometry import BatchGeometry
 from fastfeed.detect.hsv import apply_hsv_inplace, finish
 from fastfeed.detect.resample import resize_into
 from fastfeed.image.contract import to_rgb
-from fastfeed.image.headers import png_text_over_limit, swaps_axes, without_png_text
+from fastfeed.image.headers import pil_read, swaps_axes
 
 __all__ = ["Decoded", "decode_for", "decoded_nbytes", "draft_denominator", "source_zooms", "displayed", "render",
            "decode_image", "decode_rgbx", "apply_hsv", "quad_inside", "DRAFT_MIN_SCALE"]
@@ -181,12 +181,8 @@ def _decode(data, draft_size, native: bool = False, out=None,
     """(decode_image's image, or with `native` possibly its RGBX array, in `out` when given and it fits; the draft's
     scale: 1, 1/2, 1/4 or 1/8; the full-size image's size). A native draft needs the `stored` size that
     `draft_size` was drawn on (the sample table's), to pick PIL's scale; without it, a draft is PIL's."""
-    try:
-        return _decode_as_is(data, draft_size, native, out, stored)
-    except ValueError as e:  # PIL's text-chunk limit: the pixels decode without the text (image/headers.py)
-        if not png_text_over_limit(e):
-            raise
-        return _decode_as_is(without_png_text(data), draft_size, native)
+    # (without its text where PIL refuses that: image/headers.py)
+    return pil_read(lambda readable: _decode_as_is(readable, draft_size, native, out, stored), data)
 
 
 def _decode_as_is(data, draft_size, native, out=None,

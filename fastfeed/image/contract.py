@@ -24,8 +24,7 @@ import numpy as np
 from PIL import Image
 
 from fastfeed.constants import DEFAULT_ORIENTATION, ORIENTATIONS
-from fastfeed.image.headers import (exif_orientation, exif_orientation_plain, png_text_over_limit,
-                                    without_png_text)
+from fastfeed.image.headers import exif_orientation, exif_orientation_plain, pil_read
 
 __all__ = ["TRANSPOSE", "GREY_MODES", "to_rgb", "to_8bit", "orientation_tag", "contract_image"]
 
@@ -83,14 +82,12 @@ def contract_image(data, orientation: str = DEFAULT_ORIENTATION) -> Image.Image:
     """The whole image as every decoder shows it (RGB, first frame, oriented by the policy). Raises on bad data."""
     if orientation not in ORIENTATIONS:
         raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
-    try:
-        img = Image.open(io.BytesIO(bytes(data)))
+    def opened(readable: bytes) -> Image.Image:
+        img = Image.open(io.BytesIO(readable))
         img.load()
-    except ValueError as e:  # PIL's text-chunk limit: the pixels decode without the text (headers.py)
-        if not png_text_over_limit(e):
-            raise
-        img = Image.open(io.BytesIO(without_png_text(data)))
-        img.load()
+        return img
+
+    img = pil_read(opened, bytes(data))  # (without its text where PIL refuses that: headers.py)
     tag = orientation_tag(data, img, orientation)
     if tag != 1:
         img = img.transpose(TRANSPOSE[tag])

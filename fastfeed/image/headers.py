@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["STANDALONE_MARKERS", "PNG_SIGNATURE", "tiff_orientation", "exif_orientation", "exif_orientation_plain",
-           "exif_header",
-           "swaps_axes", "jpeg_end", "PngFacts", "png_facts", "png_raw_size", "png_data_ok", "png_text_over_limit",
-           "without_png_text", "jpeg_without_junk_after_soi", "jpeg_without_junk_before_markers"]
+           "exif_header", "swaps_axes", "jpeg_end", "PngFacts", "png_facts", "png_raw_size", "png_data_ok",
+           "png_text_over_limit", "pil_read", "without_png_text", "jpeg_without_junk_after_soi",
+           "jpeg_without_junk_before_markers"]
 
 # JPEG markers without a length field.
 STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})
@@ -411,6 +411,17 @@ def png_text_over_limit(exc: BaseException) -> bool:
     """PIL refused a PNG because its text chunks exceed PngImagePlugin's safety limits (MAX_TEXT_CHUNK,
     MAX_TEXT_MEMORY): metadata only, which torchvision and DALI skip; `without_png_text` makes it decodable."""
     return isinstance(exc, ValueError) and ("MAX_TEXT" in str(exc) or "text chunks" in str(exc))
+
+
+def pil_read(read, data):
+    """read(data) with PIL, or, where PIL refuses the PNG for its text chunks (`png_text_over_limit`, when it opens the file or
+    loads chunks after the pixels), read(the PNG without them): what the decode contract decodes, on every path."""
+    try:
+        return read(data)
+    except ValueError as e:
+        if not png_text_over_limit(e):
+            raise
+    return read(without_png_text(data))
 
 
 def without_png_text(data) -> bytes:

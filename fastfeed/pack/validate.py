@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from fastfeed.image import jpeg, transcode
 from fastfeed.image.headers import (PNG_SIGNATURE, exif_orientation, exif_orientation_plain, jpeg_end,
                                     jpeg_without_junk_after_soi, jpeg_without_junk_before_markers, png_data_ok,
-                                    png_facts, png_text_over_limit, without_png_text)
+                                    pil_read, png_facts, png_text_over_limit, without_png_text)
 from fastfeed.pack.containers import TAR_REASON, container, is_tar
 
 __all__ = ["Loaded", "Rejected", "LoadOptions", "load_image", "check_image", "check_for_pil", "SUPPORTED_FORMATS",
@@ -370,12 +370,7 @@ def _keep_for_pil(data, fmt: str, opts: LoadOptions, change: str | None, what: s
             return im.size[0], im.size[1], im.mode, orientation_tag(data, im, "exif")
 
     try:
-        try:
-            facts = decoded(bytes(data))
-        except ValueError as e:  # PIL's text-chunk limit: the contract decodes it without the text, as here
-            if not png_text_over_limit(e):
-                raise
-            facts = decoded(without_png_text(data))
+        facts = pil_read(decoded, bytes(data))
         if isinstance(facts, Rejected):
             return facts
         w, h, mode, tag = facts

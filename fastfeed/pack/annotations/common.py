@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastfeed.image import jpeg
 from fastfeed.image.contract import orientation_tag
-from fastfeed.image.headers import exif_header, exif_orientation, exif_orientation_plain
+from fastfeed.image.headers import exif_header, exif_orientation, exif_orientation_plain, pil_read
 from fastfeed.pack.sources import Source, SourceEntry
 from fastfeed.targets import check_annotation
 
@@ -76,10 +76,13 @@ def _probe_size(path: str) -> tuple[int, int, int] | str:
 def _pil_size(data: bytes) -> tuple[int, int, int] | str:
     from PIL import Image, UnidentifiedImageError
 
-    try:
-        with Image.open(io.BytesIO(data)) as im:
+    def facts(readable: bytes) -> tuple[int, int, int]:
+        with Image.open(io.BytesIO(readable)) as im:
             tag = orientation_tag(data, im, "exif")  # (loads the image where PIL's tag is read)
             return im.width, im.height, tag
+
+    try:
+        return pil_read(facts, data)  # (without its text where PIL refuses that, as the contract decodes it)
     except UnidentifiedImageError:  # (PIL's message names the buffer's address: the same file, the same reason)
         return "not an image PIL reads"
     except Exception as e:  # noqa: BLE001 - PIL's plugins raise many types; pack's validation rejects the file too
