@@ -182,6 +182,16 @@ def test_broken_samples_are_rejected_by_name_and_the_rest_adopted(tmp_path):
     assert {r["key"] for r in rejected} == set(reasons)
 
 
+def test_verify_names_members_as_a_tar_reader_does(tmp_path):
+    """Found by an adversarial run: webdataset (tarfile) writes a non-ASCII name as '?' in the header's own name
+    field and the real one in a PAX record; verify called every such sample corrupt."""
+    src = write_shards(tmp_path / "s", ({**sample(i), "__key__": k} for i, k in enumerate(["plain", "café", "日本語"])))
+    index_shards(str(src), str(tmp_path / "ds"))
+    report = verify(str(tmp_path / "ds"), quick=True)
+    assert report.ok, report.errors
+    assert list(fastfeed.open_dataset(tmp_path / "ds").keys) == ["plain", "café", "日本語"]
+
+
 def test_a_truncated_shard_keeps_the_samples_before_the_cut(tmp_path):
     src = write_shards(tmp_path / "s", (sample(i) for i in range(PER_SHARD)))
     tar = src / "part-0000.tar"

@@ -17,7 +17,7 @@ import numpy as np
 
 from fastfeed.formats.fields import FieldExtents, columns
 from fastfeed.formats.base import TableDataset, data_path, read_regular, shard_root
-from fastfeed.formats.tarwalk import read_header
+from fastfeed.formats.tarwalk import read_header, walk_tar
 from fastfeed.types import ADOPTED_FORMAT_VERSION, DatasetError, Sample
 
 __all__ = ["WdsDataset"]
@@ -140,12 +140,14 @@ class WdsDataset(TableDataset):
                     errors.append(f"{idx_rel}: header {lines[0] if lines else ''!r} and {len(lines) - 1} entries, "
                                   f"samples.npz has {len(rows)} samples in {shard.path}")
             with open(self._paths[s_idx], "rb") as f:
+                walked = _members_by_offset(f) if self._adopted else None
                 for n, i in enumerate(rows.tolist()):
                     if lines is not None and n + 1 < len(lines):
                         problem = self._idx_problem(lines[n + 1], i)
                         if problem:
                             errors.append(f"{idx_rel}: {self.describe(i)}: {problem}")
-                    problem = self._tar_problem(f.fileno(), i)
+                    problem = (self._adopted_tar_problem(walked, f.fileno(), i) if walked is not None
+                               else self._tar_problem(f.fileno(), i))
                     if problem:
                         errors.append(f"{shard.path}: {self.describe(i)}: {problem}")
         return errors, [], ["DALI indexes, tar headers and .cls labels"]
@@ -203,8 +205,6 @@ class WdsDataset(TableDataset):
         return None
 
     def _tar_problem(self, fd: int, i: int) -> str | None:
-        if self._adopted:
-            return self._adopted_tar_problem(fd, i)
         t = self._table
         key, off, size, label = str(t["key"][i]), int(t["offset"][i]), int(t["size"][i]), int(t["label"][i])
         hdr = read_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
@@ -226,17 +226,29 @@ class WdsDataset(TableDataset):
         return None
 
 
-    def _adopted_tar_problem(self, fd: int, i: int) -> str | None:
-        """Each member's tar header where the table says its data starts (the image's may be longer: trailing
-        bytes after its end marker are outside its extent), and the `.cls` member against the label."""
+    def _adopted_tar_problem(self, walked: dict[int, tuple[str, int]], fd: int, i: int) -> str | None:
+        """Each member against the shard's member whose data starts where the table says (`walked`:
+        `_members_by_offset`; the image's may be longer: trailing bytes after its end marker are outside its
+        extent), and the `.cls` member against the label."""
         for n, (name, off, size) in enumerate(self._adopted_members(i)):
-            hdr = read_header(os.pread(fd, 512, off - 512)) if off >= 512 else None
-            named = hdr is not None and (hdr[0].lower() == name.lower() or len(name) >= 100)  # longer: a pax name
-            if not named or (hdr[1] < size if n == 0 else hdr[1] != size):
-                return (f"tar header before offset {off} is {'damaged' if hdr is None else repr(hdr)}, samples.npz "
+            got = walked.get(off)
+            # The extension is lower-cased in the table, as webdataset lower-cases it; the member keeps its own.
+            if got is None or got[0].lower() != name.lower() or (got[1] < size if n == 0 else got[1] != size):
+                return (f"the shard holds {'no member' if got is None else repr(got)} at offset {off}, samples.npz "
                         f"says {name} of {size} bytes")
             if name.endswith(".cls"):
                 raw = os.pread(fd, min(size, 32), off)
                 if raw.strip() != b"%d" % int(self.labels[i]):
                     return f"{name} holds {raw[:20]!r}, samples.npz says label {self.labels[i]}"
         return None
+
+
+def _members_by_offset(f) -> dict[int, tuple[str, int]]:
+    """(name, size) of each regular member of the open shard `f` by its data offset, named as a tar reader names
+    it (a PAX path, a GNU long name: a header's own name field may hold an ASCII stand-in or a truncation)."""
+    size = os.fstat(f.fileno()).st_size
+    if size == 0:
+        return {}
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        members = walk_tar(m, size)[0]
+    return {m.offset: (m.name, m.size) for m in members}
