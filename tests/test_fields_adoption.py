@@ -269,6 +269,33 @@ def test_link_members_are_rejected_by_name_with_their_target(tmp_path):
     assert report.manifest.num_samples == 2
 
 
+@pytest.mark.skipif(shutil.which("tar") is None, reason="needs GNU tar")
+def test_a_sparse_member_is_rejected_by_name_and_the_rest_of_the_shard_adopted(tmp_path):
+    """Found by an adversarial run: GNU tar -S stores a mostly-empty file without its holes; index adopted the
+    stored regions as the member's bytes, or (old GNU, over 4 regions) lost every sample after it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    names = []
+    for i in range(4):
+        (src / f"{i:03d}.jpg").write_bytes(jpeg(i))
+        names.append(f"{i:03d}.jpg")
+    with open(src / "001.npy", "wb") as f:
+        for r in range(8):
+            f.seek(r << 20)
+            f.write(b"D" * 4096)
+        f.truncate(8 << 20)
+    names.insert(2, "001.npy")
+    for fmt in ("gnu", "posix"):
+        shard = tmp_path / fmt / "s.tar"
+        shard.parent.mkdir()
+        subprocess.run(["tar", f"--format={fmt}", "-S", "-cf", str(shard), "-C", str(src), *names], check=True)
+        report = index_shards(str(shard.parent))
+        assert [(r["source"], r["reason"][:26]) for r in report.rejected] == [("s.tar:001.npy",
+                                                                               "sparse file: not supported")]
+        ds = fastfeed.open_dataset(shard.parent)
+        assert list(ds.keys) == ["000", "001", "002", "003"] and ds.fields == []
+
+
 def test_a_key_whose_members_are_apart_is_rejected_saying_so(tmp_path):
     """webdataset groups consecutive members by key: k1.jpg, k2.jpg, k1.txt reads as a k1 without its caption and a
     k1 without an image."""

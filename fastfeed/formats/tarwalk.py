@@ -4,11 +4,12 @@ headers without reading the data.
 Python's `tarfile` does the same with a TarInfo per header and every field parsed, which made it most of
 `fastfeed index`'s time (webdataset's ShardWriter writes a PAX header before each member: two headers per member).
 This reads only what adoption needs (name, size, type), follows what tarfile follows (ustar prefix, PAX `path` and
-`size`, global PAX headers, GNU long names, base-256 sizes) and checks every header's checksum at the end, in one
+`size`, global PAX headers, GNU long names, base-256 sizes, old GNU sparse headers' extension blocks) and checks every header's checksum at the end, in one
 numpy pass. Unlike tarfile, which ends the walk silently at a damaged header after the first, it says where the
 archive stops being readable, and names what it is when it is a compressed file rather than a tar. A link member
 (hard or symbolic) holds no bytes of its own: tarfile and webdataset skip it without a word; this lists it, with
-its target, among the members not read.
+its target, among the members not read, and so is a sparse file (GNU tar --sparse: its holes are not stored),
+by its real name.
 """
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ _LINK_TYPES = {b"1": "a hard link", b"2": "a symbolic link"}
 _COMPRESSED = ((b"\x1f\x8b", "gzip", "gzip -dc"), (b"BZh", "bzip2", "bzip2 -dc"), (b"\xfd7zXZ\x00", "xz", "xz -dc"),
                (b"\x28\xb5\x2f\xfd", "zstd", "zstd -dc"), (b"\x04\x22\x4d\x18", "lz4", "lz4 -dc"))
 _POSIX_MAGIC = b"ustar\x0000"
+# Tar readers rebuild a sparse file from its data regions and map; no byte range of the shard holds it.
+_SPARSE = ("sparse file: not supported (the shard stores its data regions without the holes between them, so no "
+           "byte range of the shard holds it to read in place); store it as a regular file (GNU tar without "
+           "--sparse)")
 _CHUNK = 1 << 15  # headers checksummed per numpy pass: 16 MB of copies at most
 
 
@@ -91,10 +96,14 @@ def walk_tar(buf, size: int | None = None) -> tuple[list[TarMember], list[tuple[
                     length = _pax_size(info["size"], pos)
                     if data + length > size:
                         raise _Damaged(f"member {name} runs past the end of the file (truncated shard)")
-                if kind in _FILE_TYPES and not name.endswith("/"):
+                if kind == b"S":  # old GNU sparse: its map may go on in extension blocks before the data
+                    data = _after_sparse_extensions(buf, hdr, data, size)
+                    if data + length > size:
+                        raise _Damaged(f"member {name} runs past the end of the file (truncated shard)")
+                if kind == b"S" or "sparse" in info:  # PAX GNU.sparse.* records: formats 0.0, 0.1 and 1.0
+                    skipped.append((pos, info.get("sparse_name") or name, _SPARSE))
+                elif kind in _FILE_TYPES and not name.endswith("/"):
                     members.append(TarMember(name, data, length))
-                elif kind == b"S":
-                    skipped.append((pos, name, "a GNU sparse member (its data is not stored as one extent)"))
                 elif kind in _LINK_TYPES:
                     target = info.get("linkpath") or _cstr(hdr[157:257])
                     skipped.append((pos, name, f"{_LINK_TYPES[kind]} to {target}: a link holds no bytes of its own "
@@ -112,6 +121,18 @@ def walk_tar(buf, size: int | None = None) -> tuple[list[TarMember], list[tuple[
     if problem and not members:
         problem = _compressed(buf[:8]) or problem
     return members, [(name, why) for _, name, why in skipped], problem
+
+
+def _after_sparse_extensions(buf, hdr: bytes, data: int, size: int) -> int:
+    """Where an old GNU sparse member's data starts: after the extension blocks its header's `isextended` flag
+    (byte 482) announces, each announcing the next at its byte 504."""
+    extended = hdr[482]
+    while extended:
+        if data + _BLOCK > size:
+            raise _Damaged(f"a sparse member's map cut short at offset {data}")
+        extended = buf[data + 504]
+        data += _BLOCK
+    return data
 
 
 def _first_data_after(buf, pos: int, size: int, chunk: int = 1 << 20) -> int | None:
@@ -197,6 +218,10 @@ def _pax(data: bytes, pos: int) -> dict:
         key, value = record[:-1].split(b"=", 1)
         if key in (b"path", b"size", b"linkpath"):
             out[key.decode()] = value.decode("utf-8", "surrogateescape")
+        elif key.startswith(b"GNU.sparse."):
+            out["sparse"] = True
+            if key == b"GNU.sparse.name":  # format 1.0 names the member GNUSparseFile.NNN/NAME, its real name here
+                out["sparse_name"] = value.decode("utf-8", "surrogateescape")
         i += n
     return out
 
