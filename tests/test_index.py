@@ -192,6 +192,23 @@ def test_verify_names_members_as_a_tar_reader_does(tmp_path):
     assert list(fastfeed.open_dataset(tmp_path / "ds").keys) == ["plain", "café", "日本語"]
 
 
+def test_a_pickled_member_is_rejected_by_name_and_its_sample_adopted_without_it(tmp_path):
+    """Found by an adversarial run: one `.pyd` (what ShardWriter writes for a Python object) anywhere failed the
+    whole index, naming no shard or sample."""
+    def s(i):
+        extra = {"pyd": {"extra": i}} if i == 3 else {"pickle": [i]} if i == 5 else {}
+        return {**sample(i), **extra}
+
+    src = write_shards(tmp_path / "s", (s(i) for i in range(8)))
+    report = index_shards(str(src))
+    assert [(r["source"], r["reason"][:52]) for r in report.rejected] == [
+        ("part-0000.tar:img/00003.pyd", "field 'pyd': pickled members are never read from a d"),
+        ("part-0000.tar:img/00005.pickle", "field 'pickle': pickled members are never read from ")]
+    assert report.manifest.num_samples == 8 and report.manifest.fields == ["cls", "json", "npy", "txt"]
+    with loader(src, train=False) as ld:
+        assert sorted(i for b in ld for i in check_batch(b)) == list(range(8))
+
+
 def test_a_truncated_shard_keeps_the_samples_before_the_cut(tmp_path):
     src = write_shards(tmp_path / "s", (sample(i) for i in range(PER_SHARD)))
     tar = src / "part-0000.tar"

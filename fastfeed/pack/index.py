@@ -264,8 +264,6 @@ def _write(out: str, src: str, root: str, rels: list[str], results: list, option
         raise DatasetError(f"{src}: no usable sample in {len(rels)} shard(s) ({len(rejected)} rejected; first: "
                            f"{rejected[0]['reason'] if rejected else 'no members'})", path=root)
     table_names = sorted({ext for f in per_sample for ext in f})
-    for name in table_names:
-        value_kind(name)  # a pickled member fails here, by name, rather than when someone asks for it
     table = _table(rows, per_sample, table_names)
     labels = table["label"]
     classes = [str(i) for i in range(int(labels.max()) + 1)] if (labels >= 0).any() else []
@@ -363,7 +361,26 @@ def _samples(buf, size: int, rel: str, rejected: list) -> tuple[list[_Sample], s
         rejected.append({"source": f"{rel}:{key}", "key": key, "reason": (
             f"members of key {key} are not next to each other in the shard (webdataset groups consecutive "
             f"members, so it reads {len(g)} samples named {key}: {where}); write each sample's members together")})
-    return [s for s in samples if s.key not in apart], problem
+    kept = []
+    for s in samples:
+        if s.key in apart:
+            continue
+        s.members = [m for m in s.members if not _refused(m, rel, rejected)]
+        if s.members:
+            kept.append(s)
+    return kept, problem
+
+
+def _refused(member: tuple, rel: str, rejected: list) -> bool:
+    """Whether the member (ext, offset, size, name) cannot be a field, said in `rejected`: its sample is adopted
+    without it. After grouping: webdataset groups it with its neighbours all the same."""
+    ext, name = member[0], member[3]
+    try:
+        value_kind(ext)  # a pickled member: never read, not even hashed
+    except ValueError as e:
+        rejected.append({"source": f"{rel}:{name}", "reason": str(e)})
+        return True
+    return False
 
 
 def _image_member(s: _Sample, image_ext: str | None) -> tuple | str:
