@@ -28,6 +28,7 @@ from fastfeed.formats.tarwalk import walk_tar
 from fastfeed.loader.fields import collate
 from fastfeed.constants import MAX_CLASSES
 from fastfeed.pack.index import index_shards
+from fastfeed.pack.verify import verify
 from fastfeed.types import DatasetError
 
 SIZE = 16
@@ -294,6 +295,26 @@ def test_a_sparse_member_is_rejected_by_name_and_the_rest_of_the_shard_adopted(t
                                                                                "sparse file: not supported")]
         ds = fastfeed.open_dataset(shard.parent)
         assert list(ds.keys) == ["000", "001", "002", "003"] and ds.fields == []
+
+
+def test_members_whose_names_are_not_utf8_are_rejected_by_name(tmp_path):
+    """Found by an adversarial run: a tar written under a Latin-1 locale (a raw 0xE9 in a name) failed the whole
+    index at its end, on writing the table."""
+    shard = tmp_path / "s" / "a.tar"
+    shard.parent.mkdir()
+    with tarfile.open(shard, "w", format=tarfile.GNU_FORMAT, encoding="latin-1") as tar:
+        for i in range(4):
+            key = "caf\u00e9_1" if i == 1 else f"s{i}"
+            for ext, data in (("jpg", jpeg(i)), ("txt", f"caption {i}".encode())):
+                ti = tarfile.TarInfo(f"{key}.{ext}")
+                ti.size = len(data)
+                tar.addfile(ti, io.BytesIO(data))
+    report = index_shards(str(shard.parent))
+    assert [r["source"] for r in report.rejected] == ["a.tar:caf\\xe9_1.jpg", "a.tar:caf\\xe9_1.txt"]
+    assert all(r["reason"].startswith("member name is not UTF-8") for r in report.rejected)
+    assert report.manifest.num_samples == 3 and verify(str(shard.parent)).ok
+    with loader(shard.parent, fields=["txt"]) as ld:
+        assert sorted(t for b in ld for t in b["txt"]) == ["caption 0", "caption 2", "caption 3"]
 
 
 def test_a_key_whose_members_are_apart_is_rejected_saying_so(tmp_path):

@@ -340,12 +340,12 @@ def _samples(buf, size: int, rel: str, rejected: list) -> tuple[list[_Sample], s
     webdataset reads it as several samples, each missing what the others hold."""
     members, skipped, problem = walk_tar(buf, size)
     for name, why in skipped:
-        rejected.append({"source": f"{rel}:{name}", "reason": why})
+        rejected.append({"source": f"{rel}:{_shown(name)}", "reason": why})
     samples: list[_Sample] = []
     for m in members:
         parts = _KEY_EXT.match(m.name)
         if parts is None:
-            rejected.append({"source": f"{rel}:{m.name}", "reason": "member name has no extension"})
+            rejected.append({"source": f"{rel}:{_shown(m.name)}", "reason": "member name has no extension"})
             continue
         key, ext = parts.group(1), parts.group(2).lower()
         if samples and samples[-1].key == key:
@@ -358,7 +358,7 @@ def _samples(buf, size: int, rel: str, rejected: list) -> tuple[list[_Sample], s
     apart = {key: g for key, g in groups.items() if len(g) > 1}
     for key, g in apart.items():
         where = "; ".join(", ".join(m[0] for m in s.members) for s in g[:4]) + ("; ..." if len(g) > 4 else "")
-        rejected.append({"source": f"{rel}:{key}", "key": key, "reason": (
+        rejected.append({"source": f"{rel}:{_shown(key)}", "key": _shown(key), "reason": (
             f"members of key {key} are not next to each other in the shard (webdataset groups consecutive "
             f"members, so it reads {len(g)} samples named {key}: {where}); write each sample's members together")})
     kept = []
@@ -375,12 +375,22 @@ def _refused(member: tuple, rel: str, rejected: list) -> bool:
     """Whether the member (ext, offset, size, name) cannot be a field, said in `rejected`: its sample is adopted
     without it. After grouping: webdataset groups it with its neighbours all the same."""
     ext, name = member[0], member[3]
+    if _shown(name) != name:  # tarfile's surrogate escapes: the table, the manifest and DALI's index hold UTF-8
+        rejected.append({"source": f"{rel}:{_shown(name)}", "reason": (
+            "member name is not UTF-8 (shown with \\x escapes; a tar written under another locale?): a dataset's "
+            "keys and field names are UTF-8 text; rename the members in UTF-8")})
+        return True
     try:
         value_kind(ext)  # a pickled member: never read, not even hashed
     except ValueError as e:
         rejected.append({"source": f"{rel}:{name}", "reason": str(e)})
         return True
     return False
+
+
+def _shown(name: str) -> str:
+    """A member name as UTF-8 text: the bytes of a name that is not UTF-8 (the walk's surrogate escapes) as \\xNN."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _image_member(s: _Sample, image_ext: str | None) -> tuple | str:
