@@ -35,6 +35,7 @@ from fastfeed.urls import has_scheme
 
 __all__ = [
     "parse_size",
+    "FIELD_NAME",
     "FORMAT_VERSION",
     "DETECT_FORMAT_VERSION",
     "ADOPTED_FORMAT_VERSION",
@@ -204,7 +205,7 @@ class Manifest:
             raise bad("samples_xxh3/changes", (self.samples_xxh3, self.changes))
         if self.task not in TASK_NAMES or not isinstance(self.objects, dict):
             raise bad("task/objects", (self.task, self.objects))
-        names_ok = isinstance(self.fields, list) and all(isinstance(f, str) and _FIELD_NAME.fullmatch(f)
+        names_ok = isinstance(self.fields, list) and all(isinstance(f, str) and FIELD_NAME.fullmatch(f)
                                                          for f in self.fields)
         if not names_ok or len(set(self.fields)) != len(self.fields):
             raise bad("fields", self.fields)
@@ -217,8 +218,9 @@ class Manifest:
                 raise bad("a shard entry", asdict(s))
 
 
-# A field is a webdataset member extension: lower case, dot-separated words ("txt", "seg.png").
-_FIELD_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
+# A field is a webdataset member extension: lower case, dot-separated words ("txt", "seg.png"). fastfeed index
+# rejects a member whose extension is not one.
+FIELD_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
 
 
 def _is_count(v) -> bool:

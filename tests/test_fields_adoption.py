@@ -317,6 +317,23 @@ def test_members_whose_names_are_not_utf8_are_rejected_by_name(tmp_path):
         assert sorted(t for b in ld for t in b["txt"]) == ["caption 0", "caption 2", "caption 3"]
 
 
+def test_a_member_whose_extension_cannot_name_a_field_is_rejected(tmp_path):
+    """Found by an adversarial run: a member named `k3.` (webdataset reads it as field '') made index write a
+    manifest that nothing then opened."""
+    odd = {1: "k1.a+b", 2: "k2.txt.", 3: "k3."}
+    src = write_tar(tmp_path / "s" / "a.tar", [
+        m for i in range(4) for m in ((f"k{i}.jpg", jpeg(i)), (f"k{i}.txt", b"t"), *([(odd[i], b"x")] if i else []))
+    ]).parent
+    report = index_shards(str(src))
+    assert [(r["source"], r["reason"]) for r in report.rejected] == [
+        ("a.tar:k1.a+b", "extension 'a+b' cannot name a field (letters, digits, '_' and '-', in parts joined by "
+                         "single dots)"),
+        ("a.tar:k2.txt.", "extension 'txt.' cannot name a field (letters, digits, '_' and '-', in parts joined by "
+                          "single dots)"),
+        ("a.tar:k3.", "no extension (the name ends in a dot)")]
+    assert report.manifest.fields == ["txt"] and report.manifest.num_samples == 4 and verify(str(src)).ok
+
+
 def test_a_key_whose_members_are_apart_is_rejected_saying_so(tmp_path):
     """webdataset groups consecutive members by key: k1.jpg, k2.jpg, k1.txt reads as a k1 without its caption and a
     k1 without an image."""

@@ -44,7 +44,7 @@ from fastfeed.pack.validate import TRIMMED, Loaded, LoadOptions, check_for_pil, 
 from fastfeed.pack.wds import WdsWriter
 from fastfeed.pack.writers import atomic_write
 from fastfeed.remote.store import is_url, join, missing_bucket, retrying, url_to_fs
-from fastfeed.types import ADOPTED_FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, ShardInfo
+from fastfeed.types import ADOPTED_FORMAT_VERSION, FIELD_NAME, MANIFEST_NAME, DatasetError, Manifest, ShardInfo
 from fastfeed.world import usable_cpus
 
 __all__ = ["index_shards", "IndexReport", "IMAGE_EXTS", "find_shards"]
@@ -379,6 +379,10 @@ def _refused(member: tuple, rel: str, rejected: list) -> bool:
         rejected.append({"source": f"{rel}:{_shown(name)}", "reason": (
             "member name is not UTF-8 (shown with \\x escapes; a tar written under another locale?): a dataset's "
             "keys and field names are UTF-8 text; rename the members in UTF-8")})
+        return True
+    if not FIELD_NAME.fullmatch(ext):  # the manifest's field names: one it could not hold makes it unreadable
+        rejected.append({"source": f"{rel}:{name}", "reason": "no extension (the name ends in a dot)" if not ext else (
+            f"extension {ext!r} cannot name a field (letters, digits, '_' and '-', in parts joined by single dots)")})
         return True
     try:
         value_kind(ext)  # a pickled member: never read, not even hashed
