@@ -334,6 +334,27 @@ def test_a_member_whose_extension_cannot_name_a_field_is_rejected(tmp_path):
     assert report.manifest.fields == ["txt"] and report.manifest.num_samples == 4 and verify(str(src)).ok
 
 
+def test_a_shard_whose_member_names_hold_whitespace_gets_no_dali_index(tmp_path):
+    """Found by an adversarial run: a key with a space ('my photo 1') was written into the shard's .idx, which DALI
+    then refused as malformed (its format is whitespace-separated) and verify called corrupt. The samples stay for
+    the Loader; that shard alone has no .idx, said by index, the manifest and verify."""
+    keys = ["photo0", "my photo 1", "photo2"]
+    src = write_tar(tmp_path / "s" / "a.tar", [m for i, k in enumerate(keys)
+                                               for m in ((f"{k}.jpg", jpeg(i)), (f"{k}.txt", k.encode()))]).parent
+    write_tar(src / "b.tar", [("photo3.jpg", jpeg(3)), ("photo3.txt", b"photo3")])
+    (src / "a.idx").write_text("v1.2 0\n")  # an earlier index's: stale
+    report = index_shards(str(src), overwrite=True)
+    assert report.manifest.num_samples == 4 and not report.rejected
+    assert list(report.manifest.extra["no_dali_index"]) == ["a.tar"]
+    assert "whitespace" in report.manifest.extra["no_dali_index"]["a.tar"]
+    assert not (src / "a.idx").exists() and (src / "b.idx").exists()
+    checked = verify(str(src), quick=True)
+    assert checked.ok, checked.errors
+    assert any(n.startswith("a.tar: no DALI index (member 'my photo 1.jpg' has whitespace") for n in checked.notes)
+    with loader(src, fields=["txt"]) as ld:
+        assert sorted(t for b in ld for t in b["txt"]) == sorted(keys + ["photo3"])
+
+
 def test_a_key_whose_members_are_apart_is_rejected_saying_so(tmp_path):
     """webdataset groups consecutive members by key: k1.jpg, k2.jpg, k1.txt reads as a k1 without its caption and a
     k1 without an image."""

@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"rejected {r['source']}: {r['reason']}", file=sys.stderr)
     if len(report.rejected) > 20:
         print(f"... and {len(report.rejected) - 20} more (rejected.jsonl)", file=sys.stderr)
+    for shard, why in m.extra.get("no_dali_index", {}).items():
+        print(f"warning: {shard}: no DALI index: {why}", file=sys.stderr)
     if m.extra.get("without_cls"):
         print(f"warning: {m.extra['without_cls']} of {m.num_samples} samples have no cls member: their label is -1, "
               "which a classification loss refuses", file=sys.stderr)

@@ -116,9 +116,10 @@ class WdsDataset(TableDataset):
 
     def check_layout(self, damaged: set[str], unavailable: frozenset[str] = frozenset()
                      ) -> tuple[list[str], list[str], list[str]]:
-        """Each shard's `.idx` (DALI reads it: a wrong offset there means wrong bytes on the DALI path) and each
-        image's tar header against samples.npz (name, offset, size), each `.cls` member against the label."""
+        """Each shard's `.idx` (DALI reads it: a wrong offset there means wrong bytes on the DALI path; an adopted
+        shard may have none, said in a note) and each image's tar header against samples.npz (name, offset, size), each `.cls` member against the label."""
         errors: list[str] = []
+        notes = [f"{path}: no DALI index ({why})" for path, why in self.no_dali_index.items()]
         t = self._table
         for s_idx, shard in enumerate(self.manifest.shards):
             if shard.path in unavailable:
@@ -126,14 +127,7 @@ class WdsDataset(TableDataset):
             idx_rel = shard.path[: -len(".tar")] + ".idx"
             rows = np.flatnonzero(t["shard"] == s_idx)
             rows = rows[np.argsort(t["offset"][rows], kind="stable")]
-            try:
-                lines = read_regular(data_path(self.root, idx_rel)).decode("utf-8").splitlines()  # in the folder
-            except (OSError, UnicodeDecodeError) as e:
-                # Named by the dataset's own name for it; the path it was read from (for a dataset at a URL, a
-                # copy in the shard cache) would only mislead.
-                why = e.strerror if isinstance(e, OSError) and e.strerror else e
-                errors.append(f"{idx_rel}: unreadable DALI index ({why})")
-                lines = None
+            lines = None if shard.path in self.no_dali_index else self._idx_lines(idx_rel, errors)
             if lines is not None:
                 head = lines[0].split() if lines else []
                 if len(head) != 2 or head[1] != str(len(rows)) or len(lines) - 1 != len(rows):
@@ -150,7 +144,22 @@ class WdsDataset(TableDataset):
                                else self._tar_problem(f.fileno(), i))
                     if problem:
                         errors.append(f"{shard.path}: {self.describe(i)}: {problem}")
-        return errors, [], ["DALI indexes, tar headers and .cls labels"]
+        return errors, notes, ["DALI indexes, tar headers and .cls labels"]
+
+    @property
+    def no_dali_index(self) -> dict[str, str]:
+        """{shard path: why} of the shards `fastfeed index` wrote no DALI index for."""
+        return self.manifest.extra.get("no_dali_index", {}) if self._adopted else {}
+
+    def _idx_lines(self, idx_rel: str, errors: list[str]) -> list[str] | None:
+        try:
+            return read_regular(data_path(self.root, idx_rel)).decode("utf-8").splitlines()  # in the folder
+        except (OSError, UnicodeDecodeError) as e:
+            # Named by the dataset's own name for it; the path it was read from (for a dataset at a URL, a
+            # copy in the shard cache) would only mislead.
+            why = e.strerror if isinstance(e, OSError) and e.strerror else e
+            errors.append(f"{idx_rel}: unreadable DALI index ({why})")
+            return None
 
     @property
     def _adopted(self) -> bool:

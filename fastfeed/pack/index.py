@@ -64,6 +64,7 @@ class _ShardResult:
     rows: dict = field(default_factory=lambda: new_rows(WdsWriter.columns))
     fields: list = field(default_factory=list)  # per accepted sample: {ext: (offset, size, xxh3)}
     idx_lines: list = field(default_factory=list)
+    no_idx: str = ""  # why the shard gets no DALI index
     rejected: list = field(default_factory=list)
     sha256: str = ""
     bytes: int = 0
@@ -276,9 +277,16 @@ def _write(out: str, src: str, root: str, rels: list[str], results: list, option
     extra = {"without_field": {n: k for n, k in lacking.items() if k}} if any(lacking.values()) else {}
     if unlabelled:
         extra["without_cls"] = unlabelled
+    no_idx = {rel: res.no_idx for rel, res in zip(rels, results) if res.no_idx}
+    if no_idx:
+        extra["no_dali_index"] = no_idx
     for rel, res in zip(rels, results):
-        idx = f"{_IDX_VERSION} {len(res.idx_lines)}\n" + "".join(line + "\n" for line in res.idx_lines)
         idx_path = os.path.join(out, rel[: -len(".tar")] + ".idx")
+        if res.no_idx:
+            with contextlib.suppress(FileNotFoundError):  # one an earlier index wrote would be stale
+                os.remove(idx_path)
+            continue
+        idx = f"{_IDX_VERSION} {len(res.idx_lines)}\n" + "".join(line + "\n" for line in res.idx_lines)
         os.makedirs(os.path.dirname(idx_path), exist_ok=True)
         atomic_write(idx_path, idx.encode("utf-8"))
     shards = [ShardInfo(rel, res.bytes, res.sha256, len(res.idx_lines)) for rel, res in zip(rels, results)]
@@ -501,3 +509,8 @@ def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, img: tuple | st
         rows[c].append(v)
     res.fields.append(fields)
     res.idx_lines.append(" ".join(f"{ext} {moff} {msize} {name}" for ext, moff, msize, name in s.members))
+    spaced = next((name for *_, name in s.members if any(c.isspace() for c in name)), None)
+    if spaced is not None and not res.no_idx:
+        # DALI's index is whitespace-separated text: such a name cannot be written into it (nor read by wds2idx's).
+        res.no_idx = (f"member {spaced!r} has whitespace in its name, which DALI's whitespace-separated index "
+                      "cannot hold; fastfeed's Loader reads the shard all the same")

@@ -332,7 +332,7 @@ class RemoteWdsDataset(WdsDataset):
         """`fastfeed verify` also cross-checks each shard's DALI `.idx`: bring those (small) files too, from where
         the manifest is (not where the shards are, when they are apart)."""
         for shard in self.manifest.shards:
-            if shard.path not in unavailable:
+            if shard.path not in unavailable and shard.path not in self.no_dali_index:
                 self._fetch_small(shard.path[: -len(".tar")] + ".idx")
         return super().check_layout(damaged, unavailable)
 
