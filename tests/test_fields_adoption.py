@@ -355,6 +355,22 @@ def test_a_shard_whose_member_names_hold_whitespace_gets_no_dali_index(tmp_path)
         assert sorted(t for b in ld for t in b["txt"]) == sorted(keys + ["photo3"])
 
 
+def test_a_label_is_read_one_way_by_index_verify_and_the_loader(tmp_path):
+    """Found by an adversarial run: index read `007` as label 7 and verify then compared the bytes with b'7',
+    calling the fresh dataset corrupt. Each reads a .cls as webdataset does (int(): zeros, sign, underscores)."""
+    raws = [b"007", b"+2", b"1_0", b"0\r\n", b" 3 "]
+    src = write_tar(tmp_path / "s" / "a.tar", [m for i, raw in enumerate(raws)
+                                               for m in ((f"s{i}.jpg", jpeg(i)), (f"s{i}.cls", raw))]).parent
+    report = index_shards(str(src))
+    assert report.manifest.num_samples == 5 and not report.rejected
+    assert list(fastfeed.open_dataset(src).labels) == [int(raw) for raw in raws] == [7, 2, 10, 0, 3]
+    for quick in (True, False):
+        checked = verify(str(src), quick=quick)
+        assert checked.ok, checked.errors
+    with loader(src, fields=["cls"]) as ld:
+        assert all(b["cls"].tolist() == b["labels"].tolist() for b in ld)
+
+
 def test_a_key_whose_members_are_apart_is_rejected_saying_so(tmp_path):
     """webdataset groups consecutive members by key: k1.jpg, k2.jpg, k1.txt reads as a k1 without its caption and a
     k1 without an image."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FieldExtents", "FieldError", "columns", "value_kind", "decode_value", "PICKLED", "INT_EXTS",
+__all__ = ["FieldExtents", "FieldError", "columns", "value_kind", "int_member", "decode_value", "PICKLED", "INT_EXTS",
            "TEXT_EXTS", "JSON_EXTS", "NPY_DTYPES", "INT64_MIN", "INT64_MAX"]
 
 INT_EXTS = ("cls", "cls2", "index", "inx", "id")
@@ -70,12 +70,19 @@ def value_kind(name: str) -> str:
     return "bytes"
 
 
+def int_member(raw) -> int:
+    """The integer a `.cls` (`.id`, ...) member's bytes hold, read as webdataset reads it (Python's int(): surrounding
+    whitespace, a sign, leading zeros and digit-group underscores allowed), so that index, verify and the Loader read
+    one label. ValueError when it holds none."""
+    return int(bytes(raw))
+
+
 def decode_value(kind: str, raw):
     """The value of one member's bytes (`raw`: bytes-like) for a field of `kind` (value_kind); FieldError when the
     bytes do not hold one a batch can hold."""
     try:
         if kind == "int":
-            value = int(bytes(raw).strip())
+            value = int_member(raw)
         elif kind == "text":
             return bytes(raw).decode("utf-8")
         elif kind == "json":

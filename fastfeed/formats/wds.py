@@ -15,7 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
-from fastfeed.formats.fields import FieldExtents, columns
+from fastfeed.formats.fields import FieldExtents, columns, int_member
 from fastfeed.formats.base import TableDataset, data_path, read_regular, shard_root
 from fastfeed.formats.tarwalk import read_header, walk_tar
 from fastfeed.types import ADOPTED_FORMAT_VERSION, DatasetError, Sample
@@ -224,9 +224,9 @@ class WdsDataset(TableDataset):
         chdr = read_header(os.pread(fd, 512, cls_at))
         if chdr is None or chdr[0] != f"{key}.cls":
             return f"no intact {key}.cls member after the image"
-        raw = os.pread(fd, min(chdr[1], 32), cls_at + 512)
-        if raw.strip() != b"%d" % label:
-            return f"{key}.cls holds {raw[:20]!r}, samples.npz says label {label}"
+        problem = _label_problem(os.pread(fd, min(chdr[1], 4096), cls_at + 512), label)
+        if problem:
+            return f"{key}.cls {problem}"
         for name, foff, fsize in self._field_members(i):  # a semantic pack's mask
             hdr = read_header(os.pread(fd, 512, foff - 512)) if foff >= 512 else None
             if hdr != (name, fsize):
@@ -246,10 +246,20 @@ class WdsDataset(TableDataset):
                 return (f"the shard holds {'no member' if got is None else repr(got)} at offset {off}, samples.npz "
                         f"says {name} of {size} bytes")
             if name.endswith(".cls"):
-                raw = os.pread(fd, min(size, 32), off)
-                if raw.strip() != b"%d" % int(self.labels[i]):
-                    return f"{name} holds {raw[:20]!r}, samples.npz says label {self.labels[i]}"
+                problem = _label_problem(os.pread(fd, size, off), int(self.labels[i]))
+                if problem:
+                    return f"{name} {problem}"
         return None
+
+
+def _label_problem(raw: bytes, label: int) -> str | None:
+    """What is wrong with a `.cls` member's bytes for the table's `label`, read as index and the Loader read it."""
+    try:
+        if int_member(raw) == label:
+            return None
+    except ValueError:
+        pass
+    return f"holds {raw[:20]!r}, samples.npz says label {label}"
 
 
 def _members_by_offset(f) -> dict[int, tuple[str, int]]:

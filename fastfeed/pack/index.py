@@ -36,7 +36,7 @@ import numpy as np
 import xxhash
 
 from fastfeed.constants import IMAGE_EXTS, MAX_CLASSES, ORIENTATIONS
-from fastfeed.formats.fields import columns, value_kind
+from fastfeed.formats.fields import columns, int_member, value_kind
 from fastfeed.formats.tarwalk import walk_tar
 from fastfeed.image import transcode
 from fastfeed.pack.table import new_rows, rows_to_table, write_dataset
@@ -487,7 +487,7 @@ def _add_sample(res: _ShardResult, view: memoryview, s: _Sample, img: tuple | st
     if "cls" in members:
         _, coff, csize, cname = members["cls"]
         try:
-            label = int(bytes(view[coff:coff + csize]).strip())
+            label = int_member(view[coff:coff + csize])
         except ValueError:
             return reject(f"{cname} is not an integer label")
         if label < -1:  # -1 is pack's own "no class label" (detection and segmentation shards): as no cls
