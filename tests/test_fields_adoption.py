@@ -371,6 +371,18 @@ def test_a_label_is_read_one_way_by_index_verify_and_the_loader(tmp_path):
         assert all(b["cls"].tolist() == b["labels"].tolist() for b in ld)
 
 
+def test_colons_in_a_shard_path_or_a_key_are_verified(tmp_path):
+    """Found by an adversarial run: a shard under a folder named by a timestamp ('2024-01-01T10:00/a.tar') made
+    verify call every sample corrupt (it split the recorded 'SHARD:MEMBER' at its first colon)."""
+    src = tmp_path / "s"
+    write_tar(src / "2024-01-01T10:00" / "a.tar", [m for i, k in enumerate(["s0", "t:1"])
+                                                   for m in ((f"{k}.jpg", jpeg(i)), (f"{k}.txt", b"t"))])
+    report = index_shards(str(src), str(tmp_path / "ds"))
+    assert report.manifest.num_samples == 2 and not report.rejected
+    checked = verify(str(tmp_path / "ds"), quick=True)
+    assert checked.ok, checked.errors
+
+
 def test_a_key_whose_members_are_apart_is_rejected_saying_so(tmp_path):
     """webdataset groups consecutive members by key: k1.jpg, k2.jpg, k1.txt reads as a k1 without its caption and a
     k1 without an image."""

@@ -179,7 +179,8 @@ class WdsDataset(TableDataset):
         """(member name, data offset, size) of sample i's image and members, for a dataset of adopted shards."""
         key = str(self.keys[i])
         src = str(self.sources[i]) if self.sources is not None else ""
-        img = src.split(":", 1)[-1]
+        shard = self.manifest.shards[int(self._table["shard"][i])].path + ":"  # SHARD:NAME; either may hold a colon
+        img = src[len(shard):] if src.startswith(shard) else ""
         image = (img if img.startswith(key + ".") else key + ".?", int(self._offset[i]), int(self.sizes[i]))
         return [image, *self._field_members(i)]
 
