@@ -309,6 +309,16 @@ def test_index_takes_globs_and_brace_patterns(shards):
         find_shards(str(shards / "part-{0008..0009}.tar"))
 
 
+def test_a_folder_s_shards_are_found_in_either_case(tmp_path):
+    """Found by an adversarial run: a shard named `.TAR` in a folder was left out without a word."""
+    write_shards(tmp_path / "s", (sample(i) for i in range(PER_SHARD + 2)))
+    (tmp_path / "s" / "part-0001.tar").rename(tmp_path / "s" / "part-0001.TAR")
+    assert find_shards(str(tmp_path / "s"))[1] == ["part-0000.tar", "part-0001.TAR"]
+    report = index_shards(str(tmp_path / "s"))
+    assert report.manifest.num_samples == PER_SHARD + 2 and (tmp_path / "s" / "part-0001.idx").exists()
+    assert verify(str(tmp_path / "s"), quick=True).ok
+
+
 def test_compressed_shards_are_refused_by_name(tmp_path):
     """webdataset reads .tar.gz shards; their members have no byte range to read in place, so index names the file
     and says what to do, from a folder, a pattern and a URL, rather than "no shards" or a damaged tar."""

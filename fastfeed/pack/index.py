@@ -78,16 +78,16 @@ class IndexReport:
 
 
 def find_shards(src: str, storage_options: dict | None = None) -> tuple[str, list[str]]:
-    """(the shards' folder, their paths relative to it) for a folder (every `.tar` in it and below, sorted), a
-    glob (`data/*.tar`) or a brace pattern (`data/shard-{000000..000099}.tar`), on this machine or at an fsspec
-    URL (`s3://bucket/shards/`, `gs://bucket/shard-{0000..0099}.tar`; the folder is then a URL)."""
+    """(the shards' folder, their paths relative to it) for a folder (every `.tar` or `.TAR` in it and below,
+    sorted), a glob (`data/*.tar`) or a brace pattern (`data/shard-{000000..000099}.tar`), on this machine or at an
+    fsspec URL (`s3://bucket/shards/`, `gs://bucket/shard-{0000..0099}.tar`; the folder is then a URL)."""
     src = os.fspath(src)
     if is_url(src):
         return _find_remote(src, storage_options)
     if os.path.isdir(src):
         root = os.path.abspath(src)
         found = sorted(glob.glob(os.path.join(root, "**", "*"), recursive=True))
-        rels = [os.path.relpath(p, root) for p in found if p.endswith(".tar")]
+        rels = [os.path.relpath(p, root) for p in found if p.lower().endswith(".tar")]
         _refuse_compressed(src, found)
     else:
         paths = [p for pattern in _braces(src) for p in (sorted(glob.glob(pattern)) if glob.has_magic(pattern)
@@ -108,7 +108,7 @@ def _find_remote(src: str, storage_options: dict | None) -> tuple[str, list[str]
     if retrying(lambda: fs.isdir(base), f"list {src}"):
         root = base.rstrip("/")
         found = sorted(retrying(lambda: fs.find(root), f"list {src}"))
-        paths = [p for p in found if p.endswith(".tar")]
+        paths = [p for p in found if p.lower().endswith(".tar")]
         _refuse_compressed(src, found)
     else:
         paths = []
