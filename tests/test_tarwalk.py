@@ -87,6 +87,23 @@ def test_a_global_pax_header_and_utf8_names():
     assert problem is None and got == tarfile_members(data) and got[0][0].startswith("d/é")
 
 
+def test_a_solaris_extended_header_is_read_as_pax():
+    """Found by an adversarial run: an 'X' header (Solaris tar's extended header, which tarfile reads as PAX's 'x')
+    was passed over, so the member after it got its header's truncated name."""
+    data = bytearray(archive([("s0.jpg", b"a" * 600), ("L" * 120 + ".jpg", b"b" * 700), ("é.txt", b"c")],
+                             tarfile.PAX_FORMAT))
+    for off in range(0, len(data), 512):  # every 'x' header made an 'X', its checksum recomputed
+        hdr = data[off:off + 512]
+        if hdr[257:263] == b"ustar\x00" and hdr[156:157] == b"x":
+            hdr[156:157], hdr[148:156] = b"X", b" " * 8
+            hdr[148:156] = b"%06o\x00 " % sum(hdr)
+            data[off:off + 512] = hdr
+    data = bytes(data)
+    got, _, problem = walked(data)
+    assert problem is None and got == tarfile_members(data)
+    assert [name for name, _, _ in got] == ["s0.jpg", "L" * 120 + ".jpg", "é.txt"]
+
+
 def test_a_base256_size_is_read():
     """GNU writes sizes over 8 GiB in base-256; a small one written that way reads the same."""
     data = bytearray(archive([("a.bin", b"y" * 1000)], tarfile.GNU_FORMAT))

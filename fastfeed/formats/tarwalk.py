@@ -3,13 +3,13 @@ headers without reading the data.
 
 Python's `tarfile` does the same with a TarInfo per header and every field parsed, which made it most of
 `fastfeed index`'s time (webdataset's ShardWriter writes a PAX header before each member: two headers per member).
-This reads only what adoption needs (name, size, type), follows what tarfile follows (ustar prefix, PAX `path` and
-`size`, global PAX headers, GNU long names, base-256 sizes, old GNU sparse headers' extension blocks) and checks every header's checksum at the end, in one
-numpy pass. Unlike tarfile, which ends the walk silently at a damaged header after the first, it says where the
-archive stops being readable, and names what it is when it is a compressed file rather than a tar. A link member
-(hard or symbolic) holds no bytes of its own: tarfile and webdataset skip it without a word; this lists it, with
-its target, among the members not read, and so is a sparse file (GNU tar --sparse: its holes are not stored),
-by its real name.
+This reads only what adoption needs (name, size, type), follows what tarfile follows (ustar prefix, PAX (and Solaris
+X) `path` and `size`, global PAX headers, GNU long names, base-256 sizes, old GNU sparse headers' extension blocks)
+and checks every header's checksum at the end, in one numpy pass. Unlike tarfile, which ends the walk silently at a
+damaged header after the first, it says where the archive stops being readable, and names what it is when it is a
+compressed file rather than a tar. A link member (hard or symbolic) holds no bytes of its own: tarfile and
+webdataset skip it without a word; this lists it, with its target, among the members not read, and so is a sparse
+file (GNU tar --sparse: its holes are not stored), by its real name.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def walk_tar(buf, size: int | None = None) -> tuple[list[TarMember], list[tuple[
             if data + length > size:
                 name = pending.get("path") or _name(hdr)
                 raise _Damaged(f"member {name} runs past the end of the file (truncated shard)")
-            if kind in (b"x", b"g"):
+            if kind in (b"x", b"X", b"g"):  # X: Solaris's extended header, read as PAX's x (tarfile does)
                 records = _pax(buf[data:data + length], pos)
                 if kind == b"g":
                     global_pax.update(records)
