@@ -216,6 +216,25 @@ def test_a_parquet_list_is_read_as_jsonl_is(photos, tmp_path):
         run_pack(photos / "broken.parquet", tmp_path / "broken", "--format", "wds")
 
 
+def test_a_parquet_label_column_of_whole_floats_is_read_as_integers(photos, tmp_path):
+    """Found by an adversarial run: pandas writes an integer column with nulls as floats, and every row of such a
+    list was rejected ('got float'). 2.0 is label 2, a null or NaN no label, 1.5 a rejection saying so."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    labels = [0.0, 2.0, None, float("nan"), 1.5, 1.0]
+    pq.write_table(pa.table({"path": [f"im{i}.jpg" for i in range(6)], "caption": [f"c{i}" for i in range(6)],
+                             "label": pa.array(labels, pa.float64())}), photos / "floats.parquet")
+    out = tmp_path / "out"
+    run_pack(photos / "floats.parquet", out, "--format", "wds")
+    rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["path"].rsplit(":", 1)[1], r["reason"]) for r in rejected] == [
+        ("5", "bad list row: label 1.5 is not a whole number")]
+    with fastfeed.Loader(out, batch_size=5, image_size=32, device="cpu", train=False, fields=["txt"]) as ld:
+        got = {t: int(lab) for b in ld for t, lab in zip(b["txt"], b["labels"].tolist())}
+    assert got == {"c0": 0, "c1": 2, "c2": -1, "c3": -1, "c5": 1}
+
+
 def test_a_csv_row_with_too_few_fields_is_rejected_like_one_with_too_many(photos, tmp_path):
     """Found by an adversarial run: a short row's missing cells became an empty caption and null columns."""
     src = tmp_path / "l"

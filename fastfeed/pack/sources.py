@@ -23,6 +23,7 @@ import csv
 import datetime
 import decimal
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -270,10 +271,14 @@ def _row_path(p: str) -> str:
 
 
 def _parse_label(value: object) -> object:
-    if value is None or value == "":
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):  # NaN: pandas' null
         return -1
     if isinstance(value, bool):
         raise ValueError("label must be an integer or a class name")
+    if isinstance(value, float):  # an integer column with nulls, as pandas writes it: 3.0 is label 3
+        if not value.is_integer():
+            raise ValueError(f"label {value} is not a whole number")
+        return _parse_label(int(value))
     if isinstance(value, int):
         if value < -1:
             raise ValueError(f"label {value} is negative")
