@@ -235,6 +235,26 @@ def test_a_parquet_label_column_of_whole_floats_is_read_as_integers(photos, tmp_
     assert got == {"c0": 0, "c1": 2, "c2": -1, "c3": -1, "c5": 1}
 
 
+def test_a_nan_in_a_list_s_metadata_is_written_as_null(photos, tmp_path):
+    """Found by an adversarial run: a NaN cell (a null in a pandas float column) went into the sample's .json as
+    `NaN`, which is not JSON; an infinity, which JSON cannot hold either, rejects its row by column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"path": [f"im{i}.jpg" for i in range(3)], "caption": ["a", "b", "c"],
+                             "score": [0.5, float("nan"), float("inf")],
+                             "nested": [{"x": float("nan")}, {"x": 1.0}, {"x": 2.0}]}), photos / "nan.parquet")
+    out = tmp_path / "out"
+    run_pack(photos / "nan.parquet", out, "--format", "wds")
+    rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["path"].rsplit(":", 1)[1], r["reason"]) for r in rejected] == [
+        ("3", "bad list row: 'score' holds inf, which JSON cannot hold")]
+    texts = {n: v for n, v in members(out).items() if n.endswith(".json")}
+    metas = [json.loads(v, parse_constant=lambda c: pytest.fail(f"non-standard JSON {c}")) for v in texts.values()]
+    want = [{"score": 0.5, "nested": {"x": None}}, {"score": None, "nested": {"x": 1.0}}]
+    assert sorted(json.dumps(m, sort_keys=True) for m in metas) == sorted(json.dumps(m, sort_keys=True) for m in want)
+
+
 def test_a_csv_row_with_too_few_fields_is_rejected_like_one_with_too_many(photos, tmp_path):
     """Found by an adversarial run: a short row's missing cells became an empty caption and null columns."""
     src = tmp_path / "l"

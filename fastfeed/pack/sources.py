@@ -301,6 +301,20 @@ def _with_columns(meta: dict | None, columns: dict) -> dict | None:
     return {**(meta or {}), **columns}
 
 
+def _standard_json(value, where: str = ""):
+    """A row's metadata as standard JSON holds it: NaN (a null in pandas' float columns, and Python's json reads the
+    token) is null; an infinity has no JSON form (ValueError naming where it is)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        if math.isnan(value):
+            return None
+        raise ValueError(f"{where or 'metadata'} holds {value}, which JSON cannot hold")
+    if isinstance(value, dict):
+        return {k: _standard_json(v, f"{where}.{k}" if where else repr(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_standard_json(v, where) for v in value]
+    return value
+
+
 def _read_csv(f, path: str, rows: list, src: Source) -> None:
     reader = csv.DictReader(f, strict=True)
     if not reader.fieldnames or "path" not in reader.fieldnames:
@@ -333,7 +347,7 @@ def _read_csv_row(reader: csv.DictReader, row: dict, path: str, rows: list, src:
         meta = json.loads(meta_text) if meta_text else None
         if meta is not None and not isinstance(meta, dict):
             raise ValueError("metadata must be a JSON object")
-        meta = _with_columns(meta, {c: row.get(c) for c in others})
+        meta = _standard_json(_with_columns(meta, {c: row.get(c) for c in others}))
         text = None if caption is None else (row.get(caption) or "")
         rows.append((p, _parse_label(row.get("label")), meta, text))
     except ValueError as e:
@@ -403,7 +417,8 @@ def _read_object(obj, where: str, rows: list, src: Source) -> None:
         text = None if caption is None else obj[caption]
         if text is not None and not isinstance(text, str):
             raise ValueError(f"'{caption}' must be a string")
-        meta = _with_columns(meta, {k: v for k, v in obj.items() if k not in _LIST_COLUMNS and k != caption})
+        meta = _standard_json(_with_columns(meta, {k: v for k, v in obj.items()
+                                                    if k not in _LIST_COLUMNS and k != caption}))
         rows.append((obj["path"], _parse_label(obj.get("label")), meta, text))
     except ValueError as e:
         src.rejected.append({"path": where, "reason": f"bad list row: {e}"})
