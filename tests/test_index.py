@@ -185,7 +185,8 @@ def test_broken_samples_are_rejected_by_name_and_the_rest_adopted(tmp_path):
 def test_verify_names_members_as_a_tar_reader_does(tmp_path):
     """Found by an adversarial run: webdataset (tarfile) writes a non-ASCII name as '?' in the header's own name
     field and the real one in a PAX record; verify called every such sample corrupt."""
-    src = write_shards(tmp_path / "s", ({**sample(i), "__key__": k} for i, k in enumerate(["plain", "café", "日本語"])))
+    keys = ["plain", "café", "日本語"]
+    src = write_shards(tmp_path / "s", ({**sample(i), "__key__": k} for i, k in enumerate(keys)))
     index_shards(str(src), str(tmp_path / "ds"))
     report = verify(str(tmp_path / "ds"), quick=True)
     assert report.ok, report.errors

@@ -304,7 +304,8 @@ def test_img2dataset_images_sharing_a_stem_and_captions_not_utf8_are_rejected_by
     (src / "00000" / "000000001.txt").write_bytes(b"caf\xe9")
     out = tmp_path / "out"
     run_pack(src, out, "--format", "wds")
-    rejected = {json.loads(x)["path"]: json.loads(x)["reason"] for x in (out / "rejected.jsonl").read_text().splitlines()}
+    lines = (out / "rejected.jsonl").read_text().splitlines()
+    rejected = {json.loads(x)["path"]: json.loads(x)["reason"] for x in lines}
     assert set(rejected) == {str(src / "00000" / "000000000.jpg"), str(src / "00000" / "000000000.png"),
                              str(src / "00000" / "000000001.txt")}
     assert "share the stem" in rejected[str(src / "00000" / "000000000.png")]

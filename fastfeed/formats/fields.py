@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FieldExtents", "FieldError", "columns", "value_kind", "int_member", "decode_value", "PICKLED", "INT_EXTS",
-           "TEXT_EXTS", "JSON_EXTS", "NPY_DTYPES", "INT64_MIN", "INT64_MAX"]
+__all__ = ["FieldExtents", "FieldError", "columns", "value_kind", "int_member", "decode_value", "PICKLED",
+           "INT_EXTS", "TEXT_EXTS", "JSON_EXTS", "NPY_DTYPES", "INT64_MIN", "INT64_MAX"]
 
 INT_EXTS = ("cls", "cls2", "index", "inx", "id")
 TEXT_EXTS = ("txt", "text", "transcript")

@@ -117,7 +117,8 @@ class WdsDataset(TableDataset):
     def check_layout(self, damaged: set[str], unavailable: frozenset[str] = frozenset()
                      ) -> tuple[list[str], list[str], list[str]]:
         """Each shard's `.idx` (DALI reads it: a wrong offset there means wrong bytes on the DALI path; an adopted
-        shard may have none, said in a note) and each image's tar header against samples.npz (name, offset, size), each `.cls` member against the label."""
+        shard may have none, said in a note) and each image's tar header against samples.npz (name, offset, size),
+        each `.cls` member against the label."""
         errors: list[str] = []
         notes = [f"{path}: no DALI index ({why})" for path, why in self.no_dali_index.items()]
         t = self._table

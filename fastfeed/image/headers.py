@@ -414,8 +414,9 @@ def png_text_over_limit(exc: BaseException) -> bool:
 
 
 def pil_read(read, data):
-    """read(data) with PIL, or, where PIL refuses the PNG for its text chunks (`png_text_over_limit`, when it opens the file or
-    loads chunks after the pixels), read(the PNG without them): what the decode contract decodes, on every path."""
+    """read(data) with PIL, or, where PIL refuses the PNG for its text chunks (`png_text_over_limit`, when it opens
+    the file or loads chunks after the pixels), read(the PNG without them): what the decode contract decodes, on
+    every path."""
     try:
         return read(data)
     except ValueError as e:
