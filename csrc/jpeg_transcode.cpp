@@ -173,8 +173,8 @@ void open_decompressor(Decompressor& d, ByteSpan input, std::size_t max_memory, 
     jpeg_mem_src(&d.cinfo, input.data, static_cast<unsigned long>(input.size));
 }
 
-// Whether the scans coded every coefficient of every component to its last bit; call after
-// jpeg_read_coefficients. Where a progressive file's scans stop short (DC only, no refinement), libjpeg estimates the
+// Whether the scans coded every coefficient of every component to its last bit; call between jpeg_read_coefficients
+// and jpeg_finish_decompress (which frees the progression state). Where a progressive file's scans stop short (DC only, no refinement), libjpeg estimates the
 // missing low frequencies (block smoothing) and other decoders do not, so its pixels depend on the decoder, and a
 // baseline copy of its coefficients would decode like the latter.
 bool all_coefficients_coded(const jpeg_decompress_struct& c) {
@@ -272,8 +272,9 @@ bool run_scan_check(Decompressor& d, Failure& failure, ByteSpan input, const Sca
         return false;
     }
     jpeg_read_coefficients(&d.cinfo);  // every scan, entropy-decoded into the coefficient buffers
-    jpeg_finish_decompress(&d.cinfo);  // up to the EOI marker
-    if (!all_coefficients_coded(d.cinfo)) {
+    const bool coded = all_coefficients_coded(d.cinfo);  // before finish_decompress frees the image's state
+    jpeg_finish_decompress(&d.cinfo);                    // up to the EOI marker
+    if (!coded) {
         std::snprintf(failure.message, sizeof(failure.message), "%s", kUncodedCoefficients);
         return false;
     }
