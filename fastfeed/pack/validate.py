@@ -407,7 +407,8 @@ def _named_for_pil(data, name: str | None, opts: LoadOptions) -> Loaded | Reject
 
 
 # PIL plugins of the formats _sniff knows by their signature: a file of one of them without it is damaged.
-_SIGNED_PLUGINS = {"JPEG", "MPO", "PNG", "GIF", "BMP", "DIB", "TIFF", "WEBP", "JPEG2000", "PPM", "ICO", "PSD"}
+# (A DIB is a BMP without the file header that holds BMP's signature: named by its extension, as TGA is.)
+_SIGNED_PLUGINS = {"JPEG", "MPO", "PNG", "GIF", "BMP", "TIFF", "WEBP", "JPEG2000", "PPM", "ICO", "PSD"}
 
 # Formats whose PIL plugin needs an optional codec library (PIL only warns when it is missing).
 _PIL_CODECS = {"webp": "webp", "heif/avif": "avif", "jpeg2000": "jpg_2000"}

@@ -418,7 +418,7 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     for name, img, fmt, kw in (("tga_rgb.tga", im, "TGA", {}), ("tga_rle.tga", im, "TGA", {"compression": "tga_rle"}),
                                ("pcx_rgb.pcx", im, "PCX", {}), ("sgi_rgb.sgi", im, "SGI", {}),
                                ("qoi_rgb.qoi", im, "QOI", {}), ("dds_rgba.dds", im.convert("RGBA"), "DDS", {}),
-                               ("xbm_1bit.xbm", grey.convert("1"), "XBM", {})):
+                               ("xbm_1bit.xbm", grey.convert("1"), "XBM", {}), ("dib_rgb.dib", im, "DIB", {})):
         try:
             acc(name, _enc(img, fmt, **kw), pil=True)
         except (KeyError, OSError, ValueError):  # a PIL that cannot write it
