@@ -44,6 +44,23 @@ def test_the_next_epochs_batches_are_decoded_ahead_and_are_exactly_that_epochs(w
         assert_same_batches(got, fresh_epoch(wds_path, e, **dist))
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_a_run_read_on_from_for_many_epochs_holds_the_plans_of_the_last_ones_only(wds_path, train):
+    """Each chained epoch's plan (its sample order: 11.5 MB for ImageNet) was kept for the run's life, so one run
+    read on from epoch after epoch (an evaluation Loader, validated every few hundred steps) grew without bound; it
+    holds those of the epochs from the loop's on, as far as the read-ahead reaches."""
+    with make_loader(wds_path, train=train, batch_size=80, image_size=16, dtype=torch.uint8) as loader:
+        first = collect(loader)
+        run = loader._parked
+        ahead = -(-loader.stats()["ring"]["slots"] // len(first))  # epochs the ring's read-ahead may span
+        for _ in range(12):
+            got = collect(loader)
+            assert loader._parked is run and len(run._segments) <= 1 + ahead < 12, len(run._segments)
+        assert len(got) == len(first) == 2
+        if not train:
+            assert_same_batches(got, first)
+
+
 def test_set_epoch_to_the_next_epoch_continues_and_to_another_gets_that_one(wds_path):
     with make_loader(wds_path) as loader:
         collect(loader)

@@ -334,6 +334,10 @@ class EpochRun:
                     self.cond.wait(_POLL_S)
                 item = self.results.pop(k)
                 self.next_out = k + 1
+                # An epoch the loop has taken every batch of is looked up no more (workers and plan_at ask only from
+                # next_out on): a run read on from for hundreds of epochs keeps the plans of the last one or two.
+                while len(self._segments) > 1 and self._segments[1][0] <= self.next_out:
+                    del self._segments[0]
                 self.cond.notify_all()
         if self.pace is not None:
             self.pace.tick(wait=waited.seconds)
