@@ -494,6 +494,28 @@ def test_voc_pairs_annotations_with_images_by_id_and_never_packs_an_image_twice(
     assert recs[0]["image"] == "JPEGImages/img1.jpg" and "Annotations/img1.xml" in recs[0]["reason"]
 
 
+def test_voc_packs_one_image_of_an_id_and_rejects_the_others_by_name(tmp_path):
+    """Images that share an id (a.jpg beside a.png) cannot both be what Annotations/a.xml describes: the one its
+    <filename> names is packed (else ID.jpg, what torchvision's VOCDetection opens), every other is rejected by name,
+    none dropped unreported."""
+    root = tmp_path / "voc"
+    jp, an = root / "JPEGImages", root / "Annotations"
+    for name, seed in (("a.jpg", 1), ("a.png", 2), ("b.jpeg", 3), ("b.jpg", 4), ("c.bmp", 5), ("c.png", 6)):
+        image(jp / name, 40, 30, seed)
+    write(an / "a.xml", voc_xml("a.png", 40, 30, [("cat", (2, 2, 10, 10), 0)]))  # names the PNG
+    write(an / "b.xml", voc_xml("elsewhere.jpg", 40, 30, [("dog", (1, 1, 5, 5), 0)]))  # names neither: b.jpg
+    out = tmp_path / "out"  # c has no XML: c.bmp (the first by name) is a negative, c.png rejected
+    m = pack(root, out)
+    with fastfeed.open_dataset(out) as ds:
+        got = {str(ds.sources[i]): (ds.metadata(i)["boxes"], ds.read(i)) for i in range(len(ds))}
+    assert sorted(got) == ["JPEGImages/a.png", "JPEGImages/b.jpg", "JPEGImages/c.bmp"] and m["num_samples"] == 3
+    assert got["JPEGImages/a.png"] == ([[1, 1, 10, 10]], (jp / "a.png").read_bytes())
+    assert got["JPEGImages/b.jpg"] == ([[0, 0, 5, 5]], (jp / "b.jpg").read_bytes())
+    recs = {Path(r["path"]).name: r["reason"] for r in rejected(out)}
+    assert sorted(recs) == ["a.jpg", "b.jpeg", "c.png"]
+    assert "a.png" in recs["a.jpg"] and "b.jpg" in recs["b.jpeg"] and "c.bmp" in recs["c.png"]
+
+
 # ---- refusals, classification unchanged, inspect -----------------------------------------------------------------
 
 

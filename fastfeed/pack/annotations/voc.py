@@ -18,29 +18,38 @@ def scan_voc(root: str, split: str | None = None, classes: str | None = None) ->
     exists (an image without one is a negative). An annotation is paired with its image by id (the XML's stem), as
     torchvision's VOCDetection and detectron2 pair them: `<filename>` is often stale in XMLs copied for augmented
     images. Only an XML with no image of its stem is paired by its `<filename>`; an image is never packed twice, so
-    an XML naming an image already paired is rejected, naming both annotation files."""
+    an XML naming an image already paired is rejected, naming both annotation files. Of images sharing an id (a.jpg,
+    a.png) one is packed (`_image_of_id`) and the others are rejected by name."""
     root = os.path.abspath(root)
     ann_dir, img_dir = os.path.join(root, "Annotations"), os.path.join(root, "JPEGImages")
     if not (os.path.isdir(ann_dir) and os.path.isdir(img_dir)):
         raise ValueError(f"{root}: not a Pascal VOC dataset (needs Annotations/ and JPEGImages/)")
     src = Source(root, "voc", [], [], {}, task="detect")
     images = [name for name, is_dir in _listdir(img_dir, src) if not is_dir]
-    by_stem: dict[str, str] = {}
+    same_id: dict[str, list[str]] = {}
     for name in images:
-        by_stem.setdefault(os.path.splitext(name)[0], name)  # sorted: a.jpg before a.png
+        same_id.setdefault(os.path.splitext(name)[0], []).append(name)
     xmls = {os.path.splitext(n)[0]: os.path.join(ann_dir, n) for n, is_dir in _listdir(ann_dir, src)
             if not is_dir and n.endswith(".xml")}
     if split is not None:
         ids = _split_ids(root, split)
         for i in ids:
-            if i not in by_stem and i not in xmls:
+            if i not in same_id and i not in xmls:
                 src.rejected.append({"path": os.path.join(root, "ImageSets", "Main", f"{split}.txt"),
                                      "reason": f"id {i!r} has neither an image nor an annotation file"})
-        stems = [i for i in ids if i in by_stem or i in xmls]
+        stems = [i for i in ids if i in same_id or i in xmls]
     else:
-        stems = sorted(set(by_stem) | set(xmls))
+        stems = sorted(set(same_id) | set(xmls))
 
     read = {stem: _read_voc(xmls[stem]) for stem in stems if stem in xmls}
+    by_stem = {stem: _image_of_id(stem, names, read.get(stem, (None, None, None))[2])
+               for stem, names in same_id.items()}
+    for stem in stems:
+        for name in same_id.get(stem, ()):
+            if name != by_stem[stem]:
+                src.rejected.append({"path": os.path.join(img_dir, name),
+                                     "reason": f"an image of the same id {stem!r}, {by_stem[stem]}, is the one "
+                                               f"packed (a VOC id names one image): image not packed"})
     owner = {by_stem[s]: xmls[s] for s in stems if s in by_stem and s in xmls}  # image name -> its XML
     images = set(images)
     for stem in stems:  # XMLs without an image of their id: by <filename>, first come first paired
@@ -90,6 +99,14 @@ def scan_voc(root: str, split: str | None = None, classes: str | None = None) ->
             ids.append(k)
         _add(src, SourceEntry(path, rel, -1, ann, size, object_ids=tuple(ids)), path)
     return src
+
+
+def _image_of_id(stem: str, names: list[str], filename: str | None) -> str:
+    """The image an id names where several share its stem (a.jpg and a.png): the one its XML's `<filename>` names,
+    else ID.jpg (what torchvision's VOCDetection and detectron2 open), else the first by name."""
+    if filename in names:
+        return filename
+    return stem + ".jpg" if stem + ".jpg" in names else names[0]
 
 
 def _split_ids(root: str, split: str, folder: str = "Main") -> list[str]:
