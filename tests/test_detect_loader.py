@@ -727,6 +727,31 @@ def test_the_client_helpers_give_each_stack_its_shapes(yolo_pack):
     floats.close()
 
 
+def test_to_ultralytics_gives_a_validator_every_image_once_over_all_ranks(yolo_pack):
+    """ultralytics' validator scores every image it is given, so an evaluation batch's padding (the positions that
+    even out the ranks' shares) must not reach it: over 5 ranks of 24 images every image comes out exactly once,
+    with exactly its own objects (their classes and count from the source's labels)."""
+    import re
+
+    out, truth = yolo_pack
+    scored = []
+    for rank in range(5):  # 24 = 5 x 5 - 1: one rank's last batch holds a padding position
+        loader = fastfeed.Loader(out, batch_size=4, image_size=S, dtype=torch.uint8, device="cpu", train=False,
+                                 rank=rank, world_size=5)
+        sources = loader.dataset.sources
+        for batch in loader:
+            yolo = to_ultralytics(batch)
+            assert len(yolo["img"]) == len(yolo["im_file"]) == len(yolo["ori_shape"]) == int(batch["valid"].sum())
+            for k, name in enumerate(yolo["im_file"]):
+                want = truth[int(re.search(r"im(\d+)\.png$", str(sources[int(name)])).group(1))]
+                got = yolo["cls"][yolo["batch_idx"] == k].flatten().long().tolist()
+                assert sorted(got) == sorted(want["labels"])
+                assert tuple(yolo["ori_shape"][k]) == want["size"][::-1]
+                scored.append(int(name))
+        loader.close()
+    assert sorted(scored) == list(range(len(truth)))
+
+
 def test_a_torchvision_detector_trains_on_the_batches(yolo_pack):
     """A real torchvision detector (no weights) takes the batches through `to_torchvision` and trains."""
     from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_fpn

@@ -94,6 +94,29 @@ def test_a_run_resumed_from_last_pt_trains_the_epochs_it_had_left_exactly(yolo_d
     assert uninterrupted["first_batch"][0] != uninterrupted["first_batch"][1]
 
 
+def test_the_trainers_validator_scores_every_image_of_an_evaluation_loader_once(yolo_data, tmp_path):
+    """The trainer's get_dataloader gives its validator an evaluation Loader too (the letterbox): each epoch's
+    validation takes every image of the validation pack once, and the validator counts exactly the pack's images
+    and objects."""
+    from conftest import run_pack
+    from test_detect_loader import make_yolo
+
+    root, _ = yolo_data
+    truth = make_yolo(tmp_path / "val", n=11, seed=7)
+    run_pack(tmp_path / "val", tmp_path / "val-packed", "--format", "wds")
+    proc = train(root, tmp_path / "run", "--val-packed", str(tmp_path / "val-packed"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    r = json.loads((tmp_path / "run" / "report.json").read_text())
+    # each epoch's validation and the final one with best.pt
+    assert len(r["scored"]) == len(r["validated"]) == EPOCHS + 1
+    assert all(sorted(ids) == list(range(len(truth))) for ids in r["scored"])
+    objects = sum(len(t["boxes"]) for t in truth)
+    assert all(v["seen"] == len(truth) and v["instances"] == objects for v in r["validated"])
+    with open(r["results_csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == EPOCHS and all(math.isfinite(float(row["metrics/mAP50(B)"])) for row in rows)
+
+
 def test_mosaic_ends_for_the_last_close_mosaic_epochs_as_in_the_trainer(yolo_data):
     """The trainer turns mosaic off when epoch >= epochs - close_mosaic; the Loader, told `epochs` and the trainer's
     close_mosaic, draws its batches that way: 4 tiles an output before, 1 after."""

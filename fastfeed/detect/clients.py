@@ -2,7 +2,7 @@
 
     to_torchvision(batch)  -> (images, targets): torchvision's detection models (`model(images, targets)`)
     to_ultralytics(batch)  -> the dict ultralytics' YOLO trainers get from their own collate function
-    UltralyticsLoader(loader, trainer) -> what ultralytics' DetectionTrainer.get_dataloader returns for training
+    UltralyticsLoader(loader, trainer) -> what ultralytics' DetectionTrainer.get_dataloader returns (train, val)
     augment_from_ultralytics(args) -> the DetectAugment of a trainer's hyperparameters
 """
 from __future__ import annotations
@@ -41,7 +41,10 @@ def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
     centre-x, centre-y, width, height, "batch_idx" float [N], and per image "ori_shape" (h, w), "resized_shape",
     "ratio_pad" ((scale y, scale x), (pad x, pad y)) and "im_file" (`files`, default the sample ids as strings);
     with task "segment" also "masks" [B, S, S], its `overlap_mask` form (1 + the box's index in its image), at full
-    resolution (its loss resizes masks to its own)."""
+    resolution (its loss resizes masks to its own). Positions whose `valid` is False (an evaluation batch's padding
+    and replaced bad records) are left out with their boxes, as ultralytics' validator scores every image it gets:
+    so each image is scored once over all ranks."""
+    batch = _scored(batch)
     images = batch["images"]
     if images.dtype != torch.uint8:
         raise ValueError("ultralytics normalises the images itself (img / 255): build the Loader with "
@@ -62,6 +65,31 @@ def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
     }
     if "masks" in batch:
         out["masks"] = batch["masks"]
+    return out
+
+
+_PER_IMAGE = ("images", "masks", "ids", "scale", "pad", "orig_size", "flipped")
+_PER_BOX = ("boxes", "labels")
+
+
+def _scored(batch: dict) -> dict:
+    """`batch` with only the positions its `valid` mask keeps, and their boxes (batch_idx numbered again)."""
+    valid = batch.get("valid")
+    if valid is None or bool(valid.all()):
+        return batch
+    keep = valid.nonzero().flatten()
+    out = dict(batch, valid=valid[keep])
+    for name in _PER_IMAGE:
+        if name in batch:
+            out[name] = batch[name][keep.to(batch[name].device)]
+    if "batch_idx" not in batch:
+        return out
+    idx = batch["batch_idx"]
+    on_kept = valid.to(idx.device)[idx]
+    renumber = torch.cumsum(valid.to(idx.device, torch.int64), 0) - 1
+    for name in _PER_BOX:
+        out[name] = batch[name][on_kept]
+    out["batch_idx"] = renumber[idx[on_kept]].to(idx.dtype)
     return out
 
 
@@ -88,7 +116,10 @@ class UltralyticsLoader:
                                          dtype=torch.uint8, epochs=self.args.epochs,
                                          augment=augment_from_ultralytics(self.args))
                 return UltralyticsLoader(loader, trainer=self)
-    """
+
+    Its validator takes one too (`mode="val"`): an evaluation Loader (`train=False`, the letterbox) of the
+    validation pack, whose padding and replaced records `to_ultralytics` leaves out, so each image is scored once
+    over all ranks."""
 
     num_workers = 0  # the Loader's threads are its own
 
@@ -106,10 +137,12 @@ class UltralyticsLoader:
     def __iter__(self):
         # A generator: the trainer calls iter() twice an epoch and reads only the second; the first never starts.
         epoch = getattr(self._trainer, "epoch", None)
-        if epoch is not None:  # the epoch the Loader would run next costs nothing (its read-ahead goes on)
-            self.loader.set_epoch(int(epoch))
+        if epoch is not None and self.loader.train:  # the epoch the Loader would run next costs nothing (its
+            self.loader.set_epoch(int(epoch))        # read-ahead goes on); every evaluation pass is the same
         for batch in self.loader:
-            yield to_ultralytics(batch)
+            out = to_ultralytics(batch)
+            if len(out["img"]):  # (a rank's last evaluation batch may be padding only)
+                yield out
 
     def reset(self) -> None:
         """ultralytics' InfiniteDataLoader restarts its workers here; the Loader needs nothing."""

@@ -3,12 +3,14 @@
 replaces `PIL.Image.open` for the whole process (its HEIF patch), which the test session must not inherit.
 
     python tests/clients/ultralytics_train.py --packed DIR --data data.yaml --out DIR [--epochs 2] [--batch 8]
-        [--imgsz 160] [--stop-after EPOCH | --resume]
+        [--imgsz 160] [--stop-after EPOCH | --resume] [--val-packed DIR]
 
 Writes OUT/report.json: the sample ids of every batch the trainer took, by epoch, with a digest of each epoch's
 first batch of images; the Loader's settings; the trainer's hyperparameters the Loader was given; the labels the
 trainer read from the adapter; results.csv's path. --stop-after E: the process exits once epoch E is saved, as a
-crash would; --resume: the trainer resumes OUT's run from its last.pt, as `yolo train resume` does.
+crash would; --resume: the trainer resumes OUT's run from its last.pt, as `yolo train resume` does; --val-packed:
+the trainer validates each epoch on an evaluation Loader of that pack (report: the ids each validation pass scored,
+the images and instances its validator counted).
 """
 from __future__ import annotations
 
@@ -34,13 +36,14 @@ def main() -> None:
     p.add_argument("--imgsz", type=int, default=160)
     p.add_argument("--stop-after", type=int)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--val-packed")
     a = p.parse_args()
     out = Path(a.out)
     os.environ.setdefault("YOLO_OFFLINE", "1")
     os.environ.setdefault("YOLO_CONFIG_DIR", str(out / "config"))
     from ultralytics.models.yolo.detect import DetectionTrainer
 
-    built, seen, firsts = [], [], []
+    built, seen, firsts, scored, validated = [], [], [], [], []
 
     class Counting(UltralyticsLoader):
         def __iter__(self):
@@ -51,10 +54,20 @@ def main() -> None:
                 seen[-1].extend(int(f) for f in batch["im_file"])
                 yield batch
 
+    class Scored(UltralyticsLoader):
+        def __iter__(self):
+            scored.append([])
+            for batch in super().__iter__():
+                scored[-1].extend(int(f) for f in batch["im_file"])
+                yield batch
+
     class Trainer(DetectionTrainer):
         def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
             if mode != "train":
-                return super().get_dataloader(dataset_path, batch_size, rank, mode)
+                if a.val_packed is None:
+                    return super().get_dataloader(dataset_path, batch_size, rank, mode)
+                return Scored(fastfeed.Loader(a.val_packed, batch_size=batch_size, image_size=self.args.imgsz,
+                                              dtype=torch.uint8, device="cpu", train=False))
             loader = fastfeed.Loader(a.packed, batch_size=batch_size, image_size=self.args.imgsz, dtype=torch.uint8,
                                      device="cpu", epochs=self.args.epochs, seed=0,
                                      augment=augment_from_ultralytics(self.args))
@@ -72,7 +85,11 @@ def main() -> None:
     if a.resume:
         overrides = dict(resume=str(out / "runs" / "fastfeed" / "weights" / "last.pt"), device="cpu", workers=0,
                          plots=False)
+    if a.val_packed is not None:
+        overrides["val"] = True
     trainer = Trainer(overrides=overrides)
+    trainer.add_callback("on_val_end", lambda v: validated.append(
+        {"seen": v.seen, "instances": int(v.metrics.nt_per_class.sum()), "map50": float(v.metrics.box.map50)}))
     if a.stop_after is not None:
         trainer.add_callback("on_fit_epoch_end", crash)
     trainer.train()
@@ -91,6 +108,8 @@ def main() -> None:
         "labels": [{"cls": lb["cls"].ravel().tolist(), "bboxes": lb["bboxes"].tolist()}
                    for lb in adapter.dataset.labels],
         "results_csv": str(trainer.save_dir / "results.csv"),
+        "scored": scored,
+        "validated": validated,
     }
     adapter.close()
     (out / "report.json").write_text(json.dumps(report))
