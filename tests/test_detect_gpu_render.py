@@ -1,7 +1,7 @@
 """The GPU renderer (fastfeed/detect/gpu_render.py) against the CPU renderer (render.py), to the bit, on the CPU:
 Triton runs the same kernels in its interpreter (TRITON_INTERPRET=1, set before the kernels are defined, hence a
 process of its own). Sources of random pixels, larger and smaller than the output (down- and upscaling, up to 3x),
-mosaic and letterbox geometries, flipped and not; the oracle is the CPU renderer with exact=True, itself Pillow's
+mosaic and letterbox geometries, flipped either way and not; the oracle is the CPU renderer with exact=True, itself Pillow's
 arithmetic (tests/test_detect_geometry.py checks it against Pillow); its default (pillow-simd inside each tile) is
 within a level of it."""
 from __future__ import annotations
@@ -32,14 +32,15 @@ SCRIPT = textwrap.dedent("""
     per = np.array([i.size for i in imgs])
     off = np.cumsum(per) - per
     report = []
-    for train, epoch, aug in [(True, 0, DetectAugment(scale=0.9)), (True, 1, DetectAugment(mosaic=0.0, fliplr=1.0)),
+    for train, epoch, aug in [(True, 0, DetectAugment(scale=0.9, flipud=0.5)),
+                              (True, 1, DetectAugment(mosaic=0.0, fliplr=1.0)),
                               (False, 0, DetectAugment())]:
         g = plan_batch(np.arange(B) + 7 * epoch, sizes, S, epoch=epoch, seed=2, aug=aug, train=train)
         ref = np.stack([render(imgs, g, k, hsv=False, exact=True) for k in range(B)])
         fast = np.stack([render(imgs, g, k, hsv=False) for k in range(B)])
         got = render_batch(flat.to(dev), off, sizes, g).cpu().numpy()
         report.append({"train": train, "tiles": int(g.n_tiles.sum()), "flipped": int(g.flip.sum()),
-                       "differ": int((ref != got).sum()), "shape": list(got.shape),
+                       "flipped_ud": int(g.flipud.sum()), "differ": int((ref != got).sum()), "shape": list(got.shape),
                        "simd_levels": int(np.abs(fast.astype(int) - ref).max())})
     # a source decoded at another size than the stored one (a header that disagreed): the geometry is scaled to it
     g = plan_batch(np.arange(2), np.array([(60, 30), (60, 30)]), S, epoch=0, seed=0, train=False)
@@ -72,7 +73,7 @@ def _render_check(device: str, env: dict) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(report) == 5
-    assert report[0]["tiles"] == 16 and report[0]["flipped"] > 0  # mosaic, some flipped
+    assert report[0]["tiles"] == 16 and report[0]["flipped"] > 0 and report[0]["flipped_ud"] > 0  # mosaic, some flipped
     assert report[1]["tiles"] == 4 and report[1]["flipped"] == 4
     assert report[4]["widest"] * 3 > 256  # a row of several blocks
     for case in report:

@@ -128,6 +128,23 @@ def test_training_batches_boxes_follow_the_pixels(yolo_pack, epoch):
     loader.close()
 
 
+def test_vertical_flips_boxes_follow_the_pixels(yolo_pack):
+    """DetectAugment(flipud=0.5), ultralytics' vertical flip: outputs mirrored top to bottom (`flipped_ud`), with
+    and without the horizontal flip and mosaic; the oracle holds on every output and each flip pairing occurs
+    (rotated outputs: test_without_mosaic_and_with_rotation_boxes_contain_their_object)."""
+    out, _ = yolo_pack
+    aug = DetectAugment(flipud=0.5, mosaic=0.5, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
+    checked, flips = 0, set()
+    with fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu", seed=3,
+                         augment=aug) as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for b in loader:
+                checked += check_boxes_against_pixels(b)
+                flips |= set(zip(b["flipped"].tolist(), b["flipped_ud"].tolist()))
+    assert flips == {(False, False), (False, True), (True, False), (True, True)} and checked > 40
+
+
 def test_the_iou_crop_stretches_a_window_and_the_boxes_follow_the_pixels(yolo_pack):
     """DetectAugment(iou_crop=1, mosaic=0): each output is a window of its image stretched to S x S (no padding);
     the oracle holds on every output, and most outputs show a part of their image."""
@@ -156,7 +173,7 @@ def test_without_mosaic_and_with_rotation_boxes_contain_their_object(yolo_pack):
                             augment=DetectAugment(mosaic=0.0))
     assert sum(check_boxes_against_pixels(b) for b in plain) > 10
     rotated = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu",
-                              augment=DetectAugment(degrees=10.0))
+                              augment=DetectAugment(degrees=10.0, flipud=0.5))
     for batch in rotated:
         classes = colour_classes(batch["images"])
         for k in range(len(batch["images"])):
@@ -806,17 +823,18 @@ def test_detection_arguments_are_checked(yolo_pack, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("decoder", ["cpu", "dali"])
-def test_on_the_gpu_the_batches_are_the_cpu_ones_normalised_there(yolo_pack, decoder):
+@pytest.mark.parametrize("decoder,augment", [("cpu", None), ("dali", None), ("dali", DetectAugment(flipud=0.5))],
+                         ids=["cpu", "dali", "dali-flipud"])
+def test_on_the_gpu_the_batches_are_the_cpu_ones_normalised_there(yolo_pack, decoder, augment):
     """device="cuda": the same geometry as on the CPU, the same pixels to a level (the HSV gains are applied on the
     GPU in float32, on the CPU in float64), scaled to [0, 1] on the GPU. With decoder="dali" (what "auto" picks)
     DALI decodes these PNGs to the same pixels and the GPU renderer draws them to the bit of Pillow's fixed point,
     which the CPU renderer's pillow-simd resize rounds differently by a level at most (tests/test_detect_gpu_render.py):
     two levels there."""
     out, _ = yolo_pack
-    cpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu", seed=4)
+    cpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.uint8, device="cpu", seed=4, augment=augment)
     gpu = fastfeed.Loader(out, batch_size=8, image_size=S, dtype=torch.float32, device="cuda", seed=4,
-                          decoder=decoder)
+                          decoder=decoder, augment=augment)
     assert gpu.settings.decoder == decoder
     levels = 1 if decoder == "cpu" else 2
     n = 0

@@ -135,7 +135,7 @@ def test_mosaic_ends_for_the_last_close_mosaic_epochs_as_in_the_trainer(yolo_dat
 
 
 def test_hyperparameters_the_loader_does_not_implement_are_named_in_one_warning():
-    """A trainer's flipud, mixup, perspective, copy_paste (...) set on are named with their values in one warning,
+    """A trainer's mixup, perspective, copy_paste (...) set on are named with their values in one warning,
     not silently dropped; ultralytics' own defaults (read from its default.yaml, without importing it) warn of
     nothing, and every augmentation hyperparameter there is either taken or among those named."""
     import importlib.util
@@ -161,9 +161,9 @@ def test_hyperparameters_the_loader_does_not_implement_are_named_in_one_warning(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         aug = augment_from_ultralytics(asked)
-    assert aug.fliplr == 0.25
+    assert aug.fliplr == 0.25 and aug.flipud == 0.5
     assert len(caught) == 1
     msg = str(caught[0].message)
-    for shown in ("flipud=0.5", "mixup=0.3", "perspective=0.001", "copy_paste=0.5"):
+    for shown in ("mixup=0.3", "perspective=0.001", "copy_paste=0.5"):
         assert shown in msg
-    assert "fliplr" not in msg and "cutmix" not in msg and "bgr" not in msg
+    assert "flip" not in msg and "cutmix" not in msg and "bgr" not in msg

@@ -101,8 +101,9 @@ def check_instances_against_pixels(batch: dict, rotated: bool = False) -> int:
 
 
 @pytest.mark.parametrize("augment", [DetectAugment(**NO_HSV), DetectAugment(mosaic=0.0, fliplr=1.0, **NO_HSV),
-                                     DetectAugment(mosaic=0.5, degrees=20.0, shear=5.0, **NO_HSV)],
-                         ids=["mosaic", "letterbox-flip", "rotate-shear"])
+                                     DetectAugment(mosaic=0.5, degrees=20.0, shear=5.0, **NO_HSV),
+                                     DetectAugment(flipud=0.5, **NO_HSV)],
+                         ids=["mosaic", "letterbox-flip", "rotate-shear", "flipud"])
 def test_instance_masks_follow_the_pixels(seg_pack, augment):
     loader = fastfeed.Loader(seg_pack, task="segment", batch_size=8, image_size=S, dtype=torch.uint8, device="cpu",
                              augment=augment, seed=2)

@@ -127,8 +127,8 @@ def check_masks_against_pixels(batch: dict, exact_padding: bool = True) -> int:
 
 @pytest.mark.parametrize("augment", [DetectAugment(mosaic=0.0, **NO_HSV), DetectAugment(mosaic=1.0, **NO_HSV),
                                      DetectAugment(mosaic=0.5, degrees=15.0, shear=5.0, **NO_HSV),
-                                     DetectAugment(mosaic=0.0)],
-                         ids=["scale-translate-flip", "mosaic", "rotate-shear", "hsv"])
+                                     DetectAugment(mosaic=0.0), DetectAugment(mosaic=0.5, flipud=0.5, **NO_HSV)],
+                         ids=["scale-translate-flip", "mosaic", "rotate-shear", "hsv", "flipud"])
 def test_training_masks_follow_the_pixels(seg_set, augment):
     shards, _ = seg_set
     loader = fastfeed.Loader(shards, task="semantic", batch_size=8, image_size=S, dtype=torch.uint8, device="cpu",

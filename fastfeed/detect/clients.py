@@ -68,7 +68,7 @@ def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
     return out
 
 
-_PER_IMAGE = ("images", "masks", "ids", "scale", "pad", "orig_size", "flipped")
+_PER_IMAGE = ("images", "masks", "ids", "scale", "pad", "orig_size", "flipped", "flipped_ud")
 _PER_BOX = ("boxes", "labels")
 
 
@@ -191,9 +191,8 @@ class _Labels:
 
 
 # ultralytics' detection augmentation hyperparameters the Loader does not implement, with their no-op defaults
-# (default.yaml). The horizontal flip is mirrored by each renderer and target path separately (CPU and GPU
-# renderers, boxes, polygons, masks), not folded into the tile's affine, so a vertical one is no small addition.
-UNSUPPORTED = {"flipud": 0.0, "perspective": 0.0, "bgr": 0.0, "mixup": 0.0, "cutmix": 0.0, "copy_paste": 0.0}
+# (default.yaml).
+UNSUPPORTED = {"perspective": 0.0, "bgr": 0.0, "mixup": 0.0, "cutmix": 0.0, "copy_paste": 0.0}
 
 
 def augment_from_ultralytics(args) -> DetectAugment:

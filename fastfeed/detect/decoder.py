@@ -138,10 +138,11 @@ class DetectDecoder:
             "ids": torch.from_numpy(ids.copy()),
             "orig_size": torch.from_numpy(np.stack([self.heights[ids], self.widths[ids]], axis=1)),
             # The own tile's map: diag(scale) and pad, exact for evaluation and axis-aligned training batches; the
-            # horizontal flip comes after it (x -> S - x), so each output says whether it was flipped.
+            # flips come after it (x -> S - x, y -> S - y), so each output says whether it was flipped.
             "scale": torch.from_numpy(geometry.affine[:, 0, [0, 1], [0, 1]].astype(np.float32)),
             "pad": torch.from_numpy(geometry.affine[:, 0, :, 2].astype(np.float32)),
             "flipped": torch.from_numpy(geometry.flip.copy()),
+            "flipped_ud": torch.from_numpy(geometry.flipud.copy()),
         }
         if masks is not None:
             targets["masks"] = self._render_masks(masks, src, geometry)

@@ -4,7 +4,7 @@ Exactly ultralytics 8.x (names, defaults, geometry, box rule): with probability 
 `close_mosaic` of `epochs`) `_mosaic4` of the output's sample and 3 partners on a 2S canvas (centre int(U(S/2, 3S/2)),
 each long side resized to S by `load_image`'s ceil rule), else that resize and a centred `LetterBox`; then
 `RandomPerspective` (M = T @ Shear @ Rotation-Scale @ C, border -S/2 with mosaic, 0 without), `RandomHSV` gains,
-`RandomFlip`. Boxes: clipped to the tile, 4 corners through M, min/max, clipped to [0, S], `box_candidates(wh_thr=2,
+`RandomFlip` (vertical with probability `flipud`, then horizontal). Boxes: clipped to the tile, 4 corners through M, min/max, clipped to [0, S], `box_candidates(wh_thr=2,
 ar_thr=100, area_thr=0.10)` against the box times M's scale, flipped. Evaluation: resize + LetterBox(scaleup=False).
 Differences: (1) resize, placement and M form ONE affine per tile (source -> output pixels, pixel edges at
 integers): each source is resampled once, with PIL's antialiased filter (ultralytics: cv2 INTER_LINEAR resize, then
@@ -37,16 +37,18 @@ SALT = 0x64657465  # b"dete"
 _MAX_TILES = 4
 # Indices into the fixed vector of uniforms every output draws: the same draws whatever the hyperparameters, so
 # changing one (say degrees) leaves every other choice of the run as it was.
-_MOSAIC, _PARTNERS, _XC, _YC, _ANGLE, _SCALE, _SHEAR_X, _SHEAR_Y, _TX, _TY, _FLIP, _HSV, _IOU_CROP = (
-    0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16)
-_DRAWS = 17  # a generator's first n draws do not depend on how many follow: a new draw goes last
+_MOSAIC, _PARTNERS, _XC, _YC, _ANGLE, _SCALE, _SHEAR_X, _SHEAR_Y, _TX, _TY, _FLIP, _HSV, _IOU_CROP, _FLIP_UD = (
+    0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 17)
+# A generator's first n draws do not depend on how many follow: a new draw goes last (the IoU crop's own draws come
+# after these, so a new one moves those).
+_DRAWS = 18
 
 
 @dataclass(frozen=True)
 class DetectAugment:
     """Detection training augmentation, with ultralytics' hyperparameter names and defaults (default.yaml):
     mosaic (probability), degrees (+-rotation), translate (fraction of S), scale (gain +-), shear (+-degrees),
-    fliplr (probability), hsv_h/hsv_s/hsv_v (gain fractions), close_mosaic (mosaic off for the last N epochs when
+    flipud, fliplr (probabilities), hsv_h/hsv_s/hsv_v (gain fractions), close_mosaic (mosaic off for the last N epochs when
     the Loader knows `epochs`), pad_value (grey of the padding); iou_crop (probability that an output without mosaic
     is the SSD-style IoU crop of its image stretched to S x S instead: fastfeed/detect/iou_crop.py; 0 by default,
     as in ultralytics, which has none)."""
@@ -56,6 +58,7 @@ class DetectAugment:
     translate: float = 0.1
     scale: float = 0.5
     shear: float = 0.0
+    flipud: float = 0.0
     fliplr: float = 0.5
     hsv_h: float = 0.015
     hsv_s: float = 0.7
@@ -67,7 +70,7 @@ class DetectAugment:
     def __post_init__(self):
         # (low, high, high included): scale < 1 keeps the gain positive, shear < 90 keeps tan finite
         ranges = {"mosaic": (0, 1, True), "degrees": (0, 180, True), "translate": (0, 1, True),
-                  "scale": (0, 1, False), "shear": (0, 90, False), "fliplr": (0, 1, True), "hsv_h": (0, 1, True),
+                  "scale": (0, 1, False), "shear": (0, 90, False), "flipud": (0, 1, True), "fliplr": (0, 1, True), "hsv_h": (0, 1, True),
                   "hsv_s": (0, 1, True), "hsv_v": (0, 1, True), "iou_crop": (0, 1, True)}
         for name, (lo, hi, closed) in ranges.items():
             v = getattr(self, name)
@@ -108,9 +111,10 @@ class Tile:
 class BatchGeometry:
     """The drawn geometry of a batch of B outputs (up to 4 tiles each; `n_tiles` says how many are used).
 
-    Per output: n_tiles int [B]; flip bool [B]; hsv float64 [B, 3] (hue, saturation, value gains); scale float64 [B]
-    and pad float64 [B, 2] (x, y): output = stored * scale + pad for the output's own sample (tile 0; exact for the
-    long side, the short side's ceil rounding moves it by under a pixel; `affine` is exact). Per tile [B, 4, ...]:
+    Per output: n_tiles int [B]; flip, flipud bool [B] (mirrored left to right, top to bottom); hsv float64 [B, 3]
+    (hue, saturation, value gains); scale float64 [B] and pad float64 [B, 2] (x, y): output = stored * scale + pad
+    for the output's own sample (tile 0; exact for the long side, the short side's ceil rounding moves it by under a
+    pixel; `affine` is exact), before the flips. Per tile [B, 4, ...]:
     source int64 (batch position, -1 unused), affine [2, 3], region [4], dst_rect int64 [4], src_rect [4],
     quad [4, 2], box_scale [2] (see `Tile`). sizes int64 [B, 2]: each position's stored (width, height)."""
 
@@ -128,6 +132,7 @@ class BatchGeometry:
     quad: np.ndarray
     box_scale: np.ndarray
     flip: np.ndarray
+    flipud: np.ndarray
     hsv: np.ndarray
     scale: np.ndarray
     pad: np.ndarray
@@ -265,7 +270,7 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
              affine=np.zeros((B, _MAX_TILES, 2, 3)), region=np.zeros((B, _MAX_TILES, 4)),
              dst_rect=np.zeros((B, _MAX_TILES, 4), np.int64), src_rect=np.zeros((B, _MAX_TILES, 4)),
              quad=np.zeros((B, _MAX_TILES, 4, 2)), box_scale=np.ones((B, _MAX_TILES, 2)), flip=np.zeros(B, bool),
-             hsv=np.ones((B, 3)), scale=np.zeros(B), pad=np.zeros((B, 2)))
+             flipud=np.zeros(B, bool), hsv=np.ones((B, 3)), scale=np.zeros(B), pad=np.zeros((B, 2)))
     if train:
         entropy = sample_entropy(seed, epoch, ids)
         u = first_draws(entropy, _DRAWS)
@@ -281,6 +286,7 @@ def plan_batch(sample_ids, sizes, image_size: int, epoch: int, seed: int, aug: D
                                             ids[cropped])
             iou_crop.fill_tiles(g, cropped, windows, wh0[cropped], S)
         g["flip"] = u[:, _FLIP] < aug.fliplr
+        g["flipud"] = u[:, _FLIP_UD] < aug.flipud
         g["hsv"] = (2 * u[:, _HSV:_HSV + 3] - 1) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1
     else:
         _plan_eval(wh0, S, g["source"], g["affine"], g["region"], g["dst_rect"], g["src_rect"], g["quad"],
@@ -439,6 +445,8 @@ def transform_boxes(geometry: BatchGeometry, k: int, boxes_per_tile, labels_per_
     labels = np.concatenate(out_labels) if out_labels else np.zeros(0, np.int64)
     if geometry.flip[k]:
         boxes = np.stack([S - boxes[:, 2], boxes[:, 1], S - boxes[:, 0], boxes[:, 3]], axis=1)
+    if geometry.flipud[k]:
+        boxes = np.stack([boxes[:, 0], S - boxes[:, 3], boxes[:, 2], S - boxes[:, 1]], axis=1)
     if return_keep:
         return boxes.astype(np.float32), labels.astype(np.int64), np.concatenate(kept) if kept else np.zeros(0, bool)
     return boxes.astype(np.float32), labels.astype(np.int64)
@@ -486,6 +494,8 @@ def transform_batch_boxes(geometry: BatchGeometry, sample_of_position, objects, 
     boxes = after[keep]
     flip = geometry.flip[out]
     boxes[flip] = np.stack([S - boxes[flip, 2], boxes[flip, 1], S - boxes[flip, 0], boxes[flip, 3]], axis=1)
+    flip = geometry.flipud[out]
+    boxes[flip] = np.stack([boxes[flip, 0], S - boxes[flip, 3], boxes[flip, 2], S - boxes[flip, 1]], axis=1)
     result = boxes.astype(np.float32), all_labels[rows][keep].astype(np.int64), out.astype(np.int64)
     if return_source:
         return (*result, rows[keep].astype(np.int64), t[tile_of][keep].astype(np.int64))

@@ -1,7 +1,7 @@
 """The GPU renderer: an axis-aligned `BatchGeometry` executed on decoded images that are already on the device.
 
 It computes what the CPU renderer (render.py + resample.py) computes, to the bit: per tile, Pillow's antialiased
-bilinear resize of the tile's source rectangle into its destination rectangle (mirrored when the output is
+bilinear resize of the tile's source rectangle into its destination rectangle (mirrored as the output is
 flipped), in Pillow's fixed point. The host plans only each tile (a row of numbers: where its source is, its source
 box and scale, where it goes). On the GPU, one kernel computes Pillow's coefficients for every output column and
 row (resample.py `_coeffs`, in float64 with no fused multiply-adds, so to the bit), and two apply them over every
@@ -31,7 +31,7 @@ __all__ = ["render_batch", "plan_tiles"]
 
 # Columns of the per-tile table the kernels read (int64; the kernels name them by number): where its source is and
 # its size, its output size, the first source row the vertical filter reads and how many, where its rows go in the
-# scratch buffer and in the batch, whether it is mirrored, the number of its first job in each pass, its first
+# scratch buffer and in the batch, how it is mirrored (bit 0 left-right, bit 1 top-bottom), the number of its first job in each pass, its first
 # output column's coefficients, and its own filter lengths across and down.
 (_IMG_OFF, _SRC_W, _SRC_H, _OW, _OH, _FIRST, _ROWS, _TMP_OFF, _OUT, _X0, _Y0, _FLIP, _JOB1, _JOB2,
  _H_OFF, _KH, _KV) = range(17)
@@ -44,7 +44,7 @@ _BLOCK = 256  # values (or coefficient rows) a program makes
 @numba.njit(nogil=True, cache=True)
 def _plan(W, H, boxes, ow, oh, image_off, out_at, X0, Y0, flip):
     """The tile tables for tiles of source size (W, H), source box (source pixels), output size (ow, oh) at
-    (X0, Y0) of output `out_at` (element offset), mirrored where `flip`: (table int64 [T, 17], box float64 [T, 4],
+    (X0, Y0) of output `out_at` (element offset), mirrored as `flip` says (bit 0 left-right, bit 1 top-bottom): (table int64 [T, 17], box float64 [T, 4],
     kh, kv (the longest filters), jobs of pass 1, jobs of pass 2 (= output rows), output columns, scratch bytes)."""
     T = len(W)
     table = np.empty((T, 17), np.int64)
@@ -95,7 +95,8 @@ class TilePlan:
         X0, Y0, X1, Y1 = (np.ascontiguousarray(rect[k, t, i]) for i in range(4))
         ow = X1 - X0
         self.table, self.box, self.kh, self.kv, self.jobs1, self.jobs2, self.columns, self.tmp_bytes = _plan(
-            W, H, box, ow, Y1 - Y0, image_off[src], k * S * S * 3, X0, Y0, g.flip[k].astype(np.int64))
+            W, H, box, ow, Y1 - Y0, image_off[src], k * S * S * 3, X0, Y0,
+            g.flip[k].astype(np.int64) | (g.flipud[k].astype(np.int64) << 1))
 
 
 def plan_tiles(geometry: BatchGeometry, image_off, image_size) -> TilePlan:
@@ -248,8 +249,11 @@ def _kernels():
         taps = tl.load(row + 16)
         tmp_row = tl.load(row + 7)
         x0 = tl.load(row + 9)
-        flip = tl.load(row + 11) != 0
-        dst_row = tl.load(row + 8) + (tl.load(row + 10) + yy) * S * 3
+        mirror = tl.load(row + 11)
+        flip = (mirror & 1) != 0
+        y = tl.load(row + 10) + yy
+        y = tl.where((mirror & 2) != 0, S - 1 - y, y)
+        dst_row = tl.load(row + 8) + y * S * 3
         for e0 in range(0, ow * 3, BLOCK):
             e = e0 + tl.arange(0, BLOCK)
             inside = e < ow * 3

@@ -75,15 +75,17 @@ def _hsv_flat(px, gh, gs, gv):
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy", fastmath=_FAST)
-def _finish(px, out, w, gh, gs, gv, apply, flip, planar):
+def _finish(px, out, w, gh, gs, gv, apply, flip, flipud, planar):
     """px: an RGBX image, flat [h * w * 4]; out: flat [3 * h * w], three planes or interleaved pixels; columns
-    mirrored when `flip`, the gains applied when `apply`. Each case has an inner loop of its own and a mirrored
-    row is reversed first as whole pixels (uint32): so every inner loop vectorises."""
+    mirrored when `flip`, rows when `flipud`, the gains applied when `apply`. Each case has an inner loop of its own
+    and a mirrored row is reversed first as whole pixels (uint32): so every inner loop vectorises."""
     px32 = px.view(np.uint32)
     tmp32 = np.empty(w, np.uint32)
     tmp = tmp32.view(np.uint8)
-    for y in range(px32.shape[0] // w):
+    h = px32.shape[0] // w
+    for y in range(h):
         o = y * w
+        q = (h - 1 - y) * w if flipud else o  # where the row goes
         if flip:
             row32 = px32[o:o + w]
             for x in range(w):
@@ -93,7 +95,7 @@ def _finish(px, out, w, gh, gs, gv, apply, flip, planar):
             src = px[4 * o:4 * (o + w)]
         if planar:
             n = px32.shape[0]
-            d0, d1, d2 = out[o:o + w], out[n + o:n + o + w], out[2 * n + o:2 * n + o + w]
+            d0, d1, d2 = out[q:q + w], out[n + q:n + q + w], out[2 * n + q:2 * n + q + w]
             if apply:
                 for x in range(w):
                     d0[x], d1[x], d2[x] = _hsv_pixel(src[4 * x], src[4 * x + 1], src[4 * x + 2], gh, gs, gv)
@@ -101,7 +103,7 @@ def _finish(px, out, w, gh, gs, gv, apply, flip, planar):
                 for x in range(w):
                     d0[x], d1[x], d2[x] = src[4 * x], src[4 * x + 1], src[4 * x + 2]
         else:
-            d = out[3 * o:3 * (o + w)]
+            d = out[3 * q:3 * (q + w)]
             if apply:
                 for x in range(w):
                     d[3 * x], d[3 * x + 1], d[3 * x + 2] = _hsv_pixel(src[4 * x], src[4 * x + 1], src[4 * x + 2],
@@ -123,10 +125,10 @@ def apply_hsv_inplace(rgb: np.ndarray, gains) -> None:
     _hsv_flat(rgb.reshape(-1), gh, gs, gv)
 
 
-def finish(rgbx: np.ndarray, out: np.ndarray, gains, flip: bool, planar: bool) -> None:
+def finish(rgbx: np.ndarray, out: np.ndarray, gains, flip: bool, planar: bool, flipud: bool = False) -> None:
     """The CPU renderer's last pass: `out` = the C-contiguous uint8 [h, w, 4] RGBX canvas as RGB, mirrored left to
-    right when `flip`, RandomHSV with `gains` applied (None: no change), written planar (uint8 [3, h, w]) or
-    interleaved (uint8 [h, w, 3]), C-contiguous."""
+    right when `flip` and top to bottom when `flipud`, RandomHSV with `gains` applied (None: no change), written
+    planar (uint8 [3, h, w]) or interleaved (uint8 [h, w, 3]), C-contiguous."""
     if rgbx.dtype != np.uint8 or rgbx.ndim != 3 or rgbx.shape[2] != 4 or not rgbx.flags.c_contiguous:
         raise ValueError(f"need a C-contiguous uint8 [h, w, 4] canvas, got {rgbx.dtype} {rgbx.shape}")
     h, w = rgbx.shape[:2]
@@ -135,7 +137,7 @@ def finish(rgbx: np.ndarray, out: np.ndarray, gains, flip: bool, planar: bool) -
         raise ValueError(f"need a C-contiguous uint8 {list(shape)} output, got {out.dtype} {out.shape}")
     apply = gains is not None and bool((np.asarray(gains) != 1).any())
     gh, gs, gv = (np.float32(g) for g in (gains if apply else (1, 1, 1)))
-    _finish(rgbx.reshape(-1), out.reshape(-1), w, gh, gs, gv, apply, bool(flip), bool(planar))
+    _finish(rgbx.reshape(-1), out.reshape(-1), w, gh, gs, gv, apply, bool(flip), bool(flipud), bool(planar))
 
 
 def apply_hsv_torch(images, gains):

@@ -156,6 +156,8 @@ def render_instances(geometry, k: int, targets, objects, tiles, boxes, out: np.n
             _draw(out, pts, A, quad, rect, flip, S, i + 1)
         if not len(polygons) and targets.rle is not None and targets.rle[j] is not None:
             _draw_rle(out, decode_rle(targets.rle[j]), geometry, k, t, i + 1)
+    if geometry.flipud[k]:
+        out[...] = out[::-1].copy()
 
 
 def _draw_rle(out: np.ndarray, mask: np.ndarray, geometry, k: int, t: int, value: int) -> None:

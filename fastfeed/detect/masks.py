@@ -117,12 +117,15 @@ def render_mask(masks, geometry: BatchGeometry, k: int, ignore: int, out: np.nda
         dst = tile_view(canvas, geometry, k, i)
         if dst is not None:
             nearest_tile(masks[t.source], geometry, k, i, dst)
+    if geometry.flipud[k]:
+        canvas[...] = canvas[::-1].copy()
     return canvas
 
 
 def tile_view(canvas: np.ndarray, geometry: BatchGeometry, k: int, t: int) -> np.ndarray | None:
     """The part of output k's canvas [S, S] that tile t paints (its destination rectangle, mirrored when the output
-    is flipped), or None when it paints nothing."""
+    is flipped left to right; its caller mirrors the whole canvas top to bottom last), or None when it paints
+    nothing."""
     S = geometry.image_size
     X0, Y0, X1, Y1 = (int(v) for v in geometry.dst_rect[k, t])
     if X1 <= X0 or Y1 <= Y0:

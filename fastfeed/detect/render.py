@@ -13,7 +13,7 @@ integers, as the boxes are transformed):
   - otherwise `Image.transform(AFFINE, BILINEAR)` of the tile's source crop (edges repeated, so bilinear never
     blends in a fill colour), reduced first by a whole factor where the affine shrinks it over 2x (transform has no
     antialiasing), and masked to the pixels whose centres lie in the tile's destination quadrilateral.
-Then one pass (fastfeed/detect/hsv.py `finish`) mirrors the canvas for the horizontal flip, applies ultralytics'
+Then one pass (fastfeed/detect/hsv.py `finish`) mirrors the canvas for the flips, applies ultralytics'
 RandomHSV and writes the output, interleaved or planar. Encoded sources (bytes) are decoded here with JPEG `draft`
 (DCT-domain downscaling) where every tile of that source keeps >= 2 source pixels per output pixel, as
 fastfeed/decode/cpu.py does for classification; an RGB or grey JPEG, drafted or not, is decoded by the native core
@@ -261,7 +261,7 @@ def render(images, geometry: BatchGeometry, k: int, hsv: bool = True, out: np.nd
             _resize_tile(rgbx, img, (x0 * fx, y0 * fy, x1 * fx, y1 * fy), canvas, canvas_img, t.dst_rect, exact)
         else:
             _warp_into(canvas, img, fx, fy, t)
-    finish(canvas, out, geometry.hsv[k] if hsv else None, bool(geometry.flip[k]), planar)
+    finish(canvas, out, geometry.hsv[k] if hsv else None, bool(geometry.flip[k]), planar, bool(geometry.flipud[k]))
     return out
 
 
