@@ -14,7 +14,9 @@ import time
 import psutil
 import pytest
 
-pytestmark = pytest.mark.integration  # real subprocesses and signals; no timing is compared
+# Real subprocesses and signals; no timing is compared. The timeouts leave a script that imports torch time to take
+# its first steps on a loaded 2-core machine.
+pytestmark = pytest.mark.integration
 
 # A training loop on a DataLoader (env: WORKERS, BATCHES (-1: forever), FAIL_AT, EXIT_CODE) that prints each step.
 TRAIN = textwrap.dedent("""
@@ -113,19 +115,19 @@ def test_a_ctrl_c_to_the_whole_group_still_stops_everything(tmp_path):
 
 def test_timeout_stops_the_script_reports_and_exits_124(tmp_path):
     t0 = time.monotonic()
-    proc = _run(tmp_path, "--timeout", "8", "--warmup", "1", "--steps", "3", "--", sys.executable,
+    proc = _run(tmp_path, "--timeout", "15", "--warmup", "1", "--steps", "3", "--", sys.executable,
                 _script(tmp_path), WORKERS=1)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 124, out
-    assert time.monotonic() - t0 < 25, out
-    assert "3 steps measured" in out and "ran past --timeout 8s: stopped the command" in out
+    assert time.monotonic() - t0 < 35, out
+    assert "3 steps measured" in out and "ran past --timeout 15s: stopped the command" in out
     assert not list(tmp_path.glob("fastfeed-profile-*")), out
 
 
 def test_a_timeout_inside_the_window_reports_the_steps_measured_so_far(tmp_path):
     """--timeout before the window is complete: the script's SIGTERM writes the steps it measured, then it dies of
     the signal as it would have (before, it died with them and nothing was reported)."""
-    proc = _run(tmp_path, "--timeout", "6", "--warmup", "1", "--steps", "100000", "--json", str(tmp_path / "r.json"),
+    proc = _run(tmp_path, "--timeout", "12", "--warmup", "1", "--steps", "100000", "--json", str(tmp_path / "r.json"),
                 "--", sys.executable, _script(tmp_path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 124, out
@@ -147,7 +149,7 @@ def test_a_command_deaf_to_sigterm_is_killed_after_the_grace_with_what_it_starte
         time.sleep(300)
     """), "deaf.py")
     code = ("import sys; from fastfeed.profile.run import profile_command; "
-            f"status, s = profile_command([sys.executable, {deaf!r}], timeout=3, grace=1); "
+            f"status, s = profile_command([sys.executable, {deaf!r}], timeout=8, grace=1); "
             "print('exit', s['exit'], flush=True)")
     t0 = time.monotonic()
     run = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=_env(tmp_path),
@@ -157,7 +159,7 @@ def test_a_command_deaf_to_sigterm_is_killed_after_the_grace_with_what_it_starte
     tree = psutil.Process(run.pid).children(recursive=True)
     assert len(tree) == 2, tree
     out, _ = run.communicate(timeout=60)
-    assert run.returncode == 0 and time.monotonic() - t0 < 20, out
+    assert run.returncode == 0 and time.monotonic() - t0 < 30, out
     assert "'status': 137, 'signal': 'SIGKILL', 'stopped_by': 'timeout'" in out
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
