@@ -192,6 +192,20 @@ def test_voc_segmentation_layout_and_split(tmp_path):
     assert [(Path(r["path"]).name, r["reason"]) for r in rejected(tmp_path / "train")] == [("2007_3.jpg", "no mask")]
 
 
+def test_a_second_image_of_a_voc_segmentation_id_is_a_rejection(tmp_path):
+    """JPEGImages/a.jpg and a.png share the id a, whose mask pairs with one image (the first by name): the other is
+    a line in rejected.jsonl, not left out without a word."""
+    root = tmp_path / "VOC2012"
+    image(root / "JPEGImages" / "a.jpg", 40, 30, 1)
+    image(root / "JPEGImages" / "a.png", 40, 30, 2)
+    image(root / "JPEGImages" / "b.jpg", 40, 30, 3)  # (a detection image: no mask, not a rejection)
+    mask(root / "SegmentationClass" / "a.png", 40, 30, 4, "P")
+    run_pack(root, tmp_path / "out", "--source", "voc-seg")
+    assert sorted(stored_masks(tmp_path / "out")) == ["JPEGImages/a.jpg"]
+    recs = rejected(tmp_path / "out")
+    assert [Path(r["path"]).name for r in recs] == ["a.png"] and "a.jpg has its id 'a'" in recs[0]["reason"]
+
+
 def test_cityscapes_layout_pairs_by_name_and_prefers_train_ids(tmp_path, capsys):
     """leftImg8bit/SPLIT/CITY/NAME_leftImg8bit.png with gtFine/SPLIT/CITY/NAME_gtFine_labelTrainIds.png (ids 0-18,
     255 ignored); gtFine's other files are passed over; with no labelTrainIds in the split, the labelIds masks."""

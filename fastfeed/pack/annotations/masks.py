@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 from fastfeed.pack.annotations.common import _has_file
-from fastfeed.pack.annotations.voc import _split_ids
+from fastfeed.pack.annotations.voc import _image_of_id, _split_ids
 from fastfeed.pack.sources import Source, SourceEntry, _count_link, _listdir, _walk_files
 
 __all__ = ["MASK_MEMBER", "SEMANTIC_KINDS", "scan_semantic", "semantic_layout"]
@@ -140,10 +140,14 @@ def _scan_voc_seg(root: str, split: str | None) -> Source:
     if not (os.path.isdir(img_dir) and os.path.isdir(mask_dir)):
         raise ValueError(f"{root}: not a Pascal VOC segmentation dataset (needs JPEGImages/ and SegmentationClass/)")
     src = _new_source(root, "voc-seg")
-    images: dict[str, str] = {}
+    same_id: dict[str, list[str]] = {}
     for name, is_dir in _listdir(img_dir, src):
         if not is_dir:
-            images.setdefault(os.path.splitext(name)[0], os.path.join(img_dir, name))  # sorted: a.jpg before a.png
+            same_id.setdefault(os.path.splitext(name)[0], []).append(name)
+    # one image an id (a.jpg beside a.png: detection's rule); the others are rejected below
+    images = {stem: os.path.join(img_dir, _image_of_id(stem, names, None)) for stem, names in same_id.items()}
+    others = [(stem, os.path.join(img_dir, n)) for stem, names in same_id.items() for n in names
+              if os.path.join(img_dir, n) != images[stem]]
     masks: dict[str, str] = {}
     for name, is_dir in _listdir(mask_dir, src):
         stem, ext = os.path.splitext(name)
@@ -160,6 +164,12 @@ def _scan_voc_seg(root: str, split: str | None) -> Source:
             src.rejected.append({"path": image, "mask": os.path.join(mask_dir, stem + _MASK_EXT), "reason": "no mask"})
         else:
             src.entries.append(_entry(root, image, mask))
+    wanted = set(stems)
+    for stem, path in others:
+        if stem in wanted:
+            src.rejected.append({"path": path, "mask": masks.get(stem) or os.path.join(mask_dir, stem + _MASK_EXT),
+                                 "reason": f"{os.path.basename(images[stem])} has its id {stem!r}, and an id is one "
+                                           f"image: image not packed"})
     return src
 
 
