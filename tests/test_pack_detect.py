@@ -155,6 +155,27 @@ def test_yolo_flat_layout_without_names_and_roboflow_split(tmp_path):
     assert stored(tmp_path / "out2")["train/images/y.jpg"] == {"boxes": [[0.0, 0.0, 20.0, 20.0]], "labels": [1]}
 
 
+def test_labelimgs_names_file_beside_the_labels_names_the_classes(tmp_path):
+    """LabelImg's YOLO mode writes classes.txt into the labels folder: it names the classes (all of them, not just
+    those up to the largest id used) and is no label file without an image; an image named classes keeps it as
+    its labels, and a data.yaml's names come first."""
+    root = tmp_path / "li"
+    image(root / "images" / "a.jpg", 40, 40)
+    write(root / "labels" / "a.txt", "1 0.5 0.5 0.5 0.5\n")
+    write(root / "labels" / "classes.txt", "dog\nperson\ncat\n")
+    m = pack(root, tmp_path / "out")
+    assert m["classes"] == ["dog", "person", "cat"] and m["rejected"] == 0
+    assert stored(tmp_path / "out")["images/a.jpg"]["labels"] == [1]
+    write(root / "data.yaml", "names: [x, y]\n")
+    assert pack(root, tmp_path / "yaml")["classes"] == ["x", "y"]
+    (root / "data.yaml").unlink()
+    image(root / "images" / "classes.jpg", 40, 40)  # labels/classes.txt is its label file: 'dog' is malformed
+    m = pack(root, tmp_path / "img")
+    assert m["classes"] == ["0", "1"] and sorted(stored(tmp_path / "img")) == ["images/a.jpg", "images/classes.jpg"]
+    assert [r["path"].rsplit("/", 1)[1] for r in rejected(tmp_path / "img")] == ["classes.txt:1", "classes.txt:2",
+                                                                                 "classes.txt:3"]
+
+
 def test_data_yaml_nc_is_the_number_of_classes(tmp_path, capsys):
     """nc alone gives that many classes (a label past them is an unknown class, reported); an nc other than the
     number of names stops the pack before anything is written, as ultralytics refuses it."""

@@ -1,12 +1,12 @@
 """YOLO layout (`ROOT/images/` + `ROOT/labels/`, optionally split: `images/train` + `labels/train`, picked with
 `--split`; Roboflow's and ultralytics' split-first export `ROOT/train/images` + `ROOT/train/labels` too, recognised
-by the data.yaml naming them: `_yaml_splits`). Class names from `data.yaml` (`names:` a list or a {id: name} map,
-or `nc:` alone: "0" .. "nc - 1"; an `nc` disagreeing with `names` stops the pack), else `--classes FILE`, else
-`classes.txt`, else "0", "1", ... Label lines `cls cx cy w h` (normalised) or `cls x1 y1 x2 y2 ...` (a normalised
-polygon: its bounds are the box, the polygon is kept), turned into pixels with the image's size and EXIF tag as pack
-stores them (common.py `_probe_size`: from the header, PIL's where the EXIF readers
-disagree): the displayed size under orientation "exif" (axes swapped for EXIF tags 5-8, as ultralytics reads its
-labels against the image OpenCV rotates), else the stored one. Pixels are rounded to 1e-6 px
+by the data.yaml naming them: `_yaml_splits`). Class names from `data.yaml` (`names:` a list or a {id: name} map, or
+`nc:` alone: "0" .. "nc - 1"; an `nc` disagreeing with `names` stops the pack), else `--classes FILE`, else
+`classes.txt` (in ROOT, or in the labels folder, where LabelImg writes it), else "0", "1", ... Label lines `cls cx cy
+w h` (normalised) or `cls x1 y1 x2 y2 ...` (a normalised polygon: its bounds are the box, the polygon is kept),
+turned into pixels with the image's size and EXIF tag as pack stores them (common.py `_probe_size`: from the header,
+PIL's where the EXIF readers disagree): the displayed size under orientation "exif" (axes swapped for EXIF tags 5-8,
+as ultralytics reads its labels against the image OpenCV rotates), else the stored one. Pixels are rounded to 1e-6 px
 (float noise), and a value past the image edge by less than 1e-6 of its side is the edge (6-decimal label files
 overshoot it)."""
 from __future__ import annotations
@@ -24,6 +24,7 @@ from fastfeed.targets import box_size_issue
 _ROUND = 6  # YOLO -> pixels: decimals kept (1e-6 px), so 0.1 * 640 is stored as 64.0, not 64.00000000000001
 _DATA_YAML = ("data.yaml", "dataset.yaml", "data.yml")  # a dataset's names (and its split folders), first found
 _SPLIT_KEYS = ("train", "val", "test")  # the data.yaml keys naming split folders
+_NAMES_FILE = "classes.txt"  # darknet's names file: in ROOT, or beside the labels (LabelImg's YOLO mode)
 
 
 def _yolo_dirs(root: str, split: str | None, need_labels: bool = True) -> tuple[str, str] | None:
@@ -252,7 +253,8 @@ def _scalar(s: str):
 
 def _yolo_names(root: str, classes: str | None) -> tuple[list[str] | None, tuple[int, int] | None]:
     """(class names, kpt_shape): names from `classes`, else the dataset's data.yaml (in ROOT, or in its parent when
-    ROOT is a split folder of a Roboflow export), else darknet's classes.txt; kpt_shape from that data.yaml."""
+    ROOT is a split folder of a Roboflow export), else darknet's classes.txt in ROOT (scan_yolo then takes the one
+    LabelImg writes beside the labels); kpt_shape from that data.yaml."""
     names = read_names(classes) if classes is not None else None
     for folder in (root, os.path.dirname(root)):
         for name in _DATA_YAML:
@@ -262,7 +264,7 @@ def _yolo_names(root: str, classes: str | None) -> tuple[list[str] | None, tuple
                 found = parse_yaml_names(text, path) if names is None else None  # --classes overrides it
                 if found is not None or names is not None:
                     return names or found, parse_yaml_kpt_shape(text, path)
-    path = os.path.join(root, "classes.txt")  # darknet's names file
+    path = os.path.join(root, _NAMES_FILE)
     return names or (read_names(path) if os.path.isfile(path) else None), None
 
 
@@ -295,6 +297,12 @@ def scan_yolo(root: str, split: str | None = None, classes: str | None = None,
     names, kpt_shape = _yolo_names(root, classes)
     images = _walk_files(img_dir, src)
     label_files = {p[len(lab_dir) + 1:]: p for p, _ in _walk_files(lab_dir, src) if p.endswith(".txt")}
+    stems = {os.path.splitext(p[len(img_dir) + 1:])[0] for p, _ in images}
+    if _NAMES_FILE in label_files and os.path.splitext(_NAMES_FILE)[0] not in stems:
+        # LabelImg's YOLO mode writes its names file beside the labels: no image's labels, the names when nothing
+        # else gives them.
+        names_file = label_files.pop(_NAMES_FILE)
+        names = read_names(names_file) if names is None else names
     used: set[str] = set()
     parsed: list[tuple[str, str, str | None]] = []  # (image path, rel, label file or None)
     for path, via_link in images:
