@@ -176,6 +176,38 @@ def test_labelimgs_names_file_beside_the_labels_names_the_classes(tmp_path):
                                                                                  "classes.txt:3"]
 
 
+def test_a_data_yaml_split_may_be_a_list_of_images(tmp_path, capsys):
+    """data.yaml's `train: autosplit_train.txt` (ultralytics' autosplit, COCO's train2017.txt): the split is the
+    images the list names, one path a line ("./" and bare paths from the list's folder, absolute ones as they are),
+    each with the label file of its path with `images` made `labels`. Without --split the pack names the splits
+    instead of packing both together; a listed image that is missing is a rejection naming the line."""
+    root = tmp_path / "auto"
+    for n in "abc":
+        image(root / "images" / f"{n}.jpg", 40, 20)
+    write(root / "labels" / "a.txt", "0 0.25 0.5 0.5 1.0\n")
+    write(root / "labels" / "c.txt", "1 0.75 0.5 0.5 1.0\n")  # (b has none: a negative)
+    outside = image(tmp_path / "elsewhere" / "images" / "d.jpg", 40, 20)
+    write(tmp_path / "elsewhere" / "labels" / "d.txt", "1 0.5 0.5 0.5 0.5\n")
+    write(root / "autosplit_train.txt", f"./images/a.jpg\nimages/b.jpg\n{outside}\n./images/gone.jpg\n")
+    write(root / "autosplit_val.txt", "./images/c.jpg\n")
+    write(root / "data.yaml", "train: autosplit_train.txt\nval: autosplit_val.txt\nnames: [x, y]\n")
+    assert main(["pack", str(root), str(tmp_path / "none"), "--quiet"]) == 2
+    assert "split into train (autosplit_train.txt), val (autosplit_val.txt): pass --split NAME" in \
+        capsys.readouterr().err
+    m = pack(root, tmp_path / "train", "--split", "train")
+    got = stored(tmp_path / "train")
+    assert sorted(got) == ["../elsewhere/images/d.jpg", "images/a.jpg", "images/b.jpg"] and m["num_samples"] == 3
+    assert got["images/a.jpg"] == {"boxes": [[0.0, 0.0, 20.0, 20.0]], "labels": [0]}
+    assert got["images/b.jpg"] == {"boxes": [], "labels": []}
+    assert got["../elsewhere/images/d.jpg"] == {"boxes": [[10.0, 5.0, 30.0, 15.0]], "labels": [1]}
+    recs = rejected(tmp_path / "train")
+    assert [(r["path"].rsplit("/", 1)[1], Path(r["image"]).name) for r in recs] == [("autosplit_train.txt:4",
+                                                                                     "gone.jpg")]
+    pack(root, tmp_path / "val", "--split", "val")
+    assert stored(tmp_path / "val") == {"images/c.jpg": {"boxes": [[20.0, 0.0, 40.0, 20.0]], "labels": [1]}}
+    assert rejected(tmp_path / "val") == []
+
+
 def test_data_yaml_nc_is_the_number_of_classes(tmp_path, capsys):
     """nc alone gives that many classes (a label past them is an unknown class, reported); an nc other than the
     number of names stops the pack before anything is written, as ultralytics refuses it."""

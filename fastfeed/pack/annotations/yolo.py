@@ -47,21 +47,40 @@ def _yolo_dirs(root: str, split: str | None, need_labels: bool = True) -> tuple[
 
 def is_yolo(root: str, split: str | None) -> bool:
     """Whether `root` is laid out as a YOLO dataset (labels holding .txt files): the folders of `_yolo_dirs`, with
-    or without the split, or a data.yaml naming split folders. A split it lacks, or none picked where it is split,
-    is then scan_yolo's error, naming the splits it has."""
+    or without the split, or a data.yaml naming split folders or lists of images. A split it lacks, or none picked
+    where it is split, is then scan_yolo's error, naming the splits it has."""
     return (_yolo_dirs(root, split) is not None or _yolo_dirs(root, None) is not None
-            or bool(_yaml_splits(root)))
+            or bool(_yaml_splits(root)) or bool(_yaml_lists(root)))
 
 
 def _yaml_splits(root: str, need_labels: bool = True) -> dict[str, tuple[str, str]]:
     """{key: (images folder, labels folder)} of the train/val/test keys of ROOT's data.yaml that name an images
     folder with its labels folder beside it (the "split first" export of Roboflow and ultralytics: `train:
-    ../train/images` for ROOT/train/images). Resolved as ultralytics' check_det_dataset resolves them: against
-    `path:`, else data.yaml's folder, and a value starting with "../" that names nothing there is tried without it;
-    the labels folder is the images folder with its last `images` component made `labels` (img2label_paths). Unlike
-    ultralytics, a relative `path:` is taken from data.yaml's folder, not the working directory, and one naming no
-    folder is ignored (an export made elsewhere): a pack does not depend on where it runs. A key naming a list of
-    folders or a .txt list of images is left out: only folders are read."""
+    ../train/images` for ROOT/train/images), as `_yaml_split_paths` resolves them; the labels folder is the images
+    folder with its last `images` component made `labels` (img2label_paths). A key naming a list of folders is left
+    out, and one naming a .txt list of images is `_yaml_lists`'."""
+    found = {}
+    for key, images in _yaml_split_paths(root).items():
+        labels = _labels_folder(images)
+        if (labels is not None and os.path.isdir(images) and os.path.isdir(labels)
+                and (not need_labels or _has_file(labels, ".txt"))):
+            found[key] = (images, labels)
+    return found
+
+
+def _yaml_lists(root: str) -> dict[str, str]:
+    """{key: list file} of the train/val/test keys of ROOT's data.yaml that name a .txt list of images, one path a
+    line (ultralytics' autosplit_train.txt, COCO's train2017.txt), resolved as `_yaml_split_paths` resolves them."""
+    return {key: path for key, path in _yaml_split_paths(root).items()
+            if path.endswith(".txt") and os.path.isfile(path)}
+
+
+def _yaml_split_paths(root: str) -> dict[str, str]:
+    """{key: path} of the train/val/test keys of ROOT's data.yaml naming one path. Resolved as ultralytics'
+    check_det_dataset resolves them: against `path:`, else data.yaml's folder, and a value starting with "../" that
+    names nothing there is tried without it. Unlike ultralytics, a relative `path:` is taken from data.yaml's
+    folder, not the working directory, and one naming no folder is ignored (an export made elsewhere): a pack does
+    not depend on where it runs."""
     yaml_path = next((p for p in (os.path.join(root, n) for n in _DATA_YAML) if os.path.isfile(p)), None)
     if yaml_path is None:
         return {}
@@ -76,13 +95,10 @@ def _yaml_splits(root: str, need_labels: bool = True) -> dict[str, tuple[str, st
             value = _yaml_value(text, "validation", yaml_path)
         if not isinstance(value, str) or not value:
             continue
-        images = os.path.normpath(os.path.join(base, value))
-        if not os.path.exists(images) and value.startswith("../"):
-            images = os.path.normpath(os.path.join(base, value[3:]))
-        labels = _labels_folder(images)
-        if (labels is not None and os.path.isdir(images) and os.path.isdir(labels)
-                and (not need_labels or _has_file(labels, ".txt"))):
-            found[key] = (images, labels)
+        path = os.path.normpath(os.path.join(base, value))
+        if not os.path.exists(path) and value.startswith("../"):
+            path = os.path.normpath(os.path.join(base, value[3:]))
+        found[key] = path
     return found
 
 
@@ -108,9 +124,14 @@ def _split_names(root: str, dirs: tuple[str, str] | None) -> list[str]:
     if dirs is not None:
         top = _listdir(dirs[0], Source(dirs[0], "", [], [], {}))  # (its hidden entries are counted by the scan)
         names = [n for n, is_dir in top if is_dir]
-        return names if names and all(is_dir for _, is_dir in top) else []
-    return [f"{key} ({os.path.relpath(images, root)})"
-            for key, (images, _) in _yaml_splits(root, need_labels=False).items()]
+        if names and all(is_dir for _, is_dir in top):
+            return names
+        named = {}
+    else:
+        named = {key: images for key, (images, _) in _yaml_splits(root, need_labels=False).items()}
+    named.update({key: path for key, path in _yaml_lists(root).items() if key not in named})
+    return [f"{key} ({os.path.relpath(path, root)})" for key, path in sorted(named.items(),
+                                                                               key=lambda kv: _SPLIT_KEYS.index(kv[0]))]
 
 
 # ---- class names --------------------------------------------------------------------------------------------
@@ -282,39 +303,13 @@ def _read_yaml(path: str) -> str:
 def scan_yolo(root: str, split: str | None = None, classes: str | None = None,
               orientation: str = DEFAULT_ANNOTATION_ORIENTATION) -> Source:
     root = os.path.abspath(root)
-    dirs = _yolo_dirs(root, split, need_labels=False)  # --source yolo: a set of negatives only is fine too
-    splits = _split_names(root, _yolo_dirs(root, None, need_labels=False))
-    if splits and (split is None or dirs is None):
-        asked = "pass --split NAME" if split is None else f"there is no split {split!r}"
-        raise ValueError(f"{root}: the YOLO images are split into {', '.join(splits)}: {asked}")
-    if dirs is None:
-        where = (f"images/{split} + labels/{split}, {split}/images + {split}/labels, nor a data.yaml key {split} "
-                 f"naming them" if split else "images/ + labels/ folders, nor a data.yaml whose train/val/test keys "
-                 "name them")
-        raise ValueError(f"{root}: not a YOLO dataset: no {where}")
-    img_dir, lab_dir = dirs
     src = Source(root, "yolo", [], [], {}, task="detect")
-    names, kpt_shape = _yolo_names(root, classes)
-    images = _walk_files(img_dir, src)
-    label_files = {p[len(lab_dir) + 1:]: p for p, _ in _walk_files(lab_dir, src) if p.endswith(".txt")}
-    stems = {os.path.splitext(p[len(img_dir) + 1:])[0] for p, _ in images}
-    if _NAMES_FILE in label_files and os.path.splitext(_NAMES_FILE)[0] not in stems:
-        # LabelImg's YOLO mode writes its names file beside the labels: no image's labels, the names when nothing
-        # else gives them.
-        names_file = label_files.pop(_NAMES_FILE)
-        names = read_names(names_file) if names is None else names
-    used: set[str] = set()
-    parsed: list[tuple[str, str, str | None]] = []  # (image path, rel, label file or None)
-    for path, via_link in images:
-        if via_link:
-            _count_link(src, path)
-        stem = os.path.splitext(path[len(img_dir) + 1:])[0]
-        label = label_files.get(stem + ".txt")
-        if label is not None:
-            used.add(stem + ".txt")
-        parsed.append((path, os.path.relpath(path, root), label))
-    for rel in sorted(set(label_files) - used):
-        src.rejected.append({"path": label_files[rel], "reason": "label file without an image"})
+    lists = _yaml_lists(root) if split is not None else {}
+    if split in lists:  # data.yaml's key names a .txt list of images: it is the split, wherever its images lie
+        names, kpt_shape = _yolo_names(root, classes)
+        parsed = _listed_images(lists[split], root, src)
+    else:
+        names, kpt_shape, parsed = _folder_images(root, split, classes, src)
 
     lines = {}  # label file -> [(line number, tokens)] or an error string
     for _, _, label in parsed:
@@ -356,6 +351,75 @@ def scan_yolo(root: str, split: str | None = None, classes: str | None = None,
         ann = _yolo_annotation(got, w, h, len(names), label, rel, src, kpt_shape)
         _add(src, SourceEntry(path, rel, -1, ann, (w, h)), path)
     return src
+
+
+def _folder_images(root: str, split: str | None, classes: str | None, src: Source):
+    """(names, kpt_shape, [(image path, rel, label file or None)]) of the images folder of ROOT (or of its split),
+    each with the label file of its path below the labels folder; a label file no image takes is a rejection."""
+    dirs = _yolo_dirs(root, split, need_labels=False)  # --source yolo: a set of negatives only is fine too
+    splits = _split_names(root, _yolo_dirs(root, None, need_labels=False))
+    if splits and (split is None or dirs is None):
+        asked = "pass --split NAME" if split is None else f"there is no split {split!r}"
+        raise ValueError(f"{root}: the YOLO images are split into {', '.join(splits)}: {asked}")
+    if dirs is None:
+        where = (f"images/{split} + labels/{split}, {split}/images + {split}/labels, nor a data.yaml key {split} "
+                 f"naming them" if split else "images/ + labels/ folders, nor a data.yaml whose train/val/test keys "
+                 "name them")
+        raise ValueError(f"{root}: not a YOLO dataset: no {where}")
+    img_dir, lab_dir = dirs
+    names, kpt_shape = _yolo_names(root, classes)
+    images = _walk_files(img_dir, src)
+    label_files = {p[len(lab_dir) + 1:]: p for p, _ in _walk_files(lab_dir, src) if p.endswith(".txt")}
+    stems = {os.path.splitext(p[len(img_dir) + 1:])[0] for p, _ in images}
+    if _NAMES_FILE in label_files and os.path.splitext(_NAMES_FILE)[0] not in stems:
+        # LabelImg's YOLO mode writes its names file beside the labels: no image's labels, the names when nothing
+        # else gives them.
+        names_file = label_files.pop(_NAMES_FILE)
+        names = read_names(names_file) if names is None else names
+    used: set[str] = set()
+    parsed: list[tuple[str, str, str | None]] = []  # (image path, rel, label file or None)
+    for path, via_link in images:
+        if via_link:
+            _count_link(src, path)
+        stem = os.path.splitext(path[len(img_dir) + 1:])[0]
+        label = label_files.get(stem + ".txt")
+        if label is not None:
+            used.add(stem + ".txt")
+        parsed.append((path, os.path.relpath(path, root), label))
+    for rel in sorted(set(label_files) - used):
+        src.rejected.append({"path": label_files[rel], "reason": "label file without an image"})
+    return names, kpt_shape, parsed
+
+
+def _listed_images(list_path: str, root: str, src: Source) -> list[tuple[str, str, str | None]]:
+    """[(image path, rel, label file or None)] of a .txt list of images, one path a line: absolute, or relative to
+    the list's folder (ultralytics takes "./x" so and other relative lines from the working directory; a pack does
+    not depend on where it runs). Each image's labels are at its path with the last `images` folder made `labels`
+    and the extension `.txt` (img2label_paths), else beside it; a listed image that is not a file is a rejection.
+    Label files no image takes are not reported: a list's folders hold the other splits' files too."""
+    try:
+        with open(list_path, encoding="utf-8-sig") as f:
+            lines = [line.strip() for line in f]
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{list_path}: the list of images is unreadable ({e})") from None
+    base = os.path.dirname(list_path)
+    parsed, seen = [], set()
+    for n, line in enumerate(lines, 1):
+        if not line or line.startswith("#"):
+            continue
+        path = os.path.normpath(os.path.join(base, line))  # (an absolute line stays as it is)
+        if path in seen:
+            continue
+        seen.add(path)
+        if not os.path.isfile(path):
+            src.rejected.append({"path": f"{list_path}:{n}", "image": path,
+                                 "reason": f"line {n}: {line!r} is listed but not found"})
+            continue
+        folder = _labels_folder(os.path.dirname(path))
+        stem = os.path.splitext(os.path.basename(path))[0] + ".txt"
+        label = os.path.join(folder, stem) if folder is not None else os.path.join(os.path.dirname(path), stem)
+        parsed.append((path, os.path.relpath(path, root), label if os.path.isfile(label) else None))
+    return parsed
 
 
 def _read_label_lines(path: str) -> list[tuple[int, list[str]]] | str:
