@@ -130,6 +130,7 @@ _MAGIC = (
     b"BM",
     b"II*\x00",  # TIFF little-endian
     b"MM\x00*",
+    b"II+\x00", b"MM\x00+",  # BigTIFF
     # what only PIL decodes, as pack stores it (pack/validate.py _sniff)
     b"P5", b"P6",  # PGM, PPM
     b"\x00\x00\x01\x00",  # ICO

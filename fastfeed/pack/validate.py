@@ -79,6 +79,7 @@ MAX_FILE_BYTES = 1 << 31  # keeps one sample far below any shard/LMDB limit
 
 _MAGIC = (
     (b"GIF87a", "gif"), (b"GIF89a", "gif"), (b"BM", "bmp"), (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"),
+    (b"II+\x00", "tiff"), (b"MM\x00+", "tiff"),  # BigTIFF (64-bit offsets: scanners, slide and satellite images)
     (b"\x00\x00\x00\x0cjP  ", "jpeg2000"), (b"\xffO\xffQ", "jpeg2000"), (b"P6", "ppm"), (b"P5", "pgm"),
     (b"P4", "pbm"), (b"P3", "ppm"), (b"P2", "pgm"), (b"P1", "pbm"),  # Netpbm: binary, then the ASCII forms
     (b"\x00\x00\x01\x00", "ico"), (b"8BPS", "psd"),

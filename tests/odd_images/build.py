@@ -398,6 +398,9 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     acc("tiff_exif_orientation_5.tif", _enc(im, "TIFF", exif=_exif(5)), pil=True)
     acc("tiff_grey16.tif", _enc(Image.fromarray(g16.astype(np.uint16)), "TIFF"), pil=True)
     acc("tiff_cmyk.tif", _enc(im.convert("CMYK"), "TIFF"), pil=True)
+    # BigTIFF (64-bit offsets), as scanners and slide or satellite imaging write large files: PIL reads it; its
+    # signature differs from classic TIFF's.
+    acc("tiff_bigtiff.tif", _bigtiff(rgb), pil=True)
     acc("tiff_multipage.tif", _enc(frames[0], "TIFF", save_all=True, append_images=frames[1:]),
         pil=True)
     acc("ppm_rgb.ppm", _enc(im, "PPM"), pil=True)
@@ -517,6 +520,21 @@ def _bmp_top_down(bmp: bytes) -> bytes:
     b[off:off + h * stride] = b"".join(reversed(rows))
     b[22:26] = struct.pack("<i", -h)
     return bytes(b)
+
+
+def _bigtiff(rgb: np.ndarray) -> bytes:
+    """An uncompressed RGB BigTIFF (version 43, 8-byte offsets and counts; PIL writes only classic TIFF): one strip
+    after its only IFD."""
+    h, w = rgb.shape[:2]
+    tags = [(256, 3, 1, w), (257, 3, 1, h), (258, 3, 3, (8, 8, 8)), (259, 3, 1, 1), (262, 3, 1, 2), (273, 16, 1, None),
+            (277, 3, 1, 3), (278, 3, 1, h), (279, 16, 1, rgb.size)]  # type 16: LONG8
+    data_at = 16 + 8 + 20 * len(tags) + 8  # header, entry count, entries, next-IFD offset
+    ifd = struct.pack("<Q", len(tags))
+    for tag, typ, count, value in tags:
+        value = data_at if value is None else value
+        packed = struct.pack("<3H", *value) if count == 3 else struct.pack("<Q" if typ == 16 else "<H", value)
+        ifd += struct.pack("<HHQ", tag, typ, count) + packed.ljust(8, b"\x00")
+    return b"II+\x00" + struct.pack("<HHQ", 8, 0, 16) + ifd + struct.pack("<Q", 0) + rgb.tobytes()
 
 
 def _ifd0_orientation(e: str, typ: int, count: int, value: bytes, again: bytes | None = None) -> bytes:
