@@ -82,6 +82,7 @@ _MAGIC = (
     (b"II+\x00", "tiff"), (b"MM\x00+", "tiff"),  # BigTIFF (64-bit offsets: scanners, slide and satellite images)
     (b"\x00\x00\x00\x0cjP  ", "jpeg2000"), (b"\xffO\xffQ", "jpeg2000"), (b"P6", "ppm"), (b"P5", "pgm"),
     (b"P4", "pbm"), (b"P3", "ppm"), (b"P2", "pgm"), (b"P1", "pbm"),  # Netpbm: binary, then the ASCII forms
+    (b"Pf", "pfm"), (b"PF", "pfm"),  # PFM, float grey / RGB: PIL decodes the grey one (a PF is rejected with why)
     (b"\x00\x00\x01\x00", "ico"), (b"8BPS", "psd"),
 )
 _PNG_END = b"IEND\xaeB`\x82"

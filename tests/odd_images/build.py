@@ -407,6 +407,9 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     acc("pgm_grey.pgm", _enc(grey, "PPM"), pil=True)
     acc("pgm_grey16.pgm", _enc(Image.fromarray(np.asarray(grey).astype(np.uint16) * 257), "PPM"), pil=True)
     acc("pbm_1bit.pbm", _enc(grey.convert("1"), "PPM"), pil=True)  # P4
+    # PFM, Netpbm's float form (HDR and depth tools write it): grey values as they are, in [0, 255] so that the
+    # contract's clip keeps them.
+    acc("pfm_float.pfm", _enc(grey.convert("F"), "PPM"), pil=True)
     small = np.asarray(grey)[:6, :5]  # Netpbm's ASCII forms (P1-P3), as some tools still write them
     acc("pbm_ascii.pbm", _netpbm_ascii("P1", (small < 128).astype(int), None), pil=True)
     acc("pgm_ascii.pgm", _netpbm_ascii("P2", small, 255), pil=True)
