@@ -354,7 +354,7 @@ def _keep_for_pil(data, fmt: str, opts: LoadOptions, change: str | None, what: s
     JPEG header's facts, when it is a JPEG."""
     from PIL import Image, UnidentifiedImageError
 
-    from fastfeed.image.contract import orientation_tag
+    from fastfeed.image.contract import orientation_tag, to_rgb
 
     reason = (f"{what}: no fastfeed decoder reads it as stored and PIL cannot decode it" if what else
               f"unsupported format: {fmt} (this PIL cannot decode it, so neither can torchvision's ImageFolder here)")
@@ -368,6 +368,11 @@ def _keep_for_pil(data, fmt: str, opts: LoadOptions, change: str | None, what: s
                 return Rejected(f"decompression bomb: {w}x{h} pixels exceeds the limit of {opts.max_pixels} "
                                 f"(--max-pixels)")
             im.load()
+            try:  # what every decoder makes of it: a LAB image, say, needs the littlecms PIL may be built without
+                to_rgb(im)
+            except Exception as e:  # noqa: BLE001 - any failure of the conversion is the reason, with PIL's words
+                return Rejected(f"PIL decodes this {im.mode} image but cannot convert it to RGB ({type(e).__name__}: "
+                                f"{e}), so no fastfeed decoder (nor torchvision's ImageFolder) could read it")
             # After load(): PNG's eXIf may follow the pixel data; what the decoders apply under policy "exif".
             return im.size[0], im.size[1], im.mode, orientation_tag(data, im, "exif")
 

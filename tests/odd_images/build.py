@@ -396,6 +396,12 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     acc("tiff_rgb.tif", _enc(im, "TIFF"), pil=True)
     # PIL applies a TIFF's orientation tag while opening it (so does torchvision): the displayed size, no tag.
     acc("tiff_exif_orientation_5.tif", _enc(im, "TIFF", exif=_exif(5)), pil=True)
+    # CIELAB: PIL decodes it, but turns it into RGB only with its littlecms (ImageCms); without, no decoder could.
+    lab = _enc(Image.frombytes("LAB", im.size, im.tobytes()), "TIFF")
+    if features.check("littlecms2"):
+        acc("tiff_lab.tif", lab, pil=True)
+    else:
+        rej("tiff_lab.tif", lab, "cannot convert it to RGB")
     acc("tiff_grey16.tif", _enc(Image.fromarray(g16.astype(np.uint16)), "TIFF"), pil=True)
     acc("tiff_cmyk.tif", _enc(im.convert("CMYK"), "TIFF"), pil=True)
     # BigTIFF (64-bit offsets), as scanners and slide or satellite imaging write large files: PIL reads it; its
