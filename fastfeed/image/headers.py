@@ -480,7 +480,15 @@ def png_data_ok(data, f: PngFacts) -> tuple[str | None, bool]:
     included). PIL decodes a stream that holds every row but stops short of its end; libpng does not."""
     need = png_raw_size(f)
     filters = _png_filter_offsets(f)  # where each row's filter type byte lies in the inflated stream
-    z = zlib.decompressobj()
+    # The window the stream's header declares (wbits 0), as libpng inflates it: a row at a time, so that a match
+    # reaching further back than that window fails there (libpng refuses the file, PIL decodes it: zlib reads the
+    # whole output of one call as window). Only a window smaller than the data needs the small steps; writers
+    # declare one only where the data fits it (libpng's does), so the common file inflates in 1 MB steps.
+    z = zlib.decompressobj(0)
+    step = 1 << 20
+    head = next((data[off] for off, length in f.idat if length), None)
+    if head is not None and need > 1 << ((head >> 4) + 8) and len(filters) > 1:
+        step = max(1, int(np.diff(filters).min()))
     got = 0
     limit = need + _PNG_EXTRA_INFLATE  # a stream that inflates far past its rows is not followed to its end
 
@@ -498,12 +506,12 @@ def png_data_ok(data, f: PngFacts) -> tuple[str | None, bool]:
         for off, length in f.idat:
             chunk = bytes(data[off : off + length])
             while chunk and not z.eof and got <= limit:
-                bad = take(z.decompress(chunk, 1 << 20))
+                bad = take(z.decompress(chunk, step))
                 if bad:
                     return bad, False
                 chunk = z.unconsumed_tail
         while not z.eof and got <= limit:
-            more = z.decompress(b"", 1 << 20)
+            more = z.decompress(b"", step)
             if not more:
                 break
             bad = take(more)

@@ -340,6 +340,11 @@ def _cases(rgb: np.ndarray) -> list[tuple[str, bytes, str, str | None, str | Non
     acc("png_stream_without_checksum.png", _png_stream(W, H, stream[:-4]), pil=True)
     rej("png_stream_bad_checksum.png", _png_stream(W, H, stream[:-4] + bytes(b ^ 0xFF for b in stream[-4:])),
         "corrupt")
+    # A stream whose header declares a 512-byte window and whose matches reach 14 KB back (the lower half of the
+    # image repeats the upper): libpng inflates with the declared window and refuses it, PIL's zlib with its own
+    # 32 KB and decodes it.
+    far = zlib.compress(_rows(np.concatenate([rgb[: H // 2]] * 2)), 6)
+    acc("png_stream_past_its_window.png", _png_stream(W, H, bytes([0x18, 0x19]) + far[2:]), pil=True)
     acc("png_bytes_after_stream.png", _png_stream(W, H, stream + b"\x00 bytes after the stream"))
     # What the standard forbids: both refuse a row filter type over 4, a filter method other than 0, IDATs with a
     # chunk between them; PIL forgives (libpng does not) another compression method and palette mistakes.
