@@ -443,13 +443,19 @@ def transform_boxes(geometry: BatchGeometry, k: int, boxes_per_tile, labels_per_
         kept.append(keep)
     boxes = np.concatenate(out_boxes) if out_boxes else np.zeros((0, 4))
     labels = np.concatenate(out_labels) if out_labels else np.zeros(0, np.int64)
-    if geometry.flip[k]:
-        boxes = np.stack([S - boxes[:, 2], boxes[:, 1], S - boxes[:, 0], boxes[:, 3]], axis=1)
-    if geometry.flipud[k]:
-        boxes = np.stack([boxes[:, 0], S - boxes[:, 3], boxes[:, 2], S - boxes[:, 1]], axis=1)
+    n = len(boxes)
+    _mirror(boxes, np.full(n, geometry.flip[k]), np.full(n, geometry.flipud[k]), S)
     if return_keep:
         return boxes.astype(np.float32), labels.astype(np.int64), np.concatenate(kept) if kept else np.zeros(0, bool)
     return boxes.astype(np.float32), labels.astype(np.int64)
+
+
+def _mirror(boxes: np.ndarray, lr: np.ndarray, ud: np.ndarray, S: int) -> None:
+    """Boxes [n, 4] of S x S outputs mirrored in place, x -> S - x where `lr`, y -> S - y where `ud` (bool [n])."""
+    b = boxes[lr]
+    boxes[lr] = np.stack([S - b[:, 2], b[:, 1], S - b[:, 0], b[:, 3]], axis=1)
+    b = boxes[ud]
+    boxes[ud] = np.stack([b[:, 0], S - b[:, 3], b[:, 2], S - b[:, 1]], axis=1)
 
 
 def _clip(boxes: np.ndarray, rect: np.ndarray) -> np.ndarray:
@@ -492,10 +498,7 @@ def transform_batch_boxes(geometry: BatchGeometry, sample_of_position, objects, 
         keep &= (after[:, 2] > after[:, 0]) & (after[:, 3] > after[:, 1])
     out = k[tile_of][keep]
     boxes = after[keep]
-    flip = geometry.flip[out]
-    boxes[flip] = np.stack([S - boxes[flip, 2], boxes[flip, 1], S - boxes[flip, 0], boxes[flip, 3]], axis=1)
-    flip = geometry.flipud[out]
-    boxes[flip] = np.stack([boxes[flip, 0], S - boxes[flip, 3], boxes[flip, 2], S - boxes[flip, 1]], axis=1)
+    _mirror(boxes, geometry.flip[out], geometry.flipud[out], S)
     result = boxes.astype(np.float32), all_labels[rows][keep].astype(np.int64), out.astype(np.int64)
     if return_source:
         return (*result, rows[keep].astype(np.int64), t[tile_of][keep].astype(np.int64))
