@@ -116,7 +116,7 @@ def test_instance_masks_from_rle_follow_the_pixels(rle_pack, augment):
         for epoch in range(2):
             loader.set_epoch(epoch)
             for batch in loader:
-                checked += check_instances_against_pixels(batch, rotated=rotated)
+                checked += check_instances_against_pixels(batch, rotated=rotated, outlines=False)
     assert checked > 20
 
 

@@ -23,7 +23,7 @@ from fastfeed.decode.cpu import starts_with_soi
 from fastfeed.decode.recycle import OutputBuffers, SourceArena
 from fastfeed.detect.geometry import plan_batch, transform_batch_boxes, transform_boxes
 from fastfeed.detect.hsv import apply_hsv_torch, finish_nhwc
-from fastfeed.detect.instances import has_masks, render_instances
+from fastfeed.detect.instances import has_masks, outline_boxes, render_instances
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX, MaskError, decode_mask, render_mask
 from fastfeed.detect.render import DRAFT_MIN_SCALE, decode_for, decoded_nbytes, render, source_zooms
 from fastfeed.targets import Targets
@@ -148,6 +148,10 @@ class DetectDecoder:
             targets["masks"] = self._render_masks(masks, src, geometry)
         else:
             boxes, labels, batch_idx, rows, tiles = self._boxes(geometry, ids)
+            if self.train:
+                keep = outline_boxes(geometry, self.targets, self._object_of_row[rows], batch_idx, tiles, boxes)
+                if not keep.all():
+                    boxes, labels, batch_idx, rows, tiles = (a[keep] for a in (boxes, labels, batch_idx, rows, tiles))
             targets.update(boxes=torch.from_numpy(boxes.reshape(-1, 4)), labels=torch.from_numpy(labels),
                            batch_idx=torch.from_numpy(batch_idx))
             if self.instances:

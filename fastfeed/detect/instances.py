@@ -21,7 +21,7 @@ from fastfeed.rle import decode_rle
 
 numba = import_numba()
 
-__all__ = ["render_instances", "has_masks"]
+__all__ = ["render_instances", "has_masks", "outline_boxes"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -105,6 +105,56 @@ def _draw(canvas, points, A, quad, rect, flip, S, value):
     if flip:
         px = S - px
     _fill(canvas, px, py, value)
+
+
+def outline_boxes(geometry, targets, objects, batch_idx, tiles, boxes: np.ndarray) -> np.ndarray:
+    """Training boxes of objects with an outline made the bounds of what their tile shows of it, as ultralytics
+    takes a segment's bounds after its augmentation: a box cut by a tile's or crop's edge, or turned, is otherwise
+    the cut or turned box's bounds, larger than the object (a triangle's, say). `objects` int64 [N] are the boxes'
+    Targets rows, `tiles` the tile each came through; `boxes` float32 [N, 4] is changed in place. Returns keep bool
+    [N]: False where the object shows no outline, or one 2 px or less across (box_candidates' side rule)."""
+    keep = np.ones(len(boxes), bool)
+    if targets.poly_start is None or not len(boxes):
+        return keep
+    g = geometry
+    _outline_boxes(boxes, np.asarray(objects, np.int64), np.asarray(batch_idx, np.int64),
+                   np.asarray(tiles, np.int64), g.affine, g.quad, g.dst_rect.astype(np.float64), g.flip, g.flipud,
+                   float(g.image_size), targets.poly_start, targets.pt_start, targets.points, keep)
+    return keep
+
+
+@numba.njit(nogil=True, cache=True)
+def _outline_boxes(boxes, objects, batch_idx, tiles, affine, quad, dst_rect, flip, flipud, S, poly_start, pt_start,
+                   points, keep):
+    for i in range(len(boxes)):
+        j = objects[i]
+        if poly_start[j + 1] == poly_start[j]:  # no outline: the box stays
+            continue
+        k, t = batch_idx[i], tiles[i]
+        A = affine[k, t]
+        cx, cy = quad[k, t, :, 0].copy(), quad[k, t, :, 1].copy()
+        r = dst_rect[k, t]
+        rx = np.array([r[0], r[2], r[2], r[0]])
+        ry = np.array([r[1], r[1], r[3], r[3]])
+        x0 = y0 = np.inf
+        x1 = y1 = -np.inf
+        for q in range(poly_start[j], poly_start[j + 1]):
+            pts = points[pt_start[q]:pt_start[q + 1]]
+            px = A[0, 0] * pts[:, 0] + A[0, 1] * pts[:, 1] + A[0, 2]
+            py = A[1, 0] * pts[:, 0] + A[1, 1] * pts[:, 1] + A[1, 2]
+            px, py = _clip(px, py, cx, cy)
+            px, py = _clip(px, py, rx, ry)
+            if len(px) >= 3:
+                x0, x1 = min(x0, px.min()), max(x1, px.max())
+                y0, y1 = min(y0, py.min()), max(y1, py.max())
+        if not (x1 - x0 > 2 and y1 - y0 > 2):
+            keep[i] = False
+            continue
+        if flip[k]:
+            x0, x1 = S - x1, S - x0
+        if flipud[k]:
+            y0, y1 = S - y1, S - y0
+        boxes[i, 0], boxes[i, 1], boxes[i, 2], boxes[i, 3] = x0, y0, x1, y1
 
 
 def has_masks(targets) -> bool:
