@@ -408,6 +408,22 @@ def test_coco_iscrowd_may_be_a_json_boolean(tmp_path):
     assert [(r["annotation_id"], "iscrowd 'yes'" in r["reason"]) for r in rejected(out)] == [(5, True)]
 
 
+def test_coco_file_names_written_on_windows_find_their_images(tmp_path):
+    """An export written on Windows separates folders by backslashes (sub\\a.png): the image is found where the
+    folders say, and one missing under either spelling is still a rejection by name."""
+    imgs = tmp_path / "i"
+    image(imgs / "sub" / "a.png", 50, 40)
+    doc = {"categories": [{"id": 1, "name": "a"}],
+           "images": [{"id": 1, "file_name": "sub\\a.png", "width": 50, "height": 40},
+                      {"id": 2, "file_name": "sub\\gone.png", "width": 50, "height": 40}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [2, 2, 5, 5], "iscrowd": 0}]}
+    out = tmp_path / "out"
+    pack(imgs, out, "--annotations", str(write(tmp_path / "a.json", json.dumps(doc))))
+    assert stored(out) == {"sub/a.png": {"boxes": [[2, 2, 7, 7]], "labels": [0], "iscrowd": [0]}}
+    recs = rejected(out)
+    assert len(recs) == 1 and recs[0]["path"].endswith("gone.png") and "not found" in recs[0]["reason"]
+
+
 def test_a_box_with_no_width_in_float32_is_a_zero_size_rejection(tmp_path):
     """The Loader's table holds boxes in float32: a width that only float64 sees (1e-4 px at x = 5000, 1e-9 px)
     is a box of zero size in rejected.jsonl, as any other, not a box stored and then silently dropped."""

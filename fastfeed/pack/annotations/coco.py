@@ -76,6 +76,10 @@ def scan_coco(images_root: str, ann_path: str) -> Source:
 
     for iid, (name, size) in sorted(images.items(), key=lambda kv: kv[1][0]):
         path = os.path.join(images_root, name)
+        if not os.path.isfile(path) and "\\" in name:  # a JSON written on Windows (sub\a.jpg)
+            posix = name.replace("\\", "/")
+            if os.path.isfile(os.path.join(images_root, posix)):
+                name, path = posix, os.path.join(images_root, posix)
         if not os.path.isfile(path):
             src.rejected.append({"path": path, "reason": f"listed in {os.path.basename(ann_path)} but not found"})
             continue
