@@ -208,6 +208,28 @@ def test_a_data_yaml_split_may_be_a_list_of_images(tmp_path, capsys):
     assert rejected(tmp_path / "val") == []
 
 
+def test_a_data_yaml_kept_apart_from_its_dataset_is_a_source(tmp_path, capsys, monkeypatch):
+    """ultralytics keeps coco8.yaml and coco128.yaml apart from the datasets they name (`path: ../datasets/coco128`,
+    `train: images/train2017`): given as SRC, the YAML packs the split its key names, with its class names (all
+    80 of them, not the ids the labels use); as --classes it names the classes of the dataset's folder. One whose
+    path or split names no folder is refused, saying what to pass instead."""
+    root = tmp_path / "datasets" / "coco128"
+    image(root / "images" / "train2017" / "a.jpg", 40, 20)
+    write(root / "labels" / "train2017" / "a.txt", "17 0.25 0.5 0.5 1.0\n")
+    names = "".join(f"  {i}: name{i}\n" for i in range(80))
+    data = write(tmp_path / "cfg" / "coco128.yaml", "path: ../datasets/coco128\ntrain: images/train2017\n"
+                 f"val: images/train2017\ntest:  # none\n\nnames:\n{names}")
+    monkeypatch.chdir(tmp_path)  # path: is tried from the working directory first: here it names nothing
+    want = {"images/train2017/a.jpg": {"boxes": [[0.0, 0.0, 20.0, 20.0]], "labels": [17]}}
+    for args, out in (([str(data), "--split", "train"], "from-yaml"),
+                      ([str(root), "--split", "train2017", "--classes", str(data)], "classes")):
+        m = pack(Path(args[0]), tmp_path / out, *args[1:])
+        assert m["classes"] == [f"name{i}" for i in range(80)] and stored(tmp_path / out) == want
+    assert main(["pack", str(data), str(tmp_path / "none"), "--split", "test", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "coco128.yaml: a data.yaml" in err and f"--classes {data}" in err and not (tmp_path / "none").exists()
+
+
 def test_data_yaml_nc_is_the_number_of_classes(tmp_path, capsys):
     """nc alone gives that many classes (a label past them is an unknown class, reported); an nc other than the
     number of names stops the pack before anything is written, as ultralytics refuses it."""

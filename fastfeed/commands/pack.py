@@ -30,7 +30,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="COCO instances JSON for the images in SRC: packs a detection dataset (format version 3)")
     p.add_argument("--classes", default=None, metavar="FILE",
                    help="class names, one per line, in label order (VOC: else the sorted names seen; YOLO: else "
-                        "data.yaml's names)")
+                        "data.yaml's names; YOLO also takes a data.yaml kept apart, e.g. ultralytics' coco128.yaml)")
     p.add_argument("--split", default=None, metavar="NAME",
                    help="YOLO: pack images/NAME + labels/NAME, NAME/images + NAME/labels, or the folders data.yaml's "
                         "NAME key (train, val, test) names; VOC: the ids of ImageSets/Main/NAME.txt (voc-seg: "

@@ -30,7 +30,7 @@ from fastfeed.pack.annotations.coco import scan_coco
 from fastfeed.pack.annotations.common import _has_file, read_names
 from fastfeed.pack.annotations.masks import MASK_MEMBER, SEMANTIC_KINDS, scan_semantic, semantic_layout
 from fastfeed.pack.annotations.voc import scan_voc
-from fastfeed.pack.annotations.yolo import is_yolo, parse_yaml_names, scan_yolo
+from fastfeed.pack.annotations.yolo import is_yolo, parse_yaml_names, scan_yolo, yaml_source
 from fastfeed.pack.img2dataset import looks_like_img2dataset, scan_img2dataset
 from fastfeed.pack.sources import SOURCE_KINDS, Source, SourceEntry, scan_source
 from fastfeed.targets import annotation_issues
@@ -59,6 +59,9 @@ def scan(src: str, kind: str = "auto", annotations: str | None = None, classes: 
     if masks is not None and (kind not in ("auto", "masks") or annotations is not None):
         raise ValueError(f"--masks names the masks folder of an image folder; it does not apply to "
                          f"--source {'coco' if annotations is not None else kind}")
+    if kind in ("auto", "yolo") and os.path.isfile(root) and root.endswith((".yaml", ".yml")):
+        root, split, classes = yaml_source(root, split, classes)  # ultralytics' data=coco128.yaml
+        return scan_yolo(root, split, classes, orientation)
     if kind == "auto" and annotations is not None:
         kind = "coco"
     elif kind == "auto" and masks is not None:

@@ -75,6 +75,26 @@ def _yaml_lists(root: str) -> dict[str, str]:
             if path.endswith(".txt") and os.path.isfile(path)}
 
 
+def yaml_source(yaml_path: str, split: str | None, classes: str | None) -> tuple[str, str, str]:
+    """(root, split folder, classes) of a data.yaml kept apart from its dataset and given as SRC, as ultralytics
+    takes `data=coco128.yaml`: the folder its `path:` names (from the working directory, then from the YAML's folder,
+    as ultralytics tries them before its datasets folder), the images/NAME its SPLIT key names, and the YAML's class
+    names unless `classes` gives others. A ValueError says what to pass instead where it names no such folder."""
+    text = _read_yaml(yaml_path)
+    base = _yaml_value(text, "path", yaml_path)
+    base = os.path.expanduser(base) if isinstance(base, str) and base else os.path.dirname(yaml_path)
+    root = next((os.path.abspath(f) for f in (base, os.path.join(os.path.dirname(yaml_path), base))
+                 if os.path.isdir(f)), None)
+    value = _yaml_value(text, split, yaml_path) if split in _SPLIT_KEYS else None
+    folder = os.path.basename(os.path.normpath(value)) if isinstance(value, str) and value else None
+    if root is None or folder is None or not os.path.isdir(os.path.join(root, "images", folder)):
+        raise ValueError(f"{yaml_path}: a data.yaml; fastfeed reads one as SRC when its path: names the dataset's "
+                         f"folder and --split one of {', '.join(_SPLIT_KEYS)} names an images/NAME folder there "
+                         f"(here: path {base!r}, --split {split!r}); else pack the folder holding images/ and "
+                         f"labels/ with --split NAME --classes {yaml_path}")
+    return root, folder, classes if classes is not None else yaml_path
+
+
 def _yaml_split_paths(root: str) -> dict[str, str]:
     """{key: path} of the train/val/test keys of ROOT's data.yaml naming one path. Resolved as ultralytics'
     check_det_dataset resolves them: against `path:`, else data.yaml's folder, and a value starting with "../" that
@@ -273,9 +293,16 @@ def _scalar(s: str):
 
 
 def _yolo_names(root: str, classes: str | None) -> tuple[list[str] | None, tuple[int, int] | None]:
-    """(class names, kpt_shape): names from `classes`, else the dataset's data.yaml (in ROOT, or in its parent when
+    """(class names, kpt_shape): names from `classes` (a names file, or a data.yaml kept apart from its dataset,
+    as ultralytics keeps coco8.yaml and coco128.yaml), else the dataset's data.yaml (in ROOT, or in its parent when
     ROOT is a split folder of a Roboflow export), else darknet's classes.txt in ROOT (scan_yolo then takes the one
     LabelImg writes beside the labels); kpt_shape from that data.yaml."""
+    if classes is not None and classes.endswith((".yaml", ".yml")):
+        text = _read_yaml(classes)
+        names = parse_yaml_names(text, classes)
+        if names is None:
+            raise ValueError(f"--classes {classes}: the YAML names no classes (no names: or nc:)")
+        return names, parse_yaml_kpt_shape(text, classes)
     names = read_names(classes) if classes is not None else None
     for folder in (root, os.path.dirname(root)):
         for name in _DATA_YAML:
