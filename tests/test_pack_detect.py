@@ -17,7 +17,7 @@ from fastfeed.cli import main
 from fastfeed.formats import read_targets
 from fastfeed.pack import merge
 from fastfeed.pack.annotations import parse_yaml_names
-from fastfeed.pack.annotations.yolo import _tiny_yaml_names, _tiny_yaml_value
+from fastfeed.pack.annotations.data_yaml import _tiny_yaml_names, _tiny_yaml_value
 
 FORMATS = ["wds", "lmdb"]
 

@@ -7,8 +7,9 @@ fastfeed/targets.py defines as their `metadata` (the sample's KEY.json member):
     {"boxes": [[x0, y0, x1, y1], ...], "labels": [c, ...], "iscrowd": [...], "polygons": [...], ...}
 
 Boxes are XYXY in pixels of the source image (x1, y1 exclusive edges, as COCO's x + w); labels are 0-based in the
-class order written to the manifest's `classes`. Each layout has its module: yolo.py, coco.py, voc.py; common.py
-holds what they share (names files, image size probes, the last check before an entry is kept).
+class order written to the manifest's `classes`. Each layout has its module: yolo.py (its data.yaml: data_yaml.py),
+coco.py, voc.py; common.py holds what they share (names files, image size probes, the last check before an entry is
+kept).
 
 Nothing here stops a pack for one bad record. Images without objects are kept (negatives: empty lists). A label
 file without its image, an unknown class, a malformed line or record, a box of zero size are rejections
@@ -30,7 +31,8 @@ from fastfeed.pack.annotations.coco import scan_coco
 from fastfeed.pack.annotations.common import _has_file, read_names
 from fastfeed.pack.annotations.masks import MASK_MEMBER, SEMANTIC_KINDS, scan_semantic, semantic_layout
 from fastfeed.pack.annotations.voc import scan_voc
-from fastfeed.pack.annotations.yolo import is_yolo, parse_yaml_names, scan_yolo, yaml_source
+from fastfeed.pack.annotations.data_yaml import parse_yaml_names, yaml_source
+from fastfeed.pack.annotations.yolo import is_yolo, scan_yolo
 from fastfeed.pack.img2dataset import looks_like_img2dataset, scan_img2dataset
 from fastfeed.pack.sources import SOURCE_KINDS, Source, SourceEntry, scan_source
 from fastfeed.targets import annotation_issues
