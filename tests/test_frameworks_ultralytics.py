@@ -97,7 +97,7 @@ def test_a_run_resumed_from_last_pt_trains_the_epochs_it_had_left_exactly(yolo_d
 def test_the_trainers_validator_scores_every_image_of_an_evaluation_loader_once(yolo_data, tmp_path):
     """The trainer's get_dataloader gives its validator an evaluation Loader too (the letterbox): each epoch's
     validation takes every image of the validation pack once, and the validator counts exactly the pack's images
-    and objects."""
+    and objects; save_txt, which reads the dataset's image files, works as on ultralytics' own loader."""
     from conftest import run_pack
     from test_detect_loader import make_yolo
 
@@ -112,6 +112,8 @@ def test_the_trainers_validator_scores_every_image_of_an_evaluation_loader_once(
     assert all(sorted(ids) == list(range(len(truth))) for ids in r["scored"])
     objects = sum(len(t["boxes"]) for t in truth)
     assert all(v["seen"] == len(truth) and v["instances"] == objects for v in r["validated"])
+    # save_txt: the validator names each image's predictions by its file (the batches' im_file, the pack's sources)
+    assert set(r["saved_labels"]) <= {f"im{i:03d}.txt" for i in range(len(truth))}
     with open(r["results_csv"]) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == EPOCHS and all(math.isfinite(float(row["metrics/mAP50(B)"])) for row in rows)

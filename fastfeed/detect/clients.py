@@ -35,11 +35,12 @@ def to_torchvision(batch: dict, label_offset: int = 0) -> tuple[list[torch.Tenso
     return list(images), targets
 
 
-def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
+def to_ultralytics(batch: dict, names=None) -> dict:
     """The batch dict of ultralytics' `YOLODataset.collate_fn`: "img" uint8 [B, 3, S, S] (its trainer divides by
     255 itself, so build the Loader with dtype=torch.uint8), "cls" float [N, 1], "bboxes" float [N, 4] normalised
     centre-x, centre-y, width, height, "batch_idx" float [N], and per image "ori_shape" (h, w), "resized_shape",
-    "ratio_pad" ((scale y, scale x), (pad x, pad y)) and "im_file" (`files`, default the sample ids as strings);
+    "ratio_pad" ((scale y, scale x), (pad x, pad y)) and "im_file" (`names[id]`, e.g. the dataset's `sources`,
+    its images' paths; default the sample ids as strings);
     with task "segment" also "masks" [B, S, S], its `overlap_mask` form (1 + the box's index in its image), at full
     resolution (its loss resizes masks to its own). Positions whose `valid` is False (an evaluation batch's padding
     and replaced bad records) are left out with their boxes, as ultralytics' validator scores every image it gets:
@@ -61,7 +62,7 @@ def to_ultralytics(batch: dict, files: list[str] | None = None) -> dict:
         "ori_shape": [tuple(o) for o in orig],
         "resized_shape": [(size, size)] * len(images),
         "ratio_pad": [((sy, sx), tuple(p)) for (sx, sy), p in zip(scale, pad)],
-        "im_file": list(files) if files is not None else [str(i) for i in ids],
+        "im_file": [str(i) if names is None else str(names[i]) for i in ids],
     }
     if "masks" in batch:
         out["masks"] = batch["masks"]
@@ -140,7 +141,7 @@ class UltralyticsLoader:
         if epoch is not None and self.loader.train:  # the epoch the Loader would run next costs nothing (its
             self.loader.set_epoch(int(epoch))        # read-ahead goes on); every evaluation pass is the same
         for batch in self.loader:
-            out = to_ultralytics(batch)
+            out = to_ultralytics(batch, self.dataset.im_files)
             if len(out["img"]):  # (a rank's last evaluation batch may be padding only)
                 yield out
 
@@ -158,17 +159,25 @@ class _Sampler:
     def __len__(self) -> int:  # the samples of this rank's epoch
         return self._loader.samples_per_epoch
 
+    def __iter__(self):
+        """The sample ids of this rank's next pass in order, without its padding: what the validator's JSON export
+        numbers the images it scores by."""
+        plan = self._loader.epoch_plan()
+        return iter(plan.indices[~plan.padded].tolist())
+
     def set_epoch(self, epoch: int) -> None:
         self._loader.set_epoch(epoch)
 
 
 class _Labels:
-    """The dataset side the trainer reads: its length and, per image, "cls" [n, 1] and "bboxes" [n, 4] (normalised
-    centre x, centre y, width, height of the image in its boxes' frame) for its label statistics."""
+    """The dataset side the trainer and its validator read: its length, `im_files` (each sample's source path, the
+    batches' "im_file") and, per image, "cls" [n, 1] and "bboxes" [n, 4] (normalised centre x, centre y, width,
+    height of the image in its boxes' frame) for its label statistics."""
 
     def __init__(self, loader):
         self._loader = loader
         self._labels = None
+        self.im_files = [str(s) for s in loader.dataset.sources]
 
     def __len__(self) -> int:
         return len(self._loader.dataset)

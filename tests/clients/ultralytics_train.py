@@ -48,17 +48,19 @@ def main() -> None:
     class Counting(UltralyticsLoader):
         def __iter__(self):
             seen.append([])
+            ids = {f: i for i, f in enumerate(self.dataset.im_files)}  # im_file: each image's source path
             for batch in super().__iter__():
                 if not seen[-1]:
                     firsts.append(hashlib.sha256(batch["img"].numpy().tobytes()).hexdigest())
-                seen[-1].extend(int(f) for f in batch["im_file"])
+                seen[-1].extend(ids[f] for f in batch["im_file"])
                 yield batch
 
     class Scored(UltralyticsLoader):
         def __iter__(self):
             scored.append([])
+            ids = {f: i for i, f in enumerate(self.dataset.im_files)}
             for batch in super().__iter__():
-                scored[-1].extend(int(f) for f in batch["im_file"])
+                scored[-1].extend(ids[f] for f in batch["im_file"])
                 yield batch
 
     class Trainer(DetectionTrainer):
@@ -85,8 +87,8 @@ def main() -> None:
     if a.resume:
         overrides = dict(resume=str(out / "runs" / "fastfeed" / "weights" / "last.pt"), device="cpu", workers=0,
                          plots=False)
-    if a.val_packed is not None:
-        overrides["val"] = True
+    if a.val_packed is not None:  # with what the validator reads of its DataLoader's dataset to save its labels
+        overrides.update(val=True, save_txt=True)
     trainer = Trainer(overrides=overrides)
     trainer.add_callback("on_val_end", lambda v: validated.append(
         {"seen": v.seen, "instances": int(v.metrics.nt_per_class.sum()), "map50": float(v.metrics.box.map50)}))
@@ -110,6 +112,7 @@ def main() -> None:
         "results_csv": str(trainer.save_dir / "results.csv"),
         "scored": scored,
         "validated": validated,
+        "saved_labels": sorted(p.name for p in Path(trainer.save_dir).rglob("labels/*.txt")),
     }
     adapter.close()
     (out / "report.json").write_text(json.dumps(report))
