@@ -1013,3 +1013,39 @@ def test_a_bad_record_is_replaced_by_a_copy_of_another_with_its_boxes(yolo_pack,
         for _ in strict:
             pass
     strict.close()
+
+
+def test_a_batch_of_bad_records_is_filled_alike_in_a_resumed_run(yolo_pack, tmp_path):
+    """A batch whose every sample is bad is filled with a sample from the rest of the epoch; for the epoch's last
+    batch there is none, and the fill came from the plan's first samples, which a resumed plan does not share: found
+    by resuming over a damaged pack with batches of one, where the resumed run's last batch held another sample than
+    the uninterrupted run's. The rest of the epoch must be the same batches, the filled ones included."""
+    import shutil
+
+    src, _ = yolo_pack
+    out = tmp_path / "damaged"
+    shutil.copytree(src, out)
+    ds = fastfeed.open_dataset(out)
+    victim = len(ds) - 1  # in evaluation the epoch's last sample, and with batches of one its last batch
+    ext = ds.extents()
+    with open(ext.paths[ext.file_index[victim]], "r+b") as f:
+        f.seek(int(ext.offset[victim]) + int(ext.size[victim]) // 2)
+        f.write(b"\x00" * 16)
+    ds.close()
+
+    def batches(loader):
+        return [(b["ids"].clone(), b["images"].clone(), b["boxes"].clone(), b["valid"].clone()) for b in loader]
+
+    kw = dict(batch_size=1, train=False, image_size=S, dtype=torch.uint8, device="cpu")
+    with fastfeed.Loader(out, **kw) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        state = loader.state_dict()
+        rest = batches(it)
+    assert rest[-1][0].item() != victim and not rest[-1][3].any()  # filled, and not scored
+    with fastfeed.Loader(out, **kw) as resumed:
+        resumed.load_state_dict(state)
+        got = batches(resumed)
+    assert len(got) == len(rest)
+    for k, (a, b) in enumerate(zip(got, rest)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), f"batch {k} of the rest differs"

@@ -255,15 +255,19 @@ class BatchAssembler:
 
     def _fill_from_epoch(self, plan, k, decoder, indices, exc: CorruptSampleError, bad):
         """Every sample of batch k is bad (skip mode): fill the batch with one good sample taken from the rest of
-        the epoch (the next ones in the plan, cyclically), so the run goes on and the batch keeps its shape."""
+        the epoch (the next ones in the plan), so the run goes on and the batch keeps its shape. Past the plan's end
+        the candidates are the dataset's samples in order, not the plan's first ones: a resumed plan starts where
+        the run stopped, so its first samples are not the uninterrupted plan's, and the last batch would be filled
+        with another sample after a resume (the candidates must be the same for the same rest of the epoch)."""
         s = self.settings
         n = len(indices)
         replaced = [(p, *bad[p]) if p in bad else (p, code, detail)
                     for p, code, detail in zip(exc.positions, exc.codes, exc.details)]
-        order = plan.indices
-        start = min((k + 1) * plan.batch_size, len(order))
-        candidates = np.concatenate((order[start:], order[:start]))
-        candidates = candidates[~np.isin(candidates, indices)][:_FILL_CANDIDATES]  # a small epoch wraps to this batch
+        rest = plan.indices[min((k + 1) * plan.batch_size, len(plan.indices)):]
+        candidates = np.concatenate((rest, np.arange(len(self.table.widths), dtype=np.int64)))
+        candidates = candidates[~np.isin(candidates, indices)]
+        _, first = np.unique(candidates, return_index=True)  # each sample once, in that order
+        candidates = candidates[np.sort(first)][:_FILL_CANDIDATES]
         for c in candidates.tolist():
             data, err = self._read_one(c)
             values = None
