@@ -263,8 +263,12 @@ class BatchAssembler:
         n = len(indices)
         replaced = [(p, *bad[p]) if p in bad else (p, code, detail)
                     for p, code, detail in zip(exc.positions, exc.codes, exc.details)]
-        rest = plan.indices[min((k + 1) * plan.batch_size, len(plan.indices)):]
-        candidates = np.concatenate((rest, np.arange(len(self.table.widths), dtype=np.int64)))
+        # Enough of each to find _FILL_CANDIDATES outside the batch, never the whole epoch or dataset (a sort of
+        # hundreds of millions of ids where one batch failed).
+        want = _FILL_CANDIDATES + n
+        rest = plan.indices[min((k + 1) * plan.batch_size, len(plan.indices)):][:want]
+        first_ids = np.arange(min(len(self.table.widths), want + len(rest)), dtype=np.int64)
+        candidates = np.concatenate((rest, first_ids))
         candidates = candidates[~np.isin(candidates, indices)]
         _, first = np.unique(candidates, return_index=True)  # each sample once, in that order
         candidates = candidates[np.sort(first)][:_FILL_CANDIDATES]
