@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import struct
 import threading
@@ -460,6 +461,22 @@ def test_corrupt_record_raise_names_the_sample(corrupt_packed, decoder):
                      drop_last=False) as L:
         with pytest.raises(LoaderError, match=bad_key):
             collect(L)
+
+
+
+def test_a_bad_record_is_named_once_whatever_epochs_the_loop_runs(corrupt_packed, caplog):
+    """A bad sample is logged once per Loader and counted in every batch that holds it. Found by iterating epochs
+    out of order (set_epoch jumps, as a loop resumed or driven by a scheduler does): each such epoch starts a new
+    run, and every run named the sample again, while a plain run of epochs read on into named it once."""
+    folders, bad_key = corrupt_packed
+    with make_loader(folders["wds"], decoder="cpu", batch_size=8, image_size=32, drop_last=False) as L:
+        with caplog.at_level(logging.WARNING, logger="fastfeed"):
+            for epoch in (0, 2, 1):
+                L.set_epoch(epoch)
+                collect(L)
+            total = L.stats()["skipped"]["total"]
+    named = [r for r in caplog.records if bad_key in r.getMessage() and "replaced" in r.getMessage()]
+    assert total == 3 and len(named) == 1
 
 
 # ---------------------------------------------------------------- stats

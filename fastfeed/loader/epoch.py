@@ -84,19 +84,22 @@ class EpochRun:
     past the decoders given builds its own with `new_decoder(index)` and appends it to `decoders` (the owner's list, so
     the next run has it). The count changes which thread decodes a batch, never which batch comes at a position.
 
+    assembler: the `assemble.BatchAssembler` the workers share, given by the owner so that it outlives the run (it
+    names each bad sample once: once per Loader, not once per run); None: one of the run's own.
+
     ring_started: the owner already started the ring on this plan's order (a Loader does at construction:
     NOTE [Reading before the first iteration] in fastfeed/loader/loader.py), so `begin()` does not start it again.
     """
 
     def __init__(self, plan, *, ring, decoders, settings, table: SampleTable, stats, fetch_shards=None, pace=None,
-                 next_plan=None, tuner=None, new_decoder=None, ring_started=False):
+                 next_plan=None, tuner=None, new_decoder=None, ring_started=False, assembler=None):
         self._segments: list[tuple[int, object]] = [(0, plan)]  # (first batch position, plan) per chained epoch
         self.total = plan.num_batches  # batch positions planned so far, over the chained epochs
         self._next_plan = next_plan
         self.ring = ring
         self.decoders = decoders
         self.settings = settings
-        self.batches = BatchAssembler(settings, table, stats)  # what each ring batch becomes
+        self.batches = assembler or BatchAssembler(settings, table, stats)  # what each ring batch becomes
         self.stats = stats
         self.stop_flag = threading.Event()
         self.cond = threading.Condition()

@@ -59,7 +59,7 @@ from fastfeed.decode import GPU_DECODERS
 from fastfeed.detect.instances import missing_masks_note
 from fastfeed.detect.masks import DEFAULT_IGNORE_INDEX
 from fastfeed.loader import lifecycle
-from fastfeed.loader.assemble import LoaderError
+from fastfeed.loader.assemble import BatchAssembler, LoaderError
 from fastfeed.loader.compat import AccelerateState, EpochSampler, seeded_call
 from fastfeed.loader.epoch import EpochRun
 from fastfeed.loader.parts import decoder_factory, epoch_planner, sample_table, shard_fetcher
@@ -205,6 +205,9 @@ class Loader:
                 raise ValueError(f"fields=['cls'] is a classification label; a {s.task} batch has none")
             extents, fields = plan_fields(self.dataset, members)
         self._table = sample_table(self.dataset, s, extents, fields)
+        # One for every run: it names each bad sample once (a run per epoch would name it again each epoch the loop
+        # does not read on into: set_epoch to another epoch, a break, load_state_dict).
+        self._assembler = BatchAssembler(s, self._table, self._stats)
         if s.task == "segment" and (note := missing_masks_note(self._table.targets, self._table.keys)):
             log.warning("fastfeed: %s: %s", path, note)
         self._shard_of = np.asarray(extents.file_index, dtype=np.int64) if s.order == "shard" else None
@@ -412,7 +415,7 @@ class Loader:
         self._active = EpochRun(self._plan, ring=self._ring, decoders=self._decoders, settings=self.settings,
                                 table=self._table, stats=self._stats, fetch_shards=fetch, pace=self._pace,
                                 next_plan=chain, tuner=self._tuner, new_decoder=self._new_decoder,
-                                ring_started=self._plan is primed)
+                                ring_started=self._plan is primed, assembler=self._assembler)
         return self._active, False
 
     def _stop_active(self) -> None:
