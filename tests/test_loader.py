@@ -228,6 +228,24 @@ def test_set_epoch_keeps_a_loaded_state_of_that_epoch_and_drops_it_for_another(w
         assert_same_batches(collect(L), epoch1)
 
 
+
+def test_a_state_taken_mid_epoch_after_set_epoch_in_the_loop_is_where_the_loop_is(wds_path, reference_run):
+    """set_epoch names the next iteration's epoch; called inside the loop (a callback announcing the epoch it is in)
+    it must not move where `state_dict()` says the loop is. Found by calling it mid-epoch: the state then pointed at
+    the start of the epoch, and a resumed run read its first batches again, while batches_left said 6 remained."""
+    epoch0, _ = reference_run
+    with make_loader(wds_path, **RESUME_KW) as first:
+        for k, _batch in enumerate(first):
+            if k == 3:
+                first.set_epoch(0)
+                state = json.loads(json.dumps(first.state_dict()))
+                assert first.batches_left == 6
+                break
+    with make_loader(wds_path, **RESUME_KW) as resumed:
+        resumed.load_state_dict(state)
+        assert_same_batches(collect(resumed), epoch0[4:])
+
+
 def test_load_state_rejects_other_seed_and_garbage(wds_path):
     with make_loader(wds_path, **RESUME_KW) as L:
         collect(L, limit=2)

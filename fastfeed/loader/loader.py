@@ -441,6 +441,10 @@ class Loader:
         state = {"version": STATE_VERSION, "seed": self.settings.seed, "epoch": self._epoch, "sampling": None}
         if self._pending_resume is not None:
             state["sampling"] = self._pending_resume
+        elif self._active is not None and self._batches_done < self._plan.num_batches:
+            # mid-iteration: where it is, also after a set_epoch inside the loop (which names the next iteration's)
+            state["epoch"] = self._plan.epoch
+            state["sampling"] = self._plan.state(self._batches_done)
         elif self._iterated and self._plan is not None:
             if self._batches_done >= self._plan.num_batches:
                 state["epoch"] = self._epoch + 1
