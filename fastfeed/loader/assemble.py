@@ -6,7 +6,7 @@ bad holds a copy of another sample of its batch, label included, and a batch who
 good sample from the rest of the epoch. In evaluation a position that holds no sample of its own is labelled
 IGNORE_INDEX, so every sample is scored once. With on_error="raise" it raises LoaderError naming the samples instead.
 The decode workers of `epoch.EpochRun` share one assembler, which changes nothing per batch (the consumer's `report`
-keeps the log of the samples already named); a Loader gives each of its runs its own one, so a sample is named once.
+keeps the log of the samples already named); a Loader gives all its runs the same one, so a sample is named once.
 
 A batch's replaced samples are counted in `stats()["skipped"]` (and logged) when the run hands the batch to the loop
 (`report`), not when it is decoded: a Loader decodes the next epoch's first batches while the loop finishes
