@@ -167,6 +167,44 @@ def test_values_that_fit_no_tensor_are_field_errors():
     assert same.dtype == np.int64 and same.dtype.isnative and same.tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
+def _npy_header(header: str, body: bytes = b"") -> bytes:
+    """A version 1.0 .npy member with this header dict, as np.save lays it out (padded to 64 bytes)."""
+    text = header.encode("latin1")
+    text += b" " * (63 - (10 + len(text)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + body
+
+
+def test_members_python_refuses_with_other_errors_are_bad_records(tmp_path):
+    """Found by an adversarial run: JSON nested deeper than Python's recursion limit (json.loads raises
+    RecursionError), a .npy whose header declares an array far larger than the member (np.load allocates it before
+    reading: MemoryError) and one with a bool in its shape (np.load: TypeError) stopped the Loader with on_error="skip"
+    and made `fastfeed verify` crash; each is a bad record, skipped and counted, and verify names it."""
+    odd = {1: ("json", b"[" * 100_000 + b"]" * 100_000),
+           3: ("npy", _npy_header("{'descr': '<f8', 'fortran_order': False, 'shape': (10**18,), }", bytes(8))),
+           4: ("npy", _npy_header("{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000000000,), }",
+                                  bytes(8))),
+           6: ("npy", _npy_header("{'descr': '<i4', 'fortran_order': False, 'shape': (True,), }", bytes(4)))}
+    members = []
+    for i in range(8):
+        ext, data = odd.get(i, ("npy", npy(np.arange(2, dtype=np.int32) + i)))
+        members += [(f"s{i}.jpg", jpeg(i)), (f"s{i}.{ext}", data)]
+    src = write_tar(tmp_path / "s" / "a.tar", members).parent
+    index_shards(str(src))
+    with pytest.raises(FieldError, match="RecursionError"):
+        decode_value("json", odd[1][1])
+    with pytest.raises(FieldError, match=r"declares a float64 array of shape \(1000000000000000000,\).*only 8 bytes"):
+        decode_value("npy", odd[4][1])
+    with loader(src, fields=["npy"]) as ld:
+        (b,) = list(ld)
+        stats = ld.stats()["skipped"]
+    ids = which(b["images"], 8)
+    assert not {1, 3, 4, 6} & set(ids) and stats["by_reason"] == {"missing_field": 1, "bad_field": 3}
+    for p, i in enumerate(ids):
+        assert b["npy"][p].tolist() == [i, i + 1]
+    report = verify(str(src))
+    assert not report.ok and {int(m.group(1)) for m in re.finditer(r"key s(\d)", str(report.errors))} == {1, 3, 4, 6}
+
+
 @pytest.mark.parametrize("values", [[1, 2], [0.5, 1.5], [True, False], [3, 4.5], [-(1 << 63), 0]])
 def test_numbers_collate_as_default_collate_makes_them(values):
     got, ref = collate(values), default_collate(values)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,16 +89,38 @@ def decode_value(kind: str, raw):
         elif kind == "json":
             return json.loads(bytes(raw))
         elif kind == "npy":
-            value = np.load(io.BytesIO(bytes(raw)), allow_pickle=False)
+            value = _load_npy(bytes(raw))
         else:
             return bytes(raw)
-    except (ValueError, OSError, EOFError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    # UnicodeDecodeError and JSONDecodeError are ValueErrors. RecursionError: JSON nested deeper than Python's
+    # recursion limit (valid JSON that json.loads cannot hold). TypeError: np.load on a header numpy's own checks let
+    # through (a bool in its shape).
+    except (ValueError, OSError, EOFError, RecursionError, TypeError) as e:
         raise FieldError(f"not a valid {kind} member ({type(e).__name__}: {str(e)[:200]})") from None
     if kind == "npy":
         return _array(value)
     if not INT64_MIN <= value <= INT64_MAX:
         raise FieldError(f"{value} does not fit an int64")
     return value
+
+
+def _load_npy(raw: bytes):
+    """np.load(allow_pickle=False) of one member, once its header is known to describe no more data than the member
+    holds: np.load allocates the array its header declares before reading a byte of it, so a few bytes declaring
+    shape (10**18,) would be a MemoryError (or, with memory overcommitted, gigabytes reserved) instead of a
+    member that is cut short."""
+    f = io.BytesIO(raw)
+    version = np.lib.format.read_magic(f) if raw[:6] == np.lib.format.MAGIC_PREFIX and len(raw) >= 8 else None
+    if version in ((1, 0), (2, 0), (3, 0)):  # else np.load says what it is (an .npz, another version, no array)
+        # Version 3.0 differs from 2.0 only in the header's text encoding (UTF-8 field names of structured dtypes).
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+        declared = math.prod(shape) * dtype.itemsize
+        if declared > len(raw) - f.tell():
+            raise ValueError(f"its header declares a {dtype} array of shape {shape} ({declared:,} bytes), but "
+                             f"only {len(raw) - f.tell():,} bytes follow it")
+    f.seek(0)
+    return np.load(f, allow_pickle=False)
 
 
 def _array(value) -> np.ndarray:
