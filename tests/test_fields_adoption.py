@@ -503,3 +503,20 @@ def test_full_verify_names_each_member_the_loader_would_refuse(tmp_path):
     with loader(src, fields=["txt", "json", "npy"]) as ld:
         list(ld)
         assert ld.stats()["skipped"]["by_reason"] == {"bad_field": 3}
+
+
+def test_shards_moved_or_changed_after_indexing_elsewhere_are_said_where_they_were_looked_for(tmp_path):
+    """Found by an adversarial run: shards indexed into another folder and then moved made the Loader and verify say
+    only "data file a.tar listed in the manifest is missing", and the dataset folder never held it; the error names
+    the folder the shards were adopted in, and a shard rewritten since says to index again, not to pack."""
+    src = write_tar(tmp_path / "s" / "a.tar", [("k0.jpg", jpeg(0)), ("k0.txt", b"zero")]).parent
+    index_shards(str(src), str(tmp_path / "ds"))
+    src.rename(tmp_path / "moved")
+    with pytest.raises(DatasetError, match=re.escape(f"a.tar listed in the manifest is missing (looked for in {src}, "
+                                                     "where `fastfeed index` adopted the shards")):
+        loader(tmp_path / "ds", fields=["txt"])
+    (tmp_path / "moved").rename(src)
+    write_tar(src / "a.tar", [("k0.jpg", jpeg(0)), ("k0.txt", bytes(20_000))])  # written again: another size
+    with pytest.raises(DatasetError, match=re.escape(str(src / "a.tar")) + r" is \d+ bytes.*since it was indexed.*"
+                                           "or index the shards again"):
+        fastfeed.open_dataset(tmp_path / "ds")

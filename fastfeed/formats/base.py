@@ -77,18 +77,24 @@ def load_manifest(root: str) -> Manifest:
     manifest = Manifest.from_json(text, where=path)
     if remote_shards(manifest):  # read through the shard cache, which checks each one's size and sha256
         return manifest
+    # Shards `fastfeed index` adopted where they lay, in another folder: say where they were looked for.
+    moved = (f" (looked for in {manifest.data_root}, where `fastfeed index` adopted the shards: they must stay there; "
+             "put them back, or index them again where they are now)") if manifest.data_root else ""
+    adopted = manifest.created_by == "fastfeed index"
     for shard in manifest.shards:
         p = data_path(shard_root(root, manifest), shard.path, where=path)
         try:
             st = os.stat(p)
             size = st.st_size if stat.S_ISREG(st.st_mode) else -1
         except OSError:
-            raise DatasetError(f"{root}: data file {shard.path} listed in the manifest is missing", path=p) from None
+            raise DatasetError(f"{root}: data file {shard.path} listed in the manifest is missing{moved}",
+                               path=p) from None
         if size != shard.bytes:
             # Not opened, not even by `fastfeed verify`: a mapped file shorter than its samples would fault on read.
-            raise DatasetError(f"{root}: data file {shard.path} is {size} bytes, the manifest says {shard.bytes}: "
-                               "truncated or modified since it was packed (an interrupted copy or download?); restore "
-                               "it from the original, or pack the dataset again", path=p)
+            raise DatasetError(f"{root}: data file {p if moved else shard.path} is {size} bytes, the manifest says "
+                               f"{shard.bytes}: truncated or modified since it was {'indexed' if adopted else 'packed'}"
+                               " (an interrupted copy or download?); restore it from the original, or "
+                               f"{'index the shards' if adopted else 'pack the dataset'} again", path=p)
     return manifest
 
 
