@@ -520,3 +520,19 @@ def test_shards_moved_or_changed_after_indexing_elsewhere_are_said_where_they_we
     with pytest.raises(DatasetError, match=re.escape(str(src / "a.tar")) + r" is \d+ bytes.*since it was indexed.*"
                                            "or index the shards again"):
         fastfeed.open_dataset(tmp_path / "ds")
+
+
+def test_a_key_with_dots_is_rejected_saying_how_webdataset_splits_it(tmp_path):
+    """Found by an adversarial run: ShardWriter with `__key__` "a.b.c" (a file name's stem used as key) writes
+    a.b.c.jpg, which webdataset reads as key "a" with member "b.c.jpg"; index rejected it as "no image member
+    (members: b.c.jpg, b.c.txt)", which does not say why a .jpg is not an image. The reason now says how the name was
+    split and what to do; keys without dots beside it are adopted."""
+    src = write_tar(tmp_path / "s" / "a.tar", [("a.b.c.jpg", jpeg(0)), ("a.b.c.txt", b"zero"),
+                                               ("d/k1.jpg", jpeg(1)), ("d/k1.txt", b"one"),
+                                               ("d/k.2.jpg", jpeg(2)), ("d/k.2.txt", b"two")]).parent
+    report = index_shards(str(src))
+    assert report.manifest.num_samples == 1
+    reasons = {r["key"]: r["reason"] for r in report.rejected}
+    assert set(reasons) == {"a", "d/k"}
+    assert "so a.b.c.jpg is key a with member b.c.jpg; the writer's keys hold dots" in reasons["a"]
+    assert "so d/k.2.jpg is key d/k with member 2.jpg" in reasons["d/k"]

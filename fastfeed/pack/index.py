@@ -415,6 +415,11 @@ def _image_member(s: _Sample, image_ext: str | None) -> tuple | str:
     wanted = (image_ext,) if image_ext else IMAGE_EXTS
     img_ext = next((e for e in wanted if e in members), None)
     if img_ext is None:
+        dotted = next((e for e in exts if "." in e and e.rsplit(".", 1)[1] in wanted), None)
+        if dotted is not None:  # a writer's key with dots in it (`a.b.c` + `.jpg`): webdataset splits it at the first
+            return (f"no image member (members: {', '.join(exts)}): a member's name is split at the first dot of its "
+                    f"base name, as webdataset splits it, so {s.key}.{dotted} is key {s.key} with member {dotted}; "
+                    "the writer's keys hold dots: write keys without them (replace each dot)")
         return f"no image member (members: {', '.join(exts)})"
     return members[img_ext]
 
