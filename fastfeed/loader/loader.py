@@ -478,9 +478,9 @@ class Loader:
         `wait` (the training loop waiting for a batch: the number that matters). `ring` has the raw ring counters
         (`digest_seconds`: the reader threads' per-sample checksum hashing, when checksums are verified).
         `counters` "samples" and "batches" and the `decode` stage count what was decoded: the batches of the next
-        epoch (or evaluation pass), decoded ahead while the loop finishes this one, included. `wait` counts the batches the
-        loop took, and `skipped` the replaced samples, by code (read_error, checksum, not_image, decode_error), in
-        those batches. With decoder="hybrid", `cpu_decoded`/`gpu_decoded` count the images each part has decoded.
+        epoch (or evaluation pass), decoded ahead while the loop finishes this one, included. `wait` counts the
+        batches the loop took, and `skipped` the replaced samples, by code (read_error, checksum, not_image,
+        decode_error), in those batches. With decoder="hybrid", `cpu_decoded`/`gpu_decoded` count the images each part has decoded.
         `pipelines_built` counts the decode pipelines built, before the first batch and when the tuner asked for more.
         """
         snap = self._stats.snapshot()
