@@ -11,7 +11,9 @@ An epoch is planned in three steps, each a pure function:
 
    - `drop_last=False`: `m = ceil(N / W)`. The `W*m - N` missing positions wrap around to the start of the order
      (as torch's DistributedSampler pads), so a few samples are read twice; the last batch may be short, and is
-     equally short on every rank.
+     equally short on every rank. The padding ends the last ranks' last batches (where it outnumbers a short last
+     batch, the ranks before hold one real sample fewer each), so that the last step gathered over the ranks is
+     its real samples, then all the padding: what Accelerate's `gather_for_metrics` trims.
    - `drop_last=True`: `m = floor(N / (W*B)) * B`. Every batch is full; the `N - W*m` samples at the end of the
      order are skipped this epoch (a different set each epoch, since the order changes).
 
@@ -142,7 +144,12 @@ def _cut(real: np.ndarray, spare: np.ndarray, world_size: int, batch_size: int, 
     """Lay `real` out as `world_size` equal shares of m samples: returns (m, sequence, is_padding).
 
     Padding takes `spare` first (the unread padding of a resumed run, so that resuming at the same world size
-    reproduces it exactly), then wraps around to the start of `real`.
+    reproduces it exactly), then wraps around to the start of `real`. The padding (fewer than `world_size`
+    positions) ends the last ranks' last batches: the last rank's last batch, filled from its end, then the rank
+    before's, so that every rank's last batch, concatenated in rank order (the last step gathered over the ranks),
+    is its real samples followed by all the padding. Where the padding fits the last rank's last batch, that is the
+    padding at the end of the order; where it does not (a last batch shorter than the padding), the ranks before
+    hold one real sample fewer each for it, instead of the last rank's earlier batches holding padding.
     """
     if drop_last:
         m = (len(real) // (world_size * batch_size)) * batch_size
@@ -151,9 +158,20 @@ def _cut(real: np.ndarray, spare: np.ndarray, world_size: int, batch_size: int, 
     short = world_size * m - len(real)
     source = np.concatenate((spare, real))
     pad = np.resize(source, short) if short else source[:0]
-    seq = np.concatenate((real, pad))
-    is_pad = np.zeros(len(seq), dtype=bool)
-    is_pad[len(real):] = True
+    last = m - (-(-m // batch_size) - 1) * batch_size if m else 0
+    pads = np.zeros(world_size, dtype=np.int64)  # padding positions at the end of each rank's share
+    for r in range(world_size - 1, -1, -1):
+        pads[r] = min(last, short - int(pads.sum()))
+    ends = np.cumsum(m - pads)
+    seq = np.empty(world_size * m, dtype=np.int64)
+    is_pad = np.zeros(world_size * m, dtype=bool)
+    used = 0
+    for r in range(world_size):
+        mine = real[ends[r] - (m - pads[r]) : ends[r]]
+        seq[r * m : r * m + len(mine)] = mine
+        seq[r * m + len(mine) : (r + 1) * m] = pad[used : used + pads[r]]
+        is_pad[r * m + len(mine) : (r + 1) * m] = True
+        used += int(pads[r])
     return m, seq, is_pad
 
 
@@ -180,8 +198,9 @@ class EpochPlan:
             evaluation loop can use it to skip the duplicates.
         num_batches: batches on every rank; `batch(i)` is `indices[i*B : (i+1)*B]`, the last one may be short.
         batch_size, world, epoch: what the plan was made for.
-        total_padding: padded positions over all ranks (all of them sit at the end of the epoch: the last rank's
-            last batch), so the last step's real samples are `world_size * last_batch_size - total_padding`.
+        total_padding: padded positions over all ranks (fewer than world_size, all of them at the end of the last
+            ranks' last batches: `_cut`), so the last step's real samples are `world_size * last_batch_size -
+            total_padding`, and they come first when that step is gathered in rank order.
         first_batch: batches of this epoch already read before this plan (a resumed plan's offset; 0 otherwise),
             so `first_batch + i` names batch i of the plan within the epoch.
     """

@@ -47,6 +47,13 @@ def check_shares(ps, n, w, b, drop_last, expected_real=None):
     else:
         assert sorted(real.tolist()) == sorted(expected_real)
         assert len(pad) < w and ((0 <= pad) & (pad < n)).all()  # padding repeats some sample of the epoch
+        # Accelerate's gather_for_metrics keeps the first `remainder` samples of the last step gathered in rank
+        # order and trims nothing before it: all padding must end that step (fastfeed/loader/compat.py).
+        if ps[0].num_batches:
+            last = (ps[0].num_batches - 1) * b
+            assert not any(p.padded[:last].any() for p in ps), "padding before the last step"
+            gathered = np.concatenate([p.padded[last:] for p in ps])
+            assert gathered.tolist() == sorted(gathered.tolist()), "real samples after padding in the last step"
     return real
 
 

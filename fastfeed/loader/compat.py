@@ -113,8 +113,9 @@ def _gradient_state():
 
 def _remainder(plan) -> int:
     """Real samples in the last step gathered over all ranks (Accelerate's meaning; 0 = the whole step is real).
-    Every rank's last batch is `last_batch_size` long and all padding sits at the end of the last rank's, so the
-    gathered last step is its real samples followed by the padding: keeping the first `remainder` is exact."""
+    Every rank's last batch is `last_batch_size` long and all padding ends the last ranks' last batches
+    (sampling._cut), so the gathered last step is its real samples followed by the padding: keeping the first
+    `remainder` is exact."""
     real = plan.world.world_size * plan.last_batch_size - plan.total_padding
     return 0 if real == plan.world.world_size * plan.batch_size else real
 
