@@ -169,3 +169,51 @@ def test_hyperparameters_the_loader_does_not_implement_are_named_in_one_warning(
     for shown in ("mixup=0.3", "perspective=0.001", "copy_paste=0.5"):
         assert shown in msg
     assert "flip" not in msg and "cutmix" not in msg and "bgr" not in msg
+
+
+@pytest.fixture(scope="module")
+def yolo_segments(tmp_path_factory):
+    from conftest import run_pack
+    from test_detect_loader import NAMES
+    from test_instance_loader import make_yolo_segments
+
+    root = tmp_path_factory.mktemp("ultralytics-seg")
+    for split, n, seed in (("train", 24, 1), ("val", 11, 7)):
+        make_yolo_segments(root / split, n=n, seed=seed)
+        run_pack(root / split, root / f"{split}-packed", "--format", "wds")
+    names = "".join(f"  {i}: {n}\n" for i, n in enumerate(NAMES))
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: train/images\nval: val/images\nnames:\n{names}")
+    return root
+
+
+@pytest.mark.parametrize("overlap_mask", [True, False])
+def test_the_segmentation_trainer_and_its_validator_take_the_masks_in_the_form_of_its_overlap_mask(
+        yolo_segments, tmp_path, overlap_mask):
+    """The SegmentationTrainer (YOLOv8n-seg) on `Loader(task="segment")`s for training and validation: with its
+    overlap_mask (the default) each batch's masks are the images' index maps, [B, S, S]; without, one binary mask a
+    box, [N, S, S] uint8, which its loss and validator index by batch_idx (the index maps there: an IndexError in the
+    loss, found by training with overlap_mask=False, or wrong masks unnoticed where a batch has as many boxes as
+    images). Either way it trains with finite losses and its validator counts exactly the pack's images and
+    objects."""
+    root = yolo_segments
+    objects = sum(len(f.read_text().splitlines()) for f in (root / "val" / "labels").glob("*.txt"))
+    more = () if overlap_mask else ("--no-overlap-mask",)
+    cmd = [sys.executable, str(CLIENT), "--packed", str(root / "train-packed"), "--data", str(root / "data.yaml"),
+           "--out", str(tmp_path), "--epochs", "1", "--batch", str(BATCH), "--imgsz", str(SIZE),
+           "--val-packed", str(root / "val-packed"), "--task", "segment", *more]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    r = json.loads((tmp_path / "report.json").read_text())
+    assert r["task"] == "segment" and r["overlap_mask"] is overlap_mask
+    assert {m["where"] for m in r["masks"]} == {"train", "val"}
+    for m in r["masks"]:
+        if overlap_mask:
+            assert m["shape"] == [m["images"], SIZE, SIZE] and m["dtype"] == "torch.int16", m
+        else:
+            assert m["shape"] == [m["boxes"], SIZE, SIZE] and m["dtype"] == "torch.uint8", m
+    assert len(r["validated"]) == 2 and all(v["seen"] == 11 and v["instances"] == objects for v in r["validated"])
+    assert all(math.isfinite(v["mask_map50"]) for v in r["validated"])
+    with open(r["results_csv"]) as f:
+        rows = list(csv.DictReader(f))
+    losses = [float(rows[0][k]) for k in ("train/box_loss", "train/seg_loss", "train/cls_loss", "val/seg_loss")]
+    assert all(math.isfinite(v) and v > 0 for v in losses), rows

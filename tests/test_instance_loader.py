@@ -125,7 +125,8 @@ def test_instance_masks_follow_the_pixels(seg_pack, augment):
 
 
 def test_evaluation_masks_and_the_clients(seg_pack):
-    """The letterbox; torchvision's targets get one binary mask per box, ultralytics' batch the index map."""
+    """The letterbox; torchvision's targets get one binary mask per box, ultralytics' batch the index map (or, for
+    overlap_mask=False, the same binary masks in the boxes' order)."""
     loader = fastfeed.Loader(seg_pack, task="segment", batch_size=8, image_size=S, dtype=torch.uint8, device="cpu",
                              train=False)
     for batch in loader:
@@ -137,6 +138,8 @@ def test_evaluation_masks_and_the_clients(seg_pack):
                 assert torch.equal(t["masks"][i].bool(), batch["masks"][k] == i + 1)
         ul = to_ultralytics(batch)
         assert torch.equal(ul["masks"], batch["masks"])
+        per_box = to_ultralytics(batch, overlap_mask=False)["masks"]  # its overlap_mask=False form: box i's mask
+        assert torch.equal(per_box, torch.cat([t["masks"] for t in targets]))
     loader.close()
 
 

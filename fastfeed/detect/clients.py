@@ -35,14 +35,15 @@ def to_torchvision(batch: dict, label_offset: int = 0) -> tuple[list[torch.Tenso
     return list(images), targets
 
 
-def to_ultralytics(batch: dict, names=None) -> dict:
+def to_ultralytics(batch: dict, names=None, overlap_mask: bool = True) -> dict:
     """The batch dict of ultralytics' `YOLODataset.collate_fn`: "img" uint8 [B, 3, S, S] (its trainer divides by
     255 itself, so build the Loader with dtype=torch.uint8), "cls" float [N, 1], "bboxes" float [N, 4] normalised
     centre-x, centre-y, width, height, "batch_idx" float [N], and per image "ori_shape" (h, w), "resized_shape",
     "ratio_pad" ((scale y, scale x), (pad x, pad y)) and "im_file" (`names[id]`, e.g. the dataset's `sources`,
     its images' paths; default the sample ids as strings);
-    with task "segment" also "masks" [B, S, S], its `overlap_mask` form (1 + the box's index in its image), at full
-    resolution (its loss resizes masks to its own). Positions whose `valid` is False (an evaluation batch's padding
+    with task "segment" also "masks" in the form of its trainer's `overlap_mask`: True (its default), [B, S, S], each
+    image's index map (1 + the box's index in its image); False, uint8 [N, S, S], box i's binary mask, in the boxes'
+    order (what its loss and validator index by `batch_idx`); at full resolution (its loss resizes masks to its own). Positions whose `valid` is False (an evaluation batch's padding
     and replaced bad records) are left out with their boxes, as ultralytics' validator scores every image it gets:
     so each image is scored once over all ranks."""
     batch = _scored(batch)
@@ -65,8 +66,18 @@ def to_ultralytics(batch: dict, names=None) -> dict:
         "im_file": [str(i) if names is None else str(names[i]) for i in ids],
     }
     if "masks" in batch:
-        out["masks"] = batch["masks"]
+        out["masks"] = batch["masks"] if overlap_mask else _per_box_masks(batch["masks"], batch["batch_idx"])
     return out
+
+
+def _per_box_masks(index_map: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, H, W]: box i's binary mask, where its image's index map holds 1 + its index among that image's
+    boxes (their order in the batch, as `to_torchvision` numbers them)."""
+    order = torch.argsort(idx, stable=True)
+    counts = torch.bincount(idx, minlength=len(index_map))
+    rank = torch.empty_like(idx)
+    rank[order] = torch.arange(len(idx), device=idx.device) - (counts.cumsum(0) - counts)[idx[order]]
+    return (index_map[idx] == (rank + 1).to(index_map.dtype).view(-1, 1, 1)).to(torch.uint8)
 
 
 _PER_IMAGE = ("images", "masks", "ids", "scale", "pad", "orig_size", "flipped", "flipped_ud")
@@ -107,7 +118,8 @@ class UltralyticsLoader:
     it then turns mosaic off for the trainer's last `close_mosaic` epochs itself, so the trainer's call to
     `dataset.close_mosaic` has nothing left to do. `trainer`: each epoch is then the trainer's `epoch` (on one
     process ultralytics calls `sampler.set_epoch` only under DDP, so a run resumed from last.pt would otherwise
-    start the Loader at epoch 0 again: epoch 0's order and augmentation, mosaic past close_mosaic).
+    start the Loader at epoch 0 again: epoch 0's order and augmentation, mosaic past close_mosaic); a `task="segment"`
+    Loader's masks then take the form of the trainer's `overlap_mask` (without a trainer: True, ultralytics' default).
 
         class Trainer(DetectionTrainer):
             def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
@@ -118,15 +130,18 @@ class UltralyticsLoader:
                                          augment=augment_from_ultralytics(self.args))
                 return UltralyticsLoader(loader, trainer=self)
 
-    Its validator takes one too (`mode="val"`): an evaluation Loader (`train=False`, the letterbox) of the
-    validation pack, whose padding and replaced records `to_ultralytics` leaves out, so each image is scored once
-    over all ranks."""
+    Its validator takes one too (`mode="val"`, with `trainer=self` for the masks' form): an evaluation Loader
+    (`train=False`, the letterbox) of the validation pack, whose padding and replaced records `to_ultralytics` leaves
+    out, so each image is scored once over all ranks."""
 
     num_workers = 0  # the Loader's threads are its own
 
     def __init__(self, loader, trainer=None):
         self.loader = loader
         self._trainer = trainer
+        # the masks' form its loss and validator read (the trainer's args, which its validator copies): a Loader of
+        # either given none would get the other form, an IndexError there or, where N == B, wrong masks unnoticed
+        self._overlap_mask = bool(getattr(getattr(trainer, "args", None), "overlap_mask", True))
         self.batch_size = loader.settings.batch_size
         self.drop_last = loader.settings.drop_last
         self.sampler = _Sampler(loader)
@@ -141,7 +156,7 @@ class UltralyticsLoader:
         if epoch is not None and self.loader.train:  # the epoch the Loader would run next costs nothing (its
             self.loader.set_epoch(int(epoch))        # read-ahead goes on); every evaluation pass is the same
         for batch in self.loader:
-            out = to_ultralytics(batch, self.dataset.im_files)
+            out = to_ultralytics(batch, self.dataset.im_files, overlap_mask=self._overlap_mask)
             if len(out["img"]):  # (a rank's last evaluation batch may be padding only)
                 yield out
 
