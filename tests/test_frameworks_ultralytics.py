@@ -217,3 +217,41 @@ def test_the_segmentation_trainer_and_its_validator_take_the_masks_in_the_form_o
         rows = list(csv.DictReader(f))
     losses = [float(rows[0][k]) for k in ("train/box_loss", "train/seg_loss", "train/cls_loss", "val/seg_loss")]
     assert all(math.isfinite(v) and v > 0 for v in losses), rows
+
+
+def test_a_pose_trainer_is_refused_saying_the_batches_have_no_keypoints(tmp_path):
+    """A YOLO pose set packs as detection (its keypoints kept in the annotations, not in batches): ultralytics'
+    PoseTrainer given UltralyticsLoader stops at get_dataloader saying so, instead of training until its loss fails
+    on KeyError: 'keypoints' (found by training YOLOv8n-pose on a packed pose set)."""
+    from conftest import run_pack
+    from test_detect_loader import NAMES, make_yolo
+
+    make_yolo(tmp_path / "src", n=8, seed=1)
+    for f in (tmp_path / "src" / "labels").glob("*.txt"):  # one keypoint a box, at its centre, visible
+        f.write_text("".join(f"{line} {line.split()[1]} {line.split()[2]} 2\n" for line in f.read_text().splitlines()))
+    names = "".join(f"  {i}: {n}\n" for i, n in enumerate(NAMES))
+    (tmp_path / "src" / "data.yaml").write_text(f"kpt_shape: [1, 3]\nnames:\n{names}")
+    run_pack(tmp_path / "src", tmp_path / "packed", "--format", "wds")
+    (tmp_path / "data.yaml").write_text(f"path: {tmp_path / 'src'}\ntrain: images\nval: images\nkpt_shape: [1, 3]\n"
+                                        f"names:\n{names}")
+    cmd = [sys.executable, str(CLIENT), "--packed", str(tmp_path / "packed"), "--data", str(tmp_path / "data.yaml"),
+           "--out", str(tmp_path / "run"), "--epochs", "1", "--batch", str(BATCH), "--imgsz", str(SIZE),
+           "--task", "pose"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "ValueError: ultralytics' pose trainer needs" in proc.stderr and "keypoints" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert "KeyError" not in proc.stderr
+
+
+def test_a_segment_trainer_given_a_detection_loader_is_told_to_ask_for_masks(yolo_data):
+    """The SegmentationTrainer's args (task "segment") with a detection Loader: refused naming task='segment', not a
+    KeyError: 'masks' in its loss; a detection trainer takes it."""
+    from types import SimpleNamespace
+
+    loader = fastfeed.Loader(yolo_data[0] / "packed", batch_size=BATCH, image_size=SIZE, dtype=torch.uint8,
+                             device="cpu")
+    with pytest.raises(ValueError, match="task='segment'"):
+        UltralyticsLoader(loader, trainer=SimpleNamespace(args=SimpleNamespace(task="segment")))
+    UltralyticsLoader(loader, trainer=SimpleNamespace(args=SimpleNamespace(task="detect")))
+    loader.close()

@@ -137,6 +137,7 @@ class UltralyticsLoader:
     num_workers = 0  # the Loader's threads are its own
 
     def __init__(self, loader, trainer=None):
+        _check_task(loader.settings.task, getattr(getattr(trainer, "args", None), "task", None))
         self.loader = loader
         self._trainer = trainer
         # the masks' form its loss and validator read (the trainer's args, which its validator copies): a Loader of
@@ -165,6 +166,19 @@ class UltralyticsLoader:
 
     def close(self) -> None:
         self.loader.close()
+
+
+def _check_task(loader_task: str, trainer_task: str | None) -> None:
+    """Refuse a trainer whose batches the Loader does not make, before its loss fails on a missing key."""
+    if trainer_task in (None, "detect", loader_task):
+        return
+    if trainer_task == "segment":
+        raise ValueError(f"ultralytics' segment trainer reads instance masks: build the Loader with task='segment' "
+                         f"(this one is task={loader_task!r})")
+    raise ValueError(f"ultralytics' {trainer_task} trainer needs what fastfeed's Loader does not put in its batches "
+                     f"(pose: keypoints; obb: rotated boxes; classify: its own loader): UltralyticsLoader feeds the "
+                     f"detect and segment trainers; train this one on ultralytics' own DataLoader (a pose set packs "
+                     f"as detection, its keypoints kept in the annotations only)")
 
 
 class _Sampler:

@@ -12,7 +12,8 @@ crash would; --resume: the trainer resumes OUT's run from its last.pt, as `yolo 
 the trainer validates each epoch on an evaluation Loader of that pack (report: the ids each validation pass scored,
 the images and instances its validator counted); --task segment: the SegmentationTrainer (YOLOv8n-seg) on
 `Loader(task="segment")`s, with its `overlap_mask` or, --no-overlap-mask, without (report: the masks' shape and
-dtype and the boxes of every batch the trainer and its validator took, the validator's mask mAP50).
+dtype and the boxes of every batch the trainer and its validator took, the validator's mask mAP50); --task pose:
+the PoseTrainer (YOLOv8n-pose) on a detection Loader of a pose pack, which UltralyticsLoader refuses.
 """
 from __future__ import annotations
 
@@ -39,13 +40,14 @@ def main() -> None:
     p.add_argument("--stop-after", type=int)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--val-packed")
-    p.add_argument("--task", choices=("detect", "segment"), default="detect")
+    p.add_argument("--task", choices=("detect", "segment", "pose"), default="detect")
     p.add_argument("--no-overlap-mask", action="store_true")
     a = p.parse_args()
     out = Path(a.out)
     os.environ.setdefault("YOLO_OFFLINE", "1")
     os.environ.setdefault("YOLO_CONFIG_DIR", str(out / "config"))
     from ultralytics.models.yolo.detect import DetectionTrainer
+    from ultralytics.models.yolo.pose import PoseTrainer
     from ultralytics.models.yolo.segment import SegmentationTrainer
 
     built, seen, firsts, scored, validated, masks = [], [], [], [], [], []
@@ -75,16 +77,19 @@ def main() -> None:
                 note_masks(batch, "val")
                 yield batch
 
-    class Trainer(SegmentationTrainer if a.task == "segment" else DetectionTrainer):
+    base = {"detect": DetectionTrainer, "segment": SegmentationTrainer, "pose": PoseTrainer}[a.task]
+    loader_task = "segment" if a.task == "segment" else "detect"  # a pose pack is a detection one
+
+    class Trainer(base):
         def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
             if mode != "train":
                 if a.val_packed is None:
                     return super().get_dataloader(dataset_path, batch_size, rank, mode)
                 return Scored(fastfeed.Loader(a.val_packed, batch_size=batch_size, image_size=self.args.imgsz,
-                                              dtype=torch.uint8, device="cpu", train=False, task=a.task),
+                                              dtype=torch.uint8, device="cpu", train=False, task=loader_task),
                               trainer=self)
             loader = fastfeed.Loader(a.packed, batch_size=batch_size, image_size=self.args.imgsz, dtype=torch.uint8,
-                                     device="cpu", epochs=self.args.epochs, seed=0, task=a.task,
+                                     device="cpu", epochs=self.args.epochs, seed=0, task=loader_task,
                                      augment=augment_from_ultralytics(self.args))
             built.append(Counting(loader, trainer=self))
             return built[-1]
@@ -94,7 +99,7 @@ def main() -> None:
             raise SystemExit(f"stopped after epoch {trainer.epoch}")
 
     torch.manual_seed(0)
-    model = "yolov8n-seg.yaml" if a.task == "segment" else "yolov8n.yaml"
+    model = {"detect": "yolov8n.yaml", "segment": "yolov8n-seg.yaml", "pose": "yolov8n-pose.yaml"}[a.task]
     overrides = dict(model=model, data=a.data, epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device="cpu",
                      workers=0, plots=False, val=False, amp=False, pretrained=False, project=str(out / "runs"),
                      name="fastfeed", exist_ok=True, close_mosaic=1, verbose=False)
