@@ -190,8 +190,9 @@ def yolo_segments(tmp_path_factory):
 def test_the_segmentation_trainer_and_its_validator_take_the_masks_in_the_form_of_its_overlap_mask(
         yolo_segments, tmp_path, overlap_mask):
     """The SegmentationTrainer (YOLOv8n-seg) on `Loader(task="segment")`s for training and validation: with its
-    overlap_mask (the default) each batch's masks are the images' index maps, [B, S, S]; without, one binary mask a
-    box, [N, S, S] uint8, which its loss and validator index by batch_idx (the index maps there: an IndexError in the
+    overlap_mask (the default) each batch's masks are the images' index maps, [B, S/4, S/4] (its mask_ratio 4: its
+    prototypes' resolution, which its loss otherwise upsamples to the masks'); without, one binary mask a box,
+    [N, S/4, S/4] uint8, which its loss and validator index by batch_idx (the index maps there: an IndexError in the
     loss, found by training with overlap_mask=False, or wrong masks unnoticed where a batch has as many boxes as
     images). Either way it trains with finite losses and its validator counts exactly the pack's images and
     objects."""
@@ -208,9 +209,9 @@ def test_the_segmentation_trainer_and_its_validator_take_the_masks_in_the_form_o
     assert {m["where"] for m in r["masks"]} == {"train", "val"}
     for m in r["masks"]:
         if overlap_mask:
-            assert m["shape"] == [m["images"], SIZE, SIZE] and m["dtype"] == "torch.int16", m
+            assert m["shape"] == [m["images"], SIZE // 4, SIZE // 4] and m["dtype"] == "torch.int16", m
         else:
-            assert m["shape"] == [m["boxes"], SIZE, SIZE] and m["dtype"] == "torch.uint8", m
+            assert m["shape"] == [m["boxes"], SIZE // 4, SIZE // 4] and m["dtype"] == "torch.uint8", m
     assert len(r["validated"]) == 2 and all(v["seen"] == 11 and v["instances"] == objects for v in r["validated"])
     assert all(math.isfinite(v["mask_map50"]) for v in r["validated"])
     with open(r["results_csv"]) as f:

@@ -136,10 +136,13 @@ def test_evaluation_masks_and_the_clients(seg_pack):
             assert t["masks"].dtype == torch.uint8 and t["masks"].shape == (len(t["boxes"]), S, S)
             for i in range(len(t["boxes"])):
                 assert torch.equal(t["masks"][i].bool(), batch["masks"][k] == i + 1)
-        ul = to_ultralytics(batch)
-        assert torch.equal(ul["masks"], batch["masks"])
-        per_box = to_ultralytics(batch, overlap_mask=False)["masks"]  # its overlap_mask=False form: box i's mask
+        full = to_ultralytics(batch, mask_ratio=1)
+        assert torch.equal(full["masks"], batch["masks"])
+        per_box = to_ultralytics(batch, overlap_mask=False, mask_ratio=1)["masks"]  # box i's mask, in boxes' order
         assert torch.equal(per_box, torch.cat([t["masks"] for t in targets]))
+        # its default mask_ratio 4: 1/4 the side, each pixel the one nearest its centre
+        assert torch.equal(to_ultralytics(batch)["masks"], batch["masks"][:, 2::4, 2::4])
+        assert torch.equal(to_ultralytics(batch, overlap_mask=False)["masks"], per_box[:, 2::4, 2::4])
     loader.close()
 
 

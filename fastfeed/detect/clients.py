@@ -35,7 +35,7 @@ def to_torchvision(batch: dict, label_offset: int = 0) -> tuple[list[torch.Tenso
     return list(images), targets
 
 
-def to_ultralytics(batch: dict, names=None, overlap_mask: bool = True) -> dict:
+def to_ultralytics(batch: dict, names=None, overlap_mask: bool = True, mask_ratio: int = 4) -> dict:
     """The batch dict of ultralytics' `YOLODataset.collate_fn`: "img" uint8 [B, 3, S, S] (its trainer divides by
     255 itself, so build the Loader with dtype=torch.uint8), "cls" float [N, 1], "bboxes" float [N, 4] normalised
     centre-x, centre-y, width, height, "batch_idx" float [N], and per image "ori_shape" (h, w), "resized_shape",
@@ -43,7 +43,10 @@ def to_ultralytics(batch: dict, names=None, overlap_mask: bool = True) -> dict:
     its images' paths; default the sample ids as strings);
     with task "segment" also "masks" in the form of its trainer's `overlap_mask`: True (its default), [B, S, S], each
     image's index map (1 + the box's index in its image); False, uint8 [N, S, S], box i's binary mask, in the boxes'
-    order (what its loss and validator index by `batch_idx`); at full resolution (its loss resizes masks to its own). Positions whose `valid` is False (an evaluation batch's padding
+    order (what its loss and validator index by `batch_idx`); at 1 / `mask_ratio` of the images' side (its default 4),
+    its own masks' resolution and its prototypes': its loss (8.4) otherwise upsamples the prototypes to the masks,
+    which at full resolution cost 2.1-2.6x YOLOv8n-seg's loss step on the CPU (batch 8, 320-640 px). A low-resolution
+    pixel takes the map's pixel nearest its centre, the pixel cv2's bilinear resize of its masks reads. Positions whose `valid` is False (an evaluation batch's padding
     and replaced bad records) are left out with their boxes, as ultralytics' validator scores every image it gets:
     so each image is scored once over all ranks."""
     batch = _scored(batch)
@@ -66,7 +69,11 @@ def to_ultralytics(batch: dict, names=None, overlap_mask: bool = True) -> dict:
         "im_file": [str(i) if names is None else str(names[i]) for i in ids],
     }
     if "masks" in batch:
-        out["masks"] = batch["masks"] if overlap_mask else _per_box_masks(batch["masks"], batch["batch_idx"])
+        r, masks = int(mask_ratio), batch["masks"]
+        if r > 1:
+            h, w = masks.shape[-2] // r, masks.shape[-1] // r
+            masks = masks[:, r // 2::r, r // 2::r][:, :h, :w].contiguous()
+        out["masks"] = masks if overlap_mask else _per_box_masks(masks, batch["batch_idx"])
     return out
 
 
@@ -119,7 +126,8 @@ class UltralyticsLoader:
     `dataset.close_mosaic` has nothing left to do. `trainer`: each epoch is then the trainer's `epoch` (on one
     process ultralytics calls `sampler.set_epoch` only under DDP, so a run resumed from last.pt would otherwise
     start the Loader at epoch 0 again: epoch 0's order and augmentation, mosaic past close_mosaic); a `task="segment"`
-    Loader's masks then take the form of the trainer's `overlap_mask` (without a trainer: True, ultralytics' default).
+    Loader's masks then take the form of the trainer's `overlap_mask` and `mask_ratio` (without a trainer: True and 4,
+    ultralytics' defaults).
 
         class Trainer(DetectionTrainer):
             def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
@@ -142,7 +150,9 @@ class UltralyticsLoader:
         self._trainer = trainer
         # the masks' form its loss and validator read (the trainer's args, which its validator copies): a Loader of
         # either given none would get the other form, an IndexError there or, where N == B, wrong masks unnoticed
-        self._overlap_mask = bool(getattr(getattr(trainer, "args", None), "overlap_mask", True))
+        args = getattr(trainer, "args", None)
+        self._overlap_mask = bool(getattr(args, "overlap_mask", True))
+        self._mask_ratio = int(getattr(args, "mask_ratio", 4))
         self.batch_size = loader.settings.batch_size
         self.drop_last = loader.settings.drop_last
         self.sampler = _Sampler(loader)
@@ -157,7 +167,8 @@ class UltralyticsLoader:
         if epoch is not None and self.loader.train:  # the epoch the Loader would run next costs nothing (its
             self.loader.set_epoch(int(epoch))        # read-ahead goes on); every evaluation pass is the same
         for batch in self.loader:
-            out = to_ultralytics(batch, self.dataset.im_files, overlap_mask=self._overlap_mask)
+            out = to_ultralytics(batch, self.dataset.im_files, overlap_mask=self._overlap_mask,
+                                 mask_ratio=self._mask_ratio)
             if len(out["img"]):  # (a rank's last evaluation batch may be padding only)
                 yield out
 
