@@ -46,9 +46,9 @@ def to_ultralytics(batch: dict, names=None, overlap_mask: bool = True, mask_rati
     order (what its loss and validator index by `batch_idx`); at 1 / `mask_ratio` of the images' side (its default 4),
     its own masks' resolution and its prototypes': its loss (8.4) otherwise upsamples the prototypes to the masks,
     which at full resolution cost 2.1-2.6x YOLOv8n-seg's loss step on the CPU (batch 8, 320-640 px). A low-resolution
-    pixel takes the map's pixel nearest its centre, the pixel cv2's bilinear resize of its masks reads. Positions whose `valid` is False (an evaluation batch's padding
-    and replaced bad records) are left out with their boxes, as ultralytics' validator scores every image it gets:
-    so each image is scored once over all ranks."""
+    pixel takes the map's pixel nearest its centre, the pixel cv2's bilinear resize of its masks reads. Positions
+    whose `valid` is False (an evaluation batch's padding and replaced bad records) are left out with their boxes, as
+    ultralytics' validator scores every image it gets: so each image is scored once over all ranks."""
     batch = _scored(batch)
     images = batch["images"]
     if images.dtype != torch.uint8:
