@@ -67,6 +67,18 @@ class World:
         """Rank 0: the process that writes logs, reports and checkpoints."""
         return self.rank == 0
 
+    def check_still(self, given: bool) -> None:
+        """Raise RuntimeError where torch.distributed now runs another number of processes than this World was
+        resolved for (`given`: world_size was passed, so it stands): a Loader built before the process group (at
+        the top of a Lightning script, before Accelerator()) would read as many samples as the whole job."""
+        _, size = _from_torch_distributed()
+        if not given and size is not None and size != self.world_size:
+            raise RuntimeError(
+                f"this Loader was built for {self.world_size} process(es), but torch.distributed now runs {size}: "
+                f"it was built before the process group started. Build it after (in a LightningModule's or "
+                f"DataModule's train_dataloader() / val_dataloader(), after Accelerator(), after "
+                f"init_process_group), or pass rank= and world_size=")
+
     @classmethod
     def resolve(
         cls,
@@ -91,7 +103,9 @@ class World:
             present, missing = ("RANK", "WORLD_SIZE") if env_size is None else ("WORLD_SIZE", "RANK")
             if (rank if missing == "RANK" else world_size) is None:
                 raise ValueError(f"the environment sets {present} but not {missing}; set both (torchrun does) "
-                                 "or pass rank= and world_size= explicitly")
+                                 "or pass rank= and world_size= explicitly (Lightning's launcher sets WORLD_SIZE "
+                                 "and LOCAL_RANK alone before it starts the process group: build the Loader in "
+                                 "train_dataloader() / val_dataloader(), which run after it)")
 
         def pick(explicit, from_dist, from_env, default):
             for value in (explicit, from_dist, from_env):

@@ -162,6 +162,7 @@ class Loader:
                  ignore_index: int = DEFAULT_IGNORE_INDEX, **dataloader_kwargs):
         self._closed = True  # until fully built: close() and __del__ then have nothing to undo
         self.world = World.resolve(rank=rank, world_size=world_size, local_rank=local_rank)
+        self._world_given = world_size is not None
         args = dict(world=self.world, batch_size=batch_size, train=train, image_size=image_size, device=device,
                     decoder=decoder, dtype=dtype, channels_last=channels_last, mean=mean, std=std, shuffle=shuffle,
                     seed=seed, drop_last=drop_last, order=order, num_threads=num_threads,
@@ -347,6 +348,7 @@ class Loader:
             raise RuntimeError("this Loader is closed")
         if self._forked:
             raise RuntimeError("this Loader was created in the parent process; build a new Loader in this child")
+        self.world.check_still(self._world_given)
         return self._iterate()
 
     def _iterate(self):
