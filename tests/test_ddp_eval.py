@@ -9,7 +9,6 @@ positions (its first batch's end and its last batch), so one image came back twi
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from test_detect_loader import make_yolo
 from test_segment_loader import _png, make_scene, write_shards
 
-from clients.common import client_env
+from clients.common import client_env, free_port
 from fastfeed.pack.index import index_shards
 
 pytestmark = pytest.mark.integration
@@ -26,12 +25,6 @@ pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).parent / "clients" / "accelerate_eval.py"
 N, WORLD, BATCH = 10, 3, 3  # 4 positions per rank (2 of them padding), batches of 3 then 1
 RUN_TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +49,7 @@ def test_gather_for_metrics_returns_every_image_once(datasets, task):
     out.mkdir()
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(WORLD),
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-           str(_free_port()), str(SCRIPT), "--data", str(datasets[task]), "--task", task, "--batch-size",
+           str(free_port()), str(SCRIPT), "--data", str(datasets[task]), "--task", task, "--batch-size",
            str(BATCH), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                           env=client_env(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1"))

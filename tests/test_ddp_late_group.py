@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from clients.common import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -44,17 +45,11 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_loader_built_before_the_process_group_refuses_to_iterate_on_every_rank(wds_path, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     script = tmp_path / "late_group.py"  # a file: spawned processes import their function from it
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(wds_path), str(_free_port()), str(tmp_path)],
+    proc = subprocess.run([sys.executable, str(script), str(wds_path), str(free_port()), str(tmp_path)],
                           capture_output=True, text=True, timeout=240, env=dict(env, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

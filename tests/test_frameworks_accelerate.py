@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import fastfeed
-from clients.common import client_env, make_tiny_tree, pack, row_fingerprint_ints
+from clients.common import client_env, free_port, make_tiny_tree, pack, row_fingerprint_ints
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +30,6 @@ STEPS_PER_EPOCH = N_TRAIN // (WORLD * BATCH)
 SAVE_AT = (3, 6, 9)
 IMAGE_SIZE = 32
 RUN_TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +47,7 @@ def launch(data: dict, tag: str, *extra: str) -> list[dict]:
     out = data["root"] / "out"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(WORLD),
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-           str(_free_port()), str(SCRIPT), "--train", str(data["train"]), "--val", str(data["val"]), "--out",
+           str(free_port()), str(SCRIPT), "--train", str(data["train"]), "--val", str(data["val"]), "--out",
            str(out), "--tag", tag, "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--image-size",
            str(IMAGE_SIZE), *extra]
     env = client_env(ACCELERATE_USE_CPU="1")  # what `accelerate config` writes for a CPU-only machine

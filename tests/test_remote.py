@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from clients.common import free_port
 
 moto_server = pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
@@ -30,17 +31,11 @@ BUCKET = "fastfeed-test"
 FAST_FAIL = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 3}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class S3Server:
     """moto's S3 server on a free loopback port; `env` is what a client process needs to reach it."""
 
     def __init__(self):
-        self.port = _free_port()
+        self.port = free_port()
         self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.server.start()
         self.endpoint = f"http://127.0.0.1:{self.port}"

@@ -10,11 +10,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import socket
 from pathlib import Path
 
 import numpy as np
 
 TINY_CLASSES = 4
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now (for a process group's rendezvous or a local server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def client_parser(batch_size: int) -> argparse.ArgumentParser:
