@@ -167,7 +167,7 @@ class UltralyticsLoader:
         if epoch is not None and self.loader.train:  # the epoch the Loader would run next costs nothing (its
             self.loader.set_epoch(int(epoch))        # read-ahead goes on); every evaluation pass is the same
         for batch in self.loader:
-            out = to_ultralytics(batch, self.dataset.im_files, overlap_mask=self._overlap_mask,
+            out = to_ultralytics(batch, self.loader.dataset.sources, overlap_mask=self._overlap_mask,
                                  mask_ratio=self._mask_ratio)
             if len(out["img"]):  # (a rank's last evaluation batch may be padding only)
                 yield out
@@ -212,12 +212,21 @@ class _Sampler:
 class _Labels:
     """The dataset side the trainer and its validator read: its length, `im_files` (each sample's source path, the
     batches' "im_file") and, per image, "cls" [n, 1] and "bboxes" [n, 4] (normalised centre x, centre y, width,
-    height of the image in its boxes' frame) for its label statistics."""
+    height of the image in its boxes' frame) for its label statistics. Both are built when first read (only a
+    validator saving its labels reads `im_files`)."""
 
     def __init__(self, loader):
         self._loader = loader
         self._labels = None
-        self.im_files = [str(s) for s in loader.dataset.sources]
+        self._im_files = None
+
+    @property
+    def im_files(self) -> list[str]:
+        if self._im_files is None:  # to_ultralytics' im_file for each id: the source, else the id
+            sources = self._loader.dataset.sources
+            ids = range(len(self)) if sources is None else sources
+            self._im_files = [str(s) for s in ids]
+        return self._im_files
 
     def __len__(self) -> int:
         return len(self._loader.dataset)
